@@ -1,0 +1,32 @@
+# The two commands of the README. Both create .venv when missing and install kiln into it.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.kiln-installed
+DEMO_OUT ?= kiln-out
+
+.PHONY: demo test install lint clean
+
+install: $(STAMP)
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+# torch first and pinned: any other version pulls gigabytes of CUDA wheels; with 2.13.0 present,
+# kiln's `torch>=2.4` is already satisfied and pip installs nothing more for it.
+$(STAMP): pyproject.toml constraints.txt | $(PY)
+	$(PY) -m pip install -q --disable-pip-version-check torch==2.13.0
+	$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[test,openvino,serve]'
+	touch $(STAMP)
+
+demo: install
+	$(VENV)/bin/kiln export --task feature-extraction --format onnx --force -o $(DEMO_OUT)
+
+test: install
+	$(PY) -m pytest -q
+
+lint: install
+	$(VENV)/bin/ruff check src tests
+
+clean:
+	rm -rf $(VENV) $(DEMO_OUT) .pytest_cache

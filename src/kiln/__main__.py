@@ -1,0 +1,3 @@
+from kiln.cli.app import main
+
+main()

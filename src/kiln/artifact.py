@@ -1,0 +1,67 @@
+"""Open a verified artifact directory and build predictors from its variants."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kiln.engines import Engine, EngineOptions, create_engine
+from kiln.errors import ArtifactError, UsageError
+from kiln.manifest import Manifest, read_manifest, verify
+from kiln.runtime import Predictor
+from kiln.taskconfig import TaskConfig
+from kiln.tokenization import TextEncoder
+
+
+@dataclass
+class Artifact:
+    path: Path
+    manifest: Manifest
+
+    @classmethod
+    def open(cls, path: str | Path, *, check: bool = True) -> Artifact:
+        """Open ``path``; with ``check`` (the default) every file's checksum is verified first."""
+        directory = Path(path).expanduser()
+        return cls(directory, verify(directory) if check else read_manifest(directory))
+
+    @property
+    def task_config(self) -> TaskConfig:
+        return TaskConfig.from_dict(self.manifest.task)
+
+    def variant_name(self, name: str | None = None) -> str:
+        variants = self.manifest.variants
+        if name is None:
+            name = self.manifest.extra.get("best") or next(iter(variants), None)
+        if name not in variants:
+            raise UsageError(f"--variant must be one of: {', '.join(variants) or '(none)'} (got {name!r})")
+        return name
+
+    def variant(self, name: str | None = None) -> dict[str, Any]:
+        return self.manifest.variants[self.variant_name(name)]
+
+    def encoder(self) -> TextEncoder:
+        spec = self.manifest.tokenizer
+        return TextEncoder.from_file(
+            self.path / spec["path"], max_length=self.task_config.max_length, pad_id=int(spec["pad_id"]),
+            input_names=spec["input_names"],
+        )
+
+    def engine(self, variant: str | None = None, options: EngineOptions = EngineOptions()) -> Engine:
+        record = self.variant(variant)
+        model_path = self.path / record["path"]
+        if not model_path.exists():
+            raise ArtifactError(f"variant {self.variant_name(variant)} points at {model_path}, which is missing")
+        return create_engine(record["engine"], model_path, options)
+
+    def predictor(
+        self, variant: str | None = None, options: EngineOptions = EngineOptions(), *, batch_size: int = 32
+    ) -> Predictor:
+        return Predictor(self.task_config, self.encoder(), self.engine(variant, options), batch_size=batch_size)
+
+
+def load(path: str | Path, variant: str | None = None, *, threads: int | None = None,
+         device: str = "cpu", batch_size: int = 32) -> Predictor:
+    """Open and verify an artifact and return a ready predictor for one of its variants."""
+    options = EngineOptions(intra_op_threads=threads, device=device)
+    return Artifact.open(path).predictor(variant, options, batch_size=batch_size)

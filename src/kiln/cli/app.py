@@ -1,0 +1,122 @@
+"""The `kiln` command: one list of commands, help generated from their typed signatures."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from kiln.choices import ExportFormat, ExternalData, TaskName
+from kiln.cli import console
+from kiln.errors import KilnError
+
+app = typer.Typer(
+    name="kiln",
+    help="Turn a Hugging Face encoder model into a fast, small, verified inference artifact.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+
+ModelArg = Annotated[
+    Optional[str],  # noqa: UP045 - typer needs Optional to mark the argument optional
+    typer.Argument(
+        help="Model directory (config.json, *.safetensors, tokenizer files) or a Hugging Face hub id "
+        "(needs a network). Omit it to use the bundled all-MiniLM-L6-v2.",
+        show_default=False,
+    ),
+]
+TaskOpt = Annotated[
+    TaskName,
+    typer.Option("--task", "-t", help="What the model is used for; decides the head, pre- and post-processing."),
+]
+ForceOpt = Annotated[bool, typer.Option("--force", help="Replace the output directory if it exists.")]
+PickleOpt = Annotated[
+    bool,
+    typer.Option("--allow-pickle", help="Allow pytorch_model.bin weights. Unpickling can run arbitrary code: "
+                 "only for models you trust; prefer safetensors."),
+]
+
+
+@app.command()
+def export(
+    model: ModelArg = None,
+    task: TaskOpt = TaskName.FEATURE_EXTRACTION,
+    format: Annotated[
+        ExportFormat, typer.Option("--format", "-f", help="onnx: runs in ONNX Runtime (fastest on CPU, no torch "
+                                   "needed to serve). torchscript: traced and frozen, runs in libtorch.")
+    ] = ExportFormat.ONNX,
+    output: Annotated[Path, typer.Option("--output", "-o", help="Artifact directory to write.")] = Path("kiln-out"),
+    opset: Annotated[int, typer.Option(help="ONNX opset. 17 or later keeps LayerNormalization as one op.",
+                                       min=14, max=21)] = 17,
+    int32_inputs: Annotated[bool, typer.Option("--int32-inputs", help="ONNX inputs as int32 (half the bytes per "
+                                               "token; some runtimes such as TensorRT prefer them).")] = False,
+    external_data: Annotated[
+        ExternalData, typer.Option(help="Store ONNX weights in a side file: auto does so above protobuf's 2 GB "
+                                   "limit, always forces it (larger load time, no size limit).")
+    ] = ExternalData.AUTO,
+    atol: Annotated[float, typer.Option(help="Largest absolute difference to PyTorch allowed on the task output "
+                                        "(pooled embedding, logits).")] = 1e-4,
+    min_cosine: Annotated[float, typer.Option(help="Smallest cosine similarity to PyTorch allowed per input.")]
+    = 0.99999,
+    allow_pickle: PickleOpt = False,
+    force: ForceOpt = False,
+) -> None:
+    """Export a model, check parity with PyTorch on real sentences, and write a verified artifact.
+
+    Parity is measured at batch size 1 and in padded batches of 8 on sentences of 1 to ~600 words;
+    the command exits with status 3 and the measured difference when it is over tolerance.
+    """
+    from kiln.exporting import ExportConfig, run_export
+    from kiln.parity import ParityTolerance
+
+    config = ExportConfig(
+        model=model, task=task, format=format, output=output, opset=opset, int32_inputs=int32_inputs,
+        external_data=external_data, allow_pickle=allow_pickle, overwrite=force,
+        tolerance=ParityTolerance(max_abs_diff=atol, min_cosine=min_cosine),
+    )
+    result = run_export(config, console.progress)
+    variant = next(iter(result.manifest.variants))
+    console.out.print(f"exported {variant} to {result.path}")
+    console.out.print(f"parity vs PyTorch: {result.parity.summary()}")
+    for bucket in result.parity.buckets:
+        console.out.print(f"  tokens {bucket.tokens:>8}: n={bucket.count:<3} max |diff| {bucket.max_abs_diff:.2e}"
+                          f"  cosine min {bucket.min_cosine:.7f}")
+
+
+@app.command()
+def info(
+    artifact: Annotated[Path, typer.Argument(help="Artifact directory written by kiln.", show_default=False)],
+) -> None:
+    """Print an artifact's manifest summary and verify the sha256 of every file (exit 1 on a mismatch)."""
+    from kiln.artifact import Artifact
+
+    art = Artifact.open(artifact)
+    m = art.manifest
+    console.out.print(f"artifact   {art.path.resolve()}")
+    console.out.print(f"created    {m.created} by kiln {m.versions.get('kiln', '?')}")
+    console.out.print(f"source     {m.source.get('model')} ({m.source.get('model_type')}, "
+                      f"{m.source.get('parameters', 0):,} parameters)")
+    console.out.print(f"source sha {m.source.get('content_sha256')}")
+    console.out.print(f"task       {m.task['task']} (max {m.task['max_length']} tokens)")
+    for name, record in m.variants.items():
+        parity = record.get("parity") or {}
+        mark = " (best)" if m.extra.get("best") == name else ""
+        summary = (f"max |diff| {parity['max_abs_diff']:.2e}, min cosine {parity['min_cosine']:.6f}"
+                   if parity else "no parity recorded")
+        console.out.print(f"variant    {name}{mark}: {record['engine']} {record['path']}; {summary}")
+    console.out.print(f"checksums  {len(m.files)} files verified")
+
+
+def main() -> None:
+    """Console-script entry point: user errors print one line and exit non-zero, without a traceback."""
+    try:
+        app()
+    except KilnError as error:
+        console.err.print(f"error: {error.message}", markup=False)
+        sys.exit(error.exit_code)
+    except KeyboardInterrupt:
+        console.err.print("interrupted")
+        sys.exit(130)

@@ -1,0 +1,55 @@
+"""The engine protocol: run one padded batch of token ids, return raw outputs by name."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from kiln.choices import Precision
+from kiln.errors import UsageError
+
+
+class Engine(Protocol):
+    name: str
+    input_names: tuple[str, ...]
+    output_names: tuple[str, ...]
+    providers: tuple[str, ...]
+    # True when the engine computes every padded position (all of kiln's engines today); a varlen engine
+    # would report False so the batcher can skip padding-aware grouping.
+    is_padded: bool
+
+    def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Run one batch. Extra arrays in ``inputs`` are ignored; outputs are float32 numpy arrays."""
+
+    def warmup(self) -> None:
+        """Run a small batch once so the first real request does not pay for lazy initialisation."""
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    intra_op_threads: int | None = None  # None: the runtime's default (all cores it may use)
+    inter_op_threads: int | None = None
+    device: str = "cpu"  # cpu | cuda | tensorrt (ONNX Runtime only for the last)
+    precision: Precision = Precision.FP32  # torch engines: bf16/fp16 run under autocast
+
+    def __post_init__(self) -> None:
+        for flag, value in (("--threads", self.intra_op_threads), ("--inter-op-threads", self.inter_op_threads)):
+            if value is not None and not 1 <= value <= (os.cpu_count() or 1) * 4:
+                raise UsageError(f"{flag} must be between 1 and {(os.cpu_count() or 1) * 4} (got {value})")
+        if self.device not in DEVICES:
+            raise UsageError(f"--device must be one of: {', '.join(DEVICES)} (got {self.device!r})")
+
+
+DEVICES = ("cpu", "cuda", "tensorrt")
+
+
+def warmup_inputs(input_names: tuple[str, ...], length: int = 8) -> dict[str, np.ndarray]:
+    arrays = {
+        "input_ids": np.ones((1, length), dtype=np.int64),
+        "attention_mask": np.ones((1, length), dtype=np.int64),
+        "token_type_ids": np.zeros((1, length), dtype=np.int64),
+    }
+    return {n: arrays[n] for n in input_names}

@@ -1,0 +1,80 @@
+"""ONNX Runtime engine: CPU with configurable threads; CUDA and TensorRT with IOBinding."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from kiln.engines.base import EngineOptions, warmup_inputs
+from kiln.errors import ArtifactError, UsageError
+
+PROVIDERS: dict[str, tuple[str, ...]] = {
+    "cpu": ("CPUExecutionProvider",),
+    "cuda": ("CUDAExecutionProvider", "CPUExecutionProvider"),
+    "tensorrt": ("TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"),
+}
+_NUMPY_TYPES = {"tensor(int64)": np.int64, "tensor(int32)": np.int32}
+
+
+def session_options(options: EngineOptions):
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = options.intra_op_threads or 0
+    so.inter_op_num_threads = options.inter_op_threads or 0
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    return so
+
+
+class OnnxRuntimeEngine:
+    name = "onnxruntime"
+    is_padded = True
+
+    def __init__(self, path: Path, options: EngineOptions = EngineOptions()) -> None:
+        import onnxruntime as ort
+
+        wanted = PROVIDERS[options.device]
+        available = ort.get_available_providers()
+        if wanted[0] not in available:
+            raise UsageError(
+                f"--device {options.device} needs {wanted[0]}, which this onnxruntime build lacks "
+                f"(available: {', '.join(available)}); install onnxruntime-gpu on a CUDA machine"
+            )
+        try:
+            self.session = ort.InferenceSession(str(path), session_options(options), providers=list(wanted))
+        except Exception as err:  # onnxruntime raises its own exception types for bad or truncated files
+            raise ArtifactError(f"ONNX Runtime cannot load {path}: {err}") from err
+        self.providers = tuple(self.session.get_providers())
+        if self.providers[0] != wanted[0]:  # ORT falls back to CPU silently when a GPU provider fails
+            raise UsageError(f"ONNX Runtime fell back from {wanted[0]} to {self.providers[0]} for {path}")
+        self._input_types = {i.name: _NUMPY_TYPES.get(i.type, np.int64) for i in self.session.get_inputs()}
+        self.input_names = tuple(self._input_types)
+        self.output_names = tuple(o.name for o in self.session.get_outputs())
+        self._on_gpu = options.device != "cpu"
+
+    def _feed(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return {n: np.ascontiguousarray(inputs[n], dtype=t) for n, t in self._input_types.items()}
+
+    def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        feed = self._feed(inputs)
+        if self._on_gpu:
+            return self._run_bound(feed)
+        outputs = self.session.run(list(self.output_names), feed)
+        return {n: np.asarray(o, dtype=np.float32) for n, o in zip(self.output_names, outputs)}
+
+    def _run_bound(self, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """IOBinding: inputs copied to the GPU once, outputs allocated there, one copy back at the end."""
+        import onnxruntime as ort
+
+        binding = self.session.io_binding()
+        for name, array in feed.items():
+            binding.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(array, "cuda", 0))
+        for name in self.output_names:
+            binding.bind_output(name, "cuda", 0)
+        self.session.run_with_iobinding(binding)
+        outputs = binding.copy_outputs_to_cpu()
+        return {n: np.asarray(o, dtype=np.float32) for n, o in zip(self.output_names, outputs)}
+
+    def warmup(self) -> None:
+        self.run(warmup_inputs(self.input_names))

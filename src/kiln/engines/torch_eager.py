@@ -1,0 +1,64 @@
+"""PyTorch eager engine: the fp32 reference, and bf16/fp16 autocast."""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kiln.choices import Precision
+from kiln.engines.base import EngineOptions, warmup_inputs
+from kiln.errors import UsageError
+
+_AUTOCAST = {Precision.BF16: "bfloat16", Precision.FP16: "float16"}
+
+
+def configure_torch_threads(options: EngineOptions) -> None:
+    import torch
+
+    if options.intra_op_threads:
+        torch.set_num_threads(options.intra_op_threads)
+
+
+class TorchEngine:
+    """Runs a positional-input task module (see :mod:`kiln.export.wrapper`) under inference mode."""
+
+    name = "torch"
+    is_padded = True
+
+    def __init__(self, module: Any, options: EngineOptions = EngineOptions()) -> None:
+        import torch
+
+        if options.device == "tensorrt":
+            raise UsageError("--device tensorrt is an ONNX Runtime provider; torch runs on cpu or cuda")
+        configure_torch_threads(options)
+        self._torch = torch
+        self._device = torch.device(options.device)
+        self._module = module.to(self._device).eval()
+        self._precision = options.precision
+        self.input_names = tuple(module.input_names)
+        self.output_names = tuple(module.output_names)
+        self.providers = (f"torch-{options.device}-{options.precision.value}",)
+
+    @classmethod
+    def from_path(cls, path: Path, options: EngineOptions = EngineOptions()) -> TorchEngine:
+        from kiln.export.wrapper import load_task_module
+
+        return cls(load_task_module(path), options)
+
+    def _autocast(self):
+        if self._precision is Precision.FP32:
+            return nullcontext()
+        return self._torch.autocast(self._device.type, dtype=getattr(self._torch, _AUTOCAST[self._precision]))
+
+    def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        torch = self._torch
+        tensors = [torch.from_numpy(np.ascontiguousarray(inputs[n])).to(self._device) for n in self.input_names]
+        with torch.inference_mode(), self._autocast():
+            outputs = self._module(*tensors)
+        return {n: o.float().cpu().numpy() for n, o in zip(self.output_names, outputs)}
+
+    def warmup(self) -> None:
+        self.run(warmup_inputs(self.input_names))

@@ -1,0 +1,54 @@
+"""TorchScript engine: a traced, frozen module loaded without transformers."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from kiln.engines.base import EngineOptions, warmup_inputs
+from kiln.engines.torch_eager import configure_torch_threads
+from kiln.errors import ArtifactError, UsageError
+
+IO_NAMES_KEY = "kiln_io.json"  # stored inside the .pt archive as an extra file
+
+
+class TorchScriptEngine:
+    name = "torchscript"
+    is_padded = True
+
+    def __init__(self, path: Path, options: EngineOptions = EngineOptions()) -> None:
+        import torch
+
+        if options.device == "tensorrt":
+            raise UsageError("--device tensorrt is an ONNX Runtime provider; TorchScript runs on cpu or cuda")
+        configure_torch_threads(options)
+        # The profiling executor re-specialises the graph for every new input shape it sees; with the
+        # variable sequence lengths of real traffic that means repeated re-optimisation. The simple
+        # executor runs the frozen graph as is, at a steady speed for every length.
+        torch._C._jit_set_profiling_executor(False)
+        extra = {IO_NAMES_KEY: ""}
+        try:
+            self._module = torch.jit.load(str(path), map_location=options.device, _extra_files=extra)
+        except (RuntimeError, ValueError) as err:
+            raise ArtifactError(f"cannot load TorchScript model {path}: {err}") from err
+        io = json.loads(extra[IO_NAMES_KEY] or "{}")
+        if not io:
+            raise ArtifactError(f"{path} was not written by kiln (no {IO_NAMES_KEY} inside)")
+        self._torch = torch
+        self._device = torch.device(options.device)
+        self.input_names = tuple(io["inputs"])
+        self.output_names = tuple(io["outputs"])
+        self.providers = (f"torchscript-{options.device}",)
+
+    def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        torch = self._torch
+        tensors = [torch.from_numpy(np.ascontiguousarray(inputs[n])).to(self._device) for n in self.input_names]
+        with torch.inference_mode():
+            outputs = self._module(*tensors)
+        return {n: o.float().cpu().numpy() for n, o in zip(self.output_names, outputs)}
+
+    def warmup(self) -> None:
+        for length in (8, 16):  # two shapes: the first call of a shape pays for optimisation
+            self.run(warmup_inputs(self.input_names, length))

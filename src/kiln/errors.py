@@ -1,0 +1,48 @@
+"""User-facing errors: each carries one precise message and the exit code the CLI returns."""
+
+from __future__ import annotations
+
+
+class KilnError(Exception):
+    """A failure the user can act on. The CLI prints the message (no traceback) and exits non-zero."""
+
+    exit_code: int = 1
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class UsageError(KilnError):
+    """A flag or argument has a value kiln cannot use."""
+
+    exit_code = 2
+
+
+class ModelLoadError(KilnError):
+    """The model could not be found, downloaded or read."""
+
+
+class UnsupportedModelError(KilnError):
+    """The model's architecture or layout is not one kiln can export and verify."""
+
+
+class ArtifactError(KilnError):
+    """An artifact directory is missing, malformed, truncated or altered."""
+
+
+class ParityError(KilnError):
+    """An exported variant disagrees with the PyTorch original beyond tolerance."""
+
+    exit_code = 3
+
+
+class MissingDependencyError(KilnError):
+    """An optional dependency is not installed; the message names the pip extra."""
+
+
+def missing_dependency(package: str, extra: str, err: ImportError) -> MissingDependencyError:
+    """Build the error for a lazily imported optional dependency (raise it ``from err``)."""
+    return MissingDependencyError(
+        f"{package} is not installed ({err}); install it with: pip install 'kiln[{extra}]'"
+    )

@@ -1,0 +1,22 @@
+"""TorchScript export: trace the positional wrapper, freeze it, keep the I/O names inside the archive."""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+
+import torch
+
+from kiln.engines.torchscript import IO_NAMES_KEY
+from kiln.export.wrapper import TaskModule
+
+
+def export_torchscript(module: TaskModule, example: tuple[torch.Tensor, ...], path: Path) -> list[Path]:
+    with warnings.catch_warnings(), torch.inference_mode(False), torch.no_grad():
+        warnings.simplefilter("ignore")  # tracer shape warnings; parity is checked right after export
+        traced = torch.jit.trace(module, example, check_trace=False, strict=False)
+        frozen = torch.jit.freeze(traced.eval())
+    io_names = json.dumps({"inputs": list(module.input_names), "outputs": list(module.output_names)})
+    torch.jit.save(frozen, str(path), _extra_files={IO_NAMES_KEY: io_names})
+    return [path]

@@ -1,0 +1,57 @@
+"""A positional-input view of a transformers model, shared by export, tracing and the torch engine.
+
+transformers 5 models take keyword arguments and return ModelOutput objects; exporters and tracers want
+positional tensors in and a tuple out. The same wrapper is used for every consumer so they compute the
+same function.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from kiln.choices import TaskName
+from kiln.errors import ArtifactError
+
+IO_FILE = "kiln_io.json"
+
+
+class TaskModule(torch.nn.Module):
+    def __init__(self, model: Any, input_names: tuple[str, ...], output_names: tuple[str, ...],
+                 cast_inputs: bool = False) -> None:
+        super().__init__()
+        self.model = model
+        self.input_names = tuple(input_names)
+        self.output_names = tuple(output_names)
+        # int32 graph inputs are cast to int64 inside the graph: embeddings and masks then see what they expect.
+        self.cast_inputs = cast_inputs
+        self.eval()  # exporters restore the training flag they found; it must be False
+
+    def forward(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        kwargs = {n: (x.long() if self.cast_inputs else x) for n, x in zip(self.input_names, inputs)}
+        outputs = self.model(**kwargs, return_dict=True)
+        return tuple(outputs[n] for n in self.output_names)
+
+
+def save_task_module(module: TaskModule, directory: Path, task: TaskName) -> None:
+    """Save weights (safetensors) and config so :func:`load_task_module` can rebuild the same module."""
+    module.model.save_pretrained(directory, safe_serialization=True)
+    (directory / IO_FILE).write_text(json.dumps(
+        {"task": task.value, "inputs": list(module.input_names), "outputs": list(module.output_names)}
+    ))
+
+
+def load_task_module(directory: Path) -> TaskModule:
+    import transformers
+
+    from kiln.source import auto_class
+
+    try:
+        io = json.loads((directory / IO_FILE).read_text())
+        model = getattr(transformers, auto_class(TaskName(io["task"]))).from_pretrained(directory)
+    except (OSError, ValueError, KeyError) as err:
+        raise ArtifactError(f"cannot load the PyTorch variant in {directory}: {err}") from err
+    return TaskModule(model.eval(), tuple(io["inputs"]), tuple(io["outputs"]))

@@ -1,0 +1,104 @@
+"""The export job: PyTorch original -> ONNX or TorchScript artifact, verified by a parity check."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kiln.choices import ExportFormat, ExternalData, TaskName
+from kiln.engines import EngineOptions, create_engine
+from kiln.errors import ParityError
+from kiln.export.onnx import DEFAULT_OPSET, export_onnx
+from kiln.export.torchscript import export_torchscript
+from kiln.manifest import Manifest, seal
+from kiln.parity import ParityReport, ParityTolerance, measure_parity
+from kiln.reference import example_inputs, reference_predictor, task_module
+from kiln.runtime import Predictor
+from kiln.source import SourceModel, load_source
+from kiln.texts import parity_questions, parity_texts
+
+TOKENIZER_DIR = "tokenizer"
+# Variant name, engine and file name for each export format.
+FORMATS: dict[ExportFormat, tuple[str, str, str]] = {
+    ExportFormat.ONNX: ("onnx-fp32", "onnxruntime", "model.onnx"),
+    ExportFormat.TORCHSCRIPT: ("torchscript", "torchscript", "model.pt"),
+}
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class ExportConfig:
+    model: str | None
+    task: TaskName
+    format: ExportFormat
+    output: Path
+    opset: int = DEFAULT_OPSET
+    int32_inputs: bool = False
+    external_data: ExternalData = ExternalData.AUTO
+    allow_pickle: bool = False
+    tolerance: ParityTolerance = ParityTolerance()
+    overwrite: bool = False
+
+
+@dataclass
+class ExportResult:
+    path: Path
+    manifest: Manifest
+    parity: ParityReport
+
+
+def parity_inputs(task: TaskName) -> list[Any]:
+    return parity_questions() if task is TaskName.QUESTION_ANSWERING else parity_texts()
+
+
+def write_tokenizer(source: SourceModel, directory: Path) -> dict[str, Any]:
+    """Save the tokenizer files; return the manifest's ``tokenizer`` section."""
+    source.tokenizer.save_pretrained(directory / TOKENIZER_DIR)
+    pad_id = source.tokenizer.pad_token_id
+    return {"path": f"{TOKENIZER_DIR}/tokenizer.json", "pad_id": int(pad_id if pad_id is not None else 0),
+            "input_names": list(source.input_names)}
+
+
+def export_variant(source: SourceModel, config: ExportConfig, directory: Path) -> dict[str, Any]:
+    """Write one format into ``directory/<variant>/``; return its manifest record (without parity)."""
+    name, engine, filename = FORMATS[config.format]
+    (directory / name).mkdir()
+    module = task_module(source, cast_inputs=config.int32_inputs)
+    example = example_inputs(source, int32=config.int32_inputs)
+    path = directory / name / filename
+    if config.format is ExportFormat.ONNX:
+        files = export_onnx(module, example, path, opset=config.opset, external_data=config.external_data)
+        recipe = [{"pass": "export-onnx", "opset": config.opset, "int32_inputs": config.int32_inputs,
+                   "external_data": len(files) > 1, "exporter": "torch.onnx (dynamo=False)"}]
+    else:
+        files = export_torchscript(module, example, path)
+        recipe = [{"pass": "export-torchscript", "method": "trace+freeze"}]
+    return {"name": name, "engine": engine, "path": f"{name}/{filename}",
+            "files": [f.relative_to(directory).as_posix() for f in files], "recipe": recipe}
+
+
+def run_export(config: ExportConfig, progress: Progress = lambda _: None) -> ExportResult:
+    from kiln.staging import staged_directory
+
+    progress(f"loading {config.model or 'the bundled default model'} for {config.task.value}")
+    source = load_source(config.model, config.task, allow_pickle=config.allow_pickle)
+    reference = reference_predictor(source)
+    with staged_directory(config.output, overwrite=config.overwrite) as stage:
+        tokenizer = write_tokenizer(source, stage)
+        progress(f"exporting {source.model_type} to {config.format.value}")
+        record = export_variant(source, config, stage)
+        progress("checking parity against PyTorch")
+        engine = create_engine(record["engine"], stage / record["path"], EngineOptions())
+        candidate = Predictor(source.task_config, reference.encoder, engine)
+        parity = measure_parity(reference, candidate, parity_inputs(config.task), tolerance=config.tolerance)
+        if not parity.passed:
+            raise ParityError(f"{record['name']} disagrees with PyTorch beyond tolerance: {parity.summary()}")
+        record["parity"] = parity.to_dict()
+        manifest = Manifest(
+            source=source.describe(), task=source.task_config.to_dict(), tokenizer=tokenizer,
+            variants={record["name"]: record}, extra={"best": record["name"]},
+        )
+        seal(stage, manifest)
+    return ExportResult(path=config.output.expanduser().resolve(), manifest=manifest, parity=parity)

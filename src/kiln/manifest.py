@@ -1,0 +1,121 @@
+"""The artifact manifest: what was built, from what, how, and the checksum of every file."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from kiln.errors import ArtifactError
+from kiln.hashing import list_files, sha256_file
+
+MANIFEST_NAME = "manifest.json"
+SCHEMA_VERSION = 1
+
+# Libraries whose versions decide what an artifact computes; recorded, never imported for it.
+_TRACKED_PACKAGES = (
+    "kiln", "torch", "transformers", "tokenizers", "onnx", "onnxruntime", "onnxruntime-gpu",
+    "openvino", "nncf", "numpy",
+)
+
+
+def library_versions() -> dict[str, str]:
+    versions = {"python": platform.python_version()}
+    for name in _TRACKED_PACKAGES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return versions
+
+
+@dataclass
+class FileRecord:
+    sha256: str
+    bytes: int
+
+
+@dataclass
+class Manifest:
+    """Serialised as manifest.json at the root of every artifact directory."""
+
+    source: dict[str, Any]
+    task: dict[str, Any]
+    variants: dict[str, dict[str, Any]]
+    tokenizer: dict[str, Any] = field(default_factory=dict)  # path, pad_id, input_names
+    versions: dict[str, str] = field(default_factory=library_versions)
+    created: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
+    schema_version: int = SCHEMA_VERSION
+    files: dict[str, FileRecord] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2, sort_keys=True) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str, where: Path) -> Manifest:
+        try:
+            raw = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise ArtifactError(f"{where} is not valid JSON ({err}); the artifact is corrupted") from err
+        if not isinstance(raw, dict) or raw.get("schema_version") != SCHEMA_VERSION:
+            got = raw.get("schema_version") if isinstance(raw, dict) else None
+            raise ArtifactError(
+                f"{where} has schema_version {got!r}; this kiln reads schema_version {SCHEMA_VERSION}"
+            )
+        try:
+            files = {k: FileRecord(**v) for k, v in raw.pop("files").items()}
+            return cls(files=files, **raw)
+        except (KeyError, TypeError, AttributeError) as err:
+            raise ArtifactError(f"{where} is missing or has malformed fields ({err})") from err
+
+
+def seal(directory: Path, manifest: Manifest) -> Manifest:
+    """Record the checksum of every file in ``directory`` and write manifest.json last, atomically."""
+    manifest.files = {
+        rel.as_posix(): FileRecord(sha256=sha256_file(directory / rel), bytes=(directory / rel).stat().st_size)
+        for rel in list_files(directory)
+        if rel.as_posix() != MANIFEST_NAME
+    }
+    target = directory / MANIFEST_NAME
+    tmp = target.with_suffix(".json.tmp")
+    tmp.write_text(manifest.to_json())
+    os.replace(tmp, target)
+    return manifest
+
+
+def read_manifest(directory: Path) -> Manifest:
+    """Read manifest.json without checking file contents (see :func:`verify` for that)."""
+    if not directory.exists():
+        raise ArtifactError(f"artifact directory {directory} does not exist")
+    if not directory.is_dir():
+        raise ArtifactError(f"{directory} is a file, not a kiln artifact directory")
+    path = directory / MANIFEST_NAME
+    if not path.is_file():
+        raise ArtifactError(
+            f"{directory} has no {MANIFEST_NAME}: it is not a kiln artifact, or its write did not finish"
+        )
+    return Manifest.from_json(path.read_text(), path)
+
+
+def verify(directory: Path) -> Manifest:
+    """Read the manifest and check every listed file's size and sha256; raise on the first problems."""
+    manifest = read_manifest(directory)
+    problems: list[str] = []
+    for rel, record in sorted(manifest.files.items()):
+        path = directory / rel
+        if not path.is_file():
+            problems.append(f"{rel} is missing")
+        elif (size := path.stat().st_size) != record.bytes:
+            problems.append(f"{rel} is {size} bytes, the manifest says {record.bytes} (truncated or replaced)")
+        elif sha256_file(path) != record.sha256:
+            problems.append(f"{rel} does not match its sha256 in the manifest (altered)")
+    if problems:
+        shown = "; ".join(problems[:5]) + (f"; and {len(problems) - 5} more" if len(problems) > 5 else "")
+        raise ArtifactError(f"artifact {directory} failed verification: {shown}")
+    return manifest

@@ -1,0 +1,44 @@
+"""The fp32 PyTorch reference built from a loaded source model."""
+
+from __future__ import annotations
+
+import torch
+
+from kiln.choices import Precision
+from kiln.engines.base import EngineOptions
+from kiln.engines.torch_eager import TorchEngine
+from kiln.export.wrapper import TaskModule
+from kiln.runtime import Predictor
+from kiln.source import SourceModel
+from kiln.tasks import TASKS
+from kiln.texts import builtin_sentences
+from kiln.tokenization import TextEncoder
+
+
+def source_encoder(source: SourceModel) -> TextEncoder:
+    pad_id = source.tokenizer.pad_token_id
+    return TextEncoder(
+        source.tokenizer.backend_tokenizer, max_length=source.task_config.max_length,
+        pad_id=int(pad_id if pad_id is not None else 0), input_names=source.input_names,
+    )
+
+
+def task_module(source: SourceModel, *, cast_inputs: bool = False) -> TaskModule:
+    output_names = TASKS[source.task_config.task](source.task_config).output_names
+    return TaskModule(source.model, source.input_names, output_names, cast_inputs=cast_inputs)
+
+
+def reference_predictor(
+    source: SourceModel, precision: Precision = Precision.FP32, *, batch_size: int = 32
+) -> Predictor:
+    engine = TorchEngine(task_module(source), EngineOptions(precision=precision))
+    return Predictor(source.task_config, source_encoder(source), engine, batch_size=batch_size)
+
+
+def example_inputs(source: SourceModel, *, int32: bool = False) -> tuple[torch.Tensor, ...]:
+    """A padded batch of two real sentences of different lengths, for export and tracing."""
+    encoder = source_encoder(source)
+    sentences = builtin_sentences()
+    arrays = encoder.collate(encoder.encode([sentences[4], sentences[20]]))
+    dtype = torch.int32 if int32 else torch.int64
+    return tuple(torch.from_numpy(arrays[n]).to(dtype) for n in source.input_names)

@@ -1,0 +1,58 @@
+"""The predictor: task pre-processing, length-sorted batches through an engine, task post-processing."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from tokenizers import Encoding
+
+from kiln.engines.base import Engine
+from kiln.errors import UsageError
+from kiln.tasks import TaskHandler, task_handler
+from kiln.tasks.base import Prepared
+from kiln.taskconfig import TaskConfig
+from kiln.tokenization import TextEncoder
+
+
+class Predictor:
+    """Runs a task end to end on one engine. Inputs are grouped by length so batches carry little padding."""
+
+    def __init__(self, config: TaskConfig, encoder: TextEncoder, engine: Engine, *, batch_size: int = 32):
+        if batch_size < 1:
+            raise UsageError(f"--batch-size must be at least 1 (got {batch_size})")
+        self.config = config
+        self.encoder = encoder
+        self.engine = engine
+        self.handler: TaskHandler = task_handler(config)
+        self.batch_size = batch_size
+
+    def predict(self, inputs: Sequence[Any], **options: Any) -> list[Any]:
+        """One result per input, in input order (see the task modules for result types)."""
+        opts = self.handler.options(**options)
+        prepared = self.prepare(inputs, opts)
+        return self.handler.finalize(prepared, self.run_features(prepared.encodings), opts, self.encoder,
+                                     self.config)
+
+    def prepare(self, inputs: Sequence[Any], options: Any = None) -> Prepared:
+        if isinstance(inputs, (str, bytes)) or not len(inputs):
+            raise UsageError("inputs must be a non-empty list")
+        return self.handler.prepare(list(inputs), self.encoder, options or self.handler.options())
+
+    def run_features(self, encodings: Sequence[Encoding], *, sort: bool = True) -> list[Any]:
+        """Reduced outputs per encoding, in the given order; batches are formed by length when ``sort``."""
+        order = np.argsort([len(e.ids) for e in encodings], kind="stable") if sort else np.arange(len(encodings))
+        reduced: list[Any] = [None] * len(encodings)
+        for begin in range(0, len(order), self.batch_size):
+            idx = order[begin : begin + self.batch_size]
+            arrays = self.encoder.collate([encodings[i] for i in idx])
+            outputs = self.engine.run(arrays)
+            for i, value in zip(idx, self.handler.reduce(outputs, arrays["attention_mask"])):
+                reduced[i] = value
+        return reduced
+
+    def comparable(self, inputs: Sequence[Any], *, sort: bool = True) -> list[np.ndarray]:
+        """Flat per-feature vectors of the task's output, for parity and agreement checks."""
+        prepared = self.prepare(inputs)
+        return [self.handler.comparable(r) for r in self.run_features(prepared.encodings, sort=sort)]

@@ -1,0 +1,32 @@
+"""kiln's built-in texts (written for kiln): parity, calibration and default evaluation inputs."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from importlib import resources
+
+from kiln.tasks.question_answering import QAInput
+
+
+@lru_cache(maxsize=1)
+def builtin_sentences() -> tuple[str, ...]:
+    text = resources.files("kiln.data").joinpath("sentences.txt").read_text(encoding="utf-8")
+    return tuple(line.strip() for line in text.splitlines() if line.strip())
+
+
+def joined(start: int, count: int) -> str:
+    """``count`` consecutive built-in sentences from ``start`` (wrapping), as one paragraph."""
+    sentences = builtin_sentences()
+    return " ".join(sentences[(start + i) % len(sentences)] for i in range(count))
+
+
+def parity_texts() -> list[str]:
+    """Real sentences from 1 to ~50 words plus paragraphs up to ~600 words (past most models' maximum)."""
+    sentences = list(builtin_sentences())
+    return sentences[::2] + [joined(3, 4), joined(10, 8), joined(20, 16)]
+
+
+def parity_questions() -> list[QAInput]:
+    """Question/context pairs; the longer contexts need several doc-stride windows."""
+    sentences = builtin_sentences()
+    return [QAInput(sentences[i], joined(i * 3, 1 + i)) for i in range(2, 14, 2)]

@@ -1,0 +1,81 @@
+"""Tokenization on the `tokenizers` library alone (no torch, no transformers), and batch padding."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+from tokenizers import Encoding, Tokenizer
+
+from kiln.errors import ArtifactError
+
+TOKENIZER_FILE = "tokenizer.json"
+
+
+class TextEncoder:
+    """Turns text (or text pairs) into unpadded encodings and pads groups of them into model inputs.
+
+    Padding is kept out of the tokenizer so the caller decides how to group encodings (by length).
+    """
+
+    def __init__(self, tokenizer: Tokenizer, *, max_length: int, pad_id: int, input_names: Sequence[str]):
+        self.max_length = max_length
+        self.pad_id = pad_id
+        self.input_names = tuple(input_names)
+        self._plain = _configured(tokenizer, max_length)
+        self._untruncated = _configured(tokenizer, None)
+        self._windowed: dict[tuple[int, int], Tokenizer] = {}
+
+    @classmethod
+    def from_file(cls, path: Path, *, max_length: int, pad_id: int, input_names: Sequence[str]) -> TextEncoder:
+        try:
+            tokenizer = Tokenizer.from_file(str(path))
+        except Exception as err:  # the tokenizers library raises a bare Exception on bad files
+            raise ArtifactError(f"cannot read tokenizer {path}: {err}") from err
+        return cls(tokenizer, max_length=max_length, pad_id=pad_id, input_names=input_names)
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        return self._plain
+
+    def encode(self, texts: Sequence[str], *, truncate: bool = True) -> list[Encoding]:
+        """Encode texts with special tokens; truncated to ``max_length`` unless ``truncate`` is False."""
+        tokenizer = self._plain if truncate else self._untruncated
+        return tokenizer.encode_batch(list(texts), add_special_tokens=True)
+
+    def encode_windows(self, first: str, second: str, *, max_length: int, stride: int) -> list[Encoding]:
+        """Encode a pair, splitting a long second text into overlapping windows (QA doc stride)."""
+        key = (max_length, stride)
+        if key not in self._windowed:
+            tok = Tokenizer.from_str(self._plain.to_str())
+            tok.no_padding()
+            tok.enable_truncation(max_length, stride=stride, strategy="only_second")
+            self._windowed[key] = tok
+        encoding = self._windowed[key].encode(first, second, add_special_tokens=True)
+        return [encoding, *encoding.overflowing]
+
+    def collate(self, encodings: Sequence[Encoding], dtype: type = np.int64) -> dict[str, np.ndarray]:
+        """Pad encodings to the longest of them; returns the arrays the model takes, by input name."""
+        rows = len(encodings)
+        width = max(len(e.ids) for e in encodings)
+        ids = np.full((rows, width), self.pad_id, dtype=dtype)
+        mask = np.zeros((rows, width), dtype=dtype)
+        types = np.zeros((rows, width), dtype=dtype)
+        for i, enc in enumerate(encodings):
+            n = len(enc.ids)
+            ids[i, :n] = enc.ids
+            mask[i, :n] = 1
+            types[i, :n] = enc.type_ids
+        arrays = {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
+        return {name: arrays[name] for name in self.input_names}
+
+
+def _configured(tokenizer: Tokenizer, max_length: int | None) -> Tokenizer:
+    tok = Tokenizer.from_str(tokenizer.to_str())
+    tok.no_padding()
+    if max_length is None:
+        tok.no_truncation()
+    else:
+        tok.enable_truncation(max_length)
+    return tok
