@@ -14,8 +14,8 @@ from kiln.errors import (
     UsageError,
 )
 from kiln.runtime import Predictor
-from kiln.tasks import Answer, Entity, LabelScore, QAInput
 from kiln.taskconfig import TaskConfig
+from kiln.tasks import Answer, Entity, LabelScore, QAInput
 
 __version__ = "0.1.0"
 

@@ -94,7 +94,8 @@ def measure_parity(
     return ParityReport(
         batch_sizes=tuple(batch_sizes), features=len(lengths), max_abs_diff=max(diffs),
         min_cosine=min(cosines), mean_cosine=float(np.mean(cosines)),
-        buckets=tuple(_bucket(i, diffs, cosines, buckets, len(batch_sizes)) for i in sorted(set(buckets))), tolerance=tolerance,
+        buckets=tuple(_bucket(i, diffs, cosines, buckets, len(batch_sizes)) for i in sorted(set(buckets))),
+        tolerance=tolerance,
     )
 
 
@@ -103,7 +104,9 @@ def _comparable(predictor: Predictor, encodings: list, batch_size: int) -> list[
     return [runner.handler.comparable(r) for r in runner.run_features(encodings, sort=False)]
 
 
-def _bucket(index: int, diffs: list[float], cosines: list[float], buckets: list[int], runs: int) -> BucketParity:
+def _bucket(
+    index: int, diffs: list[float], cosines: list[float], buckets: list[int], runs: int
+) -> BucketParity:
     chosen = [k for k, b in enumerate(buckets) if b == index]
     lo = LENGTH_BUCKETS[index - 1] + 1 if index else 1
     hi = LENGTH_BUCKETS[index]

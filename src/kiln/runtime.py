@@ -10,9 +10,9 @@ from tokenizers import Encoding
 
 from kiln.engines.base import Engine
 from kiln.errors import UsageError
+from kiln.taskconfig import TaskConfig
 from kiln.tasks import TaskHandler, task_handler
 from kiln.tasks.base import Prepared
-from kiln.taskconfig import TaskConfig
 from kiln.tokenization import TextEncoder
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import inspect
 import json
 import re
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -169,11 +170,11 @@ def load_source(model: str | None, task: TaskName, *, allow_pickle: bool = False
     )
 
 
-def _check_head_trained(missing: list[str], task: TaskName, name: str) -> None:
+def _check_head_trained(missing: Collection[str], task: TaskName, name: str) -> None:
     if task is TaskName.FEATURE_EXTRACTION or not missing:
         return
     raise UnsupportedModelError(
-        f"{name} has no trained {task.value} head (weights missing: {', '.join(missing[:4])}); its outputs "
+        f"{name} has no trained {task.value} head (weights missing: {', '.join(sorted(missing)[:4])}); its outputs "
         "would be random. Fine-tune a head first, or use --task feature-extraction"
     )
 

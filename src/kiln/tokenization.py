@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Encoding, Tokenizer
 
-from kiln.errors import ArtifactError
+from kiln.errors import ArtifactError, UsageError
 
 TOKENIZER_FILE = "tokenizer.json"
 
@@ -45,7 +45,17 @@ class TextEncoder:
         return tokenizer.encode_batch(list(texts), add_special_tokens=True)
 
     def encode_windows(self, first: str, second: str, *, max_length: int, stride: int) -> list[Encoding]:
-        """Encode a pair, splitting a long second text into overlapping windows (QA doc stride)."""
+        """Encode a pair, splitting a long second text into overlapping windows (QA doc stride).
+
+        The stride must be shorter than the room the first text leaves in a window (the tokenizers library
+        panics otherwise); a long first text shrinks the stride to half that room.
+        """
+        room = max_length - len(self._untruncated.encode(first, add_special_tokens=False).ids) \
+            - self._plain.num_special_tokens_to_add(is_pair=True)
+        if room < 2:
+            raise UsageError(f"the question takes {max_length - room} of the {max_length} tokens of a window; "
+                             "shorten it or raise max_seq_len")
+        stride = stride if stride < room else room // 2
         key = (max_length, stride)
         if key not in self._windowed:
             tok = Tokenizer.from_str(self._plain.to_str())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -30,7 +31,10 @@ class TorchScriptEngine:
         torch._C._jit_set_profiling_executor(False)
         extra = {IO_NAMES_KEY: ""}
         try:
-            self._module = torch.jit.load(str(path), map_location=options.device, _extra_files=extra)
+            with warnings.catch_warnings():
+                # torch 2.9+ deprecates TorchScript in favour of torch.export; kiln offers it for libtorch users.
+                warnings.simplefilter("ignore", DeprecationWarning)
+                self._module = torch.jit.load(str(path), map_location=options.device, _extra_files=extra)
         except (RuntimeError, ValueError) as err:
             raise ArtifactError(f"cannot load TorchScript model {path}: {err}") from err
         io = json.loads(extra[IO_NAMES_KEY] or "{}")

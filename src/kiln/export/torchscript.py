@@ -18,5 +18,7 @@ def export_torchscript(module: TaskModule, example: tuple[torch.Tensor, ...], pa
         traced = torch.jit.trace(module, example, check_trace=False, strict=False)
         frozen = torch.jit.freeze(traced.eval())
     io_names = json.dumps({"inputs": list(module.input_names), "outputs": list(module.output_names)})
-    torch.jit.save(frozen, str(path), _extra_files={IO_NAMES_KEY: io_names})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # TorchScript is deprecated upstream; still served
+        torch.jit.save(frozen, str(path), _extra_files={IO_NAMES_KEY: io_names})
     return [path]

@@ -9,8 +9,8 @@ from typing import Any
 import numpy as np
 
 from kiln.choices import Pooling, TaskName
-from kiln.tasks.base import Prepared, one_per_input
 from kiln.taskconfig import TaskConfig
+from kiln.tasks.base import Prepared, one_per_input
 from kiln.tokenization import TextEncoder
 
 

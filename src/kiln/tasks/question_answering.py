@@ -10,8 +10,8 @@ import numpy as np
 
 from kiln.choices import TaskName
 from kiln.errors import UsageError
-from kiln.tasks.base import Prepared, softmax, valid_rows
 from kiln.taskconfig import TaskConfig
+from kiln.tasks.base import Prepared, softmax, valid_rows
 from kiln.tokenization import TextEncoder
 
 
@@ -75,10 +75,7 @@ class QuestionAnswering:
         pairs = [as_qa_input(x) for x in inputs]
         encodings, owners = [], []
         for i, pair in enumerate(pairs):
-            try:
-                windows = encoder.encode_windows(pair.question, pair.context, max_length=max_len, stride=stride)
-            except Exception as err:  # tokenizers reports an over-long question as a bare Exception
-                raise UsageError(f"question {i} does not fit in {max_len} tokens with its context: {err}") from err
+            windows = encoder.encode_windows(pair.question, pair.context, max_length=max_len, stride=stride)
             encodings.extend(windows)
             owners.extend([i] * len(windows))
         return Prepared(inputs=pairs, encodings=encodings, owners=owners, truncated=[False] * len(pairs))

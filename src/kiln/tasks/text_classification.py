@@ -10,8 +10,8 @@ import numpy as np
 
 from kiln.choices import TaskName
 from kiln.errors import UsageError
-from kiln.tasks.base import Prepared, one_per_input, sigmoid, softmax
 from kiln.taskconfig import TaskConfig
+from kiln.tasks.base import Prepared, one_per_input, sigmoid, softmax
 from kiln.tokenization import TextEncoder
 
 

@@ -10,8 +10,8 @@ import numpy as np
 from tokenizers import Encoding, Tokenizer
 
 from kiln.choices import Aggregation, TaskName
-from kiln.tasks.base import Prepared, one_per_input, softmax
 from kiln.taskconfig import TaskConfig
+from kiln.tasks.base import Prepared, one_per_input, softmax
 from kiln.tokenization import TextEncoder
 
 

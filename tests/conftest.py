@@ -1,0 +1,52 @@
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from kiln.choices import TaskName
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing in the suite may reach the hub
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory):
+    """``tiny_model(arch, task)`` -> directory of a tiny random model, built once per session."""
+    from tests.factory import build_tiny_model
+
+    cache: dict[tuple[str, TaskName], Path] = {}
+
+    def get(arch: str = "bert", task: TaskName = TaskName.FEATURE_EXTRACTION) -> Path:
+        key = (arch, task)
+        if key not in cache:
+            cache[key] = build_tiny_model(arch, task, tmp_path_factory.mktemp(f"{arch}-{task.value}"))
+        return cache[key]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def minilm_dir() -> Path:
+    from kiln.source import bundled_model_dir
+
+    return bundled_model_dir()
+
+
+def has_cuda() -> bool:
+    try:
+        import onnxruntime
+
+        return "CUDAExecutionProvider" in onnxruntime.get_available_providers()
+    except ImportError:
+        return False
+
+
+def pytest_collection_modifyitems(config, items):
+    if has_cuda():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU with onnxruntime-gpu; none here")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

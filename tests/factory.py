@@ -1,0 +1,137 @@
+"""Tiny random-weight models with locally trained tokenizers, for every supported architecture.
+
+Nothing is downloaded: each tokenizer is trained on kiln's built-in sentences, each model is built from a
+transformers config (hidden size 32, 2 layers) and saved as safetensors with the task's head.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import transformers
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+
+from kiln.choices import TaskName
+from kiln.texts import builtin_sentences
+
+LABELS = {
+    TaskName.TEXT_CLASSIFICATION: ["negative", "neutral", "positive"],
+    TaskName.TOKEN_CLASSIFICATION: ["O", "B-PER", "I-PER", "B-LOC", "I-LOC", "B-ORG", "I-ORG"],
+}
+MAX_POSITIONS = 128
+
+
+@dataclass(frozen=True)
+class Family:
+    """How a model family tokenizes: algorithm, special tokens in id order, templates."""
+
+    kind: str  # wordpiece | bpe | unigram
+    specials: tuple[str, ...]  # pad, unk, cls/bos, sep/eos, mask (in the family's id order)
+    cls: str
+    sep: str
+    pad: str
+    unk: str
+    mask: str
+    pair_separator: str  # RoBERTa-style pairs put two separators between the texts
+    type_ids: bool  # whether the tokenizer returns token_type_ids
+
+
+BERT_WORDPIECE = Family("wordpiece", ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"), "[CLS]", "[SEP]", "[PAD]",
+                        "[UNK]", "[MASK]", "[SEP]", True)
+ROBERTA_BPE = Family("bpe", ("<s>", "<pad>", "</s>", "<unk>", "<mask>"), "<s>", "</s>", "<pad>", "<unk>", "<mask>",
+                     "</s> </s>", False)
+XLMR_UNIGRAM = Family("unigram", ("<s>", "<pad>", "</s>", "<unk>", "<mask>"), "<s>", "</s>", "<pad>", "<unk>",
+                      "<mask>", "</s> </s>", False)
+SPM_UNIGRAM = Family("unigram", ("<pad>", "<unk>", "[CLS]", "[SEP]", "[MASK]"), "[CLS]", "[SEP]", "<pad>", "<unk>",
+                     "[MASK]", "[SEP]", True)
+MPNET_WORDPIECE = Family("wordpiece", ("<s>", "<pad>", "</s>", "[UNK]", "<mask>"), "<s>", "</s>", "<pad>", "[UNK]",
+                         "<mask>", "</s> </s>", False)
+DISTIL_WORDPIECE = Family("wordpiece", BERT_WORDPIECE.specials, "[CLS]", "[SEP]", "[PAD]", "[UNK]", "[MASK]",
+                          "[SEP]", False)
+
+_SMALL = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64)
+ARCHITECTURES: dict[str, tuple[Family, type, dict]] = {
+    "bert": (BERT_WORDPIECE, transformers.BertConfig, dict(_SMALL, max_position_embeddings=MAX_POSITIONS)),
+    "roberta": (ROBERTA_BPE, transformers.RobertaConfig, dict(_SMALL, max_position_embeddings=MAX_POSITIONS + 2,
+                                                               type_vocab_size=1)),
+    "xlm-roberta": (XLMR_UNIGRAM, transformers.XLMRobertaConfig,
+                    dict(_SMALL, max_position_embeddings=MAX_POSITIONS + 2, type_vocab_size=1)),
+    "distilbert": (DISTIL_WORDPIECE, transformers.DistilBertConfig,
+                   dict(dim=32, n_layers=2, n_heads=2, hidden_dim=64, max_position_embeddings=MAX_POSITIONS)),
+    "albert": (SPM_UNIGRAM, transformers.AlbertConfig, dict(_SMALL, embedding_size=16,
+                                                            max_position_embeddings=MAX_POSITIONS)),
+    "electra": (BERT_WORDPIECE, transformers.ElectraConfig, dict(_SMALL, embedding_size=16,
+                                                                 max_position_embeddings=MAX_POSITIONS)),
+    "mpnet": (MPNET_WORDPIECE, transformers.MPNetConfig, dict(_SMALL, max_position_embeddings=MAX_POSITIONS + 2)),
+    "deberta-v2": (SPM_UNIGRAM, transformers.DebertaV2Config,
+                   dict(_SMALL, max_position_embeddings=MAX_POSITIONS, relative_attention=True, position_buckets=32,
+                        pos_att_type=["p2c", "c2p"], type_vocab_size=0)),
+}
+
+
+def _corpus() -> list[str]:
+    extra = ["Anna Schmidt works for Acme Corporation in Berlin.", "Jean Dupont visited Paris and Lyon.",
+             "unbelievably tokenization antidisestablishmentarianism"]
+    return list(builtin_sentences()) * 3 + extra * 5
+
+
+def train_tokenizer(family: Family) -> Tokenizer:
+    if family.kind == "wordpiece":
+        tok = Tokenizer(models.WordPiece(unk_token=family.unk))
+        tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+        tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+        trainer = trainers.WordPieceTrainer(vocab_size=500, special_tokens=list(family.specials))
+        tok.decoder = decoders.WordPiece()
+    elif family.kind == "bpe":
+        tok = Tokenizer(models.BPE(unk_token=family.unk))
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        trainer = trainers.BpeTrainer(vocab_size=500, special_tokens=list(family.specials),
+                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+        tok.decoder = decoders.ByteLevel()
+    else:
+        tok = Tokenizer(models.Unigram())
+        tok.pre_tokenizer = pre_tokenizers.Metaspace()
+        trainer = trainers.UnigramTrainer(vocab_size=500, special_tokens=list(family.specials), unk_token=family.unk)
+        tok.decoder = decoders.Metaspace()
+    tok.train_from_iterator(_corpus(), trainer)
+    cls, sep = family.cls, family.sep
+    second = "$B:1" if family.type_ids else "$B"
+    sep2 = f"{sep}:1" if family.type_ids else sep
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"{cls} $A {sep}", pair=f"{cls} $A {family.pair_separator} {second} {sep2}",
+        special_tokens=[(t, tok.token_to_id(t)) for t in {cls, sep}],
+    )
+    return tok
+
+
+def build_tiny_model(arch: str, task: TaskName, directory: Path, seed: int = 0) -> Path:
+    """Write config, safetensors weights and tokenizer files of a tiny ``arch`` model for ``task``."""
+    family, config_class, kwargs = ARCHITECTURES[arch]
+    tok = train_tokenizer(family)
+    names = ["input_ids", "token_type_ids", "attention_mask"] if family.type_ids else ["input_ids", "attention_mask"]
+    fast = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token=family.pad, unk_token=family.unk, cls_token=family.cls,
+        sep_token=family.sep, mask_token=family.mask, model_input_names=names,
+        model_max_length=MAX_POSITIONS,
+    )
+    labels = LABELS.get(task, [])
+    config = config_class(vocab_size=tok.get_vocab_size(), pad_token_id=tok.token_to_id(family.pad), **kwargs,
+                          **({"id2label": dict(enumerate(labels)), "label2id": {v: i for i, v in enumerate(labels)}}
+                             if labels else {}))
+    torch.manual_seed(seed)
+    auto = {
+        TaskName.FEATURE_EXTRACTION: transformers.AutoModel,
+        TaskName.TEXT_CLASSIFICATION: transformers.AutoModelForSequenceClassification,
+        TaskName.TOKEN_CLASSIFICATION: transformers.AutoModelForTokenClassification,
+        TaskName.QUESTION_ANSWERING: transformers.AutoModelForQuestionAnswering,
+    }[task]
+    model = auto.from_config(config).eval()
+    with torch.no_grad():  # larger random weights so outputs are not all near-uniform
+        for param in model.parameters():
+            if param.dim() > 1:
+                param.normal_(0, 0.2)
+    model.save_pretrained(directory, safe_serialization=True)
+    fast.save_pretrained(directory)
+    return directory

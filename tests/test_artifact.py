@@ -1,0 +1,93 @@
+"""Artifacts are written atomically and refuse to load when altered, truncated or incomplete."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kiln.artifact import Artifact
+from kiln.choices import ExportFormat, TaskName
+from kiln.errors import ArtifactError
+from kiln.exporting import ExportConfig, run_export
+from kiln.staging import staged_directory
+
+
+@pytest.fixture(scope="module")
+def exported(tiny_model, tmp_path_factory):
+    out = tmp_path_factory.mktemp("art") / "artifact"
+    run_export(ExportConfig(model=str(tiny_model("bert")), task=TaskName.FEATURE_EXTRACTION,
+                            format=ExportFormat.ONNX, output=out))
+    return out
+
+
+def _copy(src, tmp_path):
+    import shutil
+
+    dst = tmp_path / "copy"
+    shutil.copytree(src, dst)
+    return dst
+
+
+def test_staging_failure_leaves_nothing(tmp_path):
+    target = tmp_path / "out"
+    with pytest.raises(RuntimeError), staged_directory(target, overwrite=False) as stage:
+        (stage / "model.onnx").write_bytes(b"half")
+        raise RuntimeError("crash mid-write")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_existing_target_needs_overwrite(tmp_path):
+    target = tmp_path / "out"
+    target.mkdir()
+    (target / "keep").write_text("x")
+    with pytest.raises(ArtifactError, match="already exists; pass --force"):
+        with staged_directory(target, overwrite=False):
+            pass
+    with staged_directory(target, overwrite=True) as stage:
+        (stage / "new").write_text("y")
+    assert sorted(p.name for p in target.iterdir()) == ["new"]
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]
+
+
+def test_altered_file_is_refused(exported, tmp_path):
+    art = _copy(exported, tmp_path)
+    model = art / "onnx-fp32" / "model.onnx"
+    data = bytearray(model.read_bytes())
+    data[-10] ^= 0xFF
+    model.write_bytes(bytes(data))
+    with pytest.raises(ArtifactError, match=r"onnx-fp32/model.onnx does not match its sha256 .*altered"):
+        Artifact.open(art)
+
+
+def test_truncated_file_is_refused(exported, tmp_path):
+    art = _copy(exported, tmp_path)
+    model = art / "onnx-fp32" / "model.onnx"
+    model.write_bytes(model.read_bytes()[:1000])
+    with pytest.raises(ArtifactError, match=r"model.onnx is 1000 bytes, the manifest says \d+ \(truncated"):
+        Artifact.open(art)
+
+
+def test_missing_file_and_manifest(exported, tmp_path):
+    art = _copy(exported, tmp_path)
+    (art / "tokenizer" / "tokenizer.json").unlink()
+    with pytest.raises(ArtifactError, match="tokenizer/tokenizer.json is missing"):
+        Artifact.open(art)
+    (art / "manifest.json").unlink()
+    with pytest.raises(ArtifactError, match="has no manifest.json: it is not a kiln artifact"):
+        Artifact.open(art)
+
+
+def test_malformed_manifest(exported, tmp_path):
+    art = _copy(exported, tmp_path)
+    (art / "manifest.json").write_text("{not json")
+    with pytest.raises(ArtifactError, match="is not valid JSON"):
+        Artifact.open(art)
+    (art / "manifest.json").write_text(json.dumps({"schema_version": 99}))
+    with pytest.raises(ArtifactError, match="schema_version 99"):
+        Artifact.open(art)
+
+
+def test_unknown_variant_lists_choices(exported):
+    with pytest.raises(Exception, match=r"--variant must be one of: onnx-fp32 \(got 'nope'\)"):
+        Artifact.open(exported).predictor("nope")

@@ -1,0 +1,121 @@
+"""Every engine behind one protocol: same results alone and in padded batches, chosen by registry."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kiln.choices import ExportFormat, Precision, TaskName
+from kiln.engines import ENGINES, EngineOptions, create_engine
+from kiln.engines.torch_eager import TorchEngine
+from kiln.errors import UsageError
+from kiln.exporting import ExportConfig, run_export
+from kiln.reference import source_encoder, task_module
+from kiln.source import load_source
+from kiln.texts import builtin_sentences
+
+SHORT = "A short sentence."
+LONG = [builtin_sentences()[-1], builtin_sentences()[-2], builtin_sentences()[-5]]
+
+# Stated invariance tolerances: fp32 engines agree to float rounding; autocast engines to their precision.
+TOLERANCE = {Precision.FP32: 1e-5, Precision.BF16: 5e-2, Precision.FP16: 5e-3}
+
+
+@pytest.fixture(scope="module")
+def artifacts(tiny_model, tmp_path_factory):
+    model = str(tiny_model("bert"))
+    out = {}
+    for fmt in ExportFormat:
+        path = tmp_path_factory.mktemp(fmt.value) / "art"
+        run_export(ExportConfig(model=model, task=TaskName.FEATURE_EXTRACTION, format=fmt, output=path))
+        out[fmt] = path
+    return out
+
+
+def _alone_and_padded(engine, encoder, output="last_hidden_state"):
+    alone = engine.run(encoder.collate(encoder.encode([SHORT])))[output][0]
+    batch = encoder.collate(encoder.encode([*LONG, SHORT]))
+    padded = engine.run(batch)[output][-1]
+    n = int(batch["attention_mask"][-1].sum())
+    assert batch["attention_mask"].shape[1] > n  # the short sentence really is padded
+    return alone[:n], padded[:n]
+
+
+@pytest.mark.parametrize("precision", list(Precision))
+def test_torch_engine_invariance(tiny_model, precision):
+    source = load_source(str(tiny_model("bert")), TaskName.FEATURE_EXTRACTION)
+    engine = TorchEngine(task_module(source), EngineOptions(precision=precision))
+    engine.warmup()
+    alone, padded = _alone_and_padded(engine, source_encoder(source))
+    np.testing.assert_allclose(alone, padded, atol=TOLERANCE[precision])
+    assert engine.providers == (f"torch-cpu-{precision.value}",)
+
+
+@pytest.mark.parametrize("fmt", list(ExportFormat))
+def test_exported_engine_invariance(artifacts, fmt):
+    from kiln.artifact import Artifact
+
+    art = Artifact.open(artifacts[fmt])
+    engine = art.engine(options=EngineOptions(intra_op_threads=1))
+    engine.warmup()
+    alone, padded = _alone_and_padded(engine, art.encoder())
+    np.testing.assert_allclose(alone, padded, atol=1e-5)
+    assert engine.is_padded
+
+
+def test_onnxruntime_threads_and_provider(artifacts):
+    from kiln.artifact import Artifact
+
+    engine = Artifact.open(artifacts[ExportFormat.ONNX]).engine(
+        options=EngineOptions(intra_op_threads=1, inter_op_threads=1))
+    assert engine.providers == ("CPUExecutionProvider",)
+    assert engine.session.get_session_options().intra_op_num_threads == 1
+
+
+def test_torchscript_handles_many_lengths(artifacts):
+    """A frozen trace must stay correct across lengths it never saw (no shape baked in)."""
+    from kiln.artifact import Artifact
+
+    art = Artifact.open(artifacts[ExportFormat.TORCHSCRIPT])
+    engine, encoder = art.engine(), art.encoder()
+    words = " ".join(builtin_sentences()).split()
+    for n in (1, 3, 9, 27, 60, 100):
+        arrays = encoder.collate(encoder.encode([" ".join(words[:n])]))
+        out = engine.run(arrays)["last_hidden_state"]
+        assert out.shape[:2] == arrays["input_ids"].shape and np.isfinite(out).all()
+
+
+def test_registry_and_bad_options(artifacts):
+    assert set(ENGINES) == {"onnxruntime", "torchscript", "torch"}
+    with pytest.raises(UsageError, match="engine must be one of: onnxruntime, torchscript, torch"):
+        create_engine("tensorflow", artifacts[ExportFormat.ONNX])
+    with pytest.raises(UsageError, match="--threads must be between 1 and"):
+        EngineOptions(intra_op_threads=0)
+    with pytest.raises(UsageError, match="--device must be one of: cpu, cuda, tensorrt"):
+        EngineOptions(device="tpu")
+
+
+def test_gpu_provider_missing_is_a_clear_error(artifacts):
+    import onnxruntime
+
+    if "CUDAExecutionProvider" in onnxruntime.get_available_providers():
+        pytest.skip("this machine has CUDA")
+    with pytest.raises(UsageError, match="--device cuda needs CUDAExecutionProvider"):
+        create_engine("onnxruntime", artifacts[ExportFormat.ONNX] / "onnx-fp32" / "model.onnx",
+                      EngineOptions(device="cuda"))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("device", ["cuda", "tensorrt"])
+def test_gpu_engines_with_iobinding(artifacts, device):
+    from kiln.artifact import Artifact
+
+    art = Artifact.open(artifacts[ExportFormat.ONNX])
+    cpu = art.engine()
+    gpu = art.engine(options=EngineOptions(device=device))
+    assert gpu.providers[0] in ("CUDAExecutionProvider", "TensorrtExecutionProvider")
+    batch = art.encoder().collate(art.encoder().encode([*LONG, SHORT]))
+    np.testing.assert_allclose(gpu.run(batch)["last_hidden_state"], cpu.run(batch)["last_hidden_state"],
+                               atol=1e-3)
+    alone, padded = _alone_and_padded(gpu, art.encoder())
+    np.testing.assert_allclose(alone, padded, atol=1e-3)

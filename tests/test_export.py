@@ -1,0 +1,107 @@
+"""Export to ONNX and TorchScript for every architecture, with parity and invariance against PyTorch."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+
+from kiln.artifact import Artifact
+from kiln.choices import ExportFormat, ExternalData, TaskName
+from kiln.errors import ParityError
+from kiln.exporting import ExportConfig, run_export
+from kiln.parity import ParityTolerance
+from tests.factory import ARCHITECTURES
+
+
+def _export(model_dir, tmp_path, task=TaskName.FEATURE_EXTRACTION, fmt=ExportFormat.ONNX, **kw):
+    return run_export(ExportConfig(model=str(model_dir), task=task, format=fmt, output=tmp_path / "art", **kw))
+
+
+@pytest.mark.parametrize("fmt", list(ExportFormat))
+@pytest.mark.parametrize("arch", list(ARCHITECTURES))
+def test_every_architecture_exports_with_parity(tiny_model, tmp_path, arch, fmt):
+    result = _export(tiny_model(arch), tmp_path, fmt=fmt)
+    assert result.parity.passed
+    assert result.parity.max_abs_diff < 1e-4
+    assert result.parity.min_cosine > 0.99999
+    assert result.parity.batch_sizes == (1, 8)  # padded batches checked: batch-vs-single invariance
+    Artifact.open(result.path)  # checksums verify
+
+
+@pytest.mark.parametrize("task", list(TaskName))
+def test_every_task_exports_with_parity(tiny_model, tmp_path, task):
+    result = _export(tiny_model("bert", task), tmp_path, task=task)
+    assert result.parity.passed, result.parity.summary()
+    record = result.manifest.variants["onnx-fp32"]
+    assert record["parity"]["passed"] is True
+    assert result.manifest.task["task"] == task.value
+
+
+def test_onnx_has_dynamic_batch_and_sequence_axes(tiny_model, tmp_path):
+    result = _export(tiny_model("bert"), tmp_path, opset=18)
+    model = onnx.load(str(result.path / "onnx-fp32" / "model.onnx"))
+    assert model.opset_import[0].version == 18
+    for value in [*model.graph.input, *model.graph.output]:
+        dims = value.type.tensor_type.shape.dim
+        assert dims[0].dim_param == "batch" and dims[1].dim_param == "sequence"
+
+
+def test_int32_inputs(tiny_model, tmp_path):
+    result = _export(tiny_model("bert"), tmp_path, int32_inputs=True)
+    model = onnx.load(str(result.path / "onnx-fp32" / "model.onnx"))
+    assert {i.type.tensor_type.elem_type for i in model.graph.input} == {onnx.TensorProto.INT32}
+    assert result.parity.passed
+
+
+def test_external_data_forced_on_a_tiny_model(tiny_model, tmp_path):
+    result = _export(tiny_model("bert"), tmp_path, external_data=ExternalData.ALWAYS)
+    record = result.manifest.variants["onnx-fp32"]
+    assert record["files"] == ["onnx-fp32/model.onnx", "onnx-fp32/model.onnx.data"]
+    assert (result.path / "onnx-fp32" / "model.onnx.data").stat().st_size > 50_000
+    assert (result.path / "onnx-fp32" / "model.onnx").stat().st_size < 50_000  # graph only
+    assert result.parity.passed
+    assert "onnx-fp32/model.onnx.data" in result.manifest.files
+
+
+def test_parity_failure_is_an_error_and_writes_nothing(tiny_model, tmp_path):
+    with pytest.raises(ParityError, match="disagrees with PyTorch beyond tolerance: max"):
+        _export(tiny_model("bert"), tmp_path, tolerance=ParityTolerance(max_abs_diff=1e-12))
+    assert not (tmp_path / "art").exists()
+    assert list(tmp_path.iterdir()) == []  # no staging leftovers either
+
+
+def test_manifest_records_source_recipe_versions_and_checksums(tiny_model, tmp_path):
+    result = _export(tiny_model("roberta"), tmp_path)
+    raw = json.loads((result.path / "manifest.json").read_text())
+    assert raw["source"]["model_type"] == "roberta"
+    assert len(raw["source"]["content_sha256"]) == 64
+    assert raw["variants"]["onnx-fp32"]["recipe"][0]["pass"] == "export-onnx"
+    assert {"torch", "transformers", "onnxruntime", "onnx"} <= raw["versions"].keys()
+    assert "tokenizer/tokenizer.json" in raw["files"]
+    assert all(len(f["sha256"]) == 64 for f in raw["files"].values())
+
+
+def test_source_hash_changes_with_weights(tiny_model, tmp_path):
+    from kiln.source import load_source
+
+    a = load_source(str(tiny_model("bert")), TaskName.FEATURE_EXTRACTION).content_sha256
+    b = load_source(str(tiny_model("electra")), TaskName.FEATURE_EXTRACTION).content_sha256
+    assert a != b
+
+
+def test_exported_artifact_predicts_like_pytorch(tiny_model, tmp_path):
+    from kiln.reference import reference_predictor
+    from kiln.source import load_source
+
+    model_dir = tiny_model("bert", TaskName.TEXT_CLASSIFICATION)
+    result = _export(model_dir, tmp_path, task=TaskName.TEXT_CLASSIFICATION)
+    texts = ["a short one", "a much longer sentence that forces the other rows of the batch to be padded"]
+    onnx_out = Artifact.open(result.path).predictor().predict(texts, top_k=None)
+    torch_out = reference_predictor(load_source(str(model_dir), TaskName.TEXT_CLASSIFICATION)).predict(
+        texts, top_k=None)
+    for got, want in zip(onnx_out, torch_out):
+        assert [s.label for s in got] == [s.label for s in want]
+        np.testing.assert_allclose([s.score for s in got], [s.score for s in want], atol=1e-5)

@@ -1,0 +1,93 @@
+"""Loading: the bundled default, local directories, hub ids offline, pickle refusal, unsupported models."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from kiln.choices import Pooling, TaskName
+from kiln.errors import ModelLoadError, UnsupportedModelError
+from kiln.source import load_source
+
+
+def test_bundled_default_model():
+    source = load_source(None, TaskName.FEATURE_EXTRACTION)
+    assert source.model_type == "bert"
+    assert source.task_config.pooling is Pooling.MEAN and source.task_config.normalize
+    assert source.task_config.max_length == 256  # sentence_bert_config.json's max_seq_length
+    assert source.input_names == ("input_ids", "attention_mask", "token_type_ids")
+    assert "bundled" in source.name
+
+
+def test_missing_directory():
+    with pytest.raises(ModelLoadError, match="model directory ./no/such/model does not exist"):
+        load_source("./no/such/model", TaskName.FEATURE_EXTRACTION)
+
+
+def test_file_instead_of_directory(tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(ModelLoadError, match="is a file; pass the directory that holds config.json"):
+        load_source(str(tmp_path / "config.json"), TaskName.FEATURE_EXTRACTION)
+
+
+def test_hub_id_offline_says_to_pass_a_directory(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ModelLoadError, match="could not fetch 'someone/some-model' .*pass a local model directory"):
+        load_source("someone/some-model", TaskName.FEATURE_EXTRACTION)
+
+
+def test_pickle_weights_refused_unless_allowed(tiny_model, tmp_path):
+    import torch
+    from safetensors.torch import load_file
+
+    model_dir = tmp_path / "pickled"
+    shutil.copytree(tiny_model("bert"), model_dir)
+    weights = load_file(model_dir / "model.safetensors")
+    (model_dir / "model.safetensors").unlink()
+    torch.save(weights, model_dir / "pytorch_model.bin")
+    with pytest.raises(ModelLoadError, match=r"only pickle weights \(pytorch_model.bin\). Unpickling can run "
+                                             "arbitrary code.*--allow-pickle"):
+        load_source(str(model_dir), TaskName.FEATURE_EXTRACTION)
+    source = load_source(str(model_dir), TaskName.FEATURE_EXTRACTION, allow_pickle=True)
+    assert source.model_type == "bert"
+
+
+def test_no_weights(tiny_model, tmp_path):
+    model_dir = tmp_path / "empty"
+    shutil.copytree(tiny_model("bert"), model_dir)
+    (model_dir / "model.safetensors").unlink()
+    with pytest.raises(ModelLoadError, match="holds no weights"):
+        load_source(str(model_dir), TaskName.FEATURE_EXTRACTION)
+
+
+@pytest.mark.parametrize(("model_type", "reason"), [
+    ("gpt2", "it is a decoder-only causal language model"),
+    ("whisper", "kiln has no export and parity tests for it"),
+])
+def test_unsupported_architecture_is_named(tmp_path, model_type, reason):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": model_type}))
+    with pytest.raises(UnsupportedModelError, match=f"architecture '{model_type}' is not supported: {reason}.*"
+                                                    "Supported architectures: albert, bert, camembert"):
+        load_source(str(tmp_path), TaskName.FEATURE_EXTRACTION)
+
+
+def test_untrained_head_is_refused(tiny_model):
+    with pytest.raises(UnsupportedModelError, match="has no trained text-classification head"):
+        load_source(str(tiny_model("bert")), TaskName.TEXT_CLASSIFICATION)
+
+
+def test_unknown_sentence_transformers_module(tiny_model, tmp_path):
+    model_dir = tmp_path / "st"
+    shutil.copytree(tiny_model("bert"), model_dir)
+    (model_dir / "modules.json").write_text(json.dumps([
+        {"idx": 0, "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "path": "2_Dense", "type": "sentence_transformers.models.Dense"}]))
+    with pytest.raises(UnsupportedModelError, match="modules kiln does not reproduce: Dense"):
+        load_source(str(model_dir), TaskName.FEATURE_EXTRACTION)
+
+
+def test_roberta_max_length_accounts_for_position_offset(tiny_model):
+    source = load_source(str(tiny_model("roberta")), TaskName.FEATURE_EXTRACTION)
+    assert source.task_config.max_length == 128  # 130 positions minus RoBERTa's padding offset
