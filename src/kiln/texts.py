@@ -23,7 +23,7 @@ def joined(start: int, count: int) -> str:
 def parity_texts() -> list[str]:
     """Real sentences from 1 to ~50 words plus paragraphs up to ~600 words (past most models' maximum)."""
     sentences = list(builtin_sentences())
-    return sentences[::2] + [joined(3, 4), joined(10, 8), joined(20, 16)]
+    return sentences[::2] + [joined(30, 2), joined(44, 2), joined(3, 4), joined(10, 8), joined(20, 16)]
 
 
 def parity_questions() -> list[QAInput]:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from rich.console import Console
 
-out = Console(highlight=False)
-err = Console(stderr=True, highlight=False)
+out = Console(highlight=False, soft_wrap=True)  # long result lines stay whole in logs and pipes
+err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
 def progress(message: str) -> None:
