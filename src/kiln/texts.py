@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import lru_cache
 from importlib import resources
 
@@ -30,3 +31,33 @@ def parity_questions() -> list[QAInput]:
     """Question/context pairs; the longer contexts need several doc-stride windows."""
     sentences = builtin_sentences()
     return [QAInput(sentences[i], joined(i * 3, 1 + i)) for i in range(2, 14, 2)]
+
+
+def length_mix(count: int, low: int = 10, high: int = 200, *, seed: int = 0,
+               token_count: Callable[[str], int] | None = None) -> list[str]:
+    """``count`` texts cut from the built-in sentences with lengths drawn uniformly in [low, high].
+
+    With ``token_count`` (text -> tokens, special tokens included) each text is cut to hit its drawn
+    token length exactly where word boundaries allow; without it, at ~1.3 tokens per word.
+    """
+    import random
+
+    rng = random.Random(seed)
+    words = " ".join(builtin_sentences()).split()
+    texts = []
+    for _ in range(count):
+        target = rng.randint(low, high)
+        start = rng.randrange(len(words))
+        stream = (words[start:] + words) * (1 + high // max(1, len(words)))
+        if token_count is None:
+            texts.append(" ".join(stream[: max(1, round(target / 1.3))]))
+            continue
+        lo, hi = 1, min(len(stream), target)  # a word is at least one token
+        while lo < hi:  # the most words whose encoding stays within the target
+            mid = (lo + hi + 1) // 2
+            if token_count(" ".join(stream[:mid])) <= target:
+                lo = mid
+            else:
+                hi = mid - 1
+        texts.append(" ".join(stream[:lo]))
+    return texts

@@ -87,6 +87,66 @@ def export(
 
 
 @app.command()
+def optimize(
+    model: ModelArg = None,
+    task: TaskOpt = TaskName.FEATURE_EXTRACTION,
+    output: Annotated[Path, typer.Option("--output", "-o", help="Artifact directory: every variant, manifest.json, "
+                                         "results.json, summary.md and best/ (the chosen variant alone).")]
+    = Path("kiln-out"),
+    tolerance: Annotated[Optional[float], typer.Option(  # noqa: UP045
+        help="Largest drop allowed below the original. Agreement: feature-extraction min cosine >= 1-t and mean "
+        ">= 1-t/2 (default t=0.01); text/token-classification top label / tag agreement >= 1-t (0.01); "
+        "question-answering answer F1 vs the original >= 1-t (0.02). With --eval the task metric may also drop "
+        "by at most t. Tighter keeps more fp32 layers (slower); looser admits faster, less faithful variants.",
+        show_default=False)] = None,
+    eval_file: Annotated[Optional[Path], typer.Option(  # noqa: UP045
+        "--eval", help="Labelled data for the task metric: JSONL or CSV (feature-extraction: sentence1, sentence2, "
+        "score; text-classification: text, label; token-classification: tokens, tags; question-answering: "
+        "question, context, answers) or SQuAD JSON. Default: kiln's built-in STS pairs for feature-extraction, "
+        "none otherwise.", show_default=False)] = None,
+    calibration: Annotated[Optional[Path], typer.Option(  # noqa: UP045
+        help="Texts to calibrate static int8 on and to time variants with (.txt one per line, or .jsonl/.csv "
+        "as for --eval). Default: kiln's built-in sentences. Use texts like your traffic: ranges and "
+        "the speed choice follow them.", show_default=False)] = None,
+    calibration_method: Annotated[str, typer.Option(
+        help="Static int8 activation ranges for onnx-int8-static: minmax (fast, outlier-sensitive), "
+        "entropy or percentile (clip outliers; slower to calibrate).")] = "minmax",
+    target: Annotated[str, typer.Option(help="Where the artifact will run: cpu builds int8/OpenVINO/bf16 "
+                                        "variants; cuda builds fp16 ones.")] = "cpu",
+    variants: Annotated[Optional[str], typer.Option(  # noqa: UP045
+        help="Comma-separated variants to build instead of the target's defaults: onnx-fp32, onnx-fused, "
+        "onnx-fused-gelu-approx, onnx-int8-dynamic, onnx-int8-static, openvino-fp32, openvino-bf16, "
+        "openvino-int8-static, onnx-fp16, torchscript, torch-bf16, torch-fp16, torch-int8-dynamic.",
+        show_default=False)] = None,
+    threads: Annotated[Optional[int], typer.Option(  # noqa: UP045
+        help="Intra-op threads for validation and timing (default: the cores this process may use).",
+        show_default=False)] = None,
+    batch_size: Annotated[int, typer.Option(help="Batch size for validation and timing.", min=1)] = 32,
+    sensitivity: Annotated[bool, typer.Option(help="When an int8 variant fails the gate, keep its most "
+                                              "sensitive layers in fp32 until it passes (a few rebuilds).")] = True,
+    allow_pickle: PickleOpt = False,
+    force: ForceOpt = False,
+) -> None:
+    """Build every variant, validate each against the original, keep the fastest that stays within tolerance.
+
+    Exits 4 when no variant passes the gate; rejected variants carry their measured reason.
+    """
+    from kiln.optimize.job import OptimizeConfig, OptimizeJob
+
+    config = OptimizeConfig(
+        model=model, task=task, output=output, tolerance=tolerance, eval_file=eval_file,
+        calibration_file=calibration, calibration_method=calibration_method, target=target,
+        variants=tuple(v.strip() for v in variants.split(",") if v.strip()) if variants else None,
+        threads=threads, batch_size=batch_size, allow_pickle=allow_pickle, overwrite=force,
+        sensitivity=sensitivity,
+    )
+    summary = OptimizeJob(config, console.progress).run()
+    console.print_table(summary)
+    console.out.print(f"best variant: {summary.best} -> {output.expanduser().resolve() / 'best'}")
+    console.out.print(f"summary: {output.expanduser().resolve() / 'summary.md'}")
+
+
+@app.command()
 def info(
     artifact: Annotated[Path, typer.Argument(help="Artifact directory written by kiln.", show_default=False)],
 ) -> None:

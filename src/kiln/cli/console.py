@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import sys
+
 from rich.console import Console
 
-out = Console(highlight=False, soft_wrap=True)  # long result lines stay whole in logs and pipes
+# Off a terminal rich assumes 80 columns; tables and long result lines stay whole in logs and pipes instead.
+out = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 200)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
@@ -14,3 +17,17 @@ def progress(message: str) -> None:
         err.print(f"[dim]…[/dim] {message}")
     else:
         err.print(f"... {message}", markup=False)
+
+
+def print_table(summary) -> None:
+    """The optimize result table: variant | size MB | agreement | task metric | ms/seq | speed-up | status."""
+    from rich.table import Table
+
+    from kiln.optimize.outcome import HEADER
+
+    table = Table(title=f"{summary.model} ({summary.task})", title_justify="left")
+    for name in HEADER:
+        table.add_column(name, overflow="fold")
+    for row in summary.rows():
+        table.add_row(*row)
+    out.print(table)

@@ -27,11 +27,18 @@ def _torch(path: Path, options: EngineOptions) -> Engine:
     return TorchEngine.from_path(path, options)
 
 
+def _openvino(path: Path, options: EngineOptions) -> Engine:
+    from kiln.engines.openvino import OpenVinoEngine
+
+    return OpenVinoEngine(path, options)
+
+
 # Factories import their runtime lazily so that serving an ONNX artifact never imports torch.
 ENGINES: dict[str, Callable[[Path, EngineOptions], Engine]] = {
     "onnxruntime": _onnxruntime,
     "torchscript": _torchscript,
     "torch": _torch,
+    "openvino": _openvino,
 }
 
 

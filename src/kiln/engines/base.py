@@ -33,7 +33,8 @@ class EngineOptions:
     intra_op_threads: int | None = None  # None: the runtime's default (all cores it may use)
     inter_op_threads: int | None = None
     device: str = "cpu"  # cpu | cuda | tensorrt (ONNX Runtime only for the last)
-    precision: Precision = Precision.FP32  # torch engines: bf16/fp16 run under autocast
+    precision: Precision = Precision.FP32  # torch: autocast dtype; OpenVINO: inference precision hint
+    streams: int | None = None  # OpenVINO CPU streams (parallel inference requests)
 
     def __post_init__(self) -> None:
         for flag, value in (("--threads", self.intra_op_threads), ("--inter-op-threads", self.inter_op_threads)):

@@ -1,0 +1,91 @@
+"""CPU facts that decide kernels: vector features, int8 signedness, usable cores."""
+
+from __future__ import annotations
+
+import os
+import platform
+from dataclasses import asdict, dataclass
+from functools import lru_cache
+from pathlib import Path
+
+# /proc/cpuinfo flag -> kiln's name for it.
+_X86_FLAGS = {
+    "avx2": "avx2", "avx512f": "avx512", "avx512_vnni": "avx512-vnni", "avx_vnni": "avx-vnni",
+    "avx512_bf16": "avx512-bf16", "amx_bf16": "amx-bf16", "amx_int8": "amx-int8", "f16c": "f16c",
+}
+_ARM_FLAGS = {"asimddp": "dotprod", "i8mm": "i8mm", "bf16": "bf16", "sve": "sve"}
+
+
+@dataclass(frozen=True)
+class CpuInfo:
+    model: str
+    arch: str
+    features: tuple[str, ...]
+    logical_cores: int
+    usable_cores: int  # affinity and cgroup quota applied: what kiln's threads can really use
+
+    @property
+    def has_vnni(self) -> bool:
+        return bool({"avx512-vnni", "avx-vnni", "amx-int8"} & set(self.features))
+
+    @property
+    def has_bf16(self) -> bool:
+        return bool({"avx512-bf16", "amx-bf16"} & set(self.features)) or (
+            self.arch == "aarch64" and "bf16" in self.features)
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "vnni": self.has_vnni, "bf16": self.has_bf16}
+
+
+@dataclass(frozen=True)
+class Int8Scheme:
+    """Weight/activation signedness for ONNX Runtime's int8 kernels on this CPU, and why."""
+
+    weights_signed: bool
+    activations_signed: bool
+    reduce_range: bool
+    reason: str
+
+
+def int8_scheme(cpu: CpuInfo) -> Int8Scheme:
+    """Pick signedness as ONNX Runtime's quantization guide advises for the instruction set."""
+    if cpu.arch in ("aarch64", "arm64"):
+        return Int8Scheme(True, True, False, "ARM64: signed int8 (S8S8) maps to the SDOT instructions")
+    if cpu.has_vnni:
+        return Int8Scheme(True, False, False, "VNNI: U8S8 runs on VPDPBUSD without saturation")
+    if "avx2" in cpu.features:
+        return Int8Scheme(True, False, True, "AVX2 without VNNI: U8S8 with 7-bit weights avoids VPMADDUBSW "
+                          "saturation")
+    return Int8Scheme(False, False, False, "no AVX2/VNNI: U8U8, the portable kernel")
+
+
+def _cgroup_cores() -> float | None:
+    quota = Path("/sys/fs/cgroup/cpu.max")
+    try:
+        limit, period = quota.read_text().split()[:2]
+    except (OSError, ValueError):
+        return None
+    return None if limit == "max" else int(limit) / int(period)
+
+
+@lru_cache(maxsize=1)
+def cpu_info() -> CpuInfo:
+    arch = platform.machine().lower()
+    model, flags = platform.processor() or arch, set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            key = key.strip().lower()
+            if key in ("model name", "cpu model") and model in ("", arch):
+                model = value.strip()
+            elif key in ("flags", "features"):
+                flags.update(value.split())
+    except OSError:
+        pass
+    names = _ARM_FLAGS if arch in ("aarch64", "arm64") else _X86_FLAGS
+    features = tuple(sorted({kiln_name for flag, kiln_name in names.items() if flag in flags}))
+    logical = os.cpu_count() or 1
+    affinity = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else logical
+    quota = _cgroup_cores()
+    usable = max(1, min(affinity, int(quota) if quota else affinity))
+    return CpuInfo(model=model, arch=arch, features=features, logical_cores=logical, usable_cores=usable)

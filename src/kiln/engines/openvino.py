@@ -1,0 +1,47 @@
+"""OpenVINO engine: CPU plugin with an inference-precision hint (fp32 / bf16) and streams."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from kiln.choices import Precision
+from kiln.engines.base import EngineOptions, warmup_inputs
+from kiln.errors import ArtifactError, UsageError, missing_dependency
+
+_PRECISION_HINT = {Precision.FP32: "f32", Precision.BF16: "bf16", Precision.FP16: "f16"}
+
+
+class OpenVinoEngine:
+    name = "openvino"
+    is_padded = True
+
+    def __init__(self, path: Path, options: EngineOptions = EngineOptions()) -> None:
+        try:
+            import openvino as ov
+        except ImportError as err:
+            raise missing_dependency("openvino", "openvino", err) from err
+        if options.device != "cpu":
+            raise UsageError(f"--device {options.device}: kiln runs OpenVINO on the cpu device only")
+        config = {"INFERENCE_PRECISION_HINT": _PRECISION_HINT[options.precision], "PERFORMANCE_HINT": "LATENCY"}
+        if options.intra_op_threads:
+            config["INFERENCE_NUM_THREADS"] = options.intra_op_threads
+        if options.streams:
+            config["NUM_STREAMS"] = options.streams
+        core = ov.Core()
+        try:
+            self._compiled = core.compile_model(core.read_model(str(path)), "CPU", config)
+        except RuntimeError as err:
+            raise ArtifactError(f"OpenVINO cannot load {path}: {err}") from err
+        self._request = self._compiled.create_infer_request()
+        self.input_names = tuple(i.get_any_name() for i in self._compiled.inputs)
+        self.output_names = tuple(o.get_any_name() for o in self._compiled.outputs)
+        self.providers = (f"openvino-cpu-{options.precision.value}",)
+
+    def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        result = self._request.infer({n: np.ascontiguousarray(inputs[n], dtype=np.int64) for n in self.input_names})
+        return {n: np.asarray(result[o], dtype=np.float32) for n, o in zip(self.output_names, self._compiled.outputs)}
+
+    def warmup(self) -> None:
+        self.run(warmup_inputs(self.input_names))

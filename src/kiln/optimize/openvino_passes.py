@@ -1,0 +1,64 @@
+"""Passes into OpenVINO IR: conversion from ONNX, and NNCF post-training int8 quantization."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kiln.errors import missing_dependency
+
+
+def _openvino():
+    try:
+        import openvino as ov
+    except ImportError as err:
+        raise missing_dependency("openvino", "openvino", err) from err
+    return ov
+
+
+def convert(src: Path, dst: Path) -> dict[str, Any]:
+    """ONNX -> OpenVINO IR (model.xml + model.bin), fp32 weights kept (bf16 is a run-time hint)."""
+    ov = _openvino()
+    model = ov.convert_model(str(src))
+    ov.save_model(model, str(dst), compress_to_fp16=False)
+    return {"pass": "openvino-convert", "from": "onnx", "weights": "fp32"}
+
+
+def quantize_int8(
+    src: Path, dst: Path, batches: Sequence[dict[str, np.ndarray]], *, ignored: Sequence[str] = (),
+    subset_size: int = 300,
+) -> dict[str, Any]:
+    """NNCF post-training quantization with the transformer preset (keeps softmax/layer-norm paths float)."""
+    ov = _openvino()
+    try:
+        import nncf
+    except ImportError as err:
+        raise missing_dependency("nncf", "openvino", err) from err
+    logging.getLogger("nncf").setLevel(logging.ERROR)
+    model = ov.Core().read_model(str(src))
+    names = [i.get_any_name() for i in model.inputs]
+    dataset = nncf.Dataset([{n: b[n] for n in names} for b in batches])
+    quantized = nncf.quantize(
+        model, dataset, model_type=nncf.ModelType.TRANSFORMER, subset_size=subset_size,
+        ignored_scope=nncf.IgnoredScope(names=list(ignored), validate=False) if ignored else None,
+    )
+    ov.save_model(quantized, str(dst), compress_to_fp16=False)
+    return {"pass": "nncf-int8", "preset": "transformer", "calibration_batches": len(batches),
+            "excluded_nodes": list(ignored)}
+
+
+def quantizable_nodes(path: Path) -> list[str]:
+    """MatMul nodes with constant weights: the layers NNCF quantizes and sensitivity analysis ranks."""
+    ov = _openvino()
+    model = ov.Core().read_model(str(path))
+    names = []
+    for op in model.get_ordered_ops():
+        if op.get_type_name() == "MatMul":
+            sources = [op.input_value(i).get_node().get_type_name() for i in range(op.get_input_size())]
+            if "Constant" in sources or "Convert" in sources:
+                names.append(op.get_friendly_name())
+    return names

@@ -1,0 +1,101 @@
+"""Which layers int8 hurts most: an analytic per-layer error ranking, then exclusion until the gate passes.
+
+Ranking: each quantizable MatMul's input activations are captured on calibration batches; its int8
+output (weights per-channel symmetric, activations per-tensor asymmetric, ranges per batch for dynamic
+quantization or over all batches for static) is compared with the fp32 output. Layers are then kept in
+fp32 in order of that error (1, 2, 4, 8, … of them), each time rebuilding and re-validating the real
+variant, until it passes the gate or no longer improves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+@dataclass
+class Round:
+    excluded: int
+    value: float
+    accepted: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"excluded": self.excluded, "agreement": self.value, "accepted": self.accepted}
+
+
+@dataclass
+class SearchResult:
+    excluded: list[str]
+    rounds: list[Round] = field(default_factory=list)
+    accepted: bool = False
+    ranking: list[tuple[str, float]] = field(default_factory=list)
+
+
+def _fake_quant_error(x: np.ndarray, w: np.ndarray, x_range: tuple[float, float]) -> float:
+    x = x.reshape(-1, x.shape[-1]).astype(np.float64)
+    w = w.astype(np.float64)
+    w_scale = np.maximum(np.abs(w).max(axis=0), 1e-12) / 127.0
+    wq = np.clip(np.round(w / w_scale), -127, 127) * w_scale
+    lo, hi = min(x_range[0], 0.0), max(x_range[1], 0.0)
+    scale = max(hi - lo, 1e-12) / 255.0
+    zero = np.round(-lo / scale)
+    xq = (np.clip(np.round(x / scale) + zero, 0, 255) - zero) * scale
+    y = x @ w
+    return float(np.linalg.norm(xq @ wq - y) / max(np.linalg.norm(y), 1e-12))
+
+
+def rank_layers(graph: Path, batches: Sequence[dict[str, np.ndarray]], *, static: bool) -> list[tuple[str, float]]:
+    """(node name, relative int8 output error) for every MatMul/Attention with a constant weight, worst first."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import numpy_helper
+
+    model = onnx.load(str(graph))
+    weights = {t.name: t for t in model.graph.initializer}
+    targets = [n for n in model.graph.node
+               if n.op_type in ("MatMul", "Attention") and len(n.input) > 1 and n.input[1] in weights]
+    existing = {o.name for o in model.graph.output}
+    captured = sorted({n.input[0] for n in targets} - existing)
+    for name in captured:
+        model.graph.output.append(onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None))
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    inputs = {i.name for i in session.get_inputs()}
+    names = [o.name for o in session.get_outputs()]
+    runs = [dict(zip(names, session.run(None, {k: v for k, v in b.items() if k in inputs}))) for b in batches]
+    errors = []
+    for node in targets:
+        w = numpy_helper.to_array(weights[node.input[1]])
+        acts = [r[node.input[0]] for r in runs]
+        global_range = (min(float(a.min()) for a in acts), max(float(a.max()) for a in acts))
+        errs = [_fake_quant_error(a, w, global_range if static else (float(a.min()), float(a.max())))
+                for a in acts]
+        errors.append((node.name, float(np.mean(errs))))
+    return sorted(errors, key=lambda e: -e[1])
+
+
+def exclusion_search(
+    ranking: list[tuple[str, float]],
+    attempt: Callable[[list[str]], tuple[float, bool]],
+    *, max_flat_rounds: int = 2,
+) -> SearchResult:
+    """Keep the worst layers in fp32, doubling their number, until ``attempt`` (rebuild + validate) accepts."""
+    result = SearchResult(excluded=[], ranking=ranking)
+    best_value, flat = -np.inf, 0
+    count = 1
+    while count <= len(ranking):
+        excluded = [name for name, _ in ranking[:count]]
+        value, accepted = attempt(excluded)
+        result.rounds.append(Round(count, value, accepted))
+        if accepted:
+            result.excluded, result.accepted = excluded, True
+            return result
+        flat = flat + 1 if value <= best_value + 1e-4 else 0
+        best_value = max(best_value, value)
+        if flat >= max_flat_rounds:
+            break  # excluding more layers stopped helping: nothing left to gain
+        count = count * 2 if count * 2 <= len(ranking) or count == len(ranking) else len(ranking)
+    return result

@@ -1,0 +1,200 @@
+"""The variant registry: each variant is a named chain of passes with the conditions it needs."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from kiln.choices import Precision
+from kiln.optimize import onnx_passes, openvino_passes, torch_passes
+from kiln.optimize.context import BuildContext, BuiltVariant
+
+Builder = Callable[[BuildContext, Sequence[str]], BuiltVariant]
+
+
+@dataclass(frozen=True)
+class VariantSpec:
+    name: str
+    build: Builder  # (context, nodes to keep in fp32) -> variant
+    targets: frozenset[str]  # targets that build it by default
+    why_not: Callable[[BuildContext], str | None] = lambda ctx: None  # reason it cannot be built here
+    # For int8 variants: the ONNX graph whose layers the sensitivity search ranks, and whether ranges are static.
+    sensitivity: Callable[[BuildContext], Path] | None = None
+    static_ranges: bool = False
+
+
+def _onnx_file(ctx: BuildContext, name: str, recipe: list, path: Path) -> BuiltVariant:
+    rel = path.relative_to(ctx.stage).as_posix()
+    return BuiltVariant(name, "onnxruntime", rel, [rel], recipe)
+
+
+def _fp32(ctx: BuildContext, exclude: Sequence[str] = ()) -> BuiltVariant:
+    return ctx.fp32_onnx()
+
+
+def _fusion_shape(ctx: BuildContext) -> onnx_passes.FusionShape:
+    config = ctx.source.model.config
+    return onnx_passes.FusionShape(int(config.num_attention_heads), int(config.hidden_size))
+
+
+def _fused_path(ctx: BuildContext, gelu_approximation: bool = False) -> tuple[Path, dict]:
+    name = "onnx-fused-gelu-approx" if gelu_approximation else "onnx-fused"
+
+    def build() -> tuple[Path, dict]:
+        path = ctx.variant_dir(name) / "model.onnx"
+        step = onnx_passes.fuse(ctx.stage / _fp32(ctx).path, path, _fusion_shape(ctx),
+                                gelu_approximation=gelu_approximation)
+        return path, step
+    return ctx.once(name, build)
+
+
+def _fused(ctx: BuildContext, exclude: Sequence[str] = (), gelu: bool = False) -> BuiltVariant:
+    path, step = _fused_path(ctx, gelu)
+    return _onnx_file(ctx, path.parent.name, [*_fp32(ctx).recipe, step], path)
+
+
+def _int8_dynamic(ctx: BuildContext, exclude: Sequence[str] = ()) -> BuiltVariant:
+    fused, fuse_step = _fused_path(ctx)
+    path = ctx.variant_dir("onnx-int8-dynamic") / "model.onnx"
+    step = onnx_passes.quantize_dynamic_int8(fused, path, ctx.scheme, per_channel=True, exclude=exclude)
+    return _onnx_file(ctx, "onnx-int8-dynamic", [*_fp32(ctx).recipe, fuse_step, step], path)
+
+
+def _int8_static(ctx: BuildContext, exclude: Sequence[str] = ()) -> BuiltVariant:
+    path = ctx.variant_dir("onnx-int8-static") / "model.onnx"
+    step = onnx_passes.quantize_static_int8(ctx.stage / _fp32(ctx).path, path, ctx.calibration_batches(),
+                                            ctx.scheme, method=ctx.calibration_method, exclude=exclude)
+    return _onnx_file(ctx, "onnx-int8-static", [*_fp32(ctx).recipe, step], path)
+
+
+def _fp16(ctx: BuildContext, exclude: Sequence[str] = ()) -> BuiltVariant:
+    fused, fuse_step = _fused_path(ctx)
+    path = ctx.variant_dir("onnx-fp16") / "model.onnx"
+    step = onnx_passes.to_fp16(fused, path)
+    return _onnx_file(ctx, "onnx-fp16", [*_fp32(ctx).recipe, fuse_step, step], path)
+
+
+def _ov_files(rel_xml: str) -> list[str]:
+    return [rel_xml, rel_xml.removesuffix(".xml") + ".bin"]
+
+
+def _openvino_fp32_ir(ctx: BuildContext) -> BuiltVariant:
+    def build() -> BuiltVariant:
+        path = ctx.variant_dir("openvino-fp32") / "model.xml"
+        step = openvino_passes.convert(ctx.stage / _fp32(ctx).path, path)
+        rel = path.relative_to(ctx.stage).as_posix()
+        return BuiltVariant("openvino-fp32", "openvino", rel, _ov_files(rel), [*_fp32(ctx).recipe, step])
+    return ctx.once("openvino-fp32", build)
+
+
+def _openvino_fp32(ctx: BuildContext, exclude: Sequence[str] = ()) -> BuiltVariant:
+    return _openvino_fp32_ir(ctx)
+
+
+def _openvino_bf16(ctx: BuildContext, exclude: Sequence[str] = ()) -> BuiltVariant:
+    ir = _openvino_fp32_ir(ctx)
+    return BuiltVariant("openvino-bf16", "openvino", ir.path, ir.files,
+                        [*ir.recipe, {"pass": "runtime-hint", "inference_precision": "bf16"}],
+                        {"precision": Precision.BF16.value})
+
+
+def _openvino_int8(ctx: BuildContext, exclude: Sequence[str] = ()) -> BuiltVariant:
+    ir = _openvino_fp32_ir(ctx)
+    path = ctx.variant_dir("openvino-int8-static") / "model.xml"
+    step = openvino_passes.quantize_int8(ctx.stage / ir.path, path, ctx.calibration_batches(), ignored=exclude)
+    rel = path.relative_to(ctx.stage).as_posix()
+    recipe = [*ir.recipe, step]
+    options = {}
+    if ctx.cpu.has_bf16:  # the layers NNCF leaves in float run in bf16 where the CPU has it
+        recipe.append({"pass": "runtime-hint", "inference_precision": "bf16"})
+        options["precision"] = Precision.BF16.value
+    return BuiltVariant("openvino-int8-static", "openvino", rel, _ov_files(rel), recipe, options)
+
+
+def _torchscript(ctx: BuildContext, exclude: Sequence[str] = ()) -> BuiltVariant:
+    from kiln.export.torchscript import export_torchscript
+
+    path = ctx.variant_dir("torchscript") / "model.pt"
+    export_torchscript(ctx.module(), ctx.example(), path)
+    rel = path.relative_to(ctx.stage).as_posix()
+    return BuiltVariant("torchscript", "torchscript", rel, [rel],
+                        [{"pass": "export-torchscript", "method": "trace+freeze"}])
+
+
+def _torch_weights(ctx: BuildContext) -> tuple[str, list[str], dict]:
+    def build():
+        directory = ctx.variant_dir("torch")
+        step = torch_passes.save_weights(ctx.source, ctx.module(), directory)
+        files = sorted(p.relative_to(ctx.stage).as_posix() for p in directory.iterdir())
+        return "torch", files, step
+    return ctx.once("torch-weights", build)
+
+
+def _torch_autocast(precision: Precision) -> Builder:
+    def build(ctx: BuildContext, exclude: Sequence[str] = ()) -> BuiltVariant:
+        rel, files, step = _torch_weights(ctx)
+        return BuiltVariant(f"torch-{precision.value}", "torch", rel, files,
+                            [step, {"pass": "autocast", "dtype": precision.value}], {"precision": precision.value})
+    return build
+
+
+def _torch_int8(ctx: BuildContext, exclude: Sequence[str] = ()) -> BuiltVariant:
+    path = ctx.variant_dir("torch-int8-dynamic") / "model.pt"
+    step = torch_passes.quantize_dynamic_int8(ctx.module(), ctx.example(), path)
+    rel = path.relative_to(ctx.stage).as_posix()
+    return BuiltVariant("torch-int8-dynamic", "torchscript", rel, [rel], [step])
+
+
+def _needs_openvino(ctx: BuildContext) -> str | None:
+    try:
+        import nncf  # noqa: F401
+        import openvino  # noqa: F401
+    except ImportError as err:
+        return f"openvino/nncf not installed ({err}); pip install 'kiln[openvino]'"
+    return None
+
+
+def _needs_bf16(ctx: BuildContext) -> str | None:
+    if not ctx.cpu.has_bf16:
+        return f"this CPU has no native bf16 (AVX-512 BF16 or AMX); features: {', '.join(ctx.cpu.features)}"
+    return None
+
+
+def _needs_openvino_bf16(ctx: BuildContext) -> str | None:
+    return _needs_openvino(ctx) or _needs_bf16(ctx)
+
+
+def _needs_cuda_for_fp16_speed(ctx: BuildContext) -> str | None:
+    return None  # builds anywhere; only chosen by default for --target cuda (CPU fp16 kernels are slow)
+
+
+CPU = frozenset({"cpu"})
+ALL = frozenset({"cpu", "cuda"})
+VARIANTS: dict[str, VariantSpec] = {spec.name: spec for spec in (
+    VariantSpec("onnx-fp32", _fp32, ALL),
+    VariantSpec("onnx-fused", _fused, ALL),
+    VariantSpec("onnx-fused-gelu-approx", lambda ctx, ex=(): _fused(ctx, ex, gelu=True), ALL),
+    VariantSpec("onnx-int8-dynamic", _int8_dynamic, CPU, sensitivity=lambda ctx: _fused_path(ctx)[0]),
+    VariantSpec("onnx-int8-static", _int8_static, CPU, sensitivity=lambda ctx: ctx.stage / _fp32(ctx).path,
+                static_ranges=True),
+    VariantSpec("openvino-fp32", _openvino_fp32, CPU, _needs_openvino),
+    VariantSpec("openvino-bf16", _openvino_bf16, CPU, _needs_openvino_bf16),
+    VariantSpec("openvino-int8-static", _openvino_int8, CPU, _needs_openvino,
+                sensitivity=lambda ctx: ctx.stage / _fp32(ctx).path, static_ranges=True),
+    VariantSpec("onnx-fp16", _fp16, frozenset({"cuda"})),
+    VariantSpec("torchscript", _torchscript, ALL),
+    VariantSpec("torch-bf16", _torch_autocast(Precision.BF16), CPU, _needs_bf16),
+    VariantSpec("torch-fp16", _torch_autocast(Precision.FP16), frozenset({"cuda"})),
+    VariantSpec("torch-int8-dynamic", _torch_int8, CPU),
+)}
+
+
+def default_variants(target: str) -> list[str]:
+    return [name for name, spec in VARIANTS.items() if target in spec.targets]
+
+
+def remove_variant_files(ctx: BuildContext, name: str) -> None:
+    """Drop a variant's own directory (shared intermediates stay)."""
+    shutil.rmtree(ctx.stage / name, ignore_errors=True)
