@@ -20,7 +20,8 @@ $(STAMP): pyproject.toml constraints.txt | $(PY)
 	touch $(STAMP)
 
 demo: install
-	$(VENV)/bin/kiln export --task feature-extraction --format onnx --force -o $(DEMO_OUT)
+	$(VENV)/bin/kiln optimize --task feature-extraction --force -o $(DEMO_OUT)
+	@echo "report: $(abspath $(DEMO_OUT))/summary.md (results.json beside it; chosen variant in $(DEMO_OUT)/best)"
 
 test: install
 	$(PY) -m pytest -q

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 from tokenizers import Encoding
 
-from kiln.engines.base import Engine
+from kiln.engines.base import Engine, run_many
 from kiln.errors import UsageError
 from kiln.taskconfig import TaskConfig
 from kiln.tasks import TaskHandler, task_handler
@@ -43,11 +43,10 @@ class Predictor:
     def run_features(self, encodings: Sequence[Encoding], *, sort: bool = True) -> list[Any]:
         """Reduced outputs per encoding, in the given order; batches are formed by length when ``sort``."""
         order = np.argsort([len(e.ids) for e in encodings], kind="stable") if sort else np.arange(len(encodings))
+        groups = [order[b : b + self.batch_size] for b in range(0, len(order), self.batch_size)]
+        batches = [self.encoder.collate([encodings[i] for i in idx]) for idx in groups]
         reduced: list[Any] = [None] * len(encodings)
-        for begin in range(0, len(order), self.batch_size):
-            idx = order[begin : begin + self.batch_size]
-            arrays = self.encoder.collate([encodings[i] for i in idx])
-            outputs = self.engine.run(arrays)
+        for idx, arrays, outputs in zip(groups, batches, run_many(self.engine, batches)):
             for i, value in zip(idx, self.handler.reduce(outputs, arrays["attention_mask"])):
                 reduced[i] = value
         return reduced

@@ -131,6 +131,7 @@ def load_source(model: str | None, task: TaskName, *, allow_pickle: bool = False
     import transformers
 
     transformers.utils.logging.disable_progress_bar()  # kiln reports its own progress
+    transformers.utils.logging.set_verbosity_error()  # load-time notices are not the user's concern
     auto_class = getattr(transformers, _AUTO_CLASS[task])
     try:
         hf_model, info = auto_class.from_pretrained(

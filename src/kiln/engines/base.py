@@ -28,6 +28,12 @@ class Engine(Protocol):
         """Run a small batch once so the first real request does not pay for lazy initialisation."""
 
 
+def run_many(engine: Engine, batches: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
+    """Run independent batches; engines with parallel streams (OpenVINO) overlap them."""
+    many = getattr(engine, "run_many", None)
+    return many(batches) if many is not None else [engine.run(b) for b in batches]
+
+
 @dataclass(frozen=True)
 class EngineOptions:
     intra_op_threads: int | None = None  # None: the runtime's default (all cores it may use)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -35,6 +36,7 @@ class OpenVinoEngine:
         except RuntimeError as err:
             raise ArtifactError(f"OpenVINO cannot load {path}: {err}") from err
         self._request = self._compiled.create_infer_request()
+        self._streams = int(self._compiled.get_property("NUM_STREAMS")) if options.streams else 1
         self.input_names = tuple(i.get_any_name() for i in self._compiled.inputs)
         self.output_names = tuple(o.get_any_name() for o in self._compiled.outputs)
         self.providers = (f"openvino-cpu-{options.precision.value}",)
@@ -42,6 +44,25 @@ class OpenVinoEngine:
     def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         result = self._request.infer({n: np.ascontiguousarray(inputs[n], dtype=np.int64) for n in self.input_names})
         return {n: np.asarray(result[o], dtype=np.float32) for n, o in zip(self.output_names, self._compiled.outputs)}
+
+    def run_many(self, batches: Sequence[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
+        """Run independent batches concurrently, one infer request per stream (async queue)."""
+        if self._streams <= 1 or len(batches) <= 1:
+            return [self.run(b) for b in batches]
+        import openvino as ov
+
+        results: list[dict[str, np.ndarray] | None] = [None] * len(batches)
+        queue = ov.AsyncInferQueue(self._compiled, self._streams)
+
+        def done(request, index: int) -> None:
+            results[index] = {n: np.array(request.get_output_tensor(i).data, dtype=np.float32)
+                              for i, n in enumerate(self.output_names)}
+
+        queue.set_callback(done)
+        for index, batch in enumerate(batches):
+            queue.start_async({n: np.ascontiguousarray(batch[n], dtype=np.int64) for n in self.input_names}, index)
+        queue.wait_all()
+        return results  # type: ignore[return-value]
 
     def warmup(self) -> None:
         self.run(warmup_inputs(self.input_names))

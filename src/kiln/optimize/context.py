@@ -42,6 +42,7 @@ class BuildContext:
     scheme: Int8Scheme
     target: str
     calibration_method: str = "minmax"
+    scratch: Path | None = None  # temporary files that never enter the artifact (calibration caches)
     _cache: dict[str, Any] = field(default_factory=dict)
 
     def once(self, key: str, build):

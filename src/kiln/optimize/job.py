@@ -5,6 +5,7 @@ from __future__ import annotations
 import shlex
 import shutil
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -105,10 +106,11 @@ class OptimizeJob:
         timing_inputs = datasets.timing_inputs(cfg.task, encoder, user_texts)
         self.timing_encodings = self.reference.prepare(timing_inputs).encodings
 
-        with staged_directory(cfg.output, overwrite=cfg.overwrite) as stage:
+        with staged_directory(cfg.output, overwrite=cfg.overwrite) as stage, \
+                tempfile.TemporaryDirectory(prefix="kiln-scratch-") as scratch:
             tokenizer = write_tokenizer(self.source, stage)
             self.ctx = BuildContext(self.source, stage, encoder, calibration, self.cpu, int8_scheme(self.cpu),
-                                    cfg.target, cfg.calibration_method)
+                                    cfg.target, cfg.calibration_method, scratch=Path(scratch))
             outcomes = [self._variant(VARIANTS[name]) for name in cfg.variant_names()]
             self.progress(f"timing the PyTorch fp32 reference on {len(self.timing_encodings)} sequences")
             reference_timing = time_predictor(self._timed(self.reference), self.timing_encodings)
@@ -173,10 +175,14 @@ class OptimizeJob:
             remove_variant_files(self.ctx, spec.name)
             self.progress(f"{spec.name}: FAILED ({type(err).__name__}: {err})")
             return Outcome(spec.name, "failed", f"{type(err).__name__}: {err}")
-        sensitivity = None
+        sensitivity, params = None, {}
+        if not verdict.accepted and spec.alternatives and self.config.sensitivity:
+            self.progress(f"{spec.name}: {verdict.reason}; trying its alternative parameters")
+            built, agreement, metric, verdict, params = self._alternatives(spec, built, agreement, metric, verdict)
         if not verdict.accepted and spec.sensitivity is not None and self.config.sensitivity:
             self.progress(f"{spec.name}: {verdict.reason}; ranking layers by int8 sensitivity")
-            built, agreement, metric, verdict, sensitivity = self._exclude(spec, built, agreement, metric, verdict)
+            built, agreement, metric, verdict, sensitivity = self._exclude(spec, built, agreement, metric, verdict,
+                                                                           params)
         outcome = Outcome(spec.name, "accepted" if verdict.accepted else "rejected", verdict.reason,
                           record=built.record(), agreement=agreement, metric=metric,
                           size_bytes=sum((self.ctx.stage / f).stat().st_size for f in built.files),
@@ -184,7 +190,22 @@ class OptimizeJob:
         self.progress(f"{spec.name}: {outcome.status} ({verdict.reason})")
         return outcome
 
-    def _exclude(self, spec: VariantSpec, built: BuiltVariant, agreement, metric, verdict):
+    def _alternatives(self, spec: VariantSpec, built: BuiltVariant, agreement, metric, verdict):
+        """Try the variant's alternative parameters in order; keep the first that passes, else the best."""
+        best = (built, agreement, metric, verdict, {})
+        for params in spec.alternatives:
+            candidate = spec.build(self.ctx, (), **params)
+            a, m, v = self._validate(candidate)
+            self.progress(f"{spec.name} with {params}: {v.reason}")
+            if v.accepted:
+                return candidate, a, m, v, params
+            if a["value"] > best[1]["value"]:
+                best = (candidate, a, m, v, params)
+        built, agreement, metric, verdict, params = best
+        spec.build(self.ctx, (), **params)  # leave the best attempt's files on disk
+        return built, agreement, metric, verdict, params
+
+    def _exclude(self, spec: VariantSpec, built: BuiltVariant, agreement, metric, verdict, params: dict):
         """Rebuild with the most int8-sensitive layers kept in fp32 until the gate passes."""
         ranking = rank_layers(spec.sensitivity(self.ctx), self.ctx.calibration_batches()[:16],
                               static=spec.static_ranges)
@@ -193,17 +214,18 @@ class OptimizeJob:
         attempts: dict[int, tuple] = {}
 
         def attempt(excluded: list[str]) -> tuple[float, bool]:
-            candidate = spec.build(self.ctx, excluded)
+            candidate = spec.build(self.ctx, excluded, **params)
             a, m, v = self._validate(candidate)
             attempts[len(excluded)] = (candidate, a, m, v)
             self.progress(f"{spec.name}: {len(excluded)} layer(s) kept in fp32 -> {v.reason}")
             return a["value"], v.accepted
 
         search = exclusion_search(ranking, attempt)
-        record: dict[str, Any] = {"ranking": ranking[:10], "rounds": [r.to_dict() for r in search.rounds],
+        record: dict[str, Any] = {"ranking": [[name, error] for name, error in ranking[:10]],
+                                  "rounds": [r.to_dict() for r in search.rounds],
                                   "excluded": search.excluded, "accepted": search.accepted}
         if not search.accepted:
-            spec.build(self.ctx, ())  # leave the fully quantized files, the ones the rejection describes
+            spec.build(self.ctx, (), **params)  # leave the fully quantized files the rejection describes
             record["result"] = "no exclusion set passed the gate"
             return built, agreement, metric, verdict, record
         # The search stops at the first accepted attempt, so its files are the ones on disk.

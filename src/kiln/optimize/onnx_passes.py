@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -11,6 +13,19 @@ from typing import Any
 import numpy as np
 
 from kiln.cpu import Int8Scheme
+
+
+@contextlib.contextmanager
+def _quiet_root_logger() -> Iterator[None]:
+    """onnxruntime.quantization logs generic advice ("consider pre-processing") on the root logger."""
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        root.setLevel(level)
+
 
 # com.microsoft fused ops whose count shows what a fusion pass achieved.
 _FUSED_OPS = ("Attention", "MultiHeadAttention", "SkipLayerNormalization", "EmbedLayerNormalization",
@@ -50,8 +65,9 @@ def quantize_dynamic_int8(
     import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    quantize_dynamic(
-        str(src), str(dst), per_channel=per_channel, reduce_range=scheme.reduce_range,
+    with _quiet_root_logger():
+        quantize_dynamic(
+            str(src), str(dst), per_channel=per_channel, reduce_range=scheme.reduce_range,
         weight_type=QuantType.QInt8 if scheme.weights_signed else QuantType.QUInt8,
         nodes_to_exclude=list(exclude),
         # Fused com.microsoft ops defeat ONNX shape inference; tell the quantizer their outputs are float.
@@ -81,25 +97,37 @@ class FeedReader:
 
 def quantize_static_int8(
     src: Path, dst: Path, batches: Sequence[dict[str, np.ndarray]], scheme: Int8Scheme, *,
-    method: str = "minmax", exclude: Sequence[str] = (),
+    method: str = "minmax", exclude: Sequence[str] = (), cache: Path | None = None,
 ) -> dict[str, Any]:
-    """QDQ int8 with activation ranges calibrated on real text; weights per channel, symmetric."""
+    """QDQ int8 with activation ranges calibrated on real text; weights per channel, symmetric.
+
+    Only MatMul/Gemm nodes with a constant weight are quantized: static QDQ otherwise also quantizes the
+    activation-by-activation attention products, which costs far more accuracy than it gains speed
+    (measured on MiniLM: min cosine 0.9855 even with every weight MatMul excluded). ``cache`` keeps the
+    calibrated ranges so rebuilds with other exclusions skip calibration.
+    """
     import onnx
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
 
     methods = {"minmax": CalibrationMethod.MinMax, "entropy": CalibrationMethod.Entropy,
                "percentile": CalibrationMethod.Percentile}
+    chosen = [n for n in quantizable_nodes(src) if n not in set(exclude)]
+    if not chosen:  # ORT reads an empty nodes_to_quantize as "quantize every node"
+        raise ValueError("every quantizable node is excluded; nothing left to quantize")
     inputs = {i.name for i in onnx.load(str(src), load_external_data=False).graph.input}
     feeds = [{k: v for k, v in b.items() if k in inputs} for b in batches]
-    quantize_static(
-        str(src), str(dst), FeedReader(feeds), quant_format=QuantFormat.QDQ, per_channel=True,
-        reduce_range=scheme.reduce_range, op_types_to_quantize=["MatMul", "Gemm"],
-        activation_type=QuantType.QInt8 if scheme.activations_signed else QuantType.QUInt8,
-        weight_type=QuantType.QInt8 if scheme.weights_signed else QuantType.QUInt8,
-        calibrate_method=methods[method], nodes_to_exclude=list(exclude),
-        extra_options={"WeightSymmetric": True, "ActivationSymmetric": scheme.activations_signed,
-                       "MatMulConstBOnly": True, "CalibMaxIntermediateOutputs": None},
-    )
+    with _quiet_root_logger():
+        quantize_static(
+            str(src), str(dst), FeedReader(feeds), quant_format=QuantFormat.QDQ, per_channel=True,
+            reduce_range=scheme.reduce_range, op_types_to_quantize=["MatMul", "Gemm"],
+            nodes_to_quantize=chosen,
+            calibration_cache_path=str(cache) if cache else None,
+            activation_type=QuantType.QInt8 if scheme.activations_signed else QuantType.QUInt8,
+            weight_type=QuantType.QInt8 if scheme.weights_signed else QuantType.QUInt8,
+            calibrate_method=methods[method], nodes_to_exclude=list(exclude),
+            extra_options={"WeightSymmetric": True, "ActivationSymmetric": scheme.activations_signed,
+                           "MatMulConstBOnly": True},
+        )
     return {"pass": "ort-int8-static", "format": "QDQ", "calibration": method, "calibration_batches": len(feeds),
             "activations": "s8" if scheme.activations_signed else "u8",
             "weights": "s8" if scheme.weights_signed else "u8", "scheme_reason": scheme.reason,
@@ -125,7 +153,7 @@ def to_fp16(src: Path, dst: Path, *, block_list: Sequence[str] = FP16_BLOCK_LIST
 
 
 def quantizable_nodes(path: Path) -> list[str]:
-    """Names of the nodes int8 passes quantize (MatMul/Gemm with a constant weight, fused Attention)."""
+    """Nodes with a constant weight that int8 passes quantize: MatMul/Gemm, and fused Attention."""
     import onnx
 
     graph = onnx.load(str(path), load_external_data=False).graph

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import logging
 from collections.abc import Sequence
 from pathlib import Path
@@ -30,9 +32,13 @@ def convert(src: Path, dst: Path) -> dict[str, Any]:
 
 def quantize_int8(
     src: Path, dst: Path, batches: Sequence[dict[str, np.ndarray]], *, ignored: Sequence[str] = (),
-    subset_size: int = 300,
+    subset_size: int = 300, smooth_quant_alpha: float | None = None,
 ) -> dict[str, Any]:
-    """NNCF post-training quantization with the transformer preset (keeps softmax/layer-norm paths float)."""
+    """NNCF post-training quantization with the transformer preset (keeps softmax/layer-norm paths float).
+
+    ``smooth_quant_alpha`` overrides NNCF's SmoothQuant strength for MatMuls (how much activation range
+    moves into the weights); on all-MiniLM-L6-v2 0.7 kept min cosine 0.9915 where the default gave 0.9753.
+    """
     ov = _openvino()
     try:
         import nncf
@@ -42,12 +48,23 @@ def quantize_int8(
     model = ov.Core().read_model(str(src))
     names = [i.get_any_name() for i in model.inputs]
     dataset = nncf.Dataset([{n: b[n] for n in names} for b in batches])
-    quantized = nncf.quantize(
-        model, dataset, model_type=nncf.ModelType.TRANSFORMER, subset_size=subset_size,
-        ignored_scope=nncf.IgnoredScope(names=list(ignored), validate=False) if ignored else None,
-    )
+    advanced = {}
+    if smooth_quant_alpha is not None:
+        from nncf.quantization.advanced_parameters import (
+            AdvancedQuantizationParameters,
+            AdvancedSmoothQuantParameters,
+        )
+
+        advanced["advanced_parameters"] = AdvancedQuantizationParameters(
+            smooth_quant_alphas=AdvancedSmoothQuantParameters(matmul=smooth_quant_alpha))
+    with contextlib.redirect_stdout(io.StringIO()):  # NNCF's progress bars; kiln reports its own progress
+        quantized = nncf.quantize(
+            model, dataset, model_type=nncf.ModelType.TRANSFORMER, subset_size=subset_size,
+            ignored_scope=nncf.IgnoredScope(names=list(ignored), validate=False) if ignored else None, **advanced,
+        )
     ov.save_model(quantized, str(dst), compress_to_fp16=False)
     return {"pass": "nncf-int8", "preset": "transformer", "calibration_batches": len(batches),
+            "smooth_quant_alpha": smooth_quant_alpha if smooth_quant_alpha is not None else "nncf default",
             "excluded_nodes": list(ignored)}
 
 

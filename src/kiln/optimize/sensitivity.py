@@ -82,20 +82,41 @@ def exclusion_search(
     attempt: Callable[[list[str]], tuple[float, bool]],
     *, max_flat_rounds: int = 2,
 ) -> SearchResult:
-    """Keep the worst layers in fp32, doubling their number, until ``attempt`` (rebuild + validate) accepts."""
+    """Keep the worst layers in fp32 until ``attempt`` (rebuild + validate) accepts, excluding as few as found.
+
+    The count doubles (1, 2, 4, …) until one passes, then bisects down between the last failing and the
+    first passing count. The search gives up when doubling stops improving the agreement figure.
+    The last call to ``attempt`` is always the returned exclusion set (its files are the ones on disk).
+    """
     result = SearchResult(excluded=[], ranking=ranking)
     best_value, flat = -np.inf, 0
-    count = 1
-    while count <= len(ranking):
-        excluded = [name for name, _ in ranking[:count]]
-        value, accepted = attempt(excluded)
-        result.rounds.append(Round(count, value, accepted))
-        if accepted:
-            result.excluded, result.accepted = excluded, True
-            return result
+    failing, count = 0, 1
+    limit = len(ranking) - 1  # at least one layer stays quantized: excluding all is just the fp32 model
+
+    def run(n: int) -> bool:
+        value, accepted = attempt([name for name, _ in ranking[:n]])
+        result.rounds.append(Round(n, value, accepted))
+        return accepted
+
+    while count <= limit:
+        if run(count):
+            break
+        value = result.rounds[-1].value
         flat = flat + 1 if value <= best_value + 1e-4 else 0
         best_value = max(best_value, value)
-        if flat >= max_flat_rounds:
-            break  # excluding more layers stopped helping: nothing left to gain
-        count = count * 2 if count * 2 <= len(ranking) or count == len(ranking) else len(ranking)
+        if flat >= max_flat_rounds or count == limit:
+            return result  # excluding more layers stopped helping: nothing left to gain
+        failing, count = count, min(count * 2, limit)
+    else:
+        return result
+    passing = count
+    while passing - failing > 1:
+        middle = (failing + passing) // 2
+        if run(middle):
+            passing = middle
+        else:
+            failing = middle
+    if result.rounds[-1].excluded != passing:
+        run(passing)  # rebuild the smallest passing set so its files are the last written
+    result.excluded, result.accepted = [name for name, _ in ranking[:passing]], True
     return result

@@ -6,12 +6,13 @@ import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from kiln.choices import Precision
 from kiln.optimize import onnx_passes, openvino_passes, torch_passes
 from kiln.optimize.context import BuildContext, BuiltVariant
 
-Builder = Callable[[BuildContext, Sequence[str]], BuiltVariant]
+Builder = Callable[..., BuiltVariant]  # (context, nodes to keep in fp32, **tuning parameters) -> variant
 
 
 @dataclass(frozen=True)
@@ -23,6 +24,8 @@ class VariantSpec:
     # For int8 variants: the ONNX graph whose layers the sensitivity search ranks, and whether ranges are static.
     sensitivity: Callable[[BuildContext], Path] | None = None
     static_ranges: bool = False
+    # Parameter sets tried in order when the default build fails the gate, before any layer is excluded.
+    alternatives: tuple[dict[str, Any], ...] = ()
 
 
 def _onnx_file(ctx: BuildContext, name: str, recipe: list, path: Path) -> BuiltVariant:
@@ -64,8 +67,10 @@ def _int8_dynamic(ctx: BuildContext, exclude: Sequence[str] = ()) -> BuiltVarian
 
 def _int8_static(ctx: BuildContext, exclude: Sequence[str] = ()) -> BuiltVariant:
     path = ctx.variant_dir("onnx-int8-static") / "model.onnx"
+    cache = ctx.scratch / f"ort-calibration-{ctx.calibration_method}.json" if ctx.scratch else None
     step = onnx_passes.quantize_static_int8(ctx.stage / _fp32(ctx).path, path, ctx.calibration_batches(),
-                                            ctx.scheme, method=ctx.calibration_method, exclude=exclude)
+                                            ctx.scheme, method=ctx.calibration_method, exclude=exclude,
+                                            cache=cache)
     return _onnx_file(ctx, "onnx-int8-static", [*_fp32(ctx).recipe, step], path)
 
 
@@ -100,10 +105,12 @@ def _openvino_bf16(ctx: BuildContext, exclude: Sequence[str] = ()) -> BuiltVaria
                         {"precision": Precision.BF16.value})
 
 
-def _openvino_int8(ctx: BuildContext, exclude: Sequence[str] = ()) -> BuiltVariant:
+def _openvino_int8(ctx: BuildContext, exclude: Sequence[str] = (), smooth_quant_alpha: float | None = None
+                   ) -> BuiltVariant:
     ir = _openvino_fp32_ir(ctx)
     path = ctx.variant_dir("openvino-int8-static") / "model.xml"
-    step = openvino_passes.quantize_int8(ctx.stage / ir.path, path, ctx.calibration_batches(), ignored=exclude)
+    step = openvino_passes.quantize_int8(ctx.stage / ir.path, path, ctx.calibration_batches(), ignored=exclude,
+                                         smooth_quant_alpha=smooth_quant_alpha)
     rel = path.relative_to(ctx.stage).as_posix()
     recipe = [*ir.recipe, step]
     options = {}
@@ -182,7 +189,8 @@ VARIANTS: dict[str, VariantSpec] = {spec.name: spec for spec in (
     VariantSpec("openvino-fp32", _openvino_fp32, CPU, _needs_openvino),
     VariantSpec("openvino-bf16", _openvino_bf16, CPU, _needs_openvino_bf16),
     VariantSpec("openvino-int8-static", _openvino_int8, CPU, _needs_openvino,
-                sensitivity=lambda ctx: ctx.stage / _fp32(ctx).path, static_ranges=True),
+                sensitivity=lambda ctx: ctx.stage / _fp32(ctx).path, static_ranges=True,
+                alternatives=tuple({"smooth_quant_alpha": a} for a in (0.8, 0.7, 0.6, 0.5))),
     VariantSpec("onnx-fp16", _fp16, frozenset({"cuda"})),
     VariantSpec("torchscript", _torchscript, ALL),
     VariantSpec("torch-bf16", _torch_autocast(Precision.BF16), CPU, _needs_bf16),

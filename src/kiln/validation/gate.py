@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from kiln.choices import TaskName
@@ -35,14 +36,20 @@ def tolerance_for(task: TaskName, tolerance: float | None) -> float:
 def judge(task: TaskName, agreement: Agreement, tolerance: float,
           metric: float | None = None, reference_metric: float | None = None) -> Verdict:
     """Accept when agreement and (if measured) the task metric are within tolerance; say why if not."""
+    # Enough decimals that a floor of 0.999999 never prints as 1.0000.
+    digits = max(4, math.ceil(-math.log10(tolerance / 2)) + 1)
+
+    def f(x: float) -> str:
+        return f"{x:.{digits}f}"
+
     floor = 1.0 - tolerance
     if agreement.value < floor:
-        return Verdict(False, f"{agreement.primary} {agreement.value:.4f} < {floor:.4f}")
+        return Verdict(False, f"{agreement.primary} {f(agreement.value)} < {f(floor)}")
     if task is TaskName.FEATURE_EXTRACTION:
         mean, mean_floor = agreement.figures["mean_cosine"], 1.0 - tolerance / 2
         if mean < mean_floor:
-            return Verdict(False, f"mean_cosine {mean:.4f} < {mean_floor:.4f}")
+            return Verdict(False, f"mean_cosine {f(mean)} < {f(mean_floor)}")
     if metric is not None and reference_metric is not None and reference_metric - metric > tolerance:
-        return Verdict(False, f"task metric {metric:.4f} is {reference_metric - metric:.4f} below the original's "
-                       f"{reference_metric:.4f} (allowed {tolerance:g})")
-    return Verdict(True, f"{agreement.primary} {agreement.value:.4f} >= {floor:.4f}")
+        return Verdict(False, f"task metric {f(metric)} is {f(reference_metric - metric)} below the original's "
+                       f"{f(reference_metric)} (allowed {tolerance:g})")
+    return Verdict(True, f"{agreement.primary} {f(agreement.value)} >= {f(floor)}")

@@ -1,0 +1,65 @@
+"""The gate's rules, and the sensitivity search's stopping behaviour."""
+
+from __future__ import annotations
+
+import pytest
+
+from kiln.choices import TaskName
+from kiln.errors import UsageError
+from kiln.optimize.sensitivity import exclusion_search
+from kiln.validation.agreement import Agreement
+from kiln.validation.gate import DEFAULT_TOLERANCE, judge, tolerance_for
+
+
+def _fe(min_cos: float, mean_cos: float) -> Agreement:
+    return Agreement("min_cosine", min_cos, {"min_cosine": min_cos, "mean_cosine": mean_cos}, [])
+
+
+def test_feature_extraction_needs_min_and_mean():
+    assert judge(TaskName.FEATURE_EXTRACTION, _fe(0.991, 0.997), 0.01).accepted
+    low_min = judge(TaskName.FEATURE_EXTRACTION, _fe(0.889, 0.943), 0.01)
+    assert not low_min.accepted and low_min.reason == "min_cosine 0.8890 < 0.9900"
+    low_mean = judge(TaskName.FEATURE_EXTRACTION, _fe(0.991, 0.993), 0.01)
+    assert not low_mean.accepted and low_mean.reason == "mean_cosine 0.9930 < 0.9950"
+
+
+def test_task_metric_drop():
+    agreement = Agreement("label_agreement", 1.0, {"label_agreement": 1.0}, [])
+    verdict = judge(TaskName.TEXT_CLASSIFICATION, agreement, 0.01, metric=0.88, reference_metric=0.90)
+    assert not verdict.accepted and "0.0200 below the original's 0.9000" in verdict.reason
+    assert judge(TaskName.TEXT_CLASSIFICATION, agreement, 0.01, metric=0.895, reference_metric=0.90).accepted
+
+
+def test_tolerance_validation():
+    assert tolerance_for(TaskName.QUESTION_ANSWERING, None) == DEFAULT_TOLERANCE[TaskName.QUESTION_ANSWERING]
+    with pytest.raises(UsageError, match=r"--tolerance must be between 0 and 1 \(got 3\)"):
+        tolerance_for(TaskName.FEATURE_EXTRACTION, 3)
+
+
+@pytest.mark.parametrize(("needed", "expected_calls"), [
+    (1, [1]), (3, [1, 2, 4, 3]), (5, [1, 2, 4, 8, 6, 5]), (8, [1, 2, 4, 8, 6, 7, 8]),
+    (35, [1, 2, 4, 8, 16, 32, 35, 33, 34, 35]),
+])
+def test_search_finds_the_smallest_passing_count(needed, expected_calls):
+    calls: list[int] = []
+
+    def attempt(excluded):
+        calls.append(len(excluded))
+        return len(excluded) / 36, len(excluded) >= needed
+
+    result = exclusion_search([(f"layer{i}", 1.0 - i / 36) for i in range(36)], attempt)
+    assert result.accepted and len(result.excluded) == needed
+    assert result.excluded == [f"layer{i}" for i in range(needed)]  # worst-ranked first
+    assert calls == expected_calls  # the last build is the returned set
+
+
+def test_search_gives_up_when_excluding_stops_helping():
+    calls: list[int] = []
+
+    def attempt(excluded):
+        calls.append(len(excluded))
+        return 0.5, False  # never improves
+
+    result = exclusion_search([(f"layer{i}", 1.0) for i in range(36)], attempt)
+    assert not result.accepted and result.excluded == []
+    assert calls == [1, 2, 4]  # two rounds without improvement after the first

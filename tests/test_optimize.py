@@ -1,0 +1,159 @@
+"""kiln optimize on tiny models: every variant built and validated, the gate, the choice, the output."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from kiln.artifact import Artifact
+from kiln.choices import TaskName
+from kiln.errors import UsageError
+from kiln.optimize.job import NothingPassed, OptimizeConfig, OptimizeJob
+from kiln.optimize.variants import VARIANTS, default_variants
+from kiln.reference import reference_predictor
+from kiln.source import load_source
+from kiln.texts import builtin_sentences
+
+
+@pytest.fixture(scope="module")
+def optimized(tiny_model, tmp_path_factory):
+    out = tmp_path_factory.mktemp("opt") / "out"
+    summary = OptimizeJob(OptimizeConfig(model=str(tiny_model("bert")), task=TaskName.FEATURE_EXTRACTION,
+                                         output=out)).run()
+    return out, summary
+
+
+def test_every_default_variant_is_built_validated_and_timed(optimized):
+    out, summary = optimized
+    names = [o.name for o in summary.outcomes]
+    assert names == default_variants("cpu")
+    for outcome in summary.outcomes:
+        assert outcome.status in ("accepted", "rejected", "skipped"), (outcome.name, outcome.reason)
+        if outcome.status == "skipped":
+            assert outcome.reason  # e.g. no bf16 on this CPU
+            continue
+        assert outcome.agreement["primary"] == "min_cosine"
+        assert {"mean_cosine", "pairwise_spearman", "top10_neighbour_recall"} <= outcome.agreement["figures"].keys()
+        assert outcome.agreement["buckets"] and outcome.size_bytes > 0
+        assert "spearman" in outcome.metric  # the built-in STS pairs
+        if outcome.status == "accepted":
+            assert outcome.timing["ms_per_sequence"] > 0
+    assert summary.best in {o.name for o in summary.outcomes if o.status == "accepted"}
+
+
+def test_output_files_and_manifest(optimized):
+    out, summary = optimized
+    assert {"manifest.json", "results.json", "summary.md", "best", "tokenizer"} <= {p.name for p in out.iterdir()}
+    art = Artifact.open(out)  # every checksum verifies, best/ included
+    assert art.manifest.extra["best"] == summary.best
+    assert art.manifest.extra["cpu"]["features"] is not None
+    for record in art.manifest.variants.values():
+        assert record["status"] in ("accepted", "rejected")
+        assert record["recipe"] and record["agreement"]["value"] > 0
+    results = json.loads((out / "results.json").read_text())
+    assert results["best"] == summary.best and results["reference_timing"]["sequences"] > 0
+    table = (out / "summary.md").read_text()
+    assert "| variant | size MB | agreement | task metric | ms/seq | speed-up vs PyTorch fp32 | status |" in table
+    assert f"| {summary.best} |" in table
+
+
+def test_best_is_a_servable_artifact_that_matches_pytorch(optimized, tiny_model):
+    out, summary = optimized
+    best = Artifact.open(out / "best")
+    assert list(best.manifest.variants) == [summary.best]
+    texts = list(builtin_sentences()[:10])
+    got = np.stack(best.predictor().predict(texts))
+    want = np.stack(reference_predictor(load_source(str(tiny_model("bert")), TaskName.FEATURE_EXTRACTION))
+                    .predict(texts))
+    cos = (got * want).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(want, axis=1)
+    assert cos.min() >= 0.99  # within the gate's default tolerance
+
+
+def test_tight_tolerance_triggers_sensitivity_and_records_it(tiny_model, tmp_path):
+    out = tmp_path / "out"
+    summary = OptimizeJob(OptimizeConfig(
+        model=str(tiny_model("bert")), task=TaskName.FEATURE_EXTRACTION, output=out, tolerance=1e-5,
+        variants=("onnx-fp32", "onnx-int8-dynamic"))).run()
+    int8 = next(o for o in summary.outcomes if o.name == "onnx-int8-dynamic")
+    assert int8.sensitivity is not None and int8.sensitivity["rounds"]
+    assert int8.sensitivity["ranking"]  # layers ranked by their int8 error
+    if int8.status == "accepted":
+        excluded = int8.sensitivity["excluded"]
+        assert excluded and int8.record["recipe"][-1]["excluded_nodes"] == excluded
+        assert int8.sensitivity["speed_cost"] > 0
+    else:
+        assert int8.reason.startswith("min_cosine")
+    assert Artifact.open(out).manifest.variants["onnx-int8-dynamic"]["sensitivity"] == int8.sensitivity
+
+
+def test_nothing_passing_is_an_error_with_every_reason(tiny_model, tmp_path):
+    with pytest.raises(NothingPassed, match=r"no variant passed the gate \(torch-int8-dynamic rejected: "
+                                            r"min_cosine 0\.\d+ < 0\.9999990"):
+        OptimizeJob(OptimizeConfig(model=str(tiny_model("bert")), task=TaskName.FEATURE_EXTRACTION,
+                                   output=tmp_path / "out", tolerance=1e-6, variants=("torch-int8-dynamic",))).run()
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("task", [TaskName.TEXT_CLASSIFICATION, TaskName.TOKEN_CLASSIFICATION,
+                                  TaskName.QUESTION_ANSWERING])
+def test_other_tasks_use_their_agreement_figure(tiny_model, tmp_path, task):
+    summary = OptimizeJob(OptimizeConfig(model=str(tiny_model("bert", task)), task=task, output=tmp_path / "o",
+                                         variants=("onnx-fp32", "onnx-int8-dynamic"))).run()
+    primary = {TaskName.TEXT_CLASSIFICATION: "label_agreement", TaskName.TOKEN_CLASSIFICATION: "tag_agreement",
+               TaskName.QUESTION_ANSWERING: "answer_f1"}[task]
+    fp32 = summary.outcomes[0]
+    assert fp32.agreement["primary"] == primary and fp32.agreement["value"] == pytest.approx(1.0)
+    assert summary.primary_metric is None  # no labelled data given
+
+
+def test_config_errors_name_the_flag():
+    with pytest.raises(UsageError, match=r"--variants must be from: onnx-fp32, .* \(got onnx-int4\)"):
+        OptimizeConfig(model=None, task=TaskName.FEATURE_EXTRACTION, output=None, variants=("onnx-int4",))
+    with pytest.raises(UsageError, match=r"--target must be one of: cpu, cuda \(got 'tpu'\)"):
+        OptimizeConfig(model=None, task=TaskName.FEATURE_EXTRACTION, output=None, target="tpu")
+    with pytest.raises(UsageError, match=r"--calibration-method must be one of: minmax, entropy, percentile"):
+        OptimizeConfig(model=None, task=TaskName.FEATURE_EXTRACTION, output=None, calibration_method="mse")
+
+
+def test_cuda_target_builds_fp16_variants():
+    assert {"onnx-fp16", "torch-fp16"} <= set(default_variants("cuda"))
+    assert "onnx-int8-dynamic" not in default_variants("cuda")
+    assert set(VARIANTS) >= {"onnx-fp32", "onnx-fused", "onnx-fused-gelu-approx", "onnx-int8-dynamic",
+                             "onnx-int8-static", "openvino-fp32", "openvino-bf16", "openvino-int8-static",
+                             "onnx-fp16", "torchscript", "torch-bf16", "torch-fp16", "torch-int8-dynamic"}
+
+
+def test_fp16_variant_builds_and_is_validated(tiny_model, tmp_path):
+    summary = OptimizeJob(OptimizeConfig(model=str(tiny_model("bert")), task=TaskName.FEATURE_EXTRACTION,
+                                         output=tmp_path / "o", variants=("onnx-fp16",))).run()
+    fp16 = summary.outcomes[0]
+    assert fp16.status == "accepted", fp16.reason
+    assert fp16.record["recipe"][-1]["keep_io_types"] is True
+
+
+def test_cli_bad_eval_file_names_the_line(tiny_model, tmp_path):
+    bad = tmp_path / "eval.jsonl"
+    bad.write_text('{"sentence1": "a", "sentence2": "b", "score": 1}\n{"sentence1": "a"}\n')
+    result = subprocess.run([sys.executable, "-m", "kiln", "optimize", str(tiny_model("bert")), "--eval", str(bad),
+                             "-o", str(tmp_path / "o")], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2
+    assert f"error: {bad} line 2: missing field 'sentence2'" in result.stderr
+    assert "Traceback" not in result.stderr
+    tol = subprocess.run([sys.executable, "-m", "kiln", "optimize", "--tolerance", "3", "-o", str(tmp_path / "o")],
+                         capture_output=True, text=True, timeout=300)
+    assert tol.returncode == 2 and "--tolerance must be between 0 and 1 (got 3)" in tol.stderr
+
+
+def test_optimize_help_documents_defaults():
+    result = subprocess.run([sys.executable, "-m", "kiln", "optimize", "--help"], capture_output=True, text=True,
+                            env={"COLUMNS": "200", "PATH": ""}, timeout=120)
+    assert result.returncode == 0
+    text_only = " ".join(re.sub(r"[│╭╮╰╯─]", " ", result.stdout).split())  # rich wraps inside its panel
+    for text in ("min cosine >= 1-t", "(default t=0.01)", "answer F1 vs the original >= 1-t (0.02)",
+                 "--calibration-method", "--variants", "--target", "SQuAD JSON"):
+        assert text in text_only, text
