@@ -1,9 +1,12 @@
 """Speed and fidelity of a `kiln optimize` artifact's chosen variant against PyTorch fp32 eager.
 
 The issue's protocol: the bundled MiniLM, 2 threads, batch 32 over 1,024 texts of 10-200 tokens,
-length-sorted, tokenization excluded, everything measured in one run. Baseline and variant are timed in
-alternating rounds (the machine's speed drifts by up to +-20%) and the median of the per-round ratios is
-reported, with every round's figures in the JSON output.
+length-sorted (unsorted also reported), tokenization excluded, everything measured in one run.
+
+Each engine lives in its own worker process (torch's OpenMP threads keep spinning after a call and slow
+whatever runs next in the same process; a served kiln variant never has torch beside it). Workers take
+turns, one at a time, for ``--rounds`` rounds; each round times every engine once, and the median of the
+per-round ratios is reported, with every round's figures in the JSON output.
 
     python benchmarks/optimize_speed.py kiln-out [--variant NAME] [--rounds 5] [--json out.json]
 """
@@ -12,51 +15,69 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing as mp
 import statistics
 import sys
 import time
+from typing import Any
 
 import numpy as np
 
-from kiln.artifact import Artifact
-from kiln.choices import TaskName
-from kiln.engines import EngineOptions
-from kiln.engines.torch_eager import TorchEngine
-from kiln.export.wrapper import TaskModule
-from kiln.runtime import Predictor
-from kiln.texts import length_mix
+BASELINES = {"pytorch-sdpa": "sdpa", "pytorch-eager": "eager"}
 
 
-def pytorch_baseline(threads: int, attn: str) -> TorchEngine:
-    """The vanilla model: transformers' AutoModel with its default attention (sdpa) or eager attention."""
-    import transformers
+def _engine(kind: str, artifact: str, variant: str | None, threads: int):
+    from kiln.artifact import Artifact
+    from kiln.engines import EngineOptions
 
-    from kiln.source import bundled_model_dir
+    art = Artifact.open(artifact)
+    if kind in BASELINES:  # the vanilla model: AutoModel with transformers' default (sdpa) or eager attention
+        import transformers
 
-    model = transformers.AutoModel.from_pretrained(bundled_model_dir(), attn_implementation=attn).eval()
-    module = TaskModule(model, ("input_ids", "attention_mask", "token_type_ids"), ("last_hidden_state",))
-    return TorchEngine(module, EngineOptions(intra_op_threads=threads))
+        from kiln.engines.torch_eager import TorchEngine
+        from kiln.export.wrapper import TaskModule
+        from kiln.source import bundled_model_dir
+
+        transformers.utils.logging.disable_progress_bar()
+        model = transformers.AutoModel.from_pretrained(bundled_model_dir(), attn_implementation=BASELINES[kind])
+        module = TaskModule(model.eval(), tuple(art.manifest.tokenizer["input_names"]), ("last_hidden_state",))
+        return art, TorchEngine(module, EngineOptions(intra_op_threads=threads))
+    record = art.variant(variant)
+    return art, art.engine(variant, EngineOptions.for_variant(record, threads))
 
 
-def throughput(predictor: Predictor, encodings, sort: bool) -> float:
-    start = time.perf_counter()
-    predictor.run_features(encodings, sort=sort)
-    return len(encodings) / (time.perf_counter() - start)
+def worker(conn, kind: str, artifact: str, variant: str | None, threads: int, texts: int, batch: int) -> None:
+    from kiln.runtime import Predictor
+    from kiln.texts import length_mix
 
-
-def latency_ms(engine, encoder, tokens: int = 128, runs: int = 30) -> float:
-    words = " ".join(["kiln"] * 400)
-    ids = encoder.encode([words])[0]
-    assert len(ids.ids) >= tokens
-    batch = encoder.collate([ids])
-    batch = {k: v[:, :tokens].copy() for k, v in batch.items()}
-    engine.run(batch)
-    times = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        engine.run(batch)
-        times.append(time.perf_counter() - start)
-    return 1000 * statistics.median(times)
+    art, engine = _engine(kind, artifact, variant, threads)
+    encoder = art.encoder()
+    sample = length_mix(texts, 10, 200, seed=7, token_count=lambda t: len(encoder.encode([t])[0].ids))
+    encodings = encoder.encode(sample)
+    predictor = Predictor(art.task_config, encoder, engine, batch_size=batch)
+    predictor.run_features(encodings[:batch])  # warm-up
+    one = encoder.collate(encoder.encode([" ".join(["kiln"] * 400)]))
+    one = {k: v[:, :128].copy() for k, v in one.items()}  # exactly 128 tokens
+    while (command := conn.recv()) != "stop":
+        if command == "embed":
+            conn.send(np.stack(predictor.run_features(encodings)))
+            continue
+        if command == "lengths":
+            conn.send([len(e.ids) for e in encodings])
+            continue
+        row: dict[str, Any] = {}
+        for sort in (True, False):
+            start = time.perf_counter()
+            predictor.run_features(encodings, sort=sort)
+            row["sorted" if sort else "unsorted"] = len(encodings) / (time.perf_counter() - start)
+        engine.run(one)
+        latencies = []
+        for _ in range(30):
+            start = time.perf_counter()
+            engine.run(one)
+            latencies.append(time.perf_counter() - start)
+        row["b1_ms"] = 1000 * statistics.median(latencies)
+        conn.send(row)
 
 
 def main() -> int:
@@ -70,52 +91,49 @@ def main() -> int:
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
 
+    from kiln.artifact import Artifact
+
     art = Artifact.open(args.artifact)
-    if art.task_config.task is not TaskName.FEATURE_EXTRACTION:
-        sys.exit("this benchmark measures feature-extraction artifacts (cosine to PyTorch)")
-    from kiln.optimize.job import engine_options
-    from kiln.optimize.context import BuiltVariant
-
     name = art.variant_name(args.variant)
-    record = art.variant(name)
-    built = BuiltVariant(**{k: record[k] for k in ("name", "engine", "path", "files", "recipe", "options")})
-    from kiln.engines import create_engine
+    if art.task_config.task.value != "feature-extraction":
+        sys.exit("this benchmark measures feature-extraction artifacts (cosine to PyTorch)")
+    ctx = mp.get_context("spawn")
+    workers = {}
+    for kind in (*BASELINES, name):
+        parent, child = ctx.Pipe()
+        process = ctx.Process(target=worker, args=(child, kind, args.artifact, args.variant, args.threads,
+                                                   args.texts, args.batch_size), daemon=True)
+        process.start()
+        workers[kind] = (parent, process)
 
-    variant_engine = create_engine(built.engine, art.path / built.path, engine_options(built, args.threads))
-    encoder = art.encoder()
-    texts = length_mix(args.texts, 10, 200, seed=7, token_count=lambda t: len(encoder.encode([t])[0].ids))
-    encodings = encoder.encode(texts)
-    lengths = [len(e.ids) for e in encodings]
-    baselines = {"sdpa": pytorch_baseline(args.threads, "sdpa"), "eager": pytorch_baseline(args.threads, "eager")}
-    predictors = {k: Predictor(art.task_config, encoder, e, batch_size=args.batch_size) for k, e in baselines.items()}
-    predictors[name] = Predictor(art.task_config, encoder, variant_engine, batch_size=args.batch_size)
+    def ask(kind: str, command: str):
+        workers[kind][0].send(command)
+        return workers[kind][0].recv()
 
-    reference = np.stack(predictors["sdpa"].run_features(encodings))
-    got = np.stack(predictors[name].run_features(encodings))
+    lengths = ask(name, "lengths")
+    reference, got = ask("pytorch-sdpa", "embed"), ask(name, "embed")
     cosine = (reference * got).sum(1) / np.linalg.norm(reference, axis=1) / np.linalg.norm(got, axis=1)
-
     rounds = []
     for r in range(args.rounds):
         row = {}
-        for key, predictor in predictors.items():
-            row[f"{key}_sorted"] = throughput(predictor, encodings, sort=True)
-            row[f"{key}_unsorted"] = throughput(predictor, encodings, sort=False)
-            row[f"{key}_b1_ms"] = latency_ms(predictor.engine, encoder)
+        for kind in workers:
+            row.update({f"{kind}_{k}": v for k, v in ask(kind, "measure").items()})
         rounds.append(row)
         print(f"round {r + 1}: " + ", ".join(f"{k} {v:.1f}" for k, v in row.items()), flush=True)
+    for parent, process in workers.values():
+        parent.send("stop")
+        process.join(timeout=30)
 
     def ratio(num: str, den: str) -> float:
         return statistics.median(row[num] / row[den] for row in rounds)
 
     result = {
-        "variant": name, "threads": args.threads, "batch_size": args.batch_size, "texts": len(texts),
+        "variant": name, "threads": args.threads, "batch_size": args.batch_size, "texts": args.texts,
         "tokens": {"min": min(lengths), "median": statistics.median(lengths), "max": max(lengths)},
         "cosine_mean": float(cosine.mean()), "cosine_min": float(cosine.min()),
         "median": {k: statistics.median(row[k] for row in rounds) for k in rounds[0]},
-        "speedup_sorted_vs_sdpa": ratio(f"{name}_sorted", "sdpa_sorted"),
-        "speedup_sorted_vs_eager": ratio(f"{name}_sorted", "eager_sorted"),
-        "latency_ratio_vs_sdpa": ratio(f"{name}_b1_ms", "sdpa_b1_ms"),
-        "latency_ratio_vs_eager": ratio(f"{name}_b1_ms", "eager_b1_ms"),
+        **{f"speedup_{s}_vs_{b}": ratio(f"{name}_{s}", f"{b}_{s}") for s in ("sorted", "unsorted") for b in BASELINES},
+        **{f"latency_ratio_vs_{b}": ratio(f"{name}_b1_ms", f"{b}_b1_ms") for b in BASELINES},
         "rounds": rounds,
     }
     print(json.dumps({k: v for k, v in result.items() if k != "rounds"}, indent=2))

@@ -47,15 +47,17 @@ class Artifact:
             input_names=spec["input_names"],
         )
 
-    def engine(self, variant: str | None = None, options: EngineOptions = EngineOptions()) -> Engine:
+    def engine(self, variant: str | None = None, options: EngineOptions | None = None) -> Engine:
+        """The variant's engine; ``options`` default to what the variant's record asks for."""
         record = self.variant(variant)
+        options = options or EngineOptions.for_variant(record)
         model_path = self.path / record["path"]
         if not model_path.exists():
             raise ArtifactError(f"variant {self.variant_name(variant)} points at {model_path}, which is missing")
         return create_engine(record["engine"], model_path, options)
 
     def predictor(
-        self, variant: str | None = None, options: EngineOptions = EngineOptions(), *, batch_size: int = 32
+        self, variant: str | None = None, options: EngineOptions | None = None, *, batch_size: int = 32
     ) -> Predictor:
         return Predictor(self.task_config, self.encoder(), self.engine(variant, options), batch_size=batch_size)
 
@@ -63,5 +65,6 @@ class Artifact:
 def load(path: str | Path, variant: str | None = None, *, threads: int | None = None,
          device: str = "cpu", batch_size: int = 32) -> Predictor:
     """Open and verify an artifact and return a ready predictor for one of its variants."""
-    options = EngineOptions(intra_op_threads=threads, device=device)
-    return Artifact.open(path).predictor(variant, options, batch_size=batch_size)
+    artifact = Artifact.open(path)
+    options = EngineOptions.for_variant(artifact.variant(variant), threads, device)
+    return artifact.predictor(variant, options, batch_size=batch_size)

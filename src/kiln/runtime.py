@@ -44,7 +44,8 @@ class Predictor:
         """Reduced outputs per encoding, in the given order; batches are formed by length when ``sort``."""
         order = np.argsort([len(e.ids) for e in encodings], kind="stable") if sort else np.arange(len(encodings))
         groups = [order[b : b + self.batch_size] for b in range(0, len(order), self.batch_size)]
-        batches = [self.encoder.collate([encodings[i] for i in idx]) for idx in groups]
+        multiple = getattr(self.engine, "pad_multiple", 1)
+        batches = [self.encoder.collate([encodings[i] for i in idx], multiple=multiple) for idx in groups]
         reduced: list[Any] = [None] * len(encodings)
         for idx, arrays, outputs in zip(groups, batches, run_many(self.engine, batches)):
             for i, value in zip(idx, self.handler.reduce(outputs, arrays["attention_mask"])):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import lru_cache
 from importlib import resources
 
@@ -35,18 +35,27 @@ def parity_questions() -> list[QAInput]:
 
 def length_mix(count: int, low: int = 10, high: int = 200, *, seed: int = 0,
                token_count: Callable[[str], int] | None = None) -> list[str]:
-    """``count`` texts cut from the built-in sentences with lengths drawn uniformly in [low, high].
+    """``count`` texts cut from the built-in sentences with lengths drawn uniformly in [low, high]."""
+    import random
 
-    With ``token_count`` (text -> tokens, special tokens included) each text is cut to hit its drawn
+    rng = random.Random(seed)
+    return texts_of_lengths([rng.randint(low, high) for _ in range(count)], seed=seed, token_count=token_count)
+
+
+def texts_of_lengths(targets: Sequence[int], *, seed: int = 0,
+                     token_count: Callable[[str], int] | None = None) -> list[str]:
+    """One text per target length, cut from the built-in sentences.
+
+    With ``token_count`` (text -> tokens, special tokens included) each text is cut to hit its target
     token length exactly where word boundaries allow; without it, at ~1.3 tokens per word.
     """
     import random
 
     rng = random.Random(seed)
     words = " ".join(builtin_sentences()).split()
+    high = max(targets, default=1)
     texts = []
-    for _ in range(count):
-        target = rng.randint(low, high)
+    for target in targets:
         start = rng.randrange(len(words))
         stream = (words[start:] + words) * (1 + high // max(1, len(words)))
         if token_count is None:

@@ -65,10 +65,12 @@ class TextEncoder:
         encoding = self._windowed[key].encode(first, second, add_special_tokens=True)
         return [encoding, *encoding.overflowing]
 
-    def collate(self, encodings: Sequence[Encoding], dtype: type = np.int64) -> dict[str, np.ndarray]:
-        """Pad encodings to the longest of them; returns the arrays the model takes, by input name."""
+    def collate(
+        self, encodings: Sequence[Encoding], dtype: type = np.int64, multiple: int = 1
+    ) -> dict[str, np.ndarray]:
+        """Pad encodings to the longest of them (rounded up to ``multiple``); arrays by model input name."""
         rows = len(encodings)
-        width = max(len(e.ids) for e in encodings)
+        width = -(-max(len(e.ids) for e in encodings) // multiple) * multiple
         ids = np.full((rows, width), self.pad_id, dtype=dtype)
         mask = np.zeros((rows, width), dtype=dtype)
         types = np.zeros((rows, width), dtype=dtype)

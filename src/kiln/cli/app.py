@@ -146,6 +146,83 @@ def optimize(
     console.out.print(f"summary: {output.expanduser().resolve() / 'summary.md'}")
 
 
+def _int_list(value: str | None, flag: str) -> tuple[int, ...] | None:
+    from kiln.errors import UsageError
+
+    if value is None:
+        return None
+    try:
+        numbers = tuple(int(v) for v in value.split(",") if v.strip())
+    except ValueError:
+        raise UsageError(f"{flag} must be comma-separated positive integers (got {value!r})") from None
+    if not numbers or min(numbers) < 1:
+        raise UsageError(f"{flag} must be comma-separated positive integers (got {value!r})")
+    return numbers
+
+
+@app.command()
+def bench(
+    target: Annotated[Optional[str], typer.Argument(  # noqa: UP045
+        help="Artifact directory (from kiln optimize/export), or a model directory to time PyTorch alone. "
+        "Omit it for the bundled MiniLM.", show_default=False)] = None,
+    output: Annotated[Path, typer.Option("--output", "-o", help="Where results.json, report.html and report.md "
+                                         "go.")] = Path("kiln-bench"),
+    variants: Annotated[Optional[str], typer.Option(  # noqa: UP045
+        help="Comma-separated variants of the artifact to time, or 'all' (every accepted one). Default: best.",
+        show_default=False)] = None,
+    batch_sizes: Annotated[Optional[str], typer.Option(  # noqa: UP045
+        help="Batch sizes of the latency grid [default: 1,2,4,8,16,32,64].", show_default=False)] = None,
+    seq_lens: Annotated[Optional[str], typer.Option(  # noqa: UP045
+        help="Sequence lengths of the grid [default: 16,32,64,128,256,512]; longer than the model's maximum "
+        "are skipped.", show_default=False)] = None,
+    texts: Annotated[Optional[Path], typer.Option(  # noqa: UP045
+        help="Your texts, one per line, for the length-mix throughput (sorted and unsorted).",
+        show_default=False)] = None,
+    lengths: Annotated[Optional[Path], typer.Option(  # noqa: UP045
+        help="Token lengths, one per line, to build the length mix from (when texts are private).",
+        show_default=False)] = None,
+    threads: Annotated[Optional[int], typer.Option(  # noqa: UP045
+        help="Intra-op threads for the grid and mix (default: usable cores). The thread sweep tries others.",
+        show_default=False)] = None,
+    quick: Annotated[bool, typer.Option(help="A small grid (1,8,32 x 16,128), 128 texts, no sweep: under a "
+                                        "minute on MiniLM; for a first look, not for decisions.")] = False,
+    sweep: Annotated[bool, typer.Option(help="Sweep intra-op threads and sessions x threads; the best is "
+                                        "written into the artifact as its serving default.")] = True,
+    compare: Annotated[Optional[tuple[Path, Path]], typer.Option(  # noqa: UP045
+        help="OLD.json NEW.json: print what got slower or faster beyond noise (10% or the cell's p90 spread), "
+        "then exit.", show_default=False)] = None,
+) -> None:
+    """Latency grid (batch sizes x lengths), length-mix throughput, memory, load time and a thread sweep,
+    for the chosen variants and the PyTorch fp32 baseline, each in its own process, in one run."""
+    if compare is not None:
+        from kiln.bench.compare import compare as diff
+        from kiln.bench.compare import load
+
+        changes = diff(load(compare[0]), load(compare[1]))
+        for change in changes:
+            console.out.print(change.describe(), markup=False)
+        if not changes:
+            console.out.print("no change beyond noise")
+        return
+    from kiln.bench.job import BenchConfig, BenchJob
+
+    config = BenchConfig(
+        target=target, output=output, variants=tuple(v.strip() for v in variants.split(",")) if variants else None,
+        batch_sizes=_int_list(batch_sizes, "--batch-sizes"), seq_lens=_int_list(seq_lens, "--seq-lens"),
+        texts_file=texts, lengths_file=lengths, threads=threads, quick=quick, sweep=sweep,
+    )
+    results = BenchJob(config, console.progress, console.progress_bar).run()
+    out = output.expanduser().resolve()
+    for t in results["targets"]:
+        if t.get("mix"):
+            console.out.print(f"{t['name']:<28} load {t['load_seconds']:.2f}s  peak RSS {t['peak_rss_mb']:.0f} MB  "
+                              f"mix sorted {t['mix']['sorted_per_s']:.1f} seq/s, unsorted "
+                              f"{t['mix']['unsorted_per_s']:.1f} seq/s")
+        else:
+            console.out.print(f"{t['name']:<28} FAILED: {t.get('error')}")
+    console.out.print(f"report: {out / 'report.html'} (report.md, results.json beside it)")
+
+
 @app.command()
 def info(
     artifact: Annotated[Path, typer.Argument(help="Artifact directory written by kiln.", show_default=False)],
@@ -168,6 +245,28 @@ def info(
                    if parity else "no parity recorded")
         console.out.print(f"variant    {name}{mark}: {record['engine']} {record['path']}; {summary}")
     console.out.print(f"checksums  {len(m.files)} files verified")
+
+
+@app.command()
+def doctor(
+    threads: Annotated[Optional[int], typer.Option(  # noqa: UP045
+        help="Threads you plan to give kiln; checked against the cores this process may use.",
+        show_default=False)] = None,
+) -> None:
+    """Check this machine: CPU vector features (AVX2, AVX-512, VNNI, BF16, AMX) and the int8 scheme they
+    imply, usable cores versus the thread count, execution providers that really work, library versions."""
+    from kiln.doctor import diagnose
+
+    report = diagnose(threads)
+    for section, values in report.sections.items():
+        console.out.print(f"[bold]{section}[/bold]")
+        for key, value in values.items():
+            shown = ", ".join(map(str, value)) if isinstance(value, (list, tuple)) else value
+            console.out.print(f"  {key:<18} {shown}", markup=False)
+    for finding in report.findings:
+        console.out.print(f"[yellow]warning[/yellow] {finding.message}")
+    if not report.findings:
+        console.out.print("no problems found")
 
 
 def main() -> None:

@@ -31,3 +31,24 @@ def print_table(summary) -> None:
     for row in summary.rows():
         table.add_row(*row)
     out.print(table)
+
+
+class _Bar:
+    def __init__(self, total: int) -> None:
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+        self._progress = Progress(TextColumn("benchmark"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                                  TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=err)
+        self._task = self._progress.add_task("bench", total=total)
+        self._progress.start()
+
+    def advance(self) -> None:
+        self._progress.advance(self._task)
+
+    def close(self) -> None:
+        self._progress.stop()
+
+
+def progress_bar(total: int):
+    """A progress bar with ETA on a terminal; nothing (plain progress lines only) in pipes and CI logs."""
+    return _Bar(total) if err.is_terminal else None

@@ -20,6 +20,8 @@ class Engine(Protocol):
     # True when the engine computes every padded position (all of kiln's engines today); a varlen engine
     # would report False so the batcher can skip padding-aware grouping.
     is_padded: bool
+    # Batches are padded to a multiple of this length; >1 where the runtime caches work per input shape.
+    pad_multiple: int
 
     def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Run one batch. Extra arrays in ``inputs`` are ignored; outputs are float32 numpy arrays."""
@@ -48,6 +50,14 @@ class EngineOptions:
                 raise UsageError(f"{flag} must be between 1 and {(os.cpu_count() or 1) * 4} (got {value})")
         if self.device not in DEVICES:
             raise UsageError(f"--device must be one of: {', '.join(DEVICES)} (got {self.device!r})")
+
+
+    @classmethod
+    def for_variant(cls, record: dict, threads: int | None = None, device: str = "cpu") -> EngineOptions:
+        """Options a manifest variant record asks for (precision hint, streams), with the caller's threads."""
+        options = record.get("options") or {}
+        return cls(intra_op_threads=threads, device=device, precision=Precision(options.get("precision", "fp32")),
+                   streams=options.get("streams"))
 
 
 DEVICES = ("cpu", "cuda", "tensorrt")

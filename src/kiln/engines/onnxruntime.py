@@ -30,6 +30,7 @@ def session_options(options: EngineOptions):
 class OnnxRuntimeEngine:
     name = "onnxruntime"
     is_padded = True
+    pad_multiple = 1
 
     def __init__(self, path: Path, options: EngineOptions = EngineOptions()) -> None:
         import onnxruntime as ort

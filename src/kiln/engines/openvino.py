@@ -17,6 +17,9 @@ _PRECISION_HINT = {Precision.FP32: "f32", Precision.BF16: "bf16", Precision.FP16
 class OpenVinoEngine:
     name = "openvino"
     is_padded = True
+    # OpenVINO's CPU plugin reuses compiled kernels per input shape: on MiniLM, int8, batches padded to a
+    # multiple of 16 ran 185-189 seq/s against 152-162 unpadded (1,024 mixed texts, two repetitions).
+    pad_multiple = 16
 
     def __init__(self, path: Path, options: EngineOptions = EngineOptions()) -> None:
         try:

@@ -27,6 +27,7 @@ class TorchEngine:
 
     name = "torch"
     is_padded = True
+    pad_multiple = 1
 
     def __init__(self, module: Any, options: EngineOptions = EngineOptions()) -> None:
         import torch

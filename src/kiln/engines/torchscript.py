@@ -18,6 +18,7 @@ IO_NAMES_KEY = "kiln_io.json"  # stored inside the .pt archive as an extra file
 class TorchScriptEngine:
     name = "torchscript"
     is_padded = True
+    pad_multiple = 1
 
     def __init__(self, path: Path, options: EngineOptions = EngineOptions()) -> None:
         import torch

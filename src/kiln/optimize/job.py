@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kiln.choices import Precision, TaskName
+from kiln.choices import TaskName
 from kiln.cpu import cpu_info, int8_scheme
 from kiln.engines import EngineOptions, create_engine
 from kiln.errors import KilnError, UsageError
@@ -26,6 +26,8 @@ from kiln.optimize.sensitivity import exclusion_search, rank_layers
 from kiln.optimize.timing import time_predictor
 from kiln.optimize.variants import VARIANTS, VariantSpec, default_variants, remove_variant_files
 from kiln.reference import reference_predictor
+from kiln.report.data import optimize_section
+from kiln.report.html import write_report
 from kiln.runtime import Predictor
 from kiln.source import load_source
 from kiln.staging import staged_directory
@@ -75,11 +77,6 @@ class OptimizeConfig:
 
     def variant_names(self) -> list[str]:
         return list(self.variants) if self.variants else default_variants(self.target)
-
-
-def engine_options(built: BuiltVariant, threads: int | None) -> EngineOptions:
-    return EngineOptions(intra_op_threads=threads, precision=Precision(built.options.get("precision", "fp32")),
-                         streams=built.options.get("streams"))
 
 
 class OptimizeJob:
@@ -139,6 +136,9 @@ class OptimizeJob:
             if best is None:
                 raise NothingPassed(_nothing_passed(outcomes))
             write_best(stage, manifest, best.name)
+            write_report(stage, {"model": summary.model, "task": summary.task, "command": summary.command,
+                                 "created": manifest.created, "environment": summary.environment,
+                                 "optimize": optimize_section(manifest)})
             seal(stage, manifest)
         return summary
 
@@ -146,8 +146,8 @@ class OptimizeJob:
         return Predictor(predictor.config, predictor.encoder, predictor.engine, batch_size=self.config.batch_size)
 
     def _predictor(self, record: dict[str, Any]) -> Predictor:
-        built = BuiltVariant(**{k: record[k] for k in ("name", "engine", "path", "files", "recipe", "options")})
-        engine = create_engine(built.engine, self.ctx.stage / built.path, engine_options(built, self.threads))
+        engine = create_engine(record["engine"], self.ctx.stage / record["path"],
+                               EngineOptions.for_variant(record, self.threads))
         return Predictor(self.source.task_config, self.reference.encoder, engine, batch_size=self.config.batch_size)
 
     def _validate(self, built: BuiltVariant) -> tuple[dict, dict | None, Any]:

@@ -1,0 +1,70 @@
+"""`kiln bench --compare OLD NEW`: what got slower or faster beyond noise."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kiln.bench.results import SCHEMA
+from kiln.errors import UsageError
+
+
+@dataclass(frozen=True)
+class Change:
+    target: str
+    what: str
+    old: float
+    new: float
+    lower_is_better: bool
+
+    @property
+    def ratio(self) -> float:
+        return self.new / self.old
+
+    @property
+    def better(self) -> bool:
+        return (self.ratio < 1) == self.lower_is_better
+
+    def describe(self) -> str:
+        word = "faster" if self.better else "slower"
+        unit = "ms" if self.lower_is_better else "seq/s"
+        return f"{self.target} {self.what}: {self.old:.2f} -> {self.new:.2f} {unit} ({self.ratio:.2f}x, {word})"
+
+
+def load(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise UsageError(f"--compare: cannot read {path}: {err}") from err
+    if data.get("schema") != SCHEMA:
+        raise UsageError(f"--compare: {path} has schema {data.get('schema')!r}; expected {SCHEMA!r}")
+    return data
+
+
+def compare(old: dict[str, Any], new: dict[str, Any], noise: float = 0.10) -> list[Change]:
+    """Changes whose ratio exceeds ``noise`` (and the cell's own p90/median spread) in either direction."""
+    changes = []
+    old_targets = {t["name"]: t for t in old["targets"]}
+    for target in new["targets"]:
+        before = old_targets.get(target["name"])
+        if before is None or target.get("error") or before.get("error"):
+            continue
+        cells = {(c["batch_size"], c["seq_len"]): c for c in before["grid"]}
+        for cell in target["grid"]:
+            prev = cells.get((cell["batch_size"], cell["seq_len"]))
+            if prev is None:
+                continue
+            spread = max(cell["p90_ms"] / cell["median_ms"], prev["p90_ms"] / prev["median_ms"]) - 1
+            change = Change(target["name"], f"batch {cell['batch_size']} x {cell['seq_len']} tokens",
+                            prev["median_ms"], cell["median_ms"], True)
+            if abs(change.ratio - 1) > max(noise, spread):
+                changes.append(change)
+        if target.get("mix") and before.get("mix"):
+            for key in ("sorted_per_s", "unsorted_per_s"):
+                change = Change(target["name"], f"length mix {key.split('_')[0]}", before["mix"][key],
+                                target["mix"][key], False)
+                if abs(change.ratio - 1) > noise:
+                    changes.append(change)
+    return changes

@@ -1,0 +1,197 @@
+"""kiln bench: run every target in its own process, collect, pick the serving default, write the report."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import shlex
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kiln.bench import results as results_file
+from kiln.bench.environment import fingerprint
+from kiln.bench.worker import PYTORCH, BenchSettings, Target, TargetResult, worker_main
+from kiln.choices import TaskName
+from kiln.cpu import cpu_info
+from kiln.errors import UsageError
+from kiln.manifest import MANIFEST_NAME, seal
+from kiln.report.data import optimize_section
+from kiln.texts import texts_of_lengths
+
+DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64)
+DEFAULT_SEQ_LENS = (16, 32, 64, 128, 256, 512)
+QUICK = {"batch_sizes": (1, 8, 32), "seq_lens": (16, 128), "budget_s": 0.05, "mix": 128, "min_runs": 3}
+SERVING_FILE = "serving.json"
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    target: str | None  # artifact directory or model directory; None: the bundled model
+    output: Path
+    variants: tuple[str, ...] | None = None  # default: the artifact's best (and every accepted with "all")
+    batch_sizes: tuple[int, ...] | None = None
+    seq_lens: tuple[int, ...] | None = None
+    texts_file: Path | None = None
+    lengths_file: Path | None = None
+    threads: int | None = None
+    quick: bool = False
+    task: TaskName = TaskName.FEATURE_EXTRACTION
+    baseline: bool = True
+    sweep: bool = True
+
+
+def _read_lines(path: Path, flag: str) -> list[str]:
+    if not path.expanduser().is_file():
+        raise UsageError(f"{flag} file {path} does not exist")
+    lines = [line.strip() for line in path.expanduser().read_text(encoding="utf-8").splitlines() if line.strip()]
+    if not lines:
+        raise UsageError(f"{flag} file {path} is empty")
+    return lines
+
+
+def _mix(config: BenchConfig, encoder, count: int) -> tuple[str, ...]:
+    counter = lambda text: len(encoder.encode([text], truncate=False)[0].ids)  # noqa: E731
+    if config.texts_file:
+        return tuple(_read_lines(config.texts_file, "--texts"))
+    if config.lengths_file:
+        lines = _read_lines(config.lengths_file, "--lengths")
+        try:
+            lengths = [int(x) for x in lines]
+        except ValueError as err:
+            raise UsageError(f"--lengths file {config.lengths_file}: one integer token count per line ({err})") \
+                from err
+        if min(lengths) < 3:
+            raise UsageError(f"--lengths file {config.lengths_file}: lengths must be at least 3 tokens")
+        return tuple(texts_of_lengths(lengths, token_count=counter))
+    from kiln.texts import length_mix
+
+    return tuple(length_mix(count, 10, min(200, encoder.max_length), seed=3, token_count=counter))
+
+
+def sweep_points(cores: int) -> tuple[tuple[int, int], ...]:
+    """(sessions, threads each): every thread count alone, and the cores split across sessions."""
+    points = [(1, t) for t in sorted({1, *range(2, cores + 1, max(1, cores // 4))} | {cores})]
+    points += [(s, cores // s) for s in (2, 4) if cores // s >= 1 and s <= cores]
+    return tuple(dict.fromkeys(points))
+
+
+class BenchJob:
+    def __init__(self, config: BenchConfig, progress: Callable[[str], None] = lambda _: None,
+                 make_bar: Callable[[int], Any] | None = None) -> None:
+        self.config = config
+        self.progress = progress
+        self.make_bar = make_bar
+
+    def _targets(self) -> tuple[list[Target], Any, dict[str, Any] | None]:
+        cfg = self.config
+        path = Path(cfg.target).expanduser() if cfg.target else None
+        if path is not None and (path / MANIFEST_NAME).is_file():
+            from kiln.artifact import Artifact
+
+            art = Artifact.open(path)
+            names = list(cfg.variants) if cfg.variants else [art.variant_name()]
+            if names == ["all"]:
+                names = [n for n, r in art.manifest.variants.items() if r.get("status", "accepted") == "accepted"]
+            for name in names:
+                art.variant_name(name)  # a clear error for an unknown variant
+            source_dir = art.manifest.source.get("path")
+            model = source_dir if source_dir and Path(source_dir).is_dir() else None
+            targets = [Target(n, str(path), None, art.task_config.task.value) for n in names]
+            if cfg.baseline and model:
+                targets.insert(0, Target(PYTORCH, str(path), model, art.task_config.task.value))
+            elif cfg.baseline:
+                self.progress(f"PyTorch baseline skipped: the source model {source_dir} is not on this machine")
+            return targets, art, art.manifest
+        if cfg.variants:
+            raise UsageError("--variants needs an artifact directory (written by kiln optimize or kiln export)")
+        return [Target(PYTORCH, None, cfg.target, cfg.task.value)], None, None
+
+    def run(self) -> dict[str, Any]:
+        cfg = self.config
+        targets, artifact, manifest = self._targets()
+        encoder = artifact.encoder() if artifact else _source_encoder(cfg)
+        quick = QUICK if cfg.quick else {}
+        cores = cpu_info().usable_cores
+        threads = cfg.threads or cores
+        settings = BenchSettings(
+            batch_sizes=cfg.batch_sizes or quick.get("batch_sizes", DEFAULT_BATCH_SIZES),
+            seq_lens=cfg.seq_lens or quick.get("seq_lens", DEFAULT_SEQ_LENS),
+            mix=_mix(cfg, encoder, quick.get("mix", 512)), threads=threads,
+            budget_s=quick.get("budget_s", 0.3), min_runs=quick.get("min_runs", 5),
+            sweep=() if cfg.quick or not cfg.sweep else sweep_points(cores),
+        )
+        steps = len(targets) * (2 + len(settings.batch_sizes) * len(settings.seq_lens))
+        steps += sum(len(settings.sweep) for t in targets if t.name != PYTORCH)
+        bar = self.make_bar(steps) if self.make_bar else None
+        measured = [self._run_one(t, settings, bar) for t in targets]
+        if bar is not None:
+            bar.close()
+        serving = self._serving_default(measured, artifact)
+        out = results_file.build(
+            shlex.join(sys.argv), fingerprint(), settings, measured, artifact=str(artifact.path) if artifact else None,
+            model=manifest.source.get("model") if manifest else (cfg.target or "bundled all-MiniLM-L6-v2"),
+            task=(artifact.task_config.task if artifact else cfg.task).value,
+            optimize=optimize_section(manifest) if manifest else None, serving_default=serving)
+        cfg.output.mkdir(parents=True, exist_ok=True)
+        results_file.write(cfg.output / "results.json", out)
+        from kiln.report.html import write_report
+
+        write_report(cfg.output, out)
+        return out
+
+    def _run_one(self, target: Target, settings: BenchSettings, bar) -> TargetResult:
+        """Run one target in a spawned process; its progress events advance the bar."""
+        self.progress(f"benchmarking {target.name}")
+        ctx = mp.get_context("spawn")
+        parent, child = ctx.Pipe()
+        process = ctx.Process(target=worker_main, args=(child, target, settings), daemon=True)
+        process.start()
+        result = None
+        while result is None:
+            if not parent.poll(600):
+                process.kill()
+                return TargetResult(target.name, error="no progress for 10 minutes; worker killed")
+            message = parent.recv()
+            if message[0] == "done":
+                result = message[1]
+            elif bar is not None:
+                bar.advance()
+        process.join(timeout=30)
+        if result.error:
+            self.progress(f"{target.name}: FAILED ({result.error})")
+        return result
+
+    def _serving_default(self, measured: list[TargetResult], artifact) -> dict[str, Any] | None:
+        """The best sweep point of the first variant becomes the artifact's serving default (serving.json)."""
+        variant = next((r for r in measured if r.name != PYTORCH and r.sweep and not r.error), None)
+        if variant is None or artifact is None:
+            return None
+        best = max(variant.sweep, key=lambda p: p["sorted_per_s"])
+        default = {"variant": variant.name, "sessions": best["sessions"], "threads": best["threads"],
+                   "measured_sorted_per_s": best["sorted_per_s"], "sweep": variant.sweep}
+        write_serving_default(artifact.path, default)
+        self.progress(f"serving default for {variant.name}: {best['sessions']} session(s) x {best['threads']} "
+                      f"thread(s) ({best['sorted_per_s']:.1f} seq/s), written to {artifact.path / SERVING_FILE}")
+        return default
+
+
+def write_serving_default(directory: Path, default: dict[str, Any]) -> None:
+    """Write serving.json into an artifact and re-seal its manifest so checksums stay valid."""
+    from kiln.manifest import read_manifest, verify
+
+    verify(directory)  # never re-seal over a file that was altered since the artifact was written
+    (directory / SERVING_FILE).with_suffix(".tmp").write_text(json.dumps(default, indent=2) + "\n")
+    (directory / SERVING_FILE).with_suffix(".tmp").replace(directory / SERVING_FILE)
+    manifest = read_manifest(directory)
+    manifest.extra["serving_default"] = {k: default[k] for k in ("variant", "sessions", "threads")}
+    seal(directory, manifest)
+
+
+def _source_encoder(config: BenchConfig):
+    from kiln.reference import source_encoder
+    from kiln.source import load_source
+
+    return source_encoder(load_source(config.target, config.task))

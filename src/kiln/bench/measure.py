@@ -1,0 +1,124 @@
+"""Measurements on one engine: latency statistics per (batch, length), length-mix throughput."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+from tokenizers import Encoding
+
+from kiln.runtime import Predictor
+
+
+@dataclass(frozen=True)
+class LatencyStats:
+    batch_size: int
+    seq_len: int
+    n: int
+    median_ms: float
+    p90_ms: float
+    p99_ms: float
+    std_ms: float
+
+    @property
+    def ms_per_sequence(self) -> float:
+        return self.median_ms / self.batch_size
+
+    @property
+    def sequences_per_second(self) -> float:
+        return 1000 * self.batch_size / self.median_ms
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "ms_per_sequence": self.ms_per_sequence,
+                "sequences_per_second": self.sequences_per_second}
+
+
+def time_calls(call: Callable[[], Any], *, budget_s: float, min_runs: int = 5, max_runs: int = 200,
+               warmup: int = 2) -> list[float]:
+    """Wall times (s) of ``call`` after ``warmup`` runs: at least ``min_runs``, more while within budget."""
+    for _ in range(warmup):
+        call()
+    times: list[float] = []
+    start = time.perf_counter()
+    while len(times) < min_runs or (time.perf_counter() - start < budget_s and len(times) < max_runs):
+        t0 = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def latency_cell(run: Callable[[dict[str, np.ndarray]], Any], batch: dict[str, np.ndarray], *,
+                 budget_s: float, min_runs: int = 5) -> LatencyStats:
+    times_ms = np.array(time_calls(lambda: run(batch), budget_s=budget_s, min_runs=min_runs)) * 1000
+    rows, length = batch["input_ids"].shape
+    return LatencyStats(rows, length, len(times_ms), float(np.median(times_ms)),
+                        float(np.percentile(times_ms, 90)), float(np.percentile(times_ms, 99)),
+                        float(times_ms.std()))
+
+
+def synthetic_batch(encoder, batch_size: int, seq_len: int, seed: int = 0) -> dict[str, np.ndarray]:
+    """``batch_size`` different real-text windows of exactly ``seq_len`` tokens (special tokens included)."""
+    from kiln.texts import joined
+
+    encoding = encoder.encode([joined(seed, 60)], truncate=False)[0]
+    ids = np.array(encoding.ids)
+    first, last = ids[0], ids[-1]
+    body = ids[1:-1]
+    rows = []
+    for b in range(batch_size):
+        offset = (b * 37) % max(1, len(body) - seq_len)
+        rows.append(np.concatenate([[first], body[offset : offset + seq_len - 2], [last]])[:seq_len])
+    input_ids = np.stack(rows).astype(np.int64)
+    arrays = {"input_ids": input_ids, "attention_mask": np.ones_like(input_ids),
+              "token_type_ids": np.zeros_like(input_ids)}
+    return {n: arrays[n] for n in encoder.input_names}
+
+
+@dataclass(frozen=True)
+class MixResult:
+    sequences: int
+    sorted_per_s: float
+    unsorted_per_s: float
+    sorted_padding_efficiency: float  # real tokens / computed tokens
+    unsorted_padding_efficiency: float
+    batch_size: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def padding_efficiency(lengths: Sequence[int], batch_size: int, sort: bool, multiple: int = 1) -> float:
+    order = sorted(lengths) if sort else list(lengths)
+    computed = 0
+    for i in range(0, len(order), batch_size):
+        chunk = order[i : i + batch_size]
+        width = -(-max(chunk) // multiple) * multiple
+        computed += width * len(chunk)
+    return sum(lengths) / computed
+
+
+def length_mix_throughput(predictor: Predictor, encodings: Sequence[Encoding], rounds: int = 1) -> MixResult:
+    lengths = [len(e.ids) for e in encodings]
+    predictor.run_features(list(encodings[: predictor.batch_size]))
+    results = {}
+    for sort in (True, False):
+        best = min(_timed(lambda s=sort: predictor.run_features(encodings, sort=s)) for _ in range(rounds))
+        results[sort] = len(encodings) / best
+    multiple = getattr(predictor.engine, "pad_multiple", 1)
+    return MixResult(len(encodings), results[True], results[False],
+                     padding_efficiency(lengths, predictor.batch_size, True, multiple),
+                     padding_efficiency(lengths, predictor.batch_size, False, multiple), predictor.batch_size)
+
+
+def _timed(call: Callable[[], Any]) -> float:
+    start = time.perf_counter()
+    call()
+    return time.perf_counter() - start
+
+
+def median(values: Sequence[float]) -> float:
+    return statistics.median(values)

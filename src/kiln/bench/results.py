@@ -1,0 +1,30 @@
+"""The benchmark's results file: versioned schema, environment, settings, per-target measurements."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+SCHEMA = "kiln.bench/1"
+
+
+def build(command: str, environment: dict[str, Any], settings: Any, targets: list[Any], *,
+          artifact: str | None, model: str | None, task: str, optimize: dict[str, Any] | None,
+          serving_default: dict[str, Any] | None) -> dict[str, Any]:
+    settings_dict = asdict(settings)
+    settings_dict["mix"] = {"texts": len(settings.mix)}
+    return {
+        "schema": SCHEMA, "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "command": command, "environment": environment, "artifact": artifact, "model": model, "task": task,
+        "settings": settings_dict, "baseline": "pytorch-fp32",
+        "targets": [asdict(t) for t in targets], "optimize": optimize, "serving_default": serving_default,
+    }
+
+
+def write(path: Path, results: dict[str, Any]) -> None:
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(results, indent=2, default=str) + "\n")
+    tmp.replace(path)

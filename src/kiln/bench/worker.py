@@ -1,0 +1,128 @@
+"""One benchmark target per process: cold start, peak memory and timings are then its own."""
+
+from __future__ import annotations
+
+import resource
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from kiln.bench.measure import latency_cell, length_mix_throughput, synthetic_batch
+
+PYTORCH = "pytorch-fp32"
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str  # a variant of the artifact, or PYTORCH for the original model
+    artifact: str | None
+    model: str | None  # the source model directory for the PyTorch baseline
+    task: str
+
+
+@dataclass(frozen=True)
+class BenchSettings:
+    batch_sizes: tuple[int, ...]
+    seq_lens: tuple[int, ...]
+    mix: tuple[str, ...]  # the texts of the length mix
+    threads: int
+    budget_s: float  # time budget per grid cell
+    batch_size: int = 32  # for the length mix
+    sweep: tuple[tuple[int, int], ...] = ()  # (sessions, threads per session)
+    min_runs: int = 5
+
+
+@dataclass
+class TargetResult:
+    name: str
+    load_seconds: float = 0.0
+    peak_rss_mb: float = 0.0
+    grid: list[dict[str, Any]] = field(default_factory=list)
+    skipped_cells: list[dict[str, Any]] = field(default_factory=list)
+    mix: dict[str, Any] | None = None
+    sweep: list[dict[str, Any]] = field(default_factory=list)
+    error: str | None = None
+
+
+def _build(target: Target, threads: int):
+    """(encoder, task config, engine) for the target, its engine created with ``threads``."""
+    from kiln.engines import EngineOptions
+
+    options = EngineOptions(intra_op_threads=threads)
+    if target.name == PYTORCH:
+        from kiln.choices import TaskName
+        from kiln.engines.torch_eager import TorchEngine
+        from kiln.reference import source_encoder, task_module
+        from kiln.source import load_source
+
+        source = load_source(target.model, TaskName(target.task))
+        return source_encoder(source), source.task_config, TorchEngine(task_module(source), options)
+    from kiln.artifact import Artifact
+
+    art = Artifact.open(target.artifact, check=False)  # verified once by the parent
+    engine = art.engine(target.name, EngineOptions.for_variant(art.variant(target.name), threads))
+    return art.encoder(), art.task_config, engine
+
+
+def run_target(target: Target, settings: BenchSettings, report=lambda kind, detail: None) -> TargetResult:
+    from kiln.runtime import Predictor
+
+    result = TargetResult(target.name)
+    start = time.perf_counter()
+    encoder, config, engine = _build(target, settings.threads)
+    predictor = Predictor(config, encoder, engine, batch_size=settings.batch_size)
+    first = settings.mix[:1] if config.task.value != "question-answering" else [("What?", settings.mix[0])]
+    predictor.predict(first)
+    result.load_seconds = time.perf_counter() - start
+    report("loaded", result.load_seconds)
+    for seq_len in settings.seq_lens:
+        for batch_size in settings.batch_sizes:
+            if seq_len > encoder.max_length:
+                result.skipped_cells.append({"batch_size": batch_size, "seq_len": seq_len,
+                                             "reason": f"longer than the model's {encoder.max_length} tokens"})
+            else:
+                batch = synthetic_batch(encoder, batch_size, seq_len)
+                result.grid.append(latency_cell(engine.run, batch, budget_s=settings.budget_s,
+                                                min_runs=settings.min_runs).to_dict())
+            report("cell", None)
+    encodings = predictor.prepare(list(settings.mix)).encodings
+    result.mix = length_mix_throughput(predictor, encodings).to_dict()
+    report("mix", None)
+    for sessions, threads in settings.sweep:
+        result.sweep.append(_sweep_point(target, settings, encodings, sessions, threads))
+        report("sweep", None)
+    result.peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+    return result
+
+
+def _sweep_point(target: Target, settings: BenchSettings, encodings, sessions: int, threads: int) -> dict[str, Any]:
+    """Throughput of ``sessions`` engines with ``threads`` each, fed sorted batches concurrently."""
+    from kiln.runtime import Predictor
+
+    predictors = []
+    for _ in range(sessions):
+        encoder, config, engine = _build(target, threads)
+        predictors.append(Predictor(config, encoder, engine, batch_size=settings.batch_size))
+    order = sorted(range(len(encodings)), key=lambda i: len(encodings[i].ids))
+    chunks = [[encodings[i] for i in order[b : b + settings.batch_size]]
+              for b in range(0, len(order), settings.batch_size)]
+    for p in predictors:
+        p.run_features(chunks[0])
+    start = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=sessions) as pool:
+        list(pool.map(lambda k: [predictors[k].run_features(c) for c in chunks[k::sessions]], range(sessions)))
+    seconds = time.perf_counter() - start
+    latency = latency_cell(predictors[0].engine.run, synthetic_batch(predictors[0].encoder, 1, 128),
+                           budget_s=settings.budget_s, min_runs=settings.min_runs)
+    return {"sessions": sessions, "threads": threads, "sorted_per_s": len(encodings) / seconds,
+            "b1_128_ms": latency.median_ms}
+
+
+def worker_main(conn, target: Target, settings: BenchSettings) -> None:
+    """Entry point of a spawned worker: send progress events, then the result (or the error text)."""
+    try:
+        result = run_target(target, settings, lambda kind, detail: conn.send(("progress", kind, detail)))
+        conn.send(("done", result))
+    except Exception as err:  # reported to the parent, which records and prints it
+        conn.send(("done", TargetResult(target.name, error=f"{type(err).__name__}: {err}")))

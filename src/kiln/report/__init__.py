@@ -1,0 +1,1 @@
+"""Reports: one self-contained HTML page (inline SVG, works offline) and a Markdown twin."""

@@ -1,0 +1,130 @@
+"""report.html: one self-contained page (inline CSS and SVG; no scripts, fonts or network) + report.md."""
+
+from __future__ import annotations
+
+import json
+from html import escape
+from pathlib import Path
+from typing import Any
+
+from kiln.report import svg, tables
+
+CSS = """
+body{font-family:sans-serif;margin:24px auto;max-width:1180px;color:#222;background:#fafafa}
+h1{font-size:22px}h2{font-size:18px;margin-top:28px;border-bottom:1px solid #ddd}
+table{border-collapse:collapse;margin:8px 0;font-size:13px;background:#fff}
+th,td{border:1px solid #ccc;padding:4px 8px;text-align:right}th{background:#f0f0f0}
+td:first-child,th:first-child{text-align:left}.bad{color:#b00}.good{color:#070}
+.charts{display:flex;flex-wrap:wrap;gap:12px}.charts svg{border:1px solid #ddd;background:#fff}
+pre{background:#fff;border:1px solid #ddd;padding:8px;font-size:12px;overflow-x:auto}
+"""
+
+
+def _table(table: tables.Table | None) -> str:
+    if table is None or not table[1]:
+        return ""
+    header, rows = table
+    head = "".join(f"<th>{escape(h)}</th>" for h in header)
+    body = []
+    for row in rows:
+        cells = []
+        for cell in row:
+            cls = ' class="bad"' if cell.startswith(("rejected", "failed", "skipped")) else \
+                ' class="good"' if cell.startswith("accepted") else ""
+            cells.append(f"<td{cls}>{escape(cell)}</td>")
+        body.append("<tr>" + "".join(cells) + "</tr>")
+    return f"<table><tr>{head}</tr>{''.join(body)}</table>"
+
+
+def _charts(data: dict[str, Any]) -> list[str]:
+    charts = []
+    targets = [t for t in data.get("targets") or [] if not t.get("error")]
+    for t in targets:
+        by_len: dict[str, list[tuple[float, float]]] = {}
+        for c in t["grid"]:
+            by_len.setdefault(f"{c['seq_len']} tokens", []).append((c["batch_size"], c["ms_per_sequence"]))
+        charts.append(svg.line_chart(by_len, title=f"{t['name']}: latency per sequence vs batch size",
+                                     x_label="batch size", y_label="ms per sequence"))
+    b1 = {t["name"]: [(c["seq_len"], c["median_ms"]) for c in t["grid"] if c["batch_size"] == 1] for t in targets}
+    if any(b1.values()):
+        charts.append(svg.line_chart(b1, title="batch-1 latency vs sequence length", x_label="tokens",
+                                     y_label="ms (median)"))
+    mixes = {t["name"]: {"sorted": t["mix"]["sorted_per_s"], "unsorted": t["mix"]["unsorted_per_s"]}
+             for t in targets if t.get("mix")}
+    if mixes:
+        charts.append(svg.bar_chart(mixes, title="throughput on the length mix", y_label="sequences / s"))
+    opt = data.get("optimize")
+    if opt and (opt.get("reference_timing") or {}).get("ms_per_sequence"):
+        base = opt["reference_timing"]["ms_per_sequence"]
+        points = {}
+        for name, v in opt["variants"].items():
+            ms = (v.get("timing") or {}).get("ms_per_sequence")
+            agreement = v.get("agreement") or {}
+            if agreement.get("value") is not None:
+                points[name] = (base / ms if ms else 0.0, agreement["value"], v.get("status") == "accepted")
+        tolerance = opt.get("tolerance")
+        charts.append(svg.scatter(points, title="speed vs fidelity (green: accepted)",
+                                  x_label="speed-up vs PyTorch fp32 (0: not timed)",
+                                  y_label="agreement (primary figure)",
+                                  threshold=1 - tolerance if tolerance is not None else None))
+    return charts
+
+
+def render(data: dict[str, Any]) -> str:
+    title = f"kiln report: {data.get('model')} ({data.get('task')})"
+    command = escape(data.get("command", ""))
+    parts = [f"<h1>{escape(title)}</h1>",
+             f"<p>Created {escape(str(data.get('created', '')))}. Command: <code>{command}</code></p>"]
+    summary = tables.summary(data)
+    if summary[1]:
+        parts += ["<h2>Variants</h2>", _table(summary)]
+    if data.get("targets"):
+        parts += ["<h2>Engines on the length mix</h2>", _table(tables.targets_table(data))]
+    charts = _charts(data)
+    if charts:
+        parts += ["<h2>Charts</h2>", '<div class="charts">', *charts, "</div>"]
+    for t in data.get("targets") or []:
+        if t.get("error"):
+            continue
+        parts += [f"<h2>{escape(t['name'])}: ms per sequence (batch size x tokens)</h2>",
+                  _table(tables.latency_grid(data, t["name"]))]
+        speedup = tables.speedup_grid(data, t["name"])
+        if speedup:
+            parts += [f"<h3>{escape(t['name'])}: speed-up over PyTorch fp32</h3>", _table(speedup)]
+    sweep = tables.sweep_table(data)
+    if sweep:
+        parts += ["<h2>Thread sweep</h2>", _table(sweep)]
+        if data.get("serving_default"):
+            d = data["serving_default"]
+            parts.append(f"<p>Serving default written to the artifact: {d['sessions']} session(s) x "
+                         f"{d['threads']} thread(s) for {escape(d['variant'])}.</p>")
+    parts += ["<h2>Environment</h2>", f"<pre>{escape(json.dumps(data.get('environment'), indent=2))}</pre>"]
+    return (f"<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>{escape(title)}</title>"
+            f"<style>{CSS}</style></head><body>{''.join(parts)}</body></html>\n")
+
+
+def markdown(data: dict[str, Any]) -> str:
+    def md(table: tables.Table | None) -> list[str]:
+        if table is None or not table[1]:
+            return []
+        header, rows = table
+        return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header),
+                *["| " + " | ".join(c.replace("|", "/") for c in row) + " |" for row in rows], ""]
+
+    lines = [f"# kiln report: {data.get('model')} ({data.get('task')})", "", f"Command: `{data.get('command')}`", ""]
+    lines += md(tables.summary(data))
+    if data.get("targets"):
+        lines += ["## Engines on the length mix", "", *md(tables.targets_table(data))]
+    for t in data.get("targets") or []:
+        if not t.get("error"):
+            lines += [f"## {t['name']}: ms per sequence", "", *md(tables.latency_grid(data, t["name"]))]
+            lines += md(tables.speedup_grid(data, t["name"]))
+    lines += md(tables.sweep_table(data))
+    return "\n".join(lines) + "\n"
+
+
+def write_report(directory: Path, data: dict[str, Any]) -> None:
+    for name, text in (("report.html", render(data)), ("report.md", markdown(data))):
+        tmp = directory / (name + ".tmp")
+        tmp.write_text(text, encoding="utf-8")
+        tmp.replace(directory / name)

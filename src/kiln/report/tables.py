@@ -1,0 +1,93 @@
+"""The report's tables as rows of strings, shared by the HTML page and the Markdown file."""
+
+from __future__ import annotations
+
+from typing import Any
+
+Table = tuple[list[str], list[list[str]]]
+PYTORCH = "pytorch-fp32"
+
+
+def _targets(data: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {t["name"]: t for t in data.get("targets") or [] if not t.get("error")}
+
+
+def summary(data: dict[str, Any]) -> Table:
+    """variant | size MB | agreement | task metric | ms/seq | speed-up vs PyTorch fp32 | status."""
+    header = ["variant", "size MB", "agreement", "task metric", "ms/seq", "speed-up vs PyTorch fp32", "status"]
+    opt = data.get("optimize")
+    rows = []
+    if opt:
+        ref = opt.get("reference_timing") or {}
+        base = ref.get("ms_per_sequence")
+        metric_name = next(iter(opt.get("reference_metric") or {}), None)
+        rows.append(["PyTorch fp32 (reference)", "-", "1.0000",
+                     _num((opt.get("reference_metric") or {}).get(metric_name)), _num(base, 2), "1.00x", "baseline"])
+        for name, v in opt["variants"].items():
+            ms = (v.get("timing") or {}).get("ms_per_sequence")
+            agreement = v.get("agreement") or {}
+            status = v.get("status", "accepted") + (" (best)" if name == opt.get("best") else "")
+            if v.get("status") == "rejected":
+                status += f": {v.get('reason')}"
+            rows.append([name, _num((v.get("size_bytes") or 0) / 1e6, 1),
+                         f"{agreement.get('primary', '')} {_num(agreement.get('value'))}".strip(),
+                         _num((v.get("task_metric") or {}).get(metric_name)), _num(ms, 2),
+                         f"{base / ms:.2f}x" if ms and base else "-", status])
+        for name, reason in (opt.get("skipped") or {}).items():
+            rows.append([name, "-", "-", "-", "-", "-", f"skipped/failed: {reason}"])
+    return header, rows
+
+
+def latency_grid(data: dict[str, Any], name: str) -> Table:
+    target = _targets(data)[name]
+    lens = sorted({c["seq_len"] for c in target["grid"]})
+    sizes = sorted({c["batch_size"] for c in target["grid"]})
+    cells = {(c["batch_size"], c["seq_len"]): c for c in target["grid"]}
+    header = ["batch \\ tokens", *map(str, lens)]
+    rows = [[str(b), *[f"{cells[(b, n)]['ms_per_sequence']:.2f}" if (b, n) in cells else "-" for n in lens]]
+            for b in sizes]
+    return header, rows
+
+
+def speedup_grid(data: dict[str, Any], name: str) -> Table | None:
+    targets = _targets(data)
+    if PYTORCH not in targets or name == PYTORCH:
+        return None
+    base = {(c["batch_size"], c["seq_len"]): c["median_ms"] for c in targets[PYTORCH]["grid"]}
+    mine = {(c["batch_size"], c["seq_len"]): c["median_ms"] for c in targets[name]["grid"]}
+    lens = sorted({k[1] for k in mine})
+    sizes = sorted({k[0] for k in mine})
+    header = ["batch \\ tokens", *map(str, lens)]
+    rows = [[str(b), *[f"{base[(b, n)] / mine[(b, n)]:.2f}x" if (b, n) in base and (b, n) in mine else "-"
+                       for n in lens]] for b in sizes]
+    return header, rows
+
+
+def targets_table(data: dict[str, Any]) -> Table:
+    header = ["engine", "load s", "peak RSS MB", "mix sorted seq/s", "mix unsorted seq/s", "padding eff. sorted",
+              "padding eff. unsorted", "speed-up sorted vs PyTorch"]
+    targets = data.get("targets") or []
+    base = next((t["mix"]["sorted_per_s"] for t in targets if t["name"] == PYTORCH and t.get("mix")), None)
+    rows = []
+    for t in targets:
+        if t.get("error"):
+            rows.append([t["name"], *["-"] * 6, f"failed: {t['error']}"])
+            continue
+        mix = t["mix"]
+        rows.append([t["name"], f"{t['load_seconds']:.2f}", f"{t['peak_rss_mb']:.0f}", f"{mix['sorted_per_s']:.1f}",
+                     f"{mix['unsorted_per_s']:.1f}", f"{mix['sorted_padding_efficiency']:.2f}",
+                     f"{mix['unsorted_padding_efficiency']:.2f}",
+                     f"{mix['sorted_per_s'] / base:.2f}x" if base else "-"])
+    return header, rows
+
+
+def sweep_table(data: dict[str, Any]) -> Table | None:
+    rows = [[t["name"], str(p["sessions"]), str(p["threads"]), f"{p['sorted_per_s']:.1f}", f"{p['b1_128_ms']:.2f}"]
+            for t in data.get("targets") or [] for p in t.get("sweep") or []]
+    if not rows:
+        return None
+    return ["engine", "sessions", "threads each", "mix sorted seq/s", "batch-1 ms @128"], rows
+
+
+def _num(value: float | None, digits: int = 4) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"

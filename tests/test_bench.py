@@ -1,0 +1,131 @@
+"""kiln bench on a tiny artifact: grid statistics, mix, memory, load time, sweep, serving default, compare."""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+
+import pytest
+
+from kiln.artifact import Artifact
+from kiln.bench.compare import compare
+from kiln.bench.job import SERVING_FILE, BenchConfig, BenchJob, sweep_points
+from kiln.bench.measure import padding_efficiency
+from kiln.bench.results import SCHEMA
+from kiln.choices import ExportFormat, TaskName
+from kiln.errors import UsageError
+from kiln.exporting import ExportConfig, run_export
+
+
+@pytest.fixture(scope="module")
+def benched(tiny_model, tmp_path_factory):
+    root = tmp_path_factory.mktemp("bench")
+    art = root / "art"
+    run_export(ExportConfig(model=str(tiny_model("bert")), task=TaskName.FEATURE_EXTRACTION,
+                            format=ExportFormat.ONNX, output=art))
+    lengths = root / "lengths.txt"
+    lengths.write_text("\n".join(str(n) for n in (12, 40, 90, 20, 64, 128, 33, 7) * 4))
+    results = BenchJob(BenchConfig(target=str(art), output=root / "out", batch_sizes=(1, 4), seq_lens=(16, 64, 512),
+                                   lengths_file=lengths, threads=1)).run()
+    return art, root / "out", results
+
+
+def test_results_schema_and_environment(benched):
+    _, out, results = benched
+    on_disk = json.loads((out / "results.json").read_text())
+    assert on_disk["schema"] == SCHEMA == results["schema"]
+    env = on_disk["environment"]
+    assert {"cpu", "memory_gb", "gpus", "versions", "execution_providers"} <= env.keys()
+    assert env["cpu"]["features"] is not None and "onnxruntime" in env["versions"]
+    assert [t["name"] for t in on_disk["targets"]] == ["pytorch-fp32", "onnx-fp32"]  # the baseline in the same run
+
+
+def test_grid_statistics_and_skipped_cells(benched):
+    _, _, results = benched
+    for target in results["targets"]:
+        assert target["error"] is None
+        cells = {(c["batch_size"], c["seq_len"]) for c in target["grid"]}
+        assert cells == {(1, 16), (4, 16), (1, 64), (4, 64)}
+        for cell in target["grid"]:
+            assert cell["n"] >= 5 and cell["median_ms"] > 0
+            assert cell["median_ms"] <= cell["p90_ms"] <= cell["p99_ms"]
+            assert cell["ms_per_sequence"] == pytest.approx(cell["median_ms"] / cell["batch_size"])
+        assert {c["seq_len"] for c in target["skipped_cells"]} == {512}  # past the tiny model's 128 tokens
+        assert "longer than the model's 128 tokens" in target["skipped_cells"][0]["reason"]
+
+
+def test_mix_memory_and_load_time(benched):
+    _, _, results = benched
+    for target in results["targets"]:
+        mix = target["mix"]
+        assert mix["sequences"] == 32 and mix["sorted_per_s"] > 0 and mix["unsorted_per_s"] > 0
+        assert mix["sorted_padding_efficiency"] >= mix["unsorted_padding_efficiency"]
+        assert target["peak_rss_mb"] > 50 and target["load_seconds"] > 0
+    torch_rss = results["targets"][0]["peak_rss_mb"]
+    onnx_rss = results["targets"][1]["peak_rss_mb"]
+    assert onnx_rss < torch_rss  # the ONNX worker never imports torch
+
+
+def test_sweep_writes_the_serving_default_into_the_artifact(benched):
+    art, _, results = benched
+    variant = results["targets"][1]
+    assert [(p["sessions"], p["threads"]) for p in variant["sweep"]] == list(sweep_points(_cores()))
+    default = results["serving_default"]
+    best = max(variant["sweep"], key=lambda p: p["sorted_per_s"])
+    assert (default["sessions"], default["threads"]) == (best["sessions"], best["threads"])
+    assert json.loads((art / SERVING_FILE).read_text())["threads"] == best["threads"]
+    manifest = Artifact.open(art).manifest  # re-sealed: every checksum still verifies
+    assert manifest.extra["serving_default"]["variant"] == "onnx-fp32"
+
+
+def _cores() -> int:
+    from kiln.cpu import cpu_info
+
+    return cpu_info().usable_cores
+
+
+def test_padding_efficiency():
+    assert padding_efficiency([10, 10, 10, 10], 2, sort=True) == 1.0
+    assert padding_efficiency([10, 30, 10, 30], 2, sort=False) == pytest.approx(80 / 120)
+    assert padding_efficiency([10, 30, 10, 30], 2, sort=True) == 1.0
+    assert padding_efficiency([10], 1, sort=True, multiple=16) == pytest.approx(10 / 16)
+
+
+def test_compare_reports_changes_beyond_noise(benched):
+    _, _, results = benched
+    slower = copy.deepcopy(results)
+    cell = slower["targets"][1]["grid"][0]
+    for key in ("median_ms", "p90_ms", "p99_ms"):
+        cell[key] *= 2
+    slower["targets"][1]["mix"]["sorted_per_s"] *= 1.5
+    changes = compare(results, slower)
+    described = [c.describe() for c in changes]
+    assert any("onnx-fp32 batch 1 x 16 tokens" in d and "slower" in d for d in described)
+    assert any("length mix sorted" in d and "faster" in d for d in described)
+    assert compare(results, results) == []
+
+
+def test_cli_compare_and_bad_input(benched, tmp_path):
+    _, out, results = benched
+    new = tmp_path / "new.json"
+    changed = copy.deepcopy(results)
+    changed["targets"][0]["mix"]["unsorted_per_s"] /= 3
+    new.write_text(json.dumps(changed))
+    run = subprocess.run([sys.executable, "-m", "kiln", "bench", "--compare", str(out / "results.json"), str(new)],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0 and "pytorch-fp32 length mix unsorted" in run.stdout and "slower" in run.stdout
+    bad = subprocess.run([sys.executable, "-m", "kiln", "bench", "--batch-sizes", "1,x"], capture_output=True,
+                         text=True, timeout=120)
+    assert bad.returncode == 2 and "--batch-sizes must be comma-separated positive integers" in bad.stderr
+    old = tmp_path / "old.json"
+    old.write_text('{"schema": "other/9"}')
+    wrong = subprocess.run([sys.executable, "-m", "kiln", "bench", "--compare", str(old), str(new)],
+                           capture_output=True, text=True, timeout=120)
+    assert wrong.returncode == 2 and "expected 'kiln.bench/1'" in wrong.stderr
+
+
+def test_variants_need_an_artifact(tiny_model, tmp_path):
+    with pytest.raises(UsageError, match="--variants needs an artifact directory"):
+        BenchJob(BenchConfig(target=str(tiny_model("bert")), output=tmp_path, variants=("onnx-fp32",))).run()
