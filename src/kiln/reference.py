@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import torch
 
 from kiln.choices import Precision
@@ -42,3 +45,21 @@ def example_inputs(source: SourceModel, *, int32: bool = False) -> tuple[torch.T
     arrays = encoder.collate(encoder.encode([sentences[4], sentences[20]]))
     dtype = torch.int32 if int32 else torch.int64
     return tuple(torch.from_numpy(arrays[n]).to(dtype) for n in source.input_names)
+
+
+@contextmanager
+def vanilla_attention(model) -> Iterator[str]:
+    """Time the original as users run it: transformers' default SDPA attention where the architecture has it.
+
+    kiln loads models with eager attention because that is what exports and fuses; speed-ups are quoted
+    against the faster default so they are not inflated. Yields the implementation in use.
+    """
+    try:
+        model.set_attn_implementation("sdpa")
+    except (ValueError, ImportError, AttributeError):  # architectures without an SDPA path stay eager
+        yield "eager"
+        return
+    try:
+        yield "sdpa"
+    finally:
+        model.set_attn_implementation("eager")

@@ -122,3 +122,17 @@ def _timed(call: Callable[[], Any]) -> float:
 
 def median(values: Sequence[float]) -> float:
     return statistics.median(values)
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident memory. Linux's VmHWM belongs to the address space that exec replaced,
+    so a spawned worker reports its own peak; ru_maxrss would carry over the forking parent's."""
+    try:
+        for line in open("/proc/self/status", encoding="ascii"):
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024  # kB
+    except OSError:
+        pass
+    import psutil
+
+    return psutil.Process().memory_info().rss / 1024**2  # current, where no peak is exposed

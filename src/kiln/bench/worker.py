@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import resource
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from kiln.bench.measure import latency_cell, length_mix_throughput, synthetic_batch
+from kiln.bench.measure import latency_cell, length_mix_throughput, peak_rss_mb, synthetic_batch
 
 PYTORCH = "pytorch-fp32"
 
@@ -57,6 +56,10 @@ def _build(target: Target, threads: int):
         from kiln.source import load_source
 
         source = load_source(target.model, TaskName(target.task))
+        try:  # the vanilla model: transformers' default attention, as users run it (see vanilla_attention)
+            source.model.set_attn_implementation("sdpa")
+        except (ValueError, ImportError, AttributeError):
+            pass
         return source_encoder(source), source.task_config, TorchEngine(task_module(source), options)
     from kiln.artifact import Artifact
 
@@ -92,7 +95,7 @@ def run_target(target: Target, settings: BenchSettings, report=lambda kind, deta
     for sessions, threads in settings.sweep:
         result.sweep.append(_sweep_point(target, settings, encodings, sessions, threads))
         report("sweep", None)
-    result.peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+    result.peak_rss_mb = peak_rss_mb()
     return result
 
 

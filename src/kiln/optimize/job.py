@@ -25,7 +25,7 @@ from kiln.optimize.outcome import Outcome, RunSummary, write_summaries
 from kiln.optimize.sensitivity import exclusion_search, rank_layers
 from kiln.optimize.timing import time_predictor
 from kiln.optimize.variants import VARIANTS, VariantSpec, default_variants, remove_variant_files
-from kiln.reference import reference_predictor
+from kiln.reference import reference_predictor, vanilla_attention
 from kiln.report.data import optimize_section
 from kiln.report.html import write_report
 from kiln.runtime import Predictor
@@ -110,7 +110,8 @@ class OptimizeJob:
                                     cfg.target, cfg.calibration_method, scratch=Path(scratch))
             outcomes = [self._variant(VARIANTS[name]) for name in cfg.variant_names()]
             self.progress(f"timing the PyTorch fp32 reference on {len(self.timing_encodings)} sequences")
-            reference_timing = time_predictor(self._timed(self.reference), self.timing_encodings)
+            with vanilla_attention(self.source.model) as attention:
+                reference_timing = time_predictor(self._timed(self.reference), self.timing_encodings)
             for outcome in outcomes:
                 if outcome.status == "accepted":
                     self.progress(f"timing {outcome.name}")
@@ -122,6 +123,7 @@ class OptimizeJob:
                 primary_metric=PRIMARY[cfg.task] if self.eval_set else None,
                 reference_metric=self.reference_metric, reference_timing=reference_timing.to_dict(),
                 outcomes=outcomes, best=best.name if best else None, command=shlex.join(sys.argv),
+                baseline_attention=attention,
                 environment={"cpu": self.cpu.to_dict(), "threads": self.threads, "versions": library_versions()},
             )
             write_summaries(stage, summary)
@@ -130,8 +132,9 @@ class OptimizeJob:
                 variants={o.name: {**o.record, **_validation(o)} for o in outcomes if o.record},
                 extra={"best": summary.best, "skipped": {o.name: o.reason for o in outcomes if not o.record},
                        "tolerance": self.tolerance, "cpu": self.cpu.to_dict(),
-                       "reference_timing": summary.reference_timing, "eval": self.eval_set.source
-                       if self.eval_set else None, "reference_metric": self.reference_metric},
+                       "reference_timing": {**summary.reference_timing, "attention": attention},
+                       "eval": self.eval_set.source if self.eval_set else None,
+                       "reference_metric": self.reference_metric},
             )
             if best is None:
                 raise NothingPassed(_nothing_passed(outcomes))

@@ -38,6 +38,7 @@ class RunSummary:
     outcomes: list[Outcome]
     best: str | None
     command: str
+    baseline_attention: str = "eager"  # attention implementation the PyTorch baseline was timed with
     environment: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -49,7 +50,8 @@ class RunSummary:
         """variant | size MB | agreement | task metric | ms/seq | speed-up vs PyTorch fp32 | status."""
         base_ms = self.reference_timing["ms_per_sequence"]
         metric = self.reference_metric.get(self.primary_metric) if self.reference_metric else None
-        rows = [["pytorch-fp32 (reference)", "-", "1.0000", _fmt(metric), f"{base_ms:.2f}", "1.00x", "baseline"]]
+        rows = [[f"pytorch-fp32 ({self.baseline_attention} attention)", "-", "1.0000", _fmt(metric),
+                 f"{base_ms:.2f}", "1.00x", "baseline"]]
         for o in self.outcomes:
             agreement = f"{o.agreement['primary']} {o.agreement['value']:.4f}" if o.agreement else "-"
             task_metric = _fmt(o.metric.get(self.primary_metric)) if o.metric and self.primary_metric else "-"

@@ -5,8 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 
-def optimize_section(manifest) -> dict[str, Any]:
-    """What kiln optimize recorded per variant, for the report's summary table."""
+def optimize_section(manifest) -> dict[str, Any] | None:
+    """What kiln optimize recorded per variant, for the report's summary table (None for a plain export)."""
+    if not any("status" in record for record in manifest.variants.values()):
+        return None
     extra = manifest.extra
     return {
         "best": extra.get("best"), "tolerance": extra.get("tolerance"), "reference_timing":

@@ -66,7 +66,10 @@ def _charts(data: dict[str, Any]) -> list[str]:
         charts.append(svg.scatter(points, title="speed vs fidelity (green: accepted)",
                                   x_label="speed-up vs PyTorch fp32 (0: not timed)",
                                   y_label="agreement (primary figure)",
-                                  threshold=1 - tolerance if tolerance is not None else None))
+                                  threshold=1 - tolerance if tolerance is not None else None,
+                                  threshold_label=f"gate: {1 - tolerance:g} (tolerance {tolerance:g})"
+                                  if tolerance is not None else "",
+                                  labelled=[n for n, (_, _, ok) in points.items() if not ok or n == opt.get("best")]))
     return charts
 
 

@@ -125,8 +125,9 @@ def bar_chart(groups: dict[str, dict[str, float]], *, title: str, y_label: str) 
 
 
 def scatter(points: dict[str, tuple[float, float, bool]], *, title: str, x_label: str, y_label: str,
-            threshold: float | None = None) -> str:
-    """Labelled points (x, y, accepted); a horizontal dashed line at ``threshold``."""
+            threshold: float | None = None, threshold_label: str = "", labelled: Sequence[str] = ()) -> str:
+    """Points (x, y, accepted) with hover titles; names written beside ``labelled`` ones (dense clusters of
+    near-identical variants would overprint); a horizontal dashed line at ``threshold``."""
     if not points:
         return f"<p>{escape(title)}: no data</p>"
     xs = [p[0] for p in points.values()]
@@ -137,10 +138,12 @@ def scatter(points: dict[str, tuple[float, float, bool]], *, title: str, x_label
         y = frame.y(threshold)
         parts.append(f'<line x1="{LEFT}" x2="{W - RIGHT}" y1="{y:.1f}" y2="{y:.1f}" stroke="#d62728" '
                      f'stroke-dasharray="6 4"/><text x="{W - RIGHT - 4}" y="{y - 5:.1f}" font-size="11" '
-                     f'text-anchor="end" fill="#d62728">tolerance {threshold:g}</text>')
+                     f'text-anchor="end" fill="#d62728">{escape(threshold_label or f"{threshold:g}")}</text>')
     for name, (x, y, ok) in points.items():
         color = "#2ca02c" if ok else "#d62728"
         parts.append(f'<circle cx="{frame.x(x):.1f}" cy="{frame.y(y):.1f}" r="5" fill="{color}">'
                      f'<title>{escape(name)}: {x:.2f}x, {y:.4f}</title></circle>')
-        parts.append(f'<text x="{frame.x(x) + 7:.1f}" y="{frame.y(y) + 4:.1f}" font-size="10">{escape(name)}</text>')
+        if name in labelled:
+            parts.append(f'<text x="{frame.x(x) + 7:.1f}" y="{frame.y(y) + 4:.1f}" font-size="10">'
+                         f'{escape(name)}</text>')
     return _svg(parts, title)

@@ -14,19 +14,20 @@ def _targets(data: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 def summary(data: dict[str, Any]) -> Table:
     """variant | size MB | agreement | task metric | ms/seq | speed-up vs PyTorch fp32 | status."""
-    header = ["variant", "size MB", "agreement", "task metric", "ms/seq", "speed-up vs PyTorch fp32", "status"]
     opt = data.get("optimize")
+    metric_label = f"task metric ({next(iter((opt or {}).get('reference_metric') or {}), 'none')})"
+    header = ["variant", "size MB", "agreement", metric_label, "ms/seq", "speed-up vs PyTorch fp32", "status"]
     rows = []
     if opt:
         ref = opt.get("reference_timing") or {}
         base = ref.get("ms_per_sequence")
         metric_name = next(iter(opt.get("reference_metric") or {}), None)
-        rows.append(["PyTorch fp32 (reference)", "-", "1.0000",
+        rows.append([f"PyTorch fp32 ({ref.get('attention', 'eager')} attention)", "-", "1.0000",
                      _num((opt.get("reference_metric") or {}).get(metric_name)), _num(base, 2), "1.00x", "baseline"])
         for name, v in opt["variants"].items():
             ms = (v.get("timing") or {}).get("ms_per_sequence")
             agreement = v.get("agreement") or {}
-            status = v.get("status", "accepted") + (" (best)" if name == opt.get("best") else "")
+            status = (v.get("status") or "accepted") + (" (best)" if name == opt.get("best") else "")
             if v.get("status") == "rejected":
                 status += f": {v.get('reason')}"
             rows.append([name, _num((v.get("size_bytes") or 0) / 1e6, 1),
