@@ -23,7 +23,8 @@ from kiln.texts import texts_of_lengths
 
 DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64)
 DEFAULT_SEQ_LENS = (16, 32, 64, 128, 256, 512)
-QUICK = {"batch_sizes": (1, 8, 32), "seq_lens": (16, 128), "budget_s": 0.05, "mix": 128, "min_runs": 3}
+QUICK = {"batch_sizes": (1, 8, 32), "seq_lens": (16, 128), "budget_s": 0.05, "mix": 128, "min_runs": 3,
+         "mix_rounds": 1}
 SERVING_FILE = "serving.json"
 
 
@@ -121,6 +122,7 @@ class BenchJob:
             seq_lens=cfg.seq_lens or quick.get("seq_lens", DEFAULT_SEQ_LENS),
             mix=_mix(cfg, encoder, quick.get("mix", 512)), threads=threads,
             budget_s=quick.get("budget_s", 0.3), min_runs=quick.get("min_runs", 5),
+            mix_rounds=quick.get("mix_rounds", 2),
             sweep=() if cfg.quick or not cfg.sweep else sweep_points(cores),
         )
         steps = len(targets) * (2 + len(settings.batch_sizes) * len(settings.seq_lens))

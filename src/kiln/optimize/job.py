@@ -85,6 +85,7 @@ class OptimizeJob:
         self.progress = progress
         self.cpu = cpu_info()
         self.threads = config.threads or self.cpu.usable_cores
+        self.device = _device_for(config.target, progress)
 
     def run(self) -> RunSummary:
         cfg = self.config
@@ -149,8 +150,9 @@ class OptimizeJob:
         return Predictor(predictor.config, predictor.encoder, predictor.engine, batch_size=self.config.batch_size)
 
     def _predictor(self, record: dict[str, Any]) -> Predictor:
+        device = self.device if record["engine"] != "openvino" else "cpu"
         engine = create_engine(record["engine"], self.ctx.stage / record["path"],
-                               EngineOptions.for_variant(record, self.threads))
+                               EngineOptions.for_variant(record, self.threads, device))
         return Predictor(self.source.task_config, self.reference.encoder, engine, batch_size=self.config.batch_size)
 
     def _validate(self, built: BuiltVariant) -> tuple[dict, dict | None, Any]:
@@ -243,6 +245,18 @@ class OptimizeJob:
         for child in self.ctx.stage.iterdir():
             if child.is_dir() and child.name not in used | {"tokenizer"}:
                 shutil.rmtree(child)
+
+
+def _device_for(target: str, progress: Progress) -> str:
+    """Validate and time on the GPU for --target cuda when ONNX Runtime can use one; say so when not."""
+    if target != "cuda":
+        return "cpu"
+    import onnxruntime
+
+    if "CUDAExecutionProvider" in onnxruntime.get_available_providers():
+        return "cuda"
+    progress("--target cuda: no CUDA execution provider here; variants are validated and timed on the CPU")
+    return "cpu"
 
 
 def choose(outcomes: list[Outcome]) -> Outcome | None:

@@ -121,8 +121,16 @@ def markdown(data: dict[str, Any]) -> str:
     for t in data.get("targets") or []:
         if not t.get("error"):
             lines += [f"## {t['name']}: ms per sequence", "", *md(tables.latency_grid(data, t["name"]))]
-            lines += md(tables.speedup_grid(data, t["name"]))
-    lines += md(tables.sweep_table(data))
+            speedup = md(tables.speedup_grid(data, t["name"]))
+            if speedup:
+                lines += [f"### {t['name']}: speed-up over PyTorch fp32", "", *speedup]
+    sweep = md(tables.sweep_table(data))
+    if sweep:
+        lines += ["## Thread sweep", "", *sweep]
+        if data.get("serving_default"):
+            d = data["serving_default"]
+            lines += [f"Serving default written to the artifact: {d['sessions']} session(s) x {d['threads']} "
+                      f"thread(s) for {d['variant']}.", ""]
     return "\n".join(lines) + "\n"
 
 
