@@ -51,8 +51,3 @@ class Predictor:
             for i, value in zip(idx, self.handler.reduce(outputs, arrays["attention_mask"])):
                 reduced[i] = value
         return reduced
-
-    def comparable(self, inputs: Sequence[Any], *, sort: bool = True) -> list[np.ndarray]:
-        """Flat per-feature vectors of the task's output, for parity and agreement checks."""
-        prepared = self.prepare(inputs)
-        return [self.handler.comparable(r) for r in self.run_features(prepared.encodings, sort=sort)]

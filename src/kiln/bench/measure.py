@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -118,10 +117,6 @@ def _timed(call: Callable[[], Any]) -> float:
     start = time.perf_counter()
     call()
     return time.perf_counter() - start
-
-
-def median(values: Sequence[float]) -> float:
-    return statistics.median(values)
 
 
 def peak_rss_mb() -> float:

@@ -224,6 +224,56 @@ def bench(
 
 
 @app.command()
+def serve(
+    artifact: Annotated[Optional[Path], typer.Argument(  # noqa: UP045
+        help="Artifact directory to serve (e.g. kiln-out/best). Use --model for several.", show_default=False)] = None,
+    host: Annotated[str, typer.Option(help="Interface to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="TCP port.", min=1, max=65535)] = 8000,
+    model: Annotated[Optional[list[str]], typer.Option(  # noqa: UP045
+        "--model", help="NAME=ARTIFACT to serve several models; requests pick one with their 'model' field.",
+        show_default=False)] = None,
+    max_batch_tokens: Annotated[int, typer.Option(
+        help="Padded tokens per batch (longest x count). Higher packs more work per call and raises throughput "
+        "under load, at the cost of latency for the requests that wait for a full batch.", min=16)] = 16384,
+    max_batch_size: Annotated[int, typer.Option(help="Inputs per batch.", min=1)] = 64,
+    max_delay_ms: Annotated[float, typer.Option(
+        help="How long the first waiting input may wait for others. 0 serves at once (lowest latency at low load); "
+        "a few ms lets concurrent requests share a batch.", min=0)] = 5.0,
+    max_concurrent: Annotated[int, typer.Option(help="In-flight requests before new ones get 429 + Retry-After.",
+                                                min=1)] = 512,
+    api_key: Annotated[Optional[str], typer.Option(  # noqa: UP045
+        help="Require 'Authorization: Bearer KEY' (or X-API-Key) on inference routes.", show_default=False)] = None,
+    threads: Annotated[Optional[int], typer.Option(  # noqa: UP045
+        help="Engine threads (default: the artifact's serving.json from kiln bench, else all usable cores).",
+        show_default=False)] = None,
+) -> None:
+    """Serve an artifact over HTTP with dynamic batching, Prometheus metrics and backpressure (uvicorn)."""
+    import uvicorn
+
+    from kiln.errors import UsageError
+    from kiln.serve.app import ServeConfig, create_app
+    from kiln.serve.batcher import BatchLimits
+
+    models: dict[str, Path] = {}
+    for item in model or []:
+        name, sep, path = item.partition("=")
+        if not sep or not name or not path:
+            raise UsageError(f"--model must be NAME=ARTIFACT (got {item!r})")
+        models[name] = Path(path)
+    if artifact is not None:
+        models.setdefault(artifact.name if artifact.name != "best" else artifact.resolve().parent.name, artifact)
+    if not models:
+        raise UsageError("name an artifact to serve: kiln serve kiln-out/best (or --model NAME=ARTIFACT)")
+    from kiln.artifact import Artifact
+
+    for path in models.values():
+        Artifact.open(path)  # a clear error before the server starts
+    config = ServeConfig(models=models, limits=BatchLimits(max_batch_tokens, max_batch_size, max_delay_ms / 1000),
+                         max_concurrent=max_concurrent, api_key=api_key, threads=threads)
+    uvicorn.run(create_app(config), host=host, port=port, log_level="info", timeout_graceful_shutdown=30)
+
+
+@app.command()
 def info(
     artifact: Annotated[Path, typer.Argument(help="Artifact directory written by kiln.", show_default=False)],
 ) -> None:

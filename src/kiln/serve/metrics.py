@@ -1,0 +1,26 @@
+"""Prometheus metrics of one server (its own registry, so several apps in one process stay apart)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+_LATENCY = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("kiln_requests", "HTTP requests by route and status", ["route", "status"], registry=r)
+        self.rejections = Counter("kiln_rejections", "Requests refused before inference", ["reason"], registry=r)
+        self.inflight = Gauge("kiln_inflight_requests", "Inference requests being handled", registry=r)
+        self.queue_seconds = Histogram("kiln_queue_seconds", "Wait of a batch's oldest input", buckets=_LATENCY,
+                                       registry=r)
+        self.tokenize_seconds = Histogram("kiln_tokenize_seconds", "Tokenization time per request",
+                                          buckets=_LATENCY, registry=r)
+        self.inference_seconds = Histogram("kiln_inference_seconds", "Engine time per batch", buckets=_LATENCY,
+                                           registry=r)
+        self.batch_size = Histogram("kiln_batch_size", "Inputs per batch", buckets=(1, 2, 4, 8, 16, 32, 64, 128),
+                                    registry=r)
+        self.batch_tokens = Histogram("kiln_batch_tokens", "Padded tokens per batch (longest x count)",
+                                      buckets=(64, 256, 1024, 4096, 8192, 16384, 32768), registry=r)

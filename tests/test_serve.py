@@ -1,0 +1,176 @@
+"""kiln serve in process: routes, batching results equal offline results, errors and backpressure."""
+
+from __future__ import annotations
+
+import base64
+import subprocess
+import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+
+from kiln.artifact import Artifact
+from kiln.choices import ExportFormat, TaskName
+from kiln.exporting import ExportConfig, run_export
+from kiln.serve.app import ServeConfig, create_app
+from kiln.serve.batcher import BatchLimits
+from kiln.texts import builtin_sentences
+
+
+@pytest.fixture(scope="module")
+def artifacts(tiny_model, tmp_path_factory):
+    out = {}
+    for task in (TaskName.FEATURE_EXTRACTION, TaskName.TEXT_CLASSIFICATION, TaskName.QUESTION_ANSWERING):
+        path = tmp_path_factory.mktemp(task.value) / "art"
+        run_export(ExportConfig(model=str(tiny_model("bert", task)), task=task, format=ExportFormat.ONNX, output=path))
+        out[task] = path
+    return out
+
+
+def client(artifacts, **kwargs) -> TestClient:
+    models = kwargs.pop("models", {"embedder": artifacts[TaskName.FEATURE_EXTRACTION]})
+    return TestClient(create_app(ServeConfig(models=models, **kwargs)))
+
+
+def test_embed_matches_offline_results_whatever_the_batch(artifacts):
+    texts = list(builtin_sentences()[:24])
+    offline = np.stack(Artifact.open(artifacts[TaskName.FEATURE_EXTRACTION]).predictor().predict(texts))
+    with client(artifacts, limits=BatchLimits(max_batch_tokens=2048, max_batch_size=8, max_delay_s=0.02)) as c:
+        single = np.array(c.post("/embed", json={"inputs": texts[0]}).json()["embeddings"][0])
+        listed = np.array(c.post("/embed", json={"inputs": texts}).json()["embeddings"])
+        with ThreadPoolExecutor(16) as pool:  # concurrent single requests land in shared batches
+            concurrent = list(pool.map(lambda t: c.post("/embed", json={"inputs": t}).json()["embeddings"][0], texts))
+        metrics = c.get("/metrics").text
+    np.testing.assert_allclose(single, offline[0], atol=1e-5)
+    np.testing.assert_allclose(listed, offline, atol=1e-5)
+    np.testing.assert_allclose(np.array(concurrent), offline, atol=1e-5)
+    count = float(next(line.split()[-1] for line in metrics.splitlines() if line.startswith("kiln_batch_size_count")))
+    assert count < 1 + 1 + len(texts) + 1  # batches were shared: fewer batches than requests + features
+    assert 'kiln_requests_total{route="/embed",status="200"}' in metrics
+
+
+def test_openai_compatible_embeddings(artifacts):
+    with client(artifacts) as c:
+        models = c.get("/v1/models").json()
+        assert models["data"][0]["id"] == "embedder"
+        out = c.post("/v1/embeddings", json={"input": ["hello world", "kiln"], "model": "embedder"}).json()
+        b64 = c.post("/v1/embeddings", json={"input": "hello world", "model": "embedder",
+                                            "encoding_format": "base64"}).json()
+    assert out["object"] == "list" and [d["index"] for d in out["data"]] == [0, 1]
+    assert out["usage"]["prompt_tokens"] > 0
+    decoded = np.frombuffer(base64.b64decode(b64["data"][0]["embedding"]), dtype=np.float32)
+    np.testing.assert_allclose(decoded, out["data"][0]["embedding"], atol=1e-6)
+
+
+def test_classify_and_answer_routes(artifacts):
+    models = {"cls": artifacts[TaskName.TEXT_CLASSIFICATION], "qa": artifacts[TaskName.QUESTION_ANSWERING]}
+    with client(artifacts, models=models) as c:
+        cls = c.post("/classify", json={"inputs": ["good", "bad"], "model": "cls", "top_k": None}).json()
+        assert len(cls["results"]) == 2 and len(cls["results"][0]) == 3
+        item = {"question": "Where?", "context": builtin_sentences()[20]}
+        qa = c.post("/answer", json={"model": "qa", "inputs": item, "top_k": 2}).json()
+        assert qa["results"][0] and {"answer", "score", "start", "end"} <= qa["results"][0][0].keys()
+        wrong = c.post("/embed", json={"inputs": "x", "model": "cls"})
+        assert wrong.status_code == 404 and "use /classify" in wrong.json()["error"]["message"]
+        missing = c.post("/classify", json={"inputs": "x", "model": "nope"})
+        assert missing.status_code == 404 and "served: cls, qa" in missing.json()["error"]["message"]
+
+
+@pytest.mark.parametrize(("body", "fragment"), [
+    ({"inputs": 3}, "inputs"),
+    ({"inputs": []}, "must not be an empty list"),
+    ({"inputs": ["fine", "  "]}, "item 1 is an empty string"),
+    ({"texts": ["wrong field"]}, "inputs: Field required"),
+])
+def test_bad_requests_get_422_naming_the_field(artifacts, body, fragment):
+    with client(artifacts) as c:
+        response = c.post("/embed", json=body)
+    assert response.status_code == 422
+    assert fragment in response.json()["error"]["message"]
+
+
+def test_malformed_json_oversized_and_too_long(artifacts):
+    with client(artifacts, max_body_bytes=2000) as c:
+        broken = c.post("/embed", content=b'{"inputs": [', headers={"content-type": "application/json"})
+        assert broken.status_code == 422 and broken.json()["error"]["type"] == "validation_error"
+        big = c.post("/embed", json={"inputs": ["word " * 1000]})
+        assert big.status_code == 413 and "2000-byte limit" in big.json()["error"]["message"]
+        long_text = " ".join(builtin_sentences()[:10])
+        cut = c.post("/embed", json={"inputs": long_text})
+        assert cut.status_code == 200 and cut.json()["truncated"] == [True]
+        refused = c.post("/embed", json={"inputs": long_text, "truncate": False})
+        assert refused.status_code == 413 and "truncate is false" in refused.json()["error"]["message"]
+
+
+def test_api_key(artifacts):
+    with client(artifacts, api_key="s3cret") as c:
+        assert c.post("/embed", json={"inputs": "x"}).status_code == 401
+        assert c.post("/embed", json={"inputs": "x"}, headers={"Authorization": "Bearer nope"}).status_code == 401
+        assert c.post("/embed", json={"inputs": "x"}, headers={"Authorization": "Bearer s3cret"}).status_code == 200
+        assert c.get("/health").status_code == 200  # probes stay open
+
+
+class _Gate:
+    """Wraps an engine: blocks until released, or raises, so overload and failure are deterministic."""
+
+    def __init__(self, engine, fail: bool = False) -> None:
+        self.engine, self.fail, self.release = engine, fail, threading.Event()
+        self.pad_multiple = 1
+
+    def run(self, inputs):
+        if self.fail:
+            raise RuntimeError("engine exploded")
+        self.release.wait(timeout=30)
+        return self.engine.run(inputs)
+
+
+def test_overload_gets_429_with_retry_after(artifacts):
+    with client(artifacts, max_concurrent=1) as c:
+        predictor = c.app.state.models["embedder"].predictor
+        gate = _Gate(predictor.engine)
+        predictor.engine = gate
+        with ThreadPoolExecutor(1) as pool:
+            first = pool.submit(c.post, "/embed", json={"inputs": "held"})
+            for _ in range(200):  # wait until the first request is in flight
+                if c.get("/metrics").text.find("kiln_inflight_requests 1.0") >= 0:
+                    break
+                threading.Event().wait(0.01)
+            second = c.post("/embed", json={"inputs": "refused"})
+            gate.release.set()
+            assert first.result().status_code == 200
+        assert second.status_code == 429 and second.headers["Retry-After"] == "1"
+        assert 'kiln_rejections_total{reason="overloaded"} 1.0' in c.get("/metrics").text
+
+
+def test_a_failed_batch_fails_every_request_in_it_cleanly(artifacts):
+    with client(artifacts, limits=BatchLimits(max_delay_s=0.05)) as c:
+        predictor = c.app.state.models["embedder"].predictor
+        predictor.engine = _Gate(predictor.engine, fail=True)
+        with ThreadPoolExecutor(4) as pool:
+            responses = list(pool.map(lambda t: c.post("/embed", json={"inputs": t}), ["a", "b", "c", "d"]))
+    assert [r.status_code for r in responses] == [500] * 4
+    assert all("Traceback" not in r.text and r.json()["error"]["type"] == "inference_failed" for r in responses)
+    assert all("RuntimeError: engine exploded" in r.json()["error"]["message"] for r in responses)
+
+
+def test_probes_info_and_openapi(artifacts):
+    with client(artifacts) as c:
+        assert c.get("/health").json() == {"status": "ok"}
+        assert c.get("/ready").json()["ready"] is True
+        info = c.get("/info").json()
+        assert info["models"][0]["task"] == "feature-extraction" and info["models"][0]["variant"] == "onnx-fp32"
+        assert "/v1/embeddings" in c.get("/openapi.json").json()["paths"]
+
+
+def test_serving_onnx_does_not_import_torch(artifacts):
+    code = (
+        "import sys\nfrom fastapi.testclient import TestClient\nfrom kiln.serve.app import ServeConfig, create_app\n"
+        f"app = create_app(ServeConfig(models={{'m': r'{artifacts[TaskName.FEATURE_EXTRACTION]}'}}))\n"
+        "with TestClient(app) as c:\n    assert c.post('/embed', json={'inputs': 'hi'}).status_code == 200\n"
+        "assert 'torch' not in sys.modules, 'torch was imported'\nprint('ok')\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0 and "ok" in run.stdout, run.stderr[-2000:]
