@@ -248,11 +248,10 @@ def serve(
         show_default=False)] = None,
 ) -> None:
     """Serve an artifact over HTTP with dynamic batching, Prometheus metrics and backpressure (uvicorn)."""
-    import uvicorn
-
     from kiln.errors import UsageError
     from kiln.serve.app import ServeConfig, create_app
     from kiln.serve.batcher import BatchLimits
+    from kiln.serve.server import run_server
 
     models: dict[str, Path] = {}
     for item in model or []:
@@ -270,7 +269,8 @@ def serve(
         Artifact.open(path)  # a clear error before the server starts
     config = ServeConfig(models=models, limits=BatchLimits(max_batch_tokens, max_batch_size, max_delay_ms / 1000),
                          max_concurrent=max_concurrent, api_key=api_key, threads=threads)
-    uvicorn.run(create_app(config), host=host, port=port, log_level="info", timeout_graceful_shutdown=30)
+    if not run_server(create_app(config), host, port):
+        raise typer.Exit(1)  # uvicorn has logged why (port in use, a model that failed to load)
 
 
 @app.command()
