@@ -17,7 +17,7 @@ from kiln.bench.worker import PYTORCH, BenchSettings, Target, TargetResult, work
 from kiln.choices import TaskName
 from kiln.cpu import cpu_info
 from kiln.errors import UsageError
-from kiln.manifest import MANIFEST_NAME, seal
+from kiln.manifest import MANIFEST_NAME, read_manifest, seal
 from kiln.report.data import optimize_section
 from kiln.texts import texts_of_lengths
 
@@ -175,6 +175,9 @@ class BenchJob:
         default = {"variant": variant.name, "sessions": best["sessions"], "threads": best["threads"],
                    "measured_sorted_per_s": best["sorted_per_s"], "sweep": variant.sweep}
         write_serving_default(artifact.path, default)
+        best = artifact.path / "best"
+        if (best / "manifest.json").is_file() and variant.name in read_manifest(best).variants:
+            write_serving_default(best, default)  # `kiln serve kiln-out/best` reads it from there
         self.progress(f"serving default for {variant.name}: {best['sessions']} session(s) x {best['threads']} "
                       f"thread(s) ({best['sorted_per_s']:.1f} seq/s), written to {artifact.path / SERVING_FILE}")
         return default
@@ -182,7 +185,7 @@ class BenchJob:
 
 def write_serving_default(directory: Path, default: dict[str, Any]) -> None:
     """Write serving.json into an artifact and re-seal its manifest so checksums stay valid."""
-    from kiln.manifest import read_manifest, verify
+    from kiln.manifest import verify
 
     verify(directory)  # never re-seal over a file that was altered since the artifact was written
     (directory / SERVING_FILE).with_suffix(".tmp").write_text(json.dumps(default, indent=2) + "\n")

@@ -246,6 +246,7 @@ def serve(
     threads: Annotated[Optional[int], typer.Option(  # noqa: UP045
         help="Engine threads (default: the artifact's serving.json from kiln bench, else all usable cores).",
         show_default=False)] = None,
+    access_log: Annotated[bool, typer.Option(help="Log every request (uvicorn's access log).")] = False,
 ) -> None:
     """Serve an artifact over HTTP with dynamic batching, Prometheus metrics and backpressure (uvicorn)."""
     from kiln.errors import UsageError
@@ -269,7 +270,7 @@ def serve(
         Artifact.open(path)  # a clear error before the server starts
     config = ServeConfig(models=models, limits=BatchLimits(max_batch_tokens, max_batch_size, max_delay_ms / 1000),
                          max_concurrent=max_concurrent, api_key=api_key, threads=threads)
-    if not run_server(create_app(config), host, port):
+    if not run_server(create_app(config), host, port, access_log=access_log):
         raise typer.Exit(1)  # uvicorn has logged why (port in use, a model that failed to load)
 
 

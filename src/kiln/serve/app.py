@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import hmac
+import json
+import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
@@ -13,19 +14,30 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import orjson
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.responses import PlainTextResponse, Response
 from prometheus_client import generate_latest
 
 from kiln.artifact import Artifact
 from kiln.choices import TaskName
-from kiln.engines import EngineOptions
 from kiln.errors import KilnError, UsageError
 from kiln.runtime import Predictor
 from kiln.serve.batcher import Batcher, BatchLimits, BatchStats
+from kiln.serve.guard import Guard
 from kiln.serve.metrics import Metrics
 from kiln.serve.schemas import AnswerRequest, ClassifyRequest, EmbedRequest, OpenAIEmbeddingRequest, TokensRequest
+
+
+class JSONBody(Response):
+    """JSON via orjson: numpy arrays and scalars serialize directly (no tolist, no jsonable_encoder walk), ~20x
+    faster than the stdlib for a 384-float embedding, which matters at hundreds of requests a second."""
+
+    media_type = "application/json"
+
+    def render(self, content: Any) -> bytes:
+        return orjson.dumps(content, option=orjson.OPT_SERIALIZE_NUMPY)
 
 
 class HTTPError(Exception):
@@ -68,9 +80,8 @@ def _load(name: str, path: Path, config: ServeConfig, metrics: Metrics) -> Serve
     artifact = Artifact.open(path)
     variant = artifact.variant_name()
     record = artifact.variant(variant)
-    default = artifact.manifest.extra.get("serving_default") or {}
-    threads = config.threads or (default.get("threads") if default.get("variant") == variant else None)
-    predictor = artifact.predictor(variant, EngineOptions.for_variant(record, threads))
+    options = artifact.serving_options(variant, config.threads)
+    predictor = artifact.predictor(variant, options)
 
     def observe(stats: BatchStats) -> None:
         metrics.batch_size.observe(stats.size)
@@ -81,7 +92,7 @@ def _load(name: str, path: Path, config: ServeConfig, metrics: Metrics) -> Serve
     info = {"model": name, "task": artifact.task_config.task.value, "variant": variant, "engine": record["engine"],
             "max_length": artifact.task_config.max_length, "source": artifact.manifest.source,
             "validation": {k: record.get(k) for k in ("status", "agreement", "task_metric", "parity") if k in record},
-            "threads": threads}
+            "threads": options.intra_op_threads}
     return Served(name, artifact, predictor, Batcher(predictor, config.limits, observe), variant, info=info)
 
 
@@ -103,14 +114,19 @@ def create_app(config: ServeConfig) -> FastAPI:
             served.ready = False
             await served.batcher.close()
         tokenize_pool.shutdown(wait=True)
+        counts = metrics.status_counts()  # uvicorn has sent every response by now: these are final
+        logging.getLogger("uvicorn.error").info("kiln: stopped after %d inference requests, by status: %s",
+                                                sum(counts.values()), json.dumps(counts, sort_keys=True))
 
-    app = FastAPI(title="kiln", lifespan=lifespan, description="Dynamic-batching inference for a kiln artifact.")
+    app = FastAPI(title="kiln", lifespan=lifespan, description="Dynamic-batching inference for a kiln artifact.",
+                  default_response_class=JSONBody)
     app.state.models = models
     app.state.metrics = metrics
-    state = {"inflight": 0}
+    app.add_middleware(Guard, routes=INFERENCE_ROUTES, metrics=metrics, api_key=config.api_key,
+                       max_body_bytes=config.max_body_bytes, max_concurrent=config.max_concurrent)
 
-    def error(status: int, kind: str, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
-        return JSONResponse({"error": {"type": kind, "message": message}}, status_code=status, headers=headers)
+    def error(status: int, kind: str, message: str, headers: dict[str, str] | None = None) -> JSONBody:
+        return JSONBody({"error": {"type": kind, "message": message}}, status_code=status, headers=headers)
 
     @app.exception_handler(HTTPError)
     async def _http_error(request: Request, exc: HTTPError):
@@ -128,31 +144,6 @@ def create_app(config: ServeConfig) -> FastAPI:
     @app.exception_handler(Exception)
     async def _internal(request: Request, exc: Exception):  # never a traceback to the client
         return error(500, "internal_error", f"{type(exc).__name__}: the server failed to handle this request")
-
-    @app.middleware("http")
-    async def guard(request: Request, call_next):
-        path = request.url.path
-        if path in INFERENCE_ROUTES and request.method == "POST":
-            if config.api_key is not None and not _authorized(request, config.api_key):
-                return _count(metrics, path, error(401, "unauthorized", "missing or wrong API key "
-                                                   "(Authorization: Bearer KEY)"))
-            length = request.headers.get("content-length")
-            if length is not None and length.isdigit() and int(length) > config.max_body_bytes:
-                metrics.rejections.labels("payload_too_large").inc()
-                return _count(metrics, path, error(413, "payload_too_large", f"request body of {length} bytes is over "
-                                                   f"the {config.max_body_bytes}-byte limit"))
-            if state["inflight"] >= config.max_concurrent:
-                metrics.rejections.labels("overloaded").inc()
-                return _count(metrics, path, error(429, "overloaded", f"more than {config.max_concurrent} requests "
-                                                   "in flight; retry shortly", {"Retry-After": "1"}))
-            state["inflight"] += 1
-            metrics.inflight.inc()
-            try:
-                return _count(metrics, path, await call_next(request))
-            finally:
-                state["inflight"] -= 1
-                metrics.inflight.dec()
-        return await call_next(request)
 
     def pick(name: str | None, route: str) -> Served:
         if not models or not all(m.ready for m in models.values()):
@@ -195,21 +186,19 @@ def create_app(config: ServeConfig) -> FastAPI:
     async def embed(body: EmbedRequest):
         served = pick(body.model, "/embed")
         prepared, vectors = await run(served, listify(body.inputs), body.truncate)
-        return {"model": served.name, "embeddings": [v.tolist() for v in vectors], "truncated": prepared.truncated}
+        return JSONBody({"model": served.name, "embeddings": np.stack(vectors), "truncated": prepared.truncated})
 
     @app.post("/classify")
     async def classify(body: ClassifyRequest):
         served = pick(body.model, "/classify")
         prepared, results = await run(served, listify(body.inputs), body.truncate, top_k=body.top_k)
-        return {"model": served.name, "results": [[s.__dict__ for s in r] for r in results],
-                "truncated": prepared.truncated}
+        return JSONBody({"model": served.name, "results": results, "truncated": prepared.truncated})
 
     @app.post("/tokens")
     async def tokens(body: TokensRequest):
         served = pick(body.model, "/tokens")
         prepared, results = await run(served, listify(body.inputs), body.truncate, aggregation=body.aggregation)
-        return {"model": served.name, "results": [[e.__dict__ for e in r] for r in results],
-                "truncated": prepared.truncated}
+        return JSONBody({"model": served.name, "results": results, "truncated": prepared.truncated})
 
     @app.post("/answer")
     async def answer(body: AnswerRequest):
@@ -218,7 +207,7 @@ def create_app(config: ServeConfig) -> FastAPI:
         _, results = await run(served, [i.model_dump() for i in items], True, top_k=body.top_k,
                                max_answer_len=body.max_answer_len, allow_null=body.allow_null,
                                null_threshold=body.null_threshold)
-        return {"model": served.name, "results": [[a.__dict__ for a in r] for r in results]}
+        return JSONBody({"model": served.name, "results": results})
 
     @app.post("/v1/embeddings")
     async def openai_embeddings(body: OpenAIEmbeddingRequest):
@@ -227,9 +216,9 @@ def create_app(config: ServeConfig) -> FastAPI:
         tokens = sum(len(e.ids) for e in prepared.encodings)
         data = [{"object": "embedding", "index": i,
                  "embedding": base64.b64encode(np.asarray(v, dtype=np.float32).tobytes()).decode()
-                 if body.encoding_format == "base64" else v.tolist()} for i, v in enumerate(vectors)]
-        return {"object": "list", "data": data, "model": served.name,
-                "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+                 if body.encoding_format == "base64" else np.asarray(v)} for i, v in enumerate(vectors)]
+        return JSONBody({"object": "list", "data": data, "model": served.name,
+                         "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
 
     @app.get("/v1/models")
     async def openai_models():
@@ -264,17 +253,3 @@ def _single_or(models: dict[str, Served], name: str) -> str:
     if len(models) == 1:
         return next(iter(models))
     raise HTTPError(404, "model_not_found", f"model {name!r} is not served (served: {', '.join(models)})")
-
-
-def _authorized(request: Request, key: str) -> bool:
-    header = request.headers.get("authorization", "")
-    if header.startswith("Bearer "):
-        given = header.removeprefix("Bearer ").strip()
-    else:
-        given = request.headers.get("x-api-key", "")
-    return hmac.compare_digest(given.encode(), key.encode())
-
-
-def _count(metrics: Metrics, path: str, response):
-    metrics.requests.labels(path, str(response.status_code)).inc()
-    return response

@@ -24,3 +24,13 @@ class Metrics:
                                     registry=r)
         self.batch_tokens = Histogram("kiln_batch_tokens", "Padded tokens per batch (longest x count)",
                                       buckets=(64, 256, 1024, 4096, 8192, 16384, 32768), registry=r)
+
+    def status_counts(self) -> dict[str, int]:
+        """Inference-route requests by HTTP status since start (every route summed)."""
+        counts: dict[str, int] = {}
+        for metric in self.requests.collect():
+            for sample in metric.samples:
+                if sample.name.endswith("_total"):
+                    status = sample.labels["status"]
+                    counts[status] = counts.get(status, 0) + int(sample.value)
+        return counts

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import signal
+import socket
 import threading
 from collections.abc import Iterator
 
@@ -11,6 +13,10 @@ import uvicorn
 from fastapi import FastAPI
 
 DRAIN_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+# Connections accepted just before the signal may not have delivered their request yet; uvicorn closes such
+# "idle" connections at once, which their clients see as a reset after connecting (a lost request). Listening
+# stops first, then this long for those requests to arrive, then uvicorn's own drain.
+ACCEPT_GRACE_S = 0.25
 
 
 class _DrainingServer(uvicorn.Server):
@@ -29,9 +35,22 @@ class _DrainingServer(uvicorn.Server):
                 signal.signal(sig, handler)
 
 
-def run_server(app: FastAPI, host: str, port: int, drain_seconds: float = 30.0) -> bool:
-    """Serve until SIGTERM/SIGINT, finish accepted requests (up to `drain_seconds`), return whether it started."""
-    server = _DrainingServer(uvicorn.Config(app, host=host, port=port, log_level="info",
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        for server in self.servers:
+            server.close()
+        for sock in sockets or []:
+            sock.close()
+        await asyncio.sleep(ACCEPT_GRACE_S)
+        await super().shutdown(sockets)
+
+
+def run_server(app: FastAPI, host: str, port: int, *, access_log: bool = False, drain_seconds: float = 30.0) -> bool:
+    """Serve until SIGTERM/SIGINT, finish accepted requests (up to `drain_seconds`), return whether it started.
+
+    The access log is off by default: a log line per request costs the event loop time the batcher needs, and
+    /metrics already counts requests by route and status.
+    """
+    server = _DrainingServer(uvicorn.Config(app, host=host, port=port, log_level="info", access_log=access_log,
                                             timeout_graceful_shutdown=drain_seconds))
     server.run()
     return server.started

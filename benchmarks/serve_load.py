@@ -1,0 +1,365 @@
+"""Load benchmark for `kiln serve`: closed-loop clients on 127.0.0.1 against a real server process.
+
+Measured in one run, on the same texts (single texts of mixed length, 10-200 tokens):
+  * offline: the same variant's batched throughput through kiln's predictor (tokenization included, as the
+    server must tokenize too), same engine threads, in its own process;
+  * kiln serve at each concurrency (default 1, 8, 64): throughput and p50/p90/p99 latency;
+  * a one-request-per-forward FastAPI server (benchmarks/naive_server.py) at the same concurrencies;
+  * overload: 4x more clients than --max-concurrent (answered / 429 rejected / lost);
+  * SIGTERM while 64 clients send (sent / answered / refused at connect / lost after being accepted).
+
+The clients are a small asyncio HTTP/1.1 loop on raw sockets (keep-alive; no client library) so that on a
+2-core machine the load generator takes as little CPU from the server as possible. Every phase is bounded
+by a request count and a time limit.
+
+    python benchmarks/serve_load.py kiln-out/best [--requests 1024] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing as mp
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+
+
+@dataclass
+class Phase:
+    """What one closed-loop run saw."""
+
+    latencies: list[float] = field(default_factory=list)  # seconds, answered (200) requests only
+    statuses: dict[str, int] = field(default_factory=dict)
+    wall_s: float = 0.0
+
+    def count(self, outcome: str) -> None:
+        self.statuses[outcome] = self.statuses.get(outcome, 0) + 1
+
+    def summary(self) -> dict:
+        lat = np.array(self.latencies) * 1000 if self.latencies else np.array([np.nan])
+        answered = self.statuses.get("200", 0)
+        return {"requests": sum(self.statuses.values()), "answered": answered, "statuses": self.statuses,
+                "wall_s": round(self.wall_s, 3), "throughput_per_s": answered / self.wall_s if self.wall_s else 0.0,
+                "p50_ms": float(np.percentile(lat, 50)), "p90_ms": float(np.percentile(lat, 90)),
+                "p99_ms": float(np.percentile(lat, 99))}
+
+
+def _request(path: str, body: bytes, close: bool) -> bytes:
+    head = (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n" + ("Connection: close\r\n" if close else "") + "\r\n")
+    return head.encode() + body
+
+
+async def _read_response(reader: asyncio.StreamReader) -> tuple[int, bool, float]:
+    """(status, server keeps the connection open, Retry-After seconds) after reading one whole response."""
+    status_line = await reader.readline()
+    if not status_line:
+        raise ConnectionResetError("connection closed before a response")
+    status = int(status_line.split()[1])
+    length, keep, retry_after = 0, True, 0.0
+    while (line := await reader.readline()) not in (b"\r\n", b""):
+        name, _, value = line.decode("latin-1").partition(":")
+        if name.lower() == "content-length":
+            length = int(value)
+        elif name.lower() == "connection" and value.strip().lower() == "close":
+            keep = False
+        elif name.lower() == "retry-after":
+            retry_after = float(value)
+    await reader.readexactly(length)
+    return status, keep, retry_after
+
+
+async def closed_loop(port: int, bodies: list[bytes], clients: int, requests: int, max_s: float,
+                      *, fresh_connections: bool = False, stop: asyncio.Event | None = None,
+                      honor_retry_after: bool = False) -> Phase:
+    """``clients`` loops each send one request, wait for its answer, send the next; ``requests`` in total.
+
+    ``fresh_connections`` opens a connection per request, so a server that stopped listening refuses at
+    connect ("refused") and anything that fails after that was accepted and dropped ("lost").
+    ``honor_retry_after`` makes a client told 429 wait as long as the server asks before its next request.
+    """
+    phase = Phase()
+    counter = iter(range(requests))
+    deadline = time.perf_counter() + max_s
+
+    async def client() -> None:
+        reader = writer = None
+        for i in counter:
+            if time.perf_counter() > deadline or (stop is not None and stop.is_set()):
+                break
+            body = bodies[i % len(bodies)]
+            start = time.perf_counter()
+            try:
+                if writer is None:
+                    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            except OSError:
+                phase.count("refused")
+                if stop is not None:
+                    stop.set()  # the server is gone: every client stops
+                break
+            try:
+                writer.write(_request("/embed", body, fresh_connections))
+                status, keep, retry_after = await _read_response(reader)
+            except (OSError, asyncio.IncompleteReadError, ValueError, IndexError) as err:
+                phase.count(f"lost ({type(err).__name__})")
+                writer.close()
+                reader = writer = None
+                continue
+            phase.count(str(status))
+            if status == 200:
+                phase.latencies.append(time.perf_counter() - start)
+            if fresh_connections or not keep:
+                writer.close()
+                reader = writer = None
+            if status == 429 and honor_retry_after:
+                await asyncio.sleep(min(retry_after, max(0.0, deadline - time.perf_counter())))
+        if writer is not None:
+            writer.close()
+
+    start = time.perf_counter()
+    await asyncio.gather(*(client() for _ in range(clients)))
+    phase.wall_s = time.perf_counter() - start
+    return phase
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start(command: list[str]) -> tuple[subprocess.Popen, int]:
+    """Start a server and return once uvicorn reports it listens; its log keeps being collected in ``proc.log``."""
+    port = _free_port()
+    proc = subprocess.Popen([*command, "--port", str(port)], stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    proc.log = []
+    for line in proc.stderr:
+        proc.log.append(line)
+        if "Uvicorn running on" in line:  # logged once the socket listens (after the app started)
+            break
+    else:
+        sys.exit(f"server did not start: {' '.join(command)}\n{''.join(proc.log[-20:])}")
+    threading.Thread(target=lambda: proc.log.extend(proc.stderr), daemon=True).start()
+    return proc, port
+
+
+def server_counts(proc: subprocess.Popen) -> dict[str, int] | None:
+    """What kiln serve logged at exit: its inference requests by status (None if it logged nothing)."""
+    for _ in range(50):  # the log thread may still be reading the last lines
+        line = next((x for x in proc.log if "kiln: stopped after" in x), None)
+        if line is not None:
+            return json.loads(line[line.index("{"):])
+        time.sleep(0.1)
+    return None
+
+
+def stop(proc: subprocess.Popen) -> int:
+    proc.send_signal(signal.SIGTERM)
+    return proc.wait(timeout=120)
+
+
+def offline_worker(conn, artifact: str, texts: list[str], threads: int | None, rounds: int) -> None:
+    from kiln.artifact import Artifact
+
+    art = Artifact.open(artifact)
+    variant = art.variant_name()
+    options = art.serving_options(variant, threads)
+    predictor = art.predictor(variant, options, batch_size=32)
+    predictor.predict(texts[:64])  # warm-up
+    rates = []
+    for _ in range(rounds):
+        begin = time.perf_counter()
+        predictor.predict(texts)
+        rates.append(len(texts) / (time.perf_counter() - begin))
+    conn.send({"variant": variant, "threads": options.intra_op_threads or "default",
+               "throughput_per_s": statistics.median(rates), "rounds": rates})
+
+
+def offline(artifact: str, texts: list[str], threads: int | None, rounds: int) -> dict:
+    ctx = mp.get_context("spawn")
+    parent, child = ctx.Pipe()
+    process = ctx.Process(target=offline_worker, args=(child, artifact, texts, threads, rounds))
+    process.start()
+    result = parent.recv()
+    process.join(timeout=60)
+    return result
+
+
+def batch_metrics(port: int) -> dict[str, float] | None:
+    """kiln serve's batch histograms (sums and counts) from /metrics; None for a server without them."""
+    import urllib.request
+
+    try:
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    except OSError:
+        return None
+    names = ("kiln_batch_size_sum", "kiln_batch_size_count", "kiln_batch_tokens_sum", "kiln_inference_seconds_sum")
+    values = {line.split()[0]: float(line.split()[1]) for line in text.splitlines() if line.startswith(names)}
+    return values if len(values) == len(names) else None
+
+
+def measure(port: int, bodies: list[bytes], clients: int, requests: int, max_s: float) -> dict:
+    """One closed-loop phase, with how kiln serve packed its batches during it (when the server says)."""
+    before = batch_metrics(port)
+    phase = asyncio.run(closed_loop(port, bodies, clients, requests, max_s))
+    after = batch_metrics(port)
+    row = phase.summary()
+    if before and after:  # how the batcher packed this phase, and how busy it kept the engine
+        delta = {k: after[k] - before[k] for k in after}
+        batches = delta["kiln_batch_size_count"] or 1
+        row["batches"] = {"count": int(batches), "mean_size": delta["kiln_batch_size_sum"] / batches,
+                          "mean_padded_tokens": delta["kiln_batch_tokens_sum"] / batches,
+                          "engine_busy": delta["kiln_inference_seconds_sum"] / phase.wall_s}
+    return row
+
+
+def sweep(command: list[str], bodies: list[bytes], concurrency: list[int], requests: int, max_s: float,
+          rounds: int) -> dict:
+    """Each concurrency: a warm-up, then ``rounds`` measured phases; the median-throughput phase is reported."""
+    proc, port = start(command)
+    rows = {}
+    try:
+        for clients in concurrency:
+            asyncio.run(closed_loop(port, bodies, clients, max(2 * clients, 64), max_s))  # warm-up
+            runs = sorted((measure(port, bodies, clients, requests, max_s) for _ in range(rounds)),
+                          key=lambda r: r["throughput_per_s"])
+            rows[clients] = row = {**runs[len(runs) // 2], "rounds": [r["throughput_per_s"] for r in runs]}
+            packing = (f"  batches {row['batches']['count']} of mean {row['batches']['mean_size']:.1f}, engine busy "
+                       f"{100 * row['batches']['engine_busy']:.0f}%") if "batches" in row else ""
+            print(f"  {clients:>3} clients: {row['throughput_per_s']:7.1f} req/s  p50 {row['p50_ms']:7.1f} ms  "
+                  f"p90 {row['p90_ms']:7.1f}  p99 {row['p99_ms']:7.1f}  statuses {row['statuses']}{packing}",
+                  flush=True)
+    finally:
+        rows["exit_code"] = stop(proc)
+    return rows
+
+
+def overload(kiln: list[str], bodies: list[bytes], limit: int, seconds: float) -> dict:
+    """4x more closed-loop clients than --max-concurrent for ``seconds``; a client told 429 waits Retry-After."""
+    proc, port = start([*kiln, "--max-concurrent", str(limit)])
+    try:
+        phase = asyncio.run(closed_loop(port, bodies, 4 * limit, 10**6, seconds, honor_retry_after=True))
+    finally:
+        code = stop(proc)
+    server = server_counts(proc) or {}
+    row = phase.summary()
+    lost = sum(n for k, n in phase.statuses.items() if k.startswith("lost"))
+    result = {"clients": 4 * limit, "max_concurrent": limit, **row, "rejected_429": phase.statuses.get("429", 0),
+              "lost": lost, "server_counted": server, "exit_code": code}
+    print(f"  4x overload ({4 * limit} clients, --max-concurrent {limit}, {seconds:.0f} s): sent {row['requests']}, "
+          f"answered {row['answered']} ({row['throughput_per_s']:.1f}/s, p50 {row['p50_ms']:.0f} ms, p99 "
+          f"{row['p99_ms']:.0f} ms), rejected 429 {result['rejected_429']}, lost {lost}; server counted {server}; "
+          f"exit {code}", flush=True)
+    return result
+
+
+def sigterm(kiln: list[str], bodies: list[bytes], clients: int, after_s: float, max_s: float) -> dict:
+    proc, port = start(kiln)
+
+    async def run() -> tuple[Phase, float]:
+        halt = asyncio.Event()
+        load = asyncio.create_task(closed_loop(port, bodies, clients, 10**6, max_s, fresh_connections=True,
+                                               stop=halt))
+        await asyncio.sleep(after_s)
+        proc.send_signal(signal.SIGTERM)
+        sent_at = time.perf_counter()
+        code = await asyncio.get_running_loop().run_in_executor(None, proc.wait, 120)
+        halt.set()  # clients still sending after exit would count refusals forever
+        return await load, (time.perf_counter() - sent_at, code)
+
+    phase, (drain_s, code) = asyncio.run(run())
+    statuses = phase.statuses
+    server = server_counts(proc) or {}
+    answered = statuses.get("200", 0)
+    reset = sum(n for k, n in statuses.items() if k.startswith("lost"))
+    other = sum(n for k, n in statuses.items() if k not in ("200", "refused") and not k.startswith("lost"))
+    # A reset right after connect is a connection still in the kernel's accept queue when listening stopped: the
+    # server never read it (its own count of requests equals the clients' answered count), so it is "refused".
+    # It is "lost" only if the server saw more requests than the clients got answers for.
+    lost = sum(server.values()) - answered if server else reset
+    result = {"clients": clients, "signal_after_s": after_s, "sent": sum(statuses.values()), "answered": answered,
+              "refused_at_connect": statuses.get("refused", 0), "reset_before_read": reset if server else None,
+              "error_answers": other, "server_counted": server, "lost": lost, "statuses": statuses,
+              "exit_code": code, "exit_after_signal_s": round(drain_s, 3)}
+    print(f"  SIGTERM after {after_s:.0f} s under {clients} clients: sent {result['sent']}, answered {answered}, "
+          f"refused {result['refused_at_connect']} at connect + {reset} reset before being read, lost {lost}, "
+          f"error answers {other}; server counted {server}; exit {code} after {drain_s:.2f} s", flush=True)
+    return result
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("artifact")
+    parser.add_argument("--texts", type=int, default=512, help="distinct texts (10-200 tokens), cycled")
+    parser.add_argument("--requests", type=int, default=1024, help="requests per measured phase")
+    parser.add_argument("--concurrency", default="1,8,64")
+    parser.add_argument("--threads", type=int, default=None, help="engine threads (default: the serving default)")
+    parser.add_argument("--max-seconds", type=float, default=60.0, help="time limit per phase")
+    parser.add_argument("--rounds", type=int, default=3, help="measured rounds per phase (the median is reported)")
+    parser.add_argument("--serve-args", default="", help="extra `kiln serve` options, e.g. '--max-delay-ms 2'")
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+
+    from kiln.artifact import Artifact
+    from kiln.texts import length_mix
+
+    art = Artifact.open(args.artifact)
+    if art.task_config.task.value != "feature-extraction":
+        sys.exit("this benchmark sends /embed requests: give it a feature-extraction artifact")
+    encoder = art.encoder()
+    texts = length_mix(args.texts, 10, 200, seed=11, token_count=lambda t: len(encoder.encode([t])[0].ids))
+    lengths = [len(e.ids) for e in encoder.encode(texts)]
+    bodies = [json.dumps({"inputs": t}).encode() for t in texts]
+    concurrency = [int(c) for c in args.concurrency.split(",")]
+    threads = ["--threads", str(args.threads)] if args.threads else []
+    kiln = [sys.executable, "-m", "kiln", "serve", args.artifact, *threads, *args.serve_args.split()]
+    naive = [sys.executable, str(HERE / "naive_server.py"), args.artifact, *threads]
+    # the offline figure covers the same request stream: `requests` texts drawn in the same cycle
+    stream = [texts[i % len(texts)] for i in range(args.requests)]
+
+    print(f"texts: {len(texts)} distinct, tokens min/median/max {min(lengths)}/{statistics.median(lengths)}/"
+          f"{max(lengths)}; {args.requests} requests per phase", flush=True)
+    base = offline(args.artifact, stream, args.threads, args.rounds)
+    print(f"offline batched ({base['variant']}, {base['threads']} threads, batch 32, sorted, tokenization "
+          f"included): {base['throughput_per_s']:.1f} texts/s", flush=True)
+    print("kiln serve:", flush=True)
+    served = sweep(kiln, bodies, concurrency, args.requests, args.max_seconds, args.rounds)
+    print("one request per forward (FastAPI):", flush=True)
+    plain = sweep(naive, bodies, concurrency, args.requests, args.max_seconds, args.rounds)
+    print("overload and shutdown:", flush=True)
+    over = overload(kiln, bodies, 64, min(args.max_seconds, 15.0))
+    term = sigterm(kiln, bodies, 64, 3.0, args.max_seconds)
+
+    top = max(concurrency)
+    result = {
+        "artifact": args.artifact, "variant": base["variant"], "threads": base["threads"],
+        "texts": len(texts), "tokens": {"min": min(lengths), "median": statistics.median(lengths),
+                                        "max": max(lengths)},
+        "requests_per_phase": args.requests, "serve_args": args.serve_args, "offline": base,
+        "kiln_serve": served, "one_request_per_forward": plain, "overload": over, "sigterm": term,
+        f"ratio_vs_offline_at_{top}": served[top]["throughput_per_s"] / base["throughput_per_s"],
+        f"ratio_vs_naive_at_{top}": served[top]["throughput_per_s"] / plain[top]["throughput_per_s"],
+    }
+    print(f"at {top} clients: kiln serve = {result[f'ratio_vs_offline_at_{top}']:.2f}x offline batched "
+          f"(target >= 0.85), {result[f'ratio_vs_naive_at_{top}']:.2f}x one-request-per-forward (target >= 2)")
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

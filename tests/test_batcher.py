@@ -1,0 +1,98 @@
+"""The dynamic batcher on a real tiny artifact: batch cutting, no wait when idle, grouping by length, drops."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+from kiln.artifact import Artifact
+from kiln.choices import ExportFormat, TaskName
+from kiln.exporting import ExportConfig, run_export
+from kiln.serve.batcher import Batcher, BatchLimits, partition
+from kiln.texts import texts_of_lengths
+
+
+def test_partition_cuts_mixed_lengths_into_similar_groups_within_limits():
+    lengths = sorted([10, 11, 12, 12, 14, 100, 101, 103, 104, 190, 195, 199])
+    limits = BatchLimits(call_overhead_tokens=64)
+    groups = partition(lengths, limits)
+    assert [lengths[a:b] for a, b in groups] == [[10, 11, 12, 12, 14], [100, 101, 103, 104], [190, 195, 199]]
+    assert partition(lengths, BatchLimits(call_overhead_tokens=100_000)) == [(0, 12)]  # calls dear: one batch
+    tight = BatchLimits(max_batch_size=2, max_batch_tokens=300, call_overhead_tokens=10_000)
+    for a, b in partition(lengths, tight):
+        assert b - a <= 2 and (b - a == 1 or lengths[b - 1] * (b - a) <= 300)
+    assert partition([512], BatchLimits(max_batch_tokens=100)) == [(0, 1)]  # one input always fits alone
+
+
+@pytest.fixture(scope="module")
+def predictor(tiny_model, tmp_path_factory):
+    path = tmp_path_factory.mktemp("batcher") / "art"
+    run_export(ExportConfig(model=str(tiny_model("bert")), task=TaskName.FEATURE_EXTRACTION,
+                            format=ExportFormat.ONNX, output=path))
+    return Artifact.open(path).predictor()
+
+
+class Recording:
+    """Wraps an engine: records each batch's lengths; can hold the engine until released."""
+
+    def __init__(self, engine) -> None:
+        self.engine, self.batches, self.release = engine, [], threading.Event()
+        self.release.set()
+        self.pad_multiple = 1
+
+    def run(self, inputs):
+        self.release.wait(timeout=30)
+        self.batches.append(sorted(int(n) for n in inputs["attention_mask"].sum(1)))
+        return self.engine.run(inputs)
+
+
+def run_batcher(predictor, limits: BatchLimits, scenario):
+    async def main():
+        engine = Recording(predictor.engine)
+        predictor.engine, original = engine, predictor.engine
+        batcher = Batcher(predictor, limits)
+        batcher.start()
+        try:
+            return await scenario(batcher, engine)
+        finally:
+            await batcher.close()
+            predictor.engine = original
+
+    return asyncio.run(main())
+
+
+def test_an_idle_engine_takes_a_lone_request_at_once(predictor):
+    async def scenario(batcher, engine):
+        encodings = predictor.encoder.encode(["alone"])
+        return await asyncio.wait_for(batcher.submit(encodings), timeout=5)  # max_delay is 60 s
+
+    assert len(run_batcher(predictor, BatchLimits(max_delay_s=60), scenario)) == 1
+
+
+def test_waiting_inputs_are_grouped_by_length_and_vanished_clients_are_dropped(predictor):
+    lengths = [12, 120, 14, 118, 13, 121, 15, 119]
+    encodings = predictor.encoder.encode(texts_of_lengths(lengths, token_count=lambda t: len(
+        predictor.encoder.encode([t])[0].ids)))
+
+    async def scenario(batcher, engine):
+        engine.release.clear()
+        first = asyncio.ensure_future(batcher.submit(predictor.encoder.encode(["hold the engine"])))
+        while not batcher._busy:  # the first batch is on the (held) engine
+            await asyncio.sleep(0.001)
+        waiting = [asyncio.ensure_future(batcher.submit([e])) for e in encodings]
+        gone = asyncio.ensure_future(batcher.submit(predictor.encoder.encode(["a client that leaves"])))
+        await asyncio.sleep(0.05)
+        gone.cancel()
+        engine.release.set()
+        results = await asyncio.gather(first, *waiting)
+        return results, engine.batches
+
+    results, batches = run_batcher(predictor, BatchLimits(max_delay_s=0.001, call_overhead_tokens=32), scenario)
+    assert len(results) == 1 + len(lengths)
+    real = sorted(len(e.ids) for e in encodings)
+    ran = sorted(n for batch in batches[1:] for n in batch)
+    assert ran == real  # every waiting input ran once; the vanished client's did not
+    for batch in batches[1:]:  # short and long inputs never share a batch
+        assert max(batch) - min(batch) < 50, batches
