@@ -180,13 +180,20 @@ def offline_worker(conn, artifact: str, texts: list[str], threads: int | None, r
     options = art.serving_options(variant, threads)
     predictor = art.predictor(variant, options, batch_size=32)
     predictor.predict(texts[:64])  # warm-up
-    rates = []
-    for _ in range(rounds):
-        begin = time.perf_counter()
-        predictor.predict(texts)
-        rates.append(len(texts) / (time.perf_counter() - begin))
-    conn.send({"variant": variant, "threads": options.intra_op_threads or "default",
-               "throughput_per_s": statistics.median(rates), "rounds": rates})
+
+    def rate(batch_size: int) -> tuple[float, list[float]]:
+        predictor.batch_size = batch_size
+        rates = []
+        for _ in range(rounds):
+            begin = time.perf_counter()
+            predictor.predict(texts)
+            rates.append(len(texts) / (time.perf_counter() - begin))
+        return statistics.median(rates), rates
+
+    batched, rounds_batched = rate(32)
+    single, rounds_single = rate(1)  # the most any one-request-per-forward server could reach
+    conn.send({"variant": variant, "threads": options.intra_op_threads or "default", "throughput_per_s": batched,
+               "rounds": rounds_batched, "batch1_throughput_per_s": single, "batch1_rounds": rounds_single})
 
 
 def offline(artifact: str, texts: list[str], threads: int | None, rounds: int) -> dict:
@@ -334,8 +341,10 @@ def main() -> int:
     print(f"texts: {len(texts)} distinct, tokens min/median/max {min(lengths)}/{statistics.median(lengths)}/"
           f"{max(lengths)}; {args.requests} requests per phase", flush=True)
     base = offline(args.artifact, stream, args.threads, args.rounds)
-    print(f"offline batched ({base['variant']}, {base['threads']} threads, batch 32, sorted, tokenization "
-          f"included): {base['throughput_per_s']:.1f} texts/s", flush=True)
+    print(f"offline ({base['variant']}, {base['threads']} threads, tokenization included): batched (32, sorted) "
+          f"{base['throughput_per_s']:.1f} texts/s; one at a time {base['batch1_throughput_per_s']:.1f} texts/s "
+          f"(so batching can gain at most {base['throughput_per_s'] / base['batch1_throughput_per_s']:.2f}x over "
+          "one forward per request here)", flush=True)
     print("kiln serve:", flush=True)
     served = sweep(kiln, bodies, concurrency, args.requests, args.max_seconds, args.rounds)
     print("one request per forward (FastAPI):", flush=True)

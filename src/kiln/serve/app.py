@@ -107,7 +107,7 @@ def create_app(config: ServeConfig) -> FastAPI:
             models[name] = _load(name, Path(path), config, metrics)
         for served in models.values():
             served.batcher.start()
-            await asyncio.get_running_loop().run_in_executor(None, served.predictor.engine.warmup)
+            await served.batcher.warmup()
             served.ready = True
         yield
         for served in models.values():  # finish every accepted request, then stop

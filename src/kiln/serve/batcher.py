@@ -100,6 +100,10 @@ class Batcher:
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._loop(), name="kiln-batcher")
 
+    async def warmup(self) -> None:
+        """Warm the engine on the thread that will run it (runtimes keep per-thread state)."""
+        await asyncio.get_running_loop().run_in_executor(self._engine_thread, self.predictor.engine.warmup)
+
     async def submit(self, encodings: Sequence[Encoding]) -> list[Any]:
         """Reduced outputs per encoding, in order. Cancelling the awaiting task drops the request's work."""
         if self._closing:
