@@ -48,11 +48,11 @@ class Recording:
         return self.engine.run(inputs)
 
 
-def run_batcher(predictor, limits: BatchLimits, scenario):
+def run_batcher(predictor, limits: BatchLimits, scenario, extra_sessions=()):
     async def main():
         engine = Recording(predictor.engine)
         predictor.engine, original = engine, predictor.engine
-        batcher = Batcher(predictor, limits)
+        batcher = Batcher(predictor, limits, extra_sessions=extra_sessions)
         batcher.start()
         try:
             return await scenario(batcher, engine)
@@ -96,3 +96,20 @@ def test_waiting_inputs_are_grouped_by_length_and_vanished_clients_are_dropped(p
     assert ran == real  # every waiting input ran once; the vanished client's did not
     for batch in batches[1:]:  # short and long inputs never share a batch
         assert max(batch) - min(batch) < 50, batches
+
+
+def test_a_second_session_runs_while_the_first_is_busy(predictor):
+    second = Recording(predictor.engine)
+
+    async def scenario(batcher, engine):
+        engine.release.clear()  # session 0 holds its batch until released
+        held = asyncio.ensure_future(batcher.submit(predictor.encoder.encode(["held on session zero"])))
+        while not engine.release.is_set() and not batcher._busy:
+            await asyncio.sleep(0.001)
+        other = await asyncio.wait_for(batcher.submit(predictor.encoder.encode(["runs beside it"])), timeout=10)
+        assert not held.done()  # answered while session 0 was still busy
+        engine.release.set()
+        return await held, other
+
+    held, other = run_batcher(predictor, BatchLimits(max_delay_s=60), scenario, extra_sessions=[second])
+    assert len(held) == len(other) == 1 and len(second.batches) == 1

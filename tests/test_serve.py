@@ -156,6 +156,24 @@ def test_a_failed_batch_fails_every_request_in_it_cleanly(artifacts):
     assert all("RuntimeError: engine exploded" in r.json()["error"]["message"] for r in responses)
 
 
+def test_sessions_and_threads_come_from_the_serving_default(artifacts, tmp_path):
+    import shutil
+
+    from kiln.bench.job import write_serving_default
+
+    path = tmp_path / "art"
+    shutil.copytree(artifacts[TaskName.FEATURE_EXTRACTION], path)
+    write_serving_default(path, {"variant": "onnx-fp32", "sessions": 2, "threads": 1})
+    texts = list(builtin_sentences()[:8])
+    with client(artifacts, models={"m": path}) as c:
+        info = c.get("/info").json()["models"][0]
+        with ThreadPoolExecutor(8) as pool:
+            got = list(pool.map(lambda t: c.post("/embed", json={"inputs": t}).json()["embeddings"][0], texts))
+    assert (info["sessions"], info["threads"]) == (2, 1)
+    offline = np.stack(Artifact.open(path).predictor().predict(texts))
+    np.testing.assert_allclose(np.array(got), offline, atol=1e-5)
+
+
 def test_probes_info_and_openapi(artifacts):
     with client(artifacts) as c:
         assert c.get("/health").json() == {"status": "ok"}
@@ -165,12 +183,25 @@ def test_probes_info_and_openapi(artifacts):
         assert "/v1/embeddings" in c.get("/openapi.json").json()["paths"]
 
 
-def test_serving_onnx_does_not_import_torch(artifacts):
+@pytest.fixture(scope="module")
+def openvino_artifact(tiny_model, tmp_path_factory):
+    from kiln.optimize.job import OptimizeConfig, OptimizeJob
+
+    out = tmp_path_factory.mktemp("ov") / "out"
+    OptimizeJob(OptimizeConfig(model=str(tiny_model("bert")), task=TaskName.FEATURE_EXTRACTION, output=out,
+                               variants=("openvino-fp32",))).run()
+    return out / "best"
+
+
+@pytest.mark.parametrize("engine", ["onnxruntime", "openvino"])
+def test_serving_onnx_or_openvino_does_not_import_torch(artifacts, openvino_artifact, engine):
+    path = artifacts[TaskName.FEATURE_EXTRACTION] if engine == "onnxruntime" else openvino_artifact
     code = (
         "import sys\nfrom fastapi.testclient import TestClient\nfrom kiln.serve.app import ServeConfig, create_app\n"
-        f"app = create_app(ServeConfig(models={{'m': r'{artifacts[TaskName.FEATURE_EXTRACTION]}'}}))\n"
+        f"app = create_app(ServeConfig(models={{'m': r'{path}'}}))\n"
         "with TestClient(app) as c:\n    assert c.post('/embed', json={'inputs': 'hi'}).status_code == 200\n"
-        "assert 'torch' not in sys.modules, 'torch was imported'\nprint('ok')\n"
+        "    engine = c.get('/info').json()['models'][0]['engine']\n"
+        "assert 'torch' not in sys.modules, 'torch was imported'\nprint(engine)\n"
     )
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert run.returncode == 0 and "ok" in run.stdout, run.stderr[-2000:]
+    assert run.returncode == 0 and run.stdout.split() == [engine], run.stderr[-2000:]

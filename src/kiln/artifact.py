@@ -47,13 +47,15 @@ class Artifact:
             input_names=spec["input_names"],
         )
 
+    def serving_default(self, variant: str | None = None) -> dict[str, Any]:
+        """`kiln bench`'s best sessions x threads for this variant ({} when it was not benchmarked)."""
+        default = self.manifest.extra.get("serving_default") or {}
+        return default if default.get("variant") == self.variant_name(variant) else {}
+
     def serving_options(self, variant: str | None = None, threads: int | None = None) -> EngineOptions:
         """Options for serving a variant: the caller's threads, else the thread sweep's best from `kiln bench`."""
-        name = self.variant_name(variant)
-        default = self.manifest.extra.get("serving_default") or {}
-        if threads is None and default.get("variant") == name:
-            threads = default.get("threads")
-        return EngineOptions.for_variant(self.variant(name), threads)
+        threads = threads if threads is not None else self.serving_default(variant).get("threads")
+        return EngineOptions.for_variant(self.variant(variant), threads)
 
     def engine(self, variant: str | None = None, options: EngineOptions | None = None) -> Engine:
         """The variant's engine; ``options`` default to what the variant's record asks for."""

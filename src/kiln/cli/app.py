@@ -244,8 +244,11 @@ def serve(
     api_key: Annotated[Optional[str], typer.Option(  # noqa: UP045
         help="Require 'Authorization: Bearer KEY' (or X-API-Key) on inference routes.", show_default=False)] = None,
     threads: Annotated[Optional[int], typer.Option(  # noqa: UP045
-        help="Engine threads (default: the artifact's serving.json from kiln bench, else all usable cores).",
-        show_default=False)] = None,
+        help="Engine threads per session (default: the artifact's serving.json from kiln bench, else all usable "
+        "cores).", show_default=False, min=1)] = None,
+    sessions: Annotated[Optional[int], typer.Option(  # noqa: UP045
+        help="Engine instances running batches side by side, each on its own thread (default: serving.json, "
+        "else 1).", show_default=False, min=1)] = None,
     access_log: Annotated[bool, typer.Option(help="Log every request (uvicorn's access log).")] = False,
 ) -> None:
     """Serve an artifact over HTTP with dynamic batching, Prometheus metrics and backpressure (uvicorn)."""
@@ -269,7 +272,8 @@ def serve(
     for path in models.values():
         Artifact.open(path)  # a clear error before the server starts
     config = ServeConfig(models=models, limits=BatchLimits(max_batch_tokens, max_batch_size, max_delay_ms / 1000),
-                         max_concurrent=max_concurrent, api_key=api_key, threads=threads)
+                         max_concurrent=max_concurrent, api_key=api_key, threads=threads,
+                         sessions=sessions)
     if not run_server(create_app(config), host, port, access_log=access_log):
         raise typer.Exit(1)  # uvicorn has logged why (port in use, a model that failed to load)
 

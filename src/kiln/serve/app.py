@@ -53,7 +53,8 @@ class ServeConfig:
     max_concurrent: int = 512
     api_key: str | None = None
     max_body_bytes: int = 2 * 1024 * 1024
-    threads: int | None = None
+    threads: int | None = None  # per session; None: the artifact's serving default, else the runtime's
+    sessions: int | None = None  # engine instances running batches side by side; None: serving default, else 1
     tokenizer_threads: int = 2
 
 
@@ -81,7 +82,9 @@ def _load(name: str, path: Path, config: ServeConfig, metrics: Metrics) -> Serve
     variant = artifact.variant_name()
     record = artifact.variant(variant)
     options = artifact.serving_options(variant, config.threads)
+    sessions = config.sessions or artifact.serving_default(variant).get("sessions") or 1
     predictor = artifact.predictor(variant, options)
+    extra = [artifact.engine(variant, options) for _ in range(sessions - 1)]
 
     def observe(stats: BatchStats) -> None:
         metrics.batch_size.observe(stats.size)
@@ -92,8 +95,8 @@ def _load(name: str, path: Path, config: ServeConfig, metrics: Metrics) -> Serve
     info = {"model": name, "task": artifact.task_config.task.value, "variant": variant, "engine": record["engine"],
             "max_length": artifact.task_config.max_length, "source": artifact.manifest.source,
             "validation": {k: record.get(k) for k in ("status", "agreement", "task_metric", "parity") if k in record},
-            "threads": options.intra_op_threads}
-    return Served(name, artifact, predictor, Batcher(predictor, config.limits, observe), variant, info=info)
+            "threads": options.intra_op_threads, "sessions": sessions}
+    return Served(name, artifact, predictor, Batcher(predictor, config.limits, observe, extra), variant, info=info)
 
 
 def create_app(config: ServeConfig) -> FastAPI:

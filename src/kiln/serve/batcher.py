@@ -6,10 +6,11 @@ groups that minimise the total cost, sum over groups of (``call_overhead_tokens`
 next, so nothing starves. On a CPU the per-token cost barely falls past batch ~8, so one 64-wide batch of mixed
 lengths (half of it padding) is slower than several batches of similar lengths; the cost model makes that cut.
 
-When a batch closes: at once when the engine is idle (waiting cannot help a lone request); while a batch runs,
+When a batch closes: at once when a session is idle (waiting cannot help a lone request); while every session runs,
 the next one is formed and collated (prefetched) when it is full by size or tokens, or when its oldest feature
 has waited ``max_delay``. Features of requests whose client went away are dropped before they cost compute; if
-a batch fails, every request in it gets the error. Engine calls run on one worker thread.
+a batch fails, every request in it gets the error. Each session (engine instance, ``--sessions``) runs its
+batches on its own thread; the event loop only forms batches and answers requests.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import Any
 
 from tokenizers import Encoding
 
+from kiln.engines.base import Engine
 from kiln.runtime import Predictor
 
 
@@ -81,18 +83,30 @@ class BatchStats:
     inference_seconds: float
 
 
+class _Session:
+    """One engine instance and the one thread that runs it. Session 0 is the predictor's own engine, read at
+    call time (so a wrapped engine is honoured); further sessions own theirs."""
+
+    def __init__(self, engine: Engine | None, index: int) -> None:
+        self.engine = engine
+        self.thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"kiln-engine-{index}")
+
+
 class Batcher:
     def __init__(self, predictor: Predictor, limits: BatchLimits,
-                 on_batch: Callable[[BatchStats], None] = lambda stats: None) -> None:
+                 on_batch: Callable[[BatchStats], None] = lambda stats: None,
+                 extra_sessions: Sequence[Engine] = ()) -> None:
         self.predictor = predictor
         self.limits = limits
         self.on_batch = on_batch
         self._pending: list[_Item] = []
         self._wakeup = asyncio.Event()
-        self._engine_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kiln-engine")
-        self._slots = asyncio.Semaphore(2)  # the running batch and one prefetched
+        self._sessions = [_Session(None, 0)] + [_Session(e, i + 1) for i, e in enumerate(extra_sessions)]
+        self._free: asyncio.Queue[_Session] = asyncio.Queue()  # sessions with no batch on them
+        for session in self._sessions:
+            self._free.put_nowait(session)
+        self._slots = asyncio.Semaphore(len(self._sessions) + 1)  # a batch per session and one prefetched
         self._busy = 0  # batches taken and not finished
-        self._engine = asyncio.Lock()  # held by the batch on the engine; the prefetched one waits here
         self._task: asyncio.Task | None = None
         self._closing = False
         self._running: set[asyncio.Task] = set()
@@ -100,9 +114,18 @@ class Batcher:
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._loop(), name="kiln-batcher")
 
+    @property
+    def sessions(self) -> int:
+        return len(self._sessions)
+
+    def _engine(self, session: _Session) -> Engine:
+        return session.engine or self.predictor.engine
+
     async def warmup(self) -> None:
-        """Warm the engine on the thread that will run it (runtimes keep per-thread state)."""
-        await asyncio.get_running_loop().run_in_executor(self._engine_thread, self.predictor.engine.warmup)
+        """Warm every session on the thread that will run it (runtimes keep per-thread state)."""
+        loop = asyncio.get_running_loop()
+        for session in self._sessions:
+            await loop.run_in_executor(session.thread, self._engine(session).warmup)
 
     async def submit(self, encodings: Sequence[Encoding]) -> list[Any]:
         """Reduced outputs per encoding, in order. Cancelling the awaiting task drops the request's work."""
@@ -124,7 +147,8 @@ class Batcher:
             await self._task
         if self._running:
             await asyncio.gather(*self._running, return_exceptions=True)
-        self._engine_thread.shutdown(wait=True)
+        for session in self._sessions:
+            session.thread.shutdown(wait=True)
 
     def _take_batch(self) -> list[_Item]:
         """The next batch: the least-cost group (of the length-sorted window) that holds the oldest feature."""
@@ -142,7 +166,7 @@ class Batcher:
     def _ready(self) -> bool:
         if not self._pending:
             return False
-        if self._closing or self._busy == 0 or len(self._pending) >= self.limits.max_batch_size:
+        if self._closing or self._busy < len(self._sessions) or len(self._pending) >= self.limits.max_batch_size:
             return True
         longest = max(i.length for i in self._pending)
         if longest * len(self._pending) >= self.limits.max_batch_tokens:
@@ -181,8 +205,9 @@ class Batcher:
     async def _run(self, batch: list[_Item]) -> None:
         try:
             queued = time.perf_counter() - min(i.arrived for i in batch)
-            arrays = self._collate(batch)  # prefetch: ready before the engine is free
-            async with self._engine:
+            arrays = self._collate(batch)  # prefetch: ready before a session is free
+            session = await self._free.get()
+            try:
                 live = [i for i in batch if not i.request.future.done()]
                 if not live:
                     return  # every client went away while the batch waited: it costs nothing
@@ -190,7 +215,9 @@ class Batcher:
                     batch, arrays = live, self._collate(live)
                 start = time.perf_counter()
                 loop = asyncio.get_running_loop()
-                outputs = await loop.run_in_executor(self._engine_thread, self.predictor.engine.run, arrays)
+                outputs = await loop.run_in_executor(session.thread, self._engine(session).run, arrays)
+            finally:
+                self._free.put_nowait(session)
             reduced = self.predictor.handler.reduce(outputs, arrays["attention_mask"])
             self.on_batch(BatchStats(len(batch), int(arrays["input_ids"].size), queued, time.perf_counter() - start))
             for item, value in zip(batch, reduced):
