@@ -175,11 +175,13 @@ class BenchJob:
         default = {"variant": variant.name, "sessions": best["sessions"], "threads": best["threads"],
                    "measured_sorted_per_s": best["sorted_per_s"], "sweep": variant.sweep}
         write_serving_default(artifact.path, default)
-        best = artifact.path / "best"
-        if (best / "manifest.json").is_file() and variant.name in read_manifest(best).variants:
-            write_serving_default(best, default)  # `kiln serve kiln-out/best` reads it from there
+        written = [artifact.path / SERVING_FILE]
+        best_dir = artifact.path / "best"
+        if (best_dir / MANIFEST_NAME).is_file() and variant.name in read_manifest(best_dir).variants:
+            write_serving_default(best_dir, default)  # `kiln serve kiln-out/best` reads it from there
+            written.append(best_dir / SERVING_FILE)
         self.progress(f"serving default for {variant.name}: {best['sessions']} session(s) x {best['threads']} "
-                      f"thread(s) ({best['sorted_per_s']:.1f} seq/s), written to {artifact.path / SERVING_FILE}")
+                      f"thread(s) ({best['sorted_per_s']:.1f} seq/s), written to {', '.join(map(str, written))}")
         return default
 
 
