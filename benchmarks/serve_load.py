@@ -308,6 +308,33 @@ def sigterm(kiln: list[str], bodies: list[bytes], clients: int, after_s: float, 
     return result
 
 
+def markdown(result: dict) -> str:
+    """The tables for benchmarks/RESULTS.md, from one run's result."""
+    base = result["offline"]
+    lines = ["| server | clients | req/s | p50 ms | p90 ms | p99 ms | mean batch | vs offline batched |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for label, key in (("kiln serve", "kiln_serve"), ("one request per forward", "one_request_per_forward")):
+        for clients, row in result[key].items():
+            if clients == "exit_code":
+                continue
+            batch = f"{row['batches']['mean_size']:.1f}" if "batches" in row else "1"
+            lines.append(f"| {label} | {clients} | {row['throughput_per_s']:.1f} | {row['p50_ms']:.1f} | "
+                         f"{row['p90_ms']:.1f} | {row['p99_ms']:.1f} | {batch} | "
+                         f"{row['throughput_per_s'] / base['throughput_per_s']:.2f}x |")
+    lines.append(f"| offline, batches of 32 sorted | - | {base['throughput_per_s']:.1f} | | | | 32 | 1.00x |")
+    lines.append(f"| offline, one at a time | - | {base['batch1_throughput_per_s']:.1f} | | | | 1 | "
+                 f"{base['batch1_throughput_per_s'] / base['throughput_per_s']:.2f}x |")
+    over, term = result["overload"], result["sigterm"]
+    lines += ["", "| event | sent | answered | rejected | lost | exit code |", "| --- | --- | --- | --- | --- | --- |",
+              f"| 4x overload: {over['clients']} clients, --max-concurrent {over['max_concurrent']}, "
+              f"{over['wall_s']:.0f} s | {over['requests']} | {over['answered']} | {over['rejected_429']} (429) | "
+              f"{over['lost']} | {over['exit_code']} |",
+              f"| SIGTERM after {term['signal_after_s']:.0f} s under {term['clients']} clients | {term['sent']} | "
+              f"{term['answered']} | {term['refused_at_connect']} refused at connect + {term['reset_before_read']} "
+              f"reset unread | {term['lost']} | {term['exit_code']} |"]
+    return "\n".join(lines)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("artifact")
@@ -365,6 +392,7 @@ def main() -> int:
     }
     print(f"at {top} clients: kiln serve = {result[f'ratio_vs_offline_at_{top}']:.2f}x offline batched "
           f"(target >= 0.85), {result[f'ratio_vs_naive_at_{top}']:.2f}x one-request-per-forward (target >= 2)")
+    print(markdown(result))
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
     return 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import shutil
 import subprocess
 import sys
 
@@ -17,6 +18,7 @@ from kiln.bench.results import SCHEMA
 from kiln.choices import ExportFormat, TaskName
 from kiln.errors import UsageError
 from kiln.exporting import ExportConfig, run_export
+from kiln.manifest import read_manifest, seal
 
 
 @pytest.fixture(scope="module")
@@ -25,6 +27,9 @@ def benched(tiny_model, tmp_path_factory):
     art = root / "art"
     run_export(ExportConfig(model=str(tiny_model("bert")), task=TaskName.FEATURE_EXTRACTION,
                             format=ExportFormat.ONNX, output=art))
+    shutil.copytree(art, root / "best")  # laid out like `kiln optimize` output: the chosen variant in best/
+    shutil.move(root / "best", art / "best")
+    seal(art, read_manifest(art))
     lengths = root / "lengths.txt"
     lengths.write_text("\n".join(str(n) for n in (12, 40, 90, 20, 64, 128, 33, 7) * 4))
     results = BenchJob(BenchConfig(target=str(art), output=root / "out", batch_sizes=(1, 4), seq_lens=(16, 64, 512),
@@ -78,6 +83,8 @@ def test_sweep_writes_the_serving_default_into_the_artifact(benched):
     assert json.loads((art / SERVING_FILE).read_text())["threads"] == best["threads"]
     manifest = Artifact.open(art).manifest  # re-sealed: every checksum still verifies
     assert manifest.extra["serving_default"]["variant"] == "onnx-fp32"
+    best_dir = Artifact.open(art / "best")  # what `kiln serve kiln-out/best` reads, also verified
+    assert best_dir.serving_default()["threads"] == best["threads"] and (art / "best" / SERVING_FILE).is_file()
 
 
 def _cores() -> int:

@@ -17,7 +17,7 @@ from kiln.bench.worker import PYTORCH, BenchSettings, Target, TargetResult, work
 from kiln.choices import TaskName
 from kiln.cpu import cpu_info
 from kiln.errors import UsageError
-from kiln.manifest import MANIFEST_NAME, read_manifest, seal
+from kiln.manifest import MANIFEST_NAME, read_manifest, seal, verify
 from kiln.report.data import optimize_section
 from kiln.texts import texts_of_lengths
 
@@ -174,22 +174,23 @@ class BenchJob:
         best = max(variant.sweep, key=lambda p: p["sorted_per_s"])
         default = {"variant": variant.name, "sessions": best["sessions"], "threads": best["threads"],
                    "measured_sorted_per_s": best["sorted_per_s"], "sweep": variant.sweep}
-        write_serving_default(artifact.path, default)
-        written = [artifact.path / SERVING_FILE]
+        verify(artifact.path)  # never re-seal over a file altered since it was written (best/ included)
+        written = []
         best_dir = artifact.path / "best"
         if (best_dir / MANIFEST_NAME).is_file() and variant.name in read_manifest(best_dir).variants:
-            write_serving_default(best_dir, default)  # `kiln serve kiln-out/best` reads it from there
+            write_serving_default(best_dir, default, check=False)  # `kiln serve kiln-out/best` reads it there
             written.append(best_dir / SERVING_FILE)
+        write_serving_default(artifact.path, default, check=False)  # last: its seal covers best/'s new files
+        written.insert(0, artifact.path / SERVING_FILE)
         self.progress(f"serving default for {variant.name}: {best['sessions']} session(s) x {best['threads']} "
                       f"thread(s) ({best['sorted_per_s']:.1f} seq/s), written to {', '.join(map(str, written))}")
         return default
 
 
-def write_serving_default(directory: Path, default: dict[str, Any]) -> None:
+def write_serving_default(directory: Path, default: dict[str, Any], *, check: bool = True) -> None:
     """Write serving.json into an artifact and re-seal its manifest so checksums stay valid."""
-    from kiln.manifest import verify
-
-    verify(directory)  # never re-seal over a file that was altered since the artifact was written
+    if check:
+        verify(directory)  # never re-seal over a file that was altered since the artifact was written
     (directory / SERVING_FILE).with_suffix(".tmp").write_text(json.dumps(default, indent=2) + "\n")
     (directory / SERVING_FILE).with_suffix(".tmp").replace(directory / SERVING_FILE)
     manifest = read_manifest(directory)
