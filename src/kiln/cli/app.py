@@ -233,12 +233,12 @@ def serve(
         "--model", help="NAME=ARTIFACT to serve several models; requests pick one with their 'model' field.",
         show_default=False)] = None,
     max_batch_tokens: Annotated[int, typer.Option(
-        help="Padded tokens per batch (longest x count). Higher packs more work per call and raises throughput "
-        "under load, at the cost of latency for the requests that wait for a full batch.", min=16)] = 16384,
+        help="Cap on a batch's padded tokens (longest x count). Below it, kiln groups waiting inputs of similar "
+        "length, cutting where padding would cost more than another engine call.", min=16)] = 16384,
     max_batch_size: Annotated[int, typer.Option(help="Inputs per batch.", min=1)] = 64,
     max_delay_ms: Annotated[float, typer.Option(
-        help="How long the first waiting input may wait for others. 0 serves at once (lowest latency at low load); "
-        "a few ms lets concurrent requests share a batch.", min=0)] = 5.0,
+        help="While every engine session is busy, how long the first waiting input may wait for others before the "
+        "next batch closes. A request reaching an idle engine runs at once.", min=0)] = 5.0,
     max_concurrent: Annotated[int, typer.Option(help="In-flight requests before new ones get 429 + Retry-After.",
                                                 min=1)] = 512,
     api_key: Annotated[Optional[str], typer.Option(  # noqa: UP045
