@@ -21,18 +21,17 @@ import argparse
 import asyncio
 import json
 import multiprocessing as mp
-import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+
+from kiln.serve.process import ServerStartError, exit_counts, start_server
 
 HERE = Path(__file__).resolve().parent
 
@@ -135,36 +134,11 @@ async def closed_loop(port: int, bodies: list[bytes], clients: int, requests: in
     return phase
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def start(command: list[str]) -> tuple[subprocess.Popen, int]:
-    """Start a server and return once uvicorn reports it listens; its log keeps being collected in ``proc.log``."""
-    port = _free_port()
-    proc = subprocess.Popen([*command, "--port", str(port)], stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    proc.log = []
-    for line in proc.stderr:
-        proc.log.append(line)
-        if "Uvicorn running on" in line:  # logged once the socket listens (after the app started)
-            break
-    else:
-        sys.exit(f"server did not start: {' '.join(command)}\n{''.join(proc.log[-20:])}")
-    threading.Thread(target=lambda: proc.log.extend(proc.stderr), daemon=True).start()
-    return proc, port
-
-
-def server_counts(proc: subprocess.Popen) -> dict[str, int] | None:
-    """What kiln serve logged at exit: its inference requests by status (None if it logged nothing)."""
-    for _ in range(50):  # the log thread may still be reading the last lines
-        line = next((x for x in proc.log if "kiln: stopped after" in x), None)
-        if line is not None:
-            return json.loads(line[line.index("{"):])
-        time.sleep(0.1)
-    return None
+    try:
+        return start_server(command)
+    except ServerStartError as err:
+        sys.exit(str(err))
 
 
 def stop(proc: subprocess.Popen) -> int:
@@ -262,7 +236,7 @@ def overload(kiln: list[str], bodies: list[bytes], limit: int, seconds: float) -
         phase = asyncio.run(closed_loop(port, bodies, 4 * limit, 10**6, seconds, honor_retry_after=True))
     finally:
         code = stop(proc)
-    server = server_counts(proc) or {}
+    server = exit_counts(proc) or {}
     row = phase.summary()
     lost = sum(n for k, n in phase.statuses.items() if k.startswith("lost"))
     result = {"clients": 4 * limit, "max_concurrent": limit, **row, "rejected_429": phase.statuses.get("429", 0),
@@ -290,7 +264,7 @@ def sigterm(kiln: list[str], bodies: list[bytes], clients: int, after_s: float, 
 
     phase, (drain_s, code) = asyncio.run(run())
     statuses = phase.statuses
-    server = server_counts(proc) or {}
+    server = exit_counts(proc) or {}
     answered = statuses.get("200", 0)
     reset = sum(n for k, n in statuses.items() if k.startswith("lost"))
     other = sum(n for k, n in statuses.items() if k not in ("200", "refused") and not k.startswith("lost"))

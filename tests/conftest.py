@@ -28,6 +28,18 @@ def tiny_model(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def tiny_artifact(tiny_model, tmp_path_factory) -> Path:
+    """A tiny BERT feature-extraction model exported to ONNX, shared read-only (copy it before altering it)."""
+    from kiln.choices import ExportFormat
+    from kiln.exporting import ExportConfig, run_export
+
+    out = tmp_path_factory.mktemp("tiny-artifact") / "art"
+    run_export(ExportConfig(model=str(tiny_model("bert")), task=TaskName.FEATURE_EXTRACTION,
+                            format=ExportFormat.ONNX, output=out))
+    return out
+
+
+@pytest.fixture(scope="session")
 def minilm_dir() -> Path:
     from kiln.source import bundled_model_dir
 

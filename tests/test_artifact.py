@@ -7,18 +7,8 @@ import json
 import pytest
 
 from kiln.artifact import Artifact
-from kiln.choices import ExportFormat, TaskName
 from kiln.errors import ArtifactError
-from kiln.exporting import ExportConfig, run_export
 from kiln.staging import staged_directory
-
-
-@pytest.fixture(scope="module")
-def exported(tiny_model, tmp_path_factory):
-    out = tmp_path_factory.mktemp("art") / "artifact"
-    run_export(ExportConfig(model=str(tiny_model("bert")), task=TaskName.FEATURE_EXTRACTION,
-                            format=ExportFormat.ONNX, output=out))
-    return out
 
 
 def _copy(src, tmp_path):
@@ -50,8 +40,8 @@ def test_existing_target_needs_overwrite(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["out"]
 
 
-def test_altered_file_is_refused(exported, tmp_path):
-    art = _copy(exported, tmp_path)
+def test_altered_file_is_refused(tiny_artifact, tmp_path):
+    art = _copy(tiny_artifact, tmp_path)
     model = art / "onnx-fp32" / "model.onnx"
     data = bytearray(model.read_bytes())
     data[-10] ^= 0xFF
@@ -60,16 +50,16 @@ def test_altered_file_is_refused(exported, tmp_path):
         Artifact.open(art)
 
 
-def test_truncated_file_is_refused(exported, tmp_path):
-    art = _copy(exported, tmp_path)
+def test_truncated_file_is_refused(tiny_artifact, tmp_path):
+    art = _copy(tiny_artifact, tmp_path)
     model = art / "onnx-fp32" / "model.onnx"
     model.write_bytes(model.read_bytes()[:1000])
     with pytest.raises(ArtifactError, match=r"model.onnx is 1000 bytes, the manifest says \d+ \(truncated"):
         Artifact.open(art)
 
 
-def test_missing_file_and_manifest(exported, tmp_path):
-    art = _copy(exported, tmp_path)
+def test_missing_file_and_manifest(tiny_artifact, tmp_path):
+    art = _copy(tiny_artifact, tmp_path)
     (art / "tokenizer" / "tokenizer.json").unlink()
     with pytest.raises(ArtifactError, match="tokenizer/tokenizer.json is missing"):
         Artifact.open(art)
@@ -78,8 +68,8 @@ def test_missing_file_and_manifest(exported, tmp_path):
         Artifact.open(art)
 
 
-def test_malformed_manifest(exported, tmp_path):
-    art = _copy(exported, tmp_path)
+def test_malformed_manifest(tiny_artifact, tmp_path):
+    art = _copy(tiny_artifact, tmp_path)
     (art / "manifest.json").write_text("{not json")
     with pytest.raises(ArtifactError, match="is not valid JSON"):
         Artifact.open(art)
@@ -88,6 +78,6 @@ def test_malformed_manifest(exported, tmp_path):
         Artifact.open(art)
 
 
-def test_unknown_variant_lists_choices(exported):
+def test_unknown_variant_lists_choices(tiny_artifact):
     with pytest.raises(Exception, match=r"--variant must be one of: onnx-fp32 \(got 'nope'\)"):
-        Artifact.open(exported).predictor("nope")
+        Artifact.open(tiny_artifact).predictor("nope")

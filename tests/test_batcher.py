@@ -8,8 +8,6 @@ import threading
 import pytest
 
 from kiln.artifact import Artifact
-from kiln.choices import ExportFormat, TaskName
-from kiln.exporting import ExportConfig, run_export
 from kiln.serve.batcher import Batcher, BatchLimits, partition
 from kiln.texts import texts_of_lengths
 
@@ -27,11 +25,8 @@ def test_partition_cuts_mixed_lengths_into_similar_groups_within_limits():
 
 
 @pytest.fixture(scope="module")
-def predictor(tiny_model, tmp_path_factory):
-    path = tmp_path_factory.mktemp("batcher") / "art"
-    run_export(ExportConfig(model=str(tiny_model("bert")), task=TaskName.FEATURE_EXTRACTION,
-                            format=ExportFormat.ONNX, output=path))
-    return Artifact.open(path).predictor()
+def predictor(tiny_artifact):
+    return Artifact.open(tiny_artifact).predictor()
 
 
 class Recording:

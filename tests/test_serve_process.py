@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import os
 import signal
 import socket
 import subprocess
@@ -16,54 +14,29 @@ import numpy as np
 import pytest
 
 from kiln.artifact import Artifact
-from kiln.choices import ExportFormat, TaskName
-from kiln.exporting import ExportConfig, run_export
+from kiln.serve import process
 from kiln.texts import builtin_sentences
-
-
-@pytest.fixture(scope="module")
-def artifact(tiny_model, tmp_path_factory):
-    path = tmp_path_factory.mktemp("served") / "art"
-    run_export(ExportConfig(model=str(tiny_model("bert")), task=TaskName.FEATURE_EXTRACTION,
-                            format=ExportFormat.ONNX, output=path))
-    return path
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_server(artifact, *args: str) -> tuple[subprocess.Popen, int]:
     """Start `kiln serve` and return once uvicorn reports it listens (read from its log, no polling)."""
-    port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "kiln", "serve", str(artifact), "--port", str(port), *args],
-                            stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    proc.log = []
-    deadline = time.monotonic() + 120
-    for line in proc.stderr:
-        proc.log.append(line)
-        if "Uvicorn running on" in line:  # logged once the socket listens (after the app started)
-            break
-        if time.monotonic() > deadline or proc.poll() is not None:
-            proc.kill()
-            pytest.fail(f"server did not start: {''.join(proc.log)}")
-    threading.Thread(target=lambda: proc.log.extend(proc.stderr), daemon=True).start()  # keep collecting its log
-    return proc, port
+    try:
+        return process.start_server([sys.executable, "-m", "kiln", "serve", str(artifact), *args])
+    except process.ServerStartError as err:
+        pytest.fail(str(err))
 
 
-def test_openai_client_against_a_real_server(artifact):
+def test_openai_client_against_a_real_server(tiny_artifact):
     import openai
 
-    proc, port = start_server(artifact)
+    proc, port = start_server(tiny_artifact)
     try:
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0)
         assert [m.id for m in client.models.list().data] == ["art"]
         texts = list(builtin_sentences()[:5])
         response = client.embeddings.create(model="art", input=texts)
         got = np.array([d.embedding for d in response.data])
-        want = np.stack(Artifact.open(artifact).predictor().predict(texts))
+        want = np.stack(Artifact.open(tiny_artifact).predictor().predict(texts))
         np.testing.assert_allclose(got, want, atol=1e-5)
         assert response.usage.prompt_tokens > 0
     finally:
@@ -71,8 +44,8 @@ def test_openai_client_against_a_real_server(artifact):
         assert proc.wait(timeout=60) == 0
 
 
-def test_sigterm_under_load_finishes_every_accepted_request(artifact):
-    proc, port = start_server(artifact, "--max-delay-ms", "20")
+def test_sigterm_under_load_finishes_every_accepted_request(tiny_artifact):
+    proc, port = start_server(tiny_artifact, "--max-delay-ms", "20")
     url = f"http://127.0.0.1:{port}/embed"
     outcomes: list[str] = []
     lock = threading.Lock()
@@ -111,11 +84,7 @@ def test_sigterm_under_load_finishes_every_accepted_request(artifact):
     assert others == [], others  # no error answers
     # The server's own count at exit: every request it read was answered, and the clients got every answer. A
     # reset after connect is then a connection the kernel queued but the server never read (safe to retry).
-    deadline = time.monotonic() + 10
-    while not any("kiln: stopped after" in line for line in proc.log) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    line = next(x for x in proc.log if "kiln: stopped after" in x)
-    assert json.loads(line[line.index("{"):]) == {"200": answered}
+    assert process.exit_counts(proc) == {"200": answered}
 
 
 def test_serve_cli_errors(tmp_path):
@@ -127,15 +96,15 @@ def test_serve_cli_errors(tmp_path):
     assert bad.returncode == 2 and "--model must be NAME=ARTIFACT" in bad.stderr
 
 
-def test_a_request_whose_client_went_away_costs_no_compute(artifact):
+def test_a_request_whose_client_went_away_costs_no_compute(tiny_artifact):
     """A real uvicorn server (in a thread, so the engine can be gated): the vanished client's input never runs."""
     import uvicorn
 
     from kiln.serve.app import ServeConfig, create_app
     from kiln.serve.batcher import BatchLimits
 
-    app = create_app(ServeConfig(models={"m": artifact}, limits=BatchLimits(max_delay_s=0.001)))
-    port = _free_port()
+    app = create_app(ServeConfig(models={"m": tiny_artifact}, limits=BatchLimits(max_delay_s=0.001)))
+    port = process.free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()

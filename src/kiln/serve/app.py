@@ -27,6 +27,7 @@ from kiln.runtime import Predictor
 from kiln.serve.batcher import Batcher, BatchLimits, BatchStats
 from kiln.serve.guard import Guard
 from kiln.serve.metrics import Metrics
+from kiln.serve.process import STOPPED
 from kiln.serve.schemas import AnswerRequest, ClassifyRequest, EmbedRequest, OpenAIEmbeddingRequest, TokensRequest
 
 
@@ -118,7 +119,7 @@ def create_app(config: ServeConfig) -> FastAPI:
             await served.batcher.close()
         tokenize_pool.shutdown(wait=True)
         counts = metrics.status_counts()  # uvicorn has sent every response by now: these are final
-        logging.getLogger("uvicorn.error").info("kiln: stopped after %d inference requests, by status: %s",
+        logging.getLogger("uvicorn.error").info(f"{STOPPED} %d inference requests, by status: %s",
                                                 sum(counts.values()), json.dumps(counts, sort_keys=True))
 
     app = FastAPI(title="kiln", lifespan=lifespan, description="Dynamic-batching inference for a kiln artifact.",

@@ -1,0 +1,61 @@
+"""A server in a child process: start it on a free loopback port, wait until it listens, read its exit counts.
+
+The load benchmark and the real-process tests drive servers this way; the exit line parsed here is the one
+kiln.serve.app logs after its drain, so its format lives in one place.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import threading
+import time
+
+STOPPED = "kiln: stopped after"  # + "%d inference requests, by status: {json}"
+LISTENING = "Uvicorn running on"  # logged once the socket listens; "startup complete" comes before that
+
+
+class ServerStartError(RuntimeError):
+    pass
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(command: list[str], timeout_s: float = 120) -> tuple[subprocess.Popen, int]:
+    """Run ``command --port P`` and return (process, P) once it listens; ``process.log`` keeps collecting stderr."""
+    port = free_port()
+    proc = subprocess.Popen([*command, "--port", str(port)], stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    proc.log = []
+    deadline = time.monotonic() + timeout_s
+    for line in proc.stderr:
+        proc.log.append(line)
+        if LISTENING in line:
+            break
+        if time.monotonic() > deadline:
+            proc.kill()
+            break
+    else:
+        proc.kill()
+    if not proc.log or LISTENING not in proc.log[-1]:
+        raise ServerStartError(f"server did not start: {' '.join(command)}\n{''.join(proc.log[-20:])}")
+    threading.Thread(target=lambda: proc.log.extend(proc.stderr), daemon=True).start()
+    return proc, port
+
+
+def exit_counts(proc: subprocess.Popen, wait_s: float = 10) -> dict[str, int] | None:
+    """Inference requests by HTTP status, as the exited server logged them (None if it logged no such line)."""
+    deadline = time.monotonic() + wait_s
+    while True:  # the log thread may still be reading the last lines
+        line = next((x for x in proc.log if STOPPED in x), None)
+        if line is not None:
+            return json.loads(line[line.index("{"):])
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(0.05)
