@@ -17,7 +17,7 @@ import uvicorn
 from fastapi import FastAPI
 from pydantic import BaseModel
 
-from kiln.artifact import Artifact
+from kiln.artifact.directory import Artifact
 
 
 class EmbedBody(BaseModel):

@@ -27,7 +27,7 @@ BASELINES = {"pytorch-sdpa": "sdpa", "pytorch-eager": "eager"}
 
 
 def _engine(kind: str, artifact: str, variant: str | None, threads: int):
-    from kiln.artifact import Artifact
+    from kiln.artifact.directory import Artifact
     from kiln.engines import EngineOptions
 
     art = Artifact.open(artifact)
@@ -35,8 +35,8 @@ def _engine(kind: str, artifact: str, variant: str | None, threads: int):
         import transformers
 
         from kiln.engines.torch_eager import TorchEngine
-        from kiln.export.wrapper import TaskModule
-        from kiln.source import bundled_model_dir
+        from kiln.model.module import TaskModule
+        from kiln.model.source import bundled_model_dir
 
         transformers.utils.logging.disable_progress_bar()
         model = transformers.AutoModel.from_pretrained(bundled_model_dir(), attn_implementation=BASELINES[kind])
@@ -47,8 +47,8 @@ def _engine(kind: str, artifact: str, variant: str | None, threads: int):
 
 
 def worker(conn, kind: str, artifact: str, variant: str | None, threads: int, texts: int, batch: int) -> None:
-    from kiln.runtime import Predictor
-    from kiln.texts import length_mix
+    from kiln.data.texts import length_mix
+    from kiln.runtime.predictor import Predictor
 
     art, engine = _engine(kind, artifact, variant, threads)
     encoder = art.encoder()
@@ -91,7 +91,7 @@ def main() -> int:
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
 
-    from kiln.artifact import Artifact
+    from kiln.artifact.directory import Artifact
 
     art = Artifact.open(args.artifact)
     name = art.variant_name(args.variant)

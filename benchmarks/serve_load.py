@@ -147,7 +147,7 @@ def stop(proc: subprocess.Popen) -> int:
 
 
 def offline_worker(conn, artifact: str, texts: list[str], threads: int | None, rounds: int) -> None:
-    from kiln.artifact import Artifact
+    from kiln.artifact.directory import Artifact
 
     art = Artifact.open(artifact)
     variant = art.variant_name()
@@ -322,8 +322,8 @@ def main() -> int:
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
 
-    from kiln.artifact import Artifact
-    from kiln.texts import length_mix
+    from kiln.artifact.directory import Artifact
+    from kiln.data.texts import length_mix
 
     art = Artifact.open(args.artifact)
     if art.task_config.task.value != "feature-extraction":

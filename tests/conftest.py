@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from kiln.choices import TaskName
+from kiln.tasks import TaskName
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing in the suite may reach the hub
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -31,7 +31,7 @@ def tiny_model(tmp_path_factory):
 def tiny_artifact(tiny_model, tmp_path_factory) -> Path:
     """A tiny BERT feature-extraction model exported to ONNX, shared read-only (copy it before altering it)."""
     from kiln.choices import ExportFormat
-    from kiln.exporting import ExportConfig, run_export
+    from kiln.export.job import ExportConfig, run_export
 
     out = tmp_path_factory.mktemp("tiny-artifact") / "art"
     run_export(ExportConfig(model=str(tiny_model("bert")), task=TaskName.FEATURE_EXTRACTION,
@@ -41,7 +41,7 @@ def tiny_artifact(tiny_model, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def minilm_dir() -> Path:
-    from kiln.source import bundled_model_dir
+    from kiln.model.source import bundled_model_dir
 
     return bundled_model_dir()
 

@@ -13,8 +13,8 @@ import torch
 import transformers
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
-from kiln.choices import TaskName
-from kiln.texts import builtin_sentences
+from kiln.data.texts import builtin_sentences
+from kiln.tasks import TaskName
 
 LABELS = {
     TaskName.TEXT_CLASSIFICATION: ["negative", "neutral", "positive"],

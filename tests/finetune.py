@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 import transformers
 
-from kiln.source import bundled_model_dir
+from kiln.model.source import bundled_model_dir
 
 CACHE = Path(__file__).resolve().parent.parent / ".kiln-cache" / "finetuned"
 

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from kiln.artifact import Artifact
+from kiln.artifact.directory import Artifact
+from kiln.artifact.staging import staged_directory
 from kiln.errors import ArtifactError
-from kiln.staging import staged_directory
 
 
 def _copy(src, tmp_path):

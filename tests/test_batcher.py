@@ -7,9 +7,9 @@ import threading
 
 import pytest
 
-from kiln.artifact import Artifact
+from kiln.artifact.directory import Artifact
+from kiln.data.texts import texts_of_lengths
 from kiln.serve.batcher import Batcher, BatchLimits, partition
-from kiln.texts import texts_of_lengths
 
 
 def test_partition_cuts_mixed_lengths_into_similar_groups_within_limits():

@@ -10,15 +10,16 @@ import sys
 
 import pytest
 
-from kiln.artifact import Artifact
+from kiln.artifact.directory import Artifact
+from kiln.artifact.manifest import read_manifest, seal
 from kiln.bench.compare import compare
 from kiln.bench.job import SERVING_FILE, BenchConfig, BenchJob, sweep_points
 from kiln.bench.measure import padding_efficiency
 from kiln.bench.results import SCHEMA
-from kiln.choices import ExportFormat, TaskName
+from kiln.choices import ExportFormat
 from kiln.errors import UsageError
-from kiln.exporting import ExportConfig, run_export
-from kiln.manifest import read_manifest, seal
+from kiln.export.job import ExportConfig, run_export
+from kiln.tasks import TaskName
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +89,7 @@ def test_sweep_writes_the_serving_default_into_the_artifact(benched):
 
 
 def _cores() -> int:
-    from kiln.cpu import cpu_info
+    from kiln.system.cpu import cpu_info
 
     return cpu_info().usable_cores
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from kiln.cpu import CpuInfo, int8_scheme
-from kiln.doctor import diagnose
+from kiln.system.cpu import CpuInfo, int8_scheme
+from kiln.system.doctor import diagnose
 
 
 def test_diagnose_sections():

@@ -5,14 +5,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kiln.choices import ExportFormat, Precision, TaskName
+from kiln.choices import ExportFormat, Precision
+from kiln.data.texts import builtin_sentences
 from kiln.engines import ENGINES, EngineOptions, create_engine
 from kiln.engines.torch_eager import TorchEngine
 from kiln.errors import UsageError
-from kiln.exporting import ExportConfig, run_export
-from kiln.reference import source_encoder, task_module
-from kiln.source import load_source
-from kiln.texts import builtin_sentences
+from kiln.export.job import ExportConfig, run_export
+from kiln.model.reference import source_encoder, task_module
+from kiln.model.source import load_source
+from kiln.tasks import TaskName
 
 SHORT = "A short sentence."
 LONG = [builtin_sentences()[-1], builtin_sentences()[-2], builtin_sentences()[-5]]
@@ -53,7 +54,7 @@ def test_torch_engine_invariance(tiny_model, precision):
 
 @pytest.mark.parametrize("fmt", list(ExportFormat))
 def test_exported_engine_invariance(artifacts, fmt):
-    from kiln.artifact import Artifact
+    from kiln.artifact.directory import Artifact
 
     art = Artifact.open(artifacts[fmt])
     engine = art.engine(options=EngineOptions(intra_op_threads=1))
@@ -64,7 +65,7 @@ def test_exported_engine_invariance(artifacts, fmt):
 
 
 def test_onnxruntime_threads_and_provider(artifacts):
-    from kiln.artifact import Artifact
+    from kiln.artifact.directory import Artifact
 
     engine = Artifact.open(artifacts[ExportFormat.ONNX]).engine(
         options=EngineOptions(intra_op_threads=1, inter_op_threads=1))
@@ -74,7 +75,7 @@ def test_onnxruntime_threads_and_provider(artifacts):
 
 def test_torchscript_handles_many_lengths(artifacts):
     """A frozen trace must stay correct across lengths it never saw (no shape baked in)."""
-    from kiln.artifact import Artifact
+    from kiln.artifact.directory import Artifact
 
     art = Artifact.open(artifacts[ExportFormat.TORCHSCRIPT])
     engine, encoder = art.engine(), art.encoder()
@@ -108,7 +109,7 @@ def test_gpu_provider_missing_is_a_clear_error(artifacts):
 @pytest.mark.gpu
 @pytest.mark.parametrize("device", ["cuda", "tensorrt"])
 def test_gpu_engines_with_iobinding(artifacts, device):
-    from kiln.artifact import Artifact
+    from kiln.artifact.directory import Artifact
 
     art = Artifact.open(artifacts[ExportFormat.ONNX])
     cpu = art.engine()

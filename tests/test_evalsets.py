@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from kiln.choices import TaskName
 from kiln.errors import UsageError
+from kiln.tasks import TaskName
 from kiln.validation.evalsets import load_eval_set
 
 
@@ -19,27 +19,37 @@ def _write(path, rows):
 def test_jsonl_per_task(tmp_path):
     sts = load_eval_set(_write(tmp_path / "sts.jsonl", [{"sentence1": "a", "sentence2": "b", "score": 3}]),
                         TaskName.FEATURE_EXTRACTION)
-    assert sts.pairs == [("a", "b")] and sts.scores == [3.0]
+    assert sts.inputs == (("a", "b"),) and sts.labels == (3.0,)
     cls = load_eval_set(_write(tmp_path / "c.jsonl", [{"text": "good", "label": "positive"}]),
                         TaskName.TEXT_CLASSIFICATION)
-    assert cls.texts == ["good"] and cls.labels == ["positive"]
+    assert cls.inputs == ("good",) and cls.labels == ("positive",)
     ner = load_eval_set(_write(tmp_path / "n.jsonl", [{"tokens": ["Anna", "lives"], "tags": ["B-PER", "O"]}]),
                         TaskName.TOKEN_CLASSIFICATION)
-    assert ner.tokens == [["Anna", "lives"]] and ner.tags == [["B-PER", "O"]]
+    assert ner.inputs == (("Anna", "lives"),) and ner.labels == (("B-PER", "O"),)
     qa = load_eval_set(_write(tmp_path / "q.jsonl", [{"question": "q", "context": "c", "answers": ["c"]},
                                                       {"question": "q2", "context": "c", "answers": []}]),
                        TaskName.QUESTION_ANSWERING)
-    assert qa.answers == [["c"], []]
+    assert qa.labels == (("c",), ())
 
 
 def test_csv(tmp_path):
     path = tmp_path / "c.csv"
     path.write_text('text,label\n"hello, world",positive\nbad,negative\n')
     data = load_eval_set(path, TaskName.TEXT_CLASSIFICATION)
-    assert data.texts == ["hello, world", "bad"]
+    assert data.inputs == ("hello, world", "bad")
     tags = tmp_path / "t.csv"
     tags.write_text("tokens,tags\nAnna lives here,B-PER O O\n")
-    assert load_eval_set(tags, TaskName.TOKEN_CLASSIFICATION).tags == [["B-PER", "O", "O"]]
+    assert load_eval_set(tags, TaskName.TOKEN_CLASSIFICATION).labels == (("B-PER", "O", "O"),)
+
+
+def test_sentence_pairs_in_glue_and_pipeline_spelling(tmp_path):
+    from kiln.tasks import TextPair
+
+    glue = tmp_path / "mrpc.csv"
+    glue.write_text("sentence1,sentence2,label\nA cat sat.,The cat was sitting.,1\n")
+    assert load_eval_set(glue, TaskName.TEXT_CLASSIFICATION).inputs == (TextPair("A cat sat.", "The cat was sitting."),)
+    rows = _write(tmp_path / "p.jsonl", [{"text": "a", "text_pair": "b", "label": "0"}, {"text": "c", "label": "1"}])
+    assert load_eval_set(rows, TaskName.TEXT_CLASSIFICATION).inputs == (TextPair("a", "b"), "c")
 
 
 def test_squad_json(tmp_path):
@@ -48,8 +58,8 @@ def test_squad_json(tmp_path):
         {"question": "Where is Paris?", "answers": [{"text": "France", "answer_start": 12}]},
         {"question": "Where is Rome?", "answers": [], "is_impossible": True}]}]}]}))
     data = load_eval_set(path, TaskName.QUESTION_ANSWERING)
-    assert [q.question for q in data.questions] == ["Where is Paris?", "Where is Rome?"]
-    assert data.answers == [["France"], []]
+    assert [q.question for q in data.inputs] == ["Where is Paris?", "Where is Rome?"]
+    assert data.labels == (("France",), ())
 
 
 @pytest.mark.parametrize(("content", "task", "message"), [

@@ -8,11 +8,12 @@ import numpy as np
 import onnx
 import pytest
 
-from kiln.artifact import Artifact
-from kiln.choices import ExportFormat, ExternalData, TaskName
+from kiln.artifact.directory import Artifact
+from kiln.choices import ExportFormat, ExternalData
 from kiln.errors import ParityError
-from kiln.exporting import ExportConfig, run_export
-from kiln.parity import ParityTolerance
+from kiln.export.job import ExportConfig, run_export
+from kiln.tasks import TaskName
+from kiln.validation.parity import ParityTolerance
 from tests.factory import ARCHITECTURES
 
 
@@ -85,7 +86,7 @@ def test_manifest_records_source_recipe_versions_and_checksums(tiny_model, tmp_p
 
 
 def test_source_hash_changes_with_weights(tiny_model, tmp_path):
-    from kiln.source import load_source
+    from kiln.model.source import load_source
 
     a = load_source(str(tiny_model("bert")), TaskName.FEATURE_EXTRACTION).content_sha256
     b = load_source(str(tiny_model("electra")), TaskName.FEATURE_EXTRACTION).content_sha256
@@ -93,8 +94,8 @@ def test_source_hash_changes_with_weights(tiny_model, tmp_path):
 
 
 def test_exported_artifact_predicts_like_pytorch(tiny_model, tmp_path):
-    from kiln.reference import reference_predictor
-    from kiln.source import load_source
+    from kiln.model.reference import reference_predictor
+    from kiln.model.source import load_source
 
     model_dir = tiny_model("bert", TaskName.TEXT_CLASSIFICATION)
     result = _export(model_dir, tmp_path, task=TaskName.TEXT_CLASSIFICATION)

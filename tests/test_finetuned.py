@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import pytest
-
-from kiln.choices import TaskName
-from kiln.optimize.job import OptimizeConfig, OptimizeJob
-from kiln.reference import reference_predictor
-from kiln.source import load_source
-from kiln.validation.evalsets import load_eval_set
 from kiln.validation.taskmetric import evaluate
+
+from kiln.model.reference import reference_predictor
+from kiln.model.source import load_source
+from kiln.optimize.job import OptimizeConfig, OptimizeJob
+from kiln.tasks import TaskName
+from kiln.validation.evalsets import load_eval_set
 from tests import finetune
 
 pytestmark = pytest.mark.slow

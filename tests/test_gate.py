@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from kiln.choices import TaskName
 from kiln.errors import UsageError
 from kiln.optimize.sensitivity import exclusion_search
-from kiln.validation.agreement import Agreement
-from kiln.validation.gate import DEFAULT_TOLERANCE, judge, tolerance_for
+from kiln.tasks import TaskName
+from kiln.tasks import task_spec
+from kiln.validation.figures import Agreement
+from kiln.validation.gate import judge, tolerance_for
 
 
 def _fe(min_cos: float, mean_cos: float) -> Agreement:
-    return Agreement("min_cosine", min_cos, {"min_cosine": min_cos, "mean_cosine": mean_cos}, [])
+    return Agreement("min_cosine", min_cos, {"min_cosine": min_cos, "mean_cosine": mean_cos}, "cosine", ())
 
 
 def test_feature_extraction_needs_min_and_mean():
@@ -24,14 +25,14 @@ def test_feature_extraction_needs_min_and_mean():
 
 
 def test_task_metric_drop():
-    agreement = Agreement("label_agreement", 1.0, {"label_agreement": 1.0}, [])
+    agreement = Agreement("label_agreement", 1.0, {"label_agreement": 1.0}, "agreement", ())
     verdict = judge(TaskName.TEXT_CLASSIFICATION, agreement, 0.01, metric=0.88, reference_metric=0.90)
     assert not verdict.accepted and "0.0200 below the original's 0.9000" in verdict.reason
     assert judge(TaskName.TEXT_CLASSIFICATION, agreement, 0.01, metric=0.895, reference_metric=0.90).accepted
 
 
 def test_tolerance_validation():
-    assert tolerance_for(TaskName.QUESTION_ANSWERING, None) == DEFAULT_TOLERANCE[TaskName.QUESTION_ANSWERING]
+    assert tolerance_for(TaskName.QUESTION_ANSWERING, None) == task_spec("question-answering").default_tolerance == 0.02
     with pytest.raises(UsageError, match=r"--tolerance must be between 0 and 1 \(got 3\)"):
         tolerance_for(TaskName.FEATURE_EXTRACTION, 3)
 
@@ -49,7 +50,7 @@ def test_search_finds_the_smallest_passing_count(needed, expected_calls):
 
     result = exclusion_search([(f"layer{i}", 1.0 - i / 36) for i in range(36)], attempt)
     assert result.accepted and len(result.excluded) == needed
-    assert result.excluded == [f"layer{i}" for i in range(needed)]  # worst-ranked first
+    assert result.excluded == tuple(f"layer{i}" for i in range(needed))  # worst-ranked first
     assert calls == expected_calls  # the last build is the returned set
 
 
@@ -61,5 +62,5 @@ def test_search_gives_up_when_excluding_stops_helping():
         return 0.5, False  # never improves
 
     result = exclusion_search([(f"layer{i}", 1.0) for i in range(36)], attempt)
-    assert not result.accepted and result.excluded == []
+    assert not result.accepted and result.excluded == ()
     assert calls == [1, 2, 4]  # two rounds without improvement after the first

@@ -10,14 +10,14 @@ import sys
 import numpy as np
 import pytest
 
-from kiln.artifact import Artifact
-from kiln.choices import TaskName
+from kiln.artifact.directory import Artifact
+from kiln.data.texts import builtin_sentences
 from kiln.errors import UsageError
+from kiln.model.reference import reference_predictor
+from kiln.model.source import load_source
 from kiln.optimize.job import NothingPassed, OptimizeConfig, OptimizeJob
 from kiln.optimize.variants import VARIANTS, default_variants
-from kiln.reference import reference_predictor
-from kiln.source import load_source
-from kiln.texts import builtin_sentences
+from kiln.tasks import TaskName
 
 
 @pytest.fixture(scope="module")

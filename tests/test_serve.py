@@ -12,12 +12,13 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
-from kiln.artifact import Artifact
-from kiln.choices import ExportFormat, TaskName
-from kiln.exporting import ExportConfig, run_export
+from kiln.artifact.directory import Artifact
+from kiln.choices import ExportFormat
+from kiln.data.texts import builtin_sentences
+from kiln.export.job import ExportConfig, run_export
 from kiln.serve.app import ServeConfig, create_app
 from kiln.serve.batcher import BatchLimits
-from kiln.texts import builtin_sentences
+from kiln.tasks import TaskName
 
 
 @pytest.fixture(scope="module")

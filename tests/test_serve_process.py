@@ -13,9 +13,9 @@ import httpx
 import numpy as np
 import pytest
 
-from kiln.artifact import Artifact
+from kiln.artifact.directory import Artifact
+from kiln.data.texts import builtin_sentences
 from kiln.serve import process
-from kiln.texts import builtin_sentences
 
 
 def start_server(artifact, *args: str) -> tuple[subprocess.Popen, int]:

@@ -7,9 +7,10 @@ import shutil
 
 import pytest
 
-from kiln.choices import Pooling, TaskName
+from kiln.choices import Pooling
 from kiln.errors import ModelLoadError, UnsupportedModelError
-from kiln.source import load_source
+from kiln.model.source import load_source
+from kiln.tasks import TaskName
 
 
 def test_bundled_default_model():

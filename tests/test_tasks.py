@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 import transformers
 
-from kiln.choices import Aggregation, TaskName
-from kiln.reference import reference_predictor
-from kiln.source import load_source
-from kiln.tasks import QAInput
-from kiln.texts import builtin_sentences
+from kiln.choices import Aggregation
+from kiln.data.texts import builtin_sentences
+from kiln.model.reference import reference_predictor
+from kiln.model.source import load_source
+from kiln.tasks import QAInput, TaskName
 
 NER_TEXTS = ["Anna Schmidt works for Acme Corporation in Berlin.", "Jean Dupont visited Paris and Lyon.",
              "unbelievably long tokenization words", *builtin_sentences()[5:9]]

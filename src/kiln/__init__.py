@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from kiln.artifact import Artifact, load
-from kiln.choices import Aggregation, ExportFormat, Pooling, Precision, TaskName
+from kiln.artifact.directory import Artifact, load
+from kiln.choices import Aggregation, ExportFormat, Pooling, Precision
 from kiln.engines import ENGINES, Engine, EngineOptions, create_engine
 from kiln.errors import (
     ArtifactError,
@@ -13,9 +13,8 @@ from kiln.errors import (
     UnsupportedModelError,
     UsageError,
 )
-from kiln.runtime import Predictor
-from kiln.taskconfig import TaskConfig
-from kiln.tasks import Answer, Entity, LabelScore, QAInput
+from kiln.runtime.predictor import Predictor
+from kiln.tasks import Answer, Entity, LabelScore, QAInput, TaskConfig, TaskName, TaskSpec, TextPair
 
 __version__ = "0.1.0"
 
@@ -39,6 +38,10 @@ __all__ = [
     "QAInput",
     "TaskConfig",
     "TaskName",
+    "TaskSpec",
+    "TextPair",
+    "TaskSpec",
+    "TextPair",
     "UnsupportedModelError",
     "UsageError",
     "create_engine",

@@ -5,13 +5,6 @@ from __future__ import annotations
 from enum import Enum
 
 
-class TaskName(str, Enum):
-    FEATURE_EXTRACTION = "feature-extraction"
-    TEXT_CLASSIFICATION = "text-classification"
-    TOKEN_CLASSIFICATION = "token-classification"
-    QUESTION_ANSWERING = "question-answering"
-
-
 class ExportFormat(str, Enum):
     ONNX = "onnx"
     TORCHSCRIPT = "torchscript"

@@ -7,8 +7,8 @@ import shutil
 import subprocess
 from typing import Any
 
-from kiln.cpu import cpu_info
-from kiln.manifest import library_versions
+from kiln.artifact.manifest import library_versions
+from kiln.system.cpu import cpu_info
 
 
 def _gpus() -> list[str]:

@@ -11,15 +11,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kiln.artifact.manifest import MANIFEST_NAME, read_manifest, seal, verify
 from kiln.bench import results as results_file
 from kiln.bench.environment import fingerprint
 from kiln.bench.worker import PYTORCH, BenchSettings, Target, TargetResult, worker_main
-from kiln.choices import TaskName
-from kiln.cpu import cpu_info
+from kiln.data.texts import texts_of_lengths
 from kiln.errors import UsageError
-from kiln.manifest import MANIFEST_NAME, read_manifest, seal, verify
 from kiln.report.data import optimize_section
-from kiln.texts import texts_of_lengths
+from kiln.system.cpu import cpu_info
+from kiln.tasks import DEFAULT_TASK
 
 DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64)
 DEFAULT_SEQ_LENS = (16, 32, 64, 128, 256, 512)
@@ -39,7 +39,7 @@ class BenchConfig:
     lengths_file: Path | None = None
     threads: int | None = None
     quick: bool = False
-    task: TaskName = TaskName.FEATURE_EXTRACTION
+    task: str = DEFAULT_TASK
     baseline: bool = True
     sweep: bool = True
 
@@ -54,7 +54,6 @@ def _read_lines(path: Path, flag: str) -> list[str]:
 
 
 def _mix(config: BenchConfig, encoder, count: int) -> tuple[str, ...]:
-    counter = lambda text: len(encoder.encode([text], truncate=False)[0].ids)  # noqa: E731
     if config.texts_file:
         return tuple(_read_lines(config.texts_file, "--texts"))
     if config.lengths_file:
@@ -66,10 +65,10 @@ def _mix(config: BenchConfig, encoder, count: int) -> tuple[str, ...]:
                 from err
         if min(lengths) < 3:
             raise UsageError(f"--lengths file {config.lengths_file}: lengths must be at least 3 tokens")
-        return tuple(texts_of_lengths(lengths, token_count=counter))
-    from kiln.texts import length_mix
+        return tuple(texts_of_lengths(lengths, token_count=encoder.token_count))
+    from kiln.data.texts import length_mix
 
-    return tuple(length_mix(count, 10, min(200, encoder.max_length), seed=3, token_count=counter))
+    return tuple(length_mix(count, 10, min(200, encoder.max_length), seed=3, token_count=encoder.token_count))
 
 
 def sweep_points(cores: int) -> tuple[tuple[int, int], ...]:
@@ -90,7 +89,7 @@ class BenchJob:
         cfg = self.config
         path = Path(cfg.target).expanduser() if cfg.target else None
         if path is not None and (path / MANIFEST_NAME).is_file():
-            from kiln.artifact import Artifact
+            from kiln.artifact.directory import Artifact
 
             art = Artifact.open(path)
             names = list(cfg.variants) if cfg.variants else [art.variant_name()]
@@ -100,15 +99,15 @@ class BenchJob:
                 art.variant_name(name)  # a clear error for an unknown variant
             source_dir = art.manifest.source.get("path")
             model = source_dir if source_dir and Path(source_dir).is_dir() else None
-            targets = [Target(n, str(path), None, art.task_config.task.value) for n in names]
+            targets = [Target(n, str(path), None, art.task_config.task) for n in names]
             if cfg.baseline and model:
-                targets.insert(0, Target(PYTORCH, str(path), model, art.task_config.task.value))
+                targets.insert(0, Target(PYTORCH, str(path), model, art.task_config.task))
             elif cfg.baseline:
                 self.progress(f"PyTorch baseline skipped: the source model {source_dir} is not on this machine")
             return targets, art, art.manifest
         if cfg.variants:
             raise UsageError("--variants needs an artifact directory (written by kiln optimize or kiln export)")
-        return [Target(PYTORCH, None, cfg.target, cfg.task.value)], None, None
+        return [Target(PYTORCH, None, cfg.target, cfg.task)], None, None
 
     def run(self) -> dict[str, Any]:
         cfg = self.config
@@ -135,7 +134,7 @@ class BenchJob:
         out = results_file.build(
             shlex.join(sys.argv), fingerprint(), settings, measured, artifact=str(artifact.path) if artifact else None,
             model=manifest.source.get("model") if manifest else (cfg.target or "bundled all-MiniLM-L6-v2"),
-            task=(artifact.task_config.task if artifact else cfg.task).value,
+            task=artifact.task_config.task if artifact else cfg.task,
             optimize=optimize_section(manifest) if manifest else None, serving_default=serving)
         cfg.output.mkdir(parents=True, exist_ok=True)
         results_file.write(cfg.output / "results.json", out)
@@ -199,7 +198,7 @@ def write_serving_default(directory: Path, default: dict[str, Any], *, check: bo
 
 
 def _source_encoder(config: BenchConfig):
-    from kiln.reference import source_encoder
-    from kiln.source import load_source
+    from kiln.model.reference import source_encoder
+    from kiln.model.source import load_source
 
     return source_encoder(load_source(config.target, config.task))

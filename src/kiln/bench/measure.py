@@ -1,4 +1,4 @@
-"""Measurements on one engine: latency statistics per (batch, length), length-mix throughput."""
+"""The one timing harness: latency statistics per (batch, length), best-of-rounds passes over a length mix."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 from tokenizers import Encoding
 
-from kiln.runtime import Predictor
+from kiln.runtime.predictor import Predictor
 
 
 @dataclass(frozen=True)
@@ -61,7 +61,7 @@ def latency_cell(run: Callable[[dict[str, np.ndarray]], Any], batch: dict[str, n
 
 def synthetic_batch(encoder, batch_size: int, seq_len: int, seed: int = 0) -> dict[str, np.ndarray]:
     """``batch_size`` different real-text windows of exactly ``seq_len`` tokens (special tokens included)."""
-    from kiln.texts import joined
+    from kiln.data.texts import joined
 
     encoding = encoder.encode([joined(seed, 60)], truncate=False)[0]
     ids = np.array(encoding.ids)
@@ -100,23 +100,53 @@ def padding_efficiency(lengths: Sequence[int], batch_size: int, sort: bool, mult
     return sum(lengths) / computed
 
 
+@dataclass(frozen=True)
+class Timing:
+    """Best wall time of passes over a length mix (length-sorted batches, tokenization excluded)."""
+
+    sequences: int
+    seconds: float
+    batch_size: int
+
+    @property
+    def ms_per_sequence(self) -> float:
+        return 1000 * self.seconds / self.sequences
+
+    @property
+    def sequences_per_second(self) -> float:
+        return self.sequences / self.seconds
+
+
+def best_seconds(predictor: Predictor, encodings: Sequence[Encoding], *, rounds: int, sort: bool = True) -> float:
+    """Best wall time over ``rounds`` passes of ``predictor`` over ``encodings``."""
+    best = float("inf")
+    for _ in range(rounds):
+        start = time.perf_counter()
+        predictor.run_features(encodings, sort=sort)
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def warm(predictor: Predictor, encodings: Sequence[Encoding]) -> None:
+    """One batch first, so lazy initialisation is not timed."""
+    predictor.run_features(list(encodings[: predictor.batch_size]))
+
+
+def time_predictor(predictor: Predictor, encodings: Sequence[Encoding], *, rounds: int = 2) -> Timing:
+    """Sorted batches, best of ``rounds`` passes after a warm-up batch."""
+    warm(predictor, encodings)
+    return Timing(len(encodings), best_seconds(predictor, encodings, rounds=rounds), predictor.batch_size)
+
+
 def length_mix_throughput(predictor: Predictor, encodings: Sequence[Encoding], rounds: int = 1) -> MixResult:
     lengths = [len(e.ids) for e in encodings]
-    predictor.run_features(list(encodings[: predictor.batch_size]))
-    results = {}
-    for sort in (True, False):
-        best = min(_timed(lambda s=sort: predictor.run_features(encodings, sort=s)) for _ in range(rounds))
-        results[sort] = len(encodings) / best
+    warm(predictor, encodings)
+    results = {sort: len(encodings) / best_seconds(predictor, encodings, rounds=rounds, sort=sort)
+               for sort in (True, False)}
     multiple = getattr(predictor.engine, "pad_multiple", 1)
     return MixResult(len(encodings), results[True], results[False],
                      padding_efficiency(lengths, predictor.batch_size, True, multiple),
                      padding_efficiency(lengths, predictor.batch_size, False, multiple), predictor.batch_size)
-
-
-def _timed(call: Callable[[], Any]) -> float:
-    start = time.perf_counter()
-    call()
-    return time.perf_counter() - start
 
 
 def peak_rss_mb() -> float:

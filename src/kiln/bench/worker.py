@@ -51,18 +51,14 @@ def _build(target: Target, threads: int):
 
     options = EngineOptions(intra_op_threads=threads)
     if target.name == PYTORCH:
-        from kiln.choices import TaskName
         from kiln.engines.torch_eager import TorchEngine
-        from kiln.reference import source_encoder, task_module
-        from kiln.source import load_source
+        from kiln.model.reference import set_vanilla_attention, source_encoder, task_module
+        from kiln.model.source import load_source
 
-        source = load_source(target.model, TaskName(target.task))
-        try:  # the vanilla model: transformers' default attention, as users run it (see vanilla_attention)
-            source.model.set_attn_implementation("sdpa")
-        except (ValueError, ImportError, AttributeError):
-            pass
+        source = load_source(target.model, target.task)
+        set_vanilla_attention(source.model)  # the vanilla model, as users run it
         return source_encoder(source), source.task_config, TorchEngine(task_module(source), options)
-    from kiln.artifact import Artifact
+    from kiln.artifact.directory import Artifact
 
     art = Artifact.open(target.artifact, check=False)  # verified once by the parent
     engine = art.engine(target.name, EngineOptions.for_variant(art.variant(target.name), threads))
@@ -70,14 +66,15 @@ def _build(target: Target, threads: int):
 
 
 def run_target(target: Target, settings: BenchSettings, report=lambda kind, detail: None) -> TargetResult:
-    from kiln.runtime import Predictor
+    from kiln.runtime.predictor import Predictor
 
     result = TargetResult(target.name)
     start = time.perf_counter()
     encoder, config, engine = _build(target, settings.threads)
     predictor = Predictor(config, encoder, engine, batch_size=settings.batch_size)
-    first = settings.mix[:1] if config.task.value != "question-answering" else [("What?", settings.mix[0])]
-    predictor.predict(first)
+    from kiln.tasks import task_spec
+
+    predictor.predict([task_spec(config.task).sample_input(settings.mix[0])])
     result.load_seconds = time.perf_counter() - start
     report("loaded", result.load_seconds)
     for seq_len in settings.seq_lens:
@@ -90,7 +87,8 @@ def run_target(target: Target, settings: BenchSettings, report=lambda kind, deta
                 result.grid.append(latency_cell(engine.run, batch, budget_s=settings.budget_s,
                                                 min_runs=settings.min_runs).to_dict())
             report("cell", None)
-    encodings = predictor.prepare(list(settings.mix)).encodings
+    spec = task_spec(config.task)
+    encodings = predictor.prepare([spec.sample_input(text) for text in settings.mix]).encodings
     result.mix = length_mix_throughput(predictor, encodings, rounds=settings.mix_rounds).to_dict()
     report("mix", None)
     result.peak_rss_mb = peak_rss_mb()  # before the sweep, which holds several sessions at once
@@ -102,7 +100,7 @@ def run_target(target: Target, settings: BenchSettings, report=lambda kind, deta
 
 def _sweep_point(target: Target, settings: BenchSettings, encodings, sessions: int, threads: int) -> dict[str, Any]:
     """Throughput of ``sessions`` engines with ``threads`` each, fed sorted batches concurrently."""
-    from kiln.runtime import Predictor
+    from kiln.runtime.predictor import Predictor
 
     predictors = []
     for _ in range(sessions):

@@ -8,9 +8,10 @@ from typing import Annotated, Optional
 
 import typer
 
-from kiln.choices import ExportFormat, ExternalData, TaskName
+from kiln.choices import ExportFormat, ExternalData
 from kiln.cli import console
 from kiln.errors import KilnError
+from kiln.tasks import DEFAULT_TASK, TASKS, TaskName
 
 app = typer.Typer(
     name="kiln",
@@ -40,10 +41,20 @@ PickleOpt = Annotated[
 ]
 
 
+_DEFAULT_TASK = TaskName(DEFAULT_TASK)
+# Help text generated from the task specs, so a new task documents itself.
+_TOLERANCES = "; ".join(f"{name} {spec.tolerance_help} (default t={spec.default_tolerance:g})"
+                        for name, spec in TASKS.items())
+_EVAL_FORMATS = "; ".join(f"{name}: {', '.join(spec.eval_formats)} with {', '.join(spec.eval_fields)} "
+                          f"(metric: {spec.metric})" for name, spec in TASKS.items())
+_BUILTIN_EVAL = ", ".join(f"{name} is scored on kiln's built-in data" for name, spec in TASKS.items()
+                          if spec.has_builtin_eval) or "no task metric"
+
+
 @app.command()
 def export(
     model: ModelArg = None,
-    task: TaskOpt = TaskName.FEATURE_EXTRACTION,
+    task: TaskOpt = _DEFAULT_TASK,
     format: Annotated[
         ExportFormat, typer.Option("--format", "-f", help="onnx: runs in ONNX Runtime (fastest on CPU, no torch "
                                    "needed to serve). torchscript: traced and frozen, runs in libtorch.")
@@ -69,11 +80,11 @@ def export(
     Parity is measured at batch size 1 and in padded batches of 8 on sentences of 1 to ~600 words;
     the command exits with status 3 and the measured difference when it is over tolerance.
     """
-    from kiln.exporting import ExportConfig, run_export
-    from kiln.parity import ParityTolerance
+    from kiln.export.job import ExportConfig, run_export
+    from kiln.validation.parity import ParityTolerance
 
     config = ExportConfig(
-        model=model, task=task, format=format, output=output, opset=opset, int32_inputs=int32_inputs,
+        model=model, task=task.value, format=format, output=output, opset=opset, int32_inputs=int32_inputs,
         external_data=external_data, allow_pickle=allow_pickle, overwrite=force,
         tolerance=ParityTolerance(max_abs_diff=atol, min_cosine=min_cosine),
     )
@@ -89,21 +100,17 @@ def export(
 @app.command()
 def optimize(
     model: ModelArg = None,
-    task: TaskOpt = TaskName.FEATURE_EXTRACTION,
+    task: TaskOpt = _DEFAULT_TASK,
     output: Annotated[Path, typer.Option("--output", "-o", help="Artifact directory: every variant, manifest.json, "
                                          "results.json, summary.md and best/ (the chosen variant alone).")]
     = Path("kiln-out"),
     tolerance: Annotated[Optional[float], typer.Option(  # noqa: UP045
-        help="Largest drop allowed below the original. Agreement: feature-extraction min cosine >= 1-t and mean "
-        ">= 1-t/2 (default t=0.01); text/token-classification top label / tag agreement >= 1-t (0.01); "
-        "question-answering answer F1 vs the original >= 1-t (0.02). With --eval the task metric may also drop "
-        "by at most t. Tighter keeps more fp32 layers (slower); looser admits faster, less faithful variants.",
-        show_default=False)] = None,
+        help=f"Largest drop allowed below the original. Agreement: {_TOLERANCES}. With --eval the task metric may "
+        "also drop by at most t. Tighter keeps more fp32 layers (slower); looser admits faster, less faithful "
+        "variants.", show_default=False)] = None,
     eval_file: Annotated[Optional[Path], typer.Option(  # noqa: UP045
-        "--eval", help="Labelled data for the task metric: JSONL or CSV (feature-extraction: sentence1, sentence2, "
-        "score; text-classification: text, label; token-classification: tokens, tags; question-answering: "
-        "question, context, answers) or SQuAD JSON. Default: kiln's built-in STS pairs for feature-extraction, "
-        "none otherwise.", show_default=False)] = None,
+        "--eval", help=f"Labelled data for the task metric: {_EVAL_FORMATS}. Without it: {_BUILTIN_EVAL}.",
+        show_default=False)] = None,
     calibration: Annotated[Optional[Path], typer.Option(  # noqa: UP045
         help="Texts to calibrate static int8 on and to time variants with (.txt one per line, or .jsonl/.csv "
         "as for --eval). Default: kiln's built-in sentences. Use texts like your traffic: ranges and "
@@ -134,7 +141,7 @@ def optimize(
     from kiln.optimize.job import OptimizeConfig, OptimizeJob
 
     config = OptimizeConfig(
-        model=model, task=task, output=output, tolerance=tolerance, eval_file=eval_file,
+        model=model, task=task.value, output=output, tolerance=tolerance, eval_file=eval_file,
         calibration_file=calibration, calibration_method=calibration_method, target=target,
         variants=tuple(v.strip() for v in variants.split(",") if v.strip()) if variants else None,
         threads=threads, batch_size=batch_size, allow_pickle=allow_pickle, overwrite=force,
@@ -249,6 +256,9 @@ def serve(
     sessions: Annotated[Optional[int], typer.Option(  # noqa: UP045
         help="Engine instances running batches side by side, each on its own thread (default: serving.json, "
         "else 1).", show_default=False, min=1)] = None,
+    max_inputs_per_request: Annotated[int, typer.Option(
+        help="Inputs one request may carry (413 above it): bounds the work and memory a single client can ask "
+        "for at once; raise it for bulk clients, lower it to protect latency.", min=1)] = 64,
     access_log: Annotated[bool, typer.Option(help="Log every request (uvicorn's access log).")] = False,
 ) -> None:
     """Serve an artifact over HTTP with dynamic batching, Prometheus metrics and backpressure (uvicorn)."""
@@ -267,13 +277,13 @@ def serve(
         models.setdefault(artifact.name if artifact.name != "best" else artifact.resolve().parent.name, artifact)
     if not models:
         raise UsageError("name an artifact to serve: kiln serve kiln-out/best (or --model NAME=ARTIFACT)")
-    from kiln.artifact import Artifact
+    from kiln.artifact.directory import Artifact
 
     for path in models.values():
         Artifact.open(path)  # a clear error before the server starts
     config = ServeConfig(models=models, limits=BatchLimits(max_batch_tokens, max_batch_size, max_delay_ms / 1000),
                          max_concurrent=max_concurrent, api_key=api_key, threads=threads,
-                         sessions=sessions)
+                         sessions=sessions, max_inputs_per_request=max_inputs_per_request)
     if not run_server(create_app(config), host, port, access_log=access_log):
         raise typer.Exit(1)  # uvicorn has logged why (port in use, a model that failed to load)
 
@@ -283,7 +293,7 @@ def info(
     artifact: Annotated[Path, typer.Argument(help="Artifact directory written by kiln.", show_default=False)],
 ) -> None:
     """Print an artifact's manifest summary and verify the sha256 of every file (exit 1 on a mismatch)."""
-    from kiln.artifact import Artifact
+    from kiln.artifact.directory import Artifact
 
     art = Artifact.open(artifact)
     m = art.manifest
@@ -310,7 +320,7 @@ def doctor(
 ) -> None:
     """Check this machine: CPU vector features (AVX2, AVX-512, VNNI, BF16, AMX) and the int8 scheme they
     imply, usable cores versus the thread count, execution providers that really work, library versions."""
-    from kiln.doctor import diagnose
+    from kiln.system.doctor import diagnose
 
     report = diagnose(threads)
     for section, values in report.sections.items():

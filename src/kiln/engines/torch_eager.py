@@ -23,7 +23,7 @@ def configure_torch_threads(options: EngineOptions) -> None:
 
 
 class TorchEngine:
-    """Runs a positional-input task module (see :mod:`kiln.export.wrapper`) under inference mode."""
+    """Runs a positional-input task module (see :mod:`kiln.model.module`) under inference mode."""
 
     name = "torch"
     is_padded = True
@@ -39,13 +39,14 @@ class TorchEngine:
         self._device = torch.device(options.device)
         self._module = module.to(self._device).eval()
         self._precision = options.precision
+        self._threads = options.intra_op_threads
         self.input_names = tuple(module.input_names)
         self.output_names = tuple(module.output_names)
         self.providers = (f"torch-{options.device}-{options.precision.value}",)
 
     @classmethod
     def from_path(cls, path: Path, options: EngineOptions = EngineOptions()) -> TorchEngine:
-        from kiln.export.wrapper import load_task_module
+        from kiln.model.module import load_task_module
 
         return cls(load_task_module(path), options)
 
@@ -56,6 +57,8 @@ class TorchEngine:
 
     def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         torch = self._torch
+        if self._threads and torch.get_num_threads() != self._threads:
+            torch.set_num_threads(self._threads)  # process-global: another torch engine may have changed it
         tensors = [torch.from_numpy(np.ascontiguousarray(inputs[n])).to(self._device) for n in self.input_names]
         with torch.inference_mode(), self._autocast():
             outputs = self._module(*tensors)

@@ -11,8 +11,7 @@ import numpy as np
 from kiln.engines.base import EngineOptions, warmup_inputs
 from kiln.engines.torch_eager import configure_torch_threads
 from kiln.errors import ArtifactError, UsageError
-
-IO_NAMES_KEY = "kiln_io.json"  # stored inside the .pt archive as an extra file
+from kiln.model.module import IO_FILE  # stored inside the .pt archive as an extra file
 
 
 class TorchScriptEngine:
@@ -31,7 +30,7 @@ class TorchScriptEngine:
         # (MiniLM, batch 8: ~206 us/token after the first calls), so this costs nothing and rules out
         # shape-triggered re-optimisation on builds where it does happen.
         torch._C._jit_set_profiling_executor(False)
-        extra = {IO_NAMES_KEY: ""}
+        extra = {IO_FILE: ""}
         try:
             with warnings.catch_warnings():
                 # torch 2.9+ deprecates TorchScript in favour of torch.export; kiln offers it for libtorch users.
@@ -39,9 +38,9 @@ class TorchScriptEngine:
                 self._module = torch.jit.load(str(path), map_location=options.device, _extra_files=extra)
         except (RuntimeError, ValueError) as err:
             raise ArtifactError(f"cannot load TorchScript model {path}: {err}") from err
-        io = json.loads(extra[IO_NAMES_KEY] or "{}")
+        io = json.loads(extra[IO_FILE] or "{}")
         if not io:
-            raise ArtifactError(f"{path} was not written by kiln (no {IO_NAMES_KEY} inside)")
+            raise ArtifactError(f"{path} was not written by kiln (no {IO_FILE} inside)")
         self._torch = torch
         self._device = torch.device(options.device)
         self.input_names = tuple(io["inputs"])

@@ -1,15 +1,16 @@
-"""ONNX export with dynamic batch and sequence axes (TorchScript-based exporter)."""
+"""ONNX export with dynamic batch and sequence axes (TorchScript-based exporter), any model size."""
 
 from __future__ import annotations
 
-import io
+import tempfile
 import warnings
 from pathlib import Path
 
 import torch
 
 from kiln.choices import ExternalData
-from kiln.export.wrapper import TaskModule
+from kiln.errors import UsageError
+from kiln.model.module import TaskModule
 
 DEFAULT_OPSET = 17
 PROTOBUF_LIMIT = 2 * 1024**3  # a single ONNX protobuf cannot exceed 2 GB
@@ -21,42 +22,54 @@ def export_onnx(
     example: tuple[torch.Tensor, ...],
     path: Path,
     *,
+    sequence_outputs: frozenset[str],
     opset: int = DEFAULT_OPSET,
     external_data: ExternalData = ExternalData.AUTO,
 ) -> list[Path]:
     """Export ``module`` to ``path``; returns the files written (the model, and its weights file if any).
 
-    The legacy exporter (``dynamo=False``) with eager attention yields the attention pattern that ONNX
-    Runtime's transformer fusions recognise; the dynamo exporter's SDPA graph is not fused.
+    The exporter writes to a file in a scratch directory beside ``path``, never to memory: past protobuf's
+    2 GB limit it can only write weights as external files (one per tensor), which are then gathered into
+    one ``model.onnx.data``. The legacy exporter (``dynamo=False``) with eager attention yields the attention
+    pattern that ONNX Runtime's transformer fusions recognise; the dynamo exporter's SDPA graph is not fused.
     """
+    # Every input, and the outputs the task spec says are per token, have batch and sequence axes.
+    axes = {name: {0: "batch", 1: "sequence"} for name in (*module.input_names, *sequence_outputs)}
+    axes.update({name: {0: "batch"} for name in module.output_names if name not in sequence_outputs})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".onnx-export-", dir=path.parent) as scratch:
+        raw = Path(scratch) / "model.onnx"
+        with warnings.catch_warnings():
+            # The tracer warns about every Python-level shape check in transformers' code; the parity check
+            # that follows every export is what actually proves the graph is shape-independent.
+            warnings.simplefilter("ignore")
+            torch.onnx.export(
+                module, example, str(raw), dynamo=False, opset_version=opset,
+                input_names=list(module.input_names), output_names=list(module.output_names),
+                dynamic_axes=axes, do_constant_folding=True,
+            )
+        written = [p for p in Path(scratch).iterdir() if p.is_file()]
+        size = sum(p.stat().st_size for p in written)
+        if external_data is ExternalData.NEVER and size > PROTOBUF_LIMIT:
+            raise UsageError(f"--external-data never: the model is {size / 1024**3:.2f} GB, over protobuf's 2 GB "
+                             "limit for one ONNX file; use --external-data auto or always")
+        over = size > PROTOBUF_LIMIT
+        external = external_data is ExternalData.ALWAYS or (external_data is ExternalData.AUTO and over)
+        if not external and written == [raw]:
+            raw.replace(path)
+            return [path]
+        return _rewrite(raw, path, external)
+
+
+def _rewrite(raw: Path, path: Path, external: bool) -> list[Path]:
+    """Save ``raw`` (and any per-tensor files beside it) as ``path``, weights in one side file when ``external``."""
     import onnx
 
-    axes = {name: {0: "batch", 1: "sequence"} for name in (*module.input_names, *module.output_names)}
-    for name in module.output_names:
-        if name in ("logits",) and _is_sequence_level(module):
-            axes[name] = {0: "batch"}
-    buffer = io.BytesIO()
-    with warnings.catch_warnings():
-        # The tracer warns about every Python-level shape check in transformers' code; the parity check
-        # that follows every export is what actually proves the graph is shape-independent.
-        warnings.simplefilter("ignore")
-        torch.onnx.export(
-            module, example, buffer, dynamo=False, opset_version=opset,
-            input_names=list(module.input_names), output_names=list(module.output_names),
-            dynamic_axes=axes, do_constant_folding=True,
-        )
-    model = onnx.load_from_string(buffer.getvalue())
-    size = model.ByteSize()
-    external = external_data is ExternalData.ALWAYS or (external_data is ExternalData.AUTO and size > PROTOBUF_LIMIT)
-    if external:
-        data_name = path.name + EXTERNAL_DATA_SUFFIX
-        onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
-                        location=data_name, size_threshold=0)
-        return [path, path.parent / data_name]
-    onnx.save_model(model, str(path))
-    return [path]
-
-
-def _is_sequence_level(module: TaskModule) -> bool:
-    """Sequence classification logits have no sequence axis; token classification logits do."""
-    return type(module.model).__name__.endswith("ForSequenceClassification")
+    model = onnx.load(str(raw), load_external_data=True)
+    if not external:
+        onnx.save_model(model, str(path))
+        return [path]
+    data_name = path.name + EXTERNAL_DATA_SUFFIX
+    onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True, location=data_name,
+                    size_threshold=0)
+    return [path, path.parent / data_name]

@@ -8,8 +8,7 @@ from pathlib import Path
 
 import torch
 
-from kiln.engines.torchscript import IO_NAMES_KEY
-from kiln.export.wrapper import TaskModule
+from kiln.model.module import IO_FILE, TaskModule
 
 
 def export_torchscript(module: TaskModule, example: tuple[torch.Tensor, ...], path: Path) -> list[Path]:
@@ -20,5 +19,5 @@ def export_torchscript(module: TaskModule, example: tuple[torch.Tensor, ...], pa
     io_names = json.dumps({"inputs": list(module.input_names), "outputs": list(module.output_names)})
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)  # TorchScript is deprecated upstream; still served
-        torch.jit.save(frozen, str(path), _extra_files={IO_NAMES_KEY: io_names})
+        torch.jit.save(frozen, str(path), _extra_files={IO_FILE: io_names})
     return [path]

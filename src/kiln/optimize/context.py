@@ -8,12 +8,12 @@ from typing import Any
 
 import numpy as np
 
-from kiln.choices import ExportFormat, TaskName
-from kiln.cpu import CpuInfo, Int8Scheme
-from kiln.exporting import ExportConfig, export_variant
-from kiln.reference import example_inputs, task_module
-from kiln.source import SourceModel
-from kiln.tokenization import TextEncoder
+from kiln.choices import ExportFormat
+from kiln.export.job import ExportConfig, export_variant
+from kiln.model.reference import example_inputs, task_module
+from kiln.model.source import SourceModel
+from kiln.runtime.tokenization import TextEncoder
+from kiln.system.cpu import CpuInfo, Int8Scheme
 
 
 @dataclass
@@ -69,7 +69,7 @@ class BuildContext:
             from kiln.tasks import task_handler
 
             handler = task_handler(self.source.task_config)
-            prepared = handler.prepare(self.calibration, self.encoder, handler.options())
+            prepared = handler.prepare(handler.check_inputs(self.calibration), self.encoder, handler.options())
             encs = prepared.encodings
             return [self.encoder.collate(encs[i : i + batch_size]) for i in range(0, len(encs), batch_size)]
         return self.once(f"calibration-{batch_size}", build)
@@ -81,5 +81,5 @@ class BuildContext:
         return self.once("example", lambda: example_inputs(self.source))
 
     @property
-    def task(self) -> TaskName:
+    def task(self) -> str:
         return self.source.task_config.task

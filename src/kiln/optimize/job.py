@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import shlex
 import shutil
 import sys
@@ -12,28 +13,30 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kiln.choices import TaskName
-from kiln.cpu import cpu_info, int8_scheme
+from tokenizers import Encoding
+
+from kiln.artifact.manifest import Manifest, library_versions, seal
+from kiln.artifact.staging import staged_directory
+from kiln.bench.measure import Timing, time_predictor
 from kiln.engines import EngineOptions, create_engine
 from kiln.errors import KilnError, UsageError
-from kiln.exporting import write_tokenizer
-from kiln.manifest import Manifest, library_versions, seal
+from kiln.export.job import write_tokenizer
+from kiln.model.reference import reference_predictor, vanilla_attention
+from kiln.model.source import SourceModel, load_source
 from kiln.optimize import datasets
 from kiln.optimize.context import BuildContext, BuiltVariant
 from kiln.optimize.onnx_passes import CALIBRATION_METHODS
-from kiln.optimize.outcome import Outcome, RunSummary, write_summaries
-from kiln.optimize.sensitivity import exclusion_search, rank_layers
-from kiln.optimize.timing import time_predictor
+from kiln.optimize.outcome import Outcome, RunSummary, Sensitivity, Status, write_summaries
+from kiln.optimize.sensitivity import exclusion_search
 from kiln.optimize.variants import VARIANTS, VariantSpec, default_variants, remove_variant_files
-from kiln.reference import reference_predictor, vanilla_attention
 from kiln.report.data import optimize_section
 from kiln.report.html import write_report
-from kiln.runtime import Predictor
-from kiln.source import load_source
-from kiln.staging import staged_directory
-from kiln.validation.agreement import AgreementInputs, measure_agreement
-from kiln.validation.gate import judge, tolerance_for
-from kiln.validation.taskmetric import PRIMARY, evaluate
+from kiln.runtime.predictor import Predictor
+from kiln.system.cpu import cpu_info, int8_scheme
+from kiln.tasks import task_spec
+from kiln.validation.agreement import agreement_inputs, measure_agreement
+from kiln.validation.figures import Agreement, AgreementInputs, EvalSet
+from kiln.validation.gate import Verdict, judge, tolerance_for
 
 Progress = Callable[[str], None]
 TIE = 0.02  # variants within 2% of the fastest count as tied; the smaller file wins
@@ -50,7 +53,7 @@ class NothingPassed(KilnError):
 @dataclass(frozen=True)
 class OptimizeConfig:
     model: str | None
-    task: TaskName
+    task: str
     output: Path
     tolerance: float | None = None
     eval_file: Path | None = None
@@ -79,6 +82,28 @@ class OptimizeConfig:
         return list(self.variants) if self.variants else default_variants(self.target)
 
 
+@dataclass(frozen=True)
+class Checked:
+    """One build of a variant and how it fared against the original."""
+
+    built: BuiltVariant
+    agreement: Agreement
+    metric: dict[str, float] | None
+    verdict: Verdict
+    parameters: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What every variant is measured on: the reference's outputs, labelled data, calibration and timing inputs."""
+
+    agreement: AgreementInputs
+    eval_set: EvalSet | None
+    reference_metric: dict[str, float] | None
+    calibration: list[Any]
+    timing: tuple[Encoding, ...]
+
+
 class OptimizeJob:
     def __init__(self, config: OptimizeConfig, progress: Progress = lambda _: None) -> None:
         self.config = config
@@ -86,57 +111,26 @@ class OptimizeJob:
         self.cpu = cpu_info()
         self.threads = config.threads or self.cpu.usable_cores
         self.device = _device_for(config.target, progress)
+        self.spec = task_spec(config.task)
+        self.tolerance = tolerance_for(config.task, config.tolerance)
 
     def run(self) -> RunSummary:
         cfg = self.config
-        self.progress(f"loading {cfg.model or 'the bundled default model'} for {cfg.task.value}")
-        self.source = load_source(cfg.model, cfg.task, allow_pickle=cfg.allow_pickle)
-        self.reference = reference_predictor(self.source, batch_size=cfg.batch_size)
-        encoder = self.reference.encoder
-        self.tolerance = tolerance_for(cfg.task, cfg.tolerance)
-        self.eval_set = datasets.eval_set(cfg.task, cfg.eval_file)
-        self.progress("running the PyTorch fp32 reference on the agreement set")
-        self.agreement_data = AgreementInputs.build(self.reference, datasets.agreement_inputs(cfg.task, encoder))
-        self.reference_metric = evaluate(self.reference, self.eval_set) if self.eval_set else None
-        calibration = datasets.calibration_inputs(cfg.task, encoder, cfg.calibration_file)
-        user_texts = (datasets.read_texts(cfg.calibration_file, cfg.task) if cfg.calibration_file else None) \
-            or datasets.eval_texts(self.eval_set)
-        timing_inputs = datasets.timing_inputs(cfg.task, encoder, user_texts)
-        self.timing_encodings = self.reference.prepare(timing_inputs).encodings
-
+        self.source, self.reference = self._load()
+        self.work = self._workload()
         with staged_directory(cfg.output, overwrite=cfg.overwrite) as stage, \
                 tempfile.TemporaryDirectory(prefix="kiln-scratch-") as scratch:
             tokenizer = write_tokenizer(self.source, stage)
-            self.ctx = BuildContext(self.source, stage, encoder, calibration, self.cpu, int8_scheme(self.cpu),
-                                    cfg.target, cfg.calibration_method, scratch=Path(scratch))
+            self.ctx = BuildContext(self.source, stage, self.reference.encoder, self.work.calibration, self.cpu,
+                                    int8_scheme(self.cpu), cfg.target, cfg.calibration_method, scratch=Path(scratch))
             outcomes = [self._variant(VARIANTS[name]) for name in cfg.variant_names()]
-            self.progress(f"timing the PyTorch fp32 reference on {len(self.timing_encodings)} sequences")
-            with vanilla_attention(self.source.model) as attention:
-                reference_timing = time_predictor(self._timed(self.reference), self.timing_encodings)
-            for outcome in outcomes:
-                if outcome.status == "accepted":
-                    self.progress(f"timing {outcome.name}")
-                    outcome.timing = time_predictor(self._predictor(outcome.record), self.timing_encodings).to_dict()
+            reference_timing, attention = self._time_reference()
+            outcomes = [self._time(o) for o in outcomes]
             best = choose(outcomes)
             self._prune(outcomes)
-            summary = RunSummary(
-                model=self.source.name, task=cfg.task.value, tolerance=self.tolerance,
-                primary_metric=PRIMARY[cfg.task] if self.eval_set else None,
-                reference_metric=self.reference_metric, reference_timing=reference_timing.to_dict(),
-                outcomes=outcomes, best=best.name if best else None, command=shlex.join(sys.argv),
-                baseline_attention=attention,
-                environment={"cpu": self.cpu.to_dict(), "threads": self.threads, "versions": library_versions()},
-            )
+            summary = self._summary(outcomes, best, reference_timing, attention)
             write_summaries(stage, summary)
-            manifest = Manifest(
-                source=self.source.describe(), task=self.source.task_config.to_dict(), tokenizer=tokenizer,
-                variants={o.name: {**o.record, **_validation(o)} for o in outcomes if o.record},
-                extra={"best": summary.best, "skipped": {o.name: o.reason for o in outcomes if not o.record},
-                       "tolerance": self.tolerance, "cpu": self.cpu.to_dict(),
-                       "reference_timing": {**summary.reference_timing, "attention": attention},
-                       "eval": self.eval_set.source if self.eval_set else None,
-                       "reference_metric": self.reference_metric},
-            )
+            manifest = self._manifest(summary, tokenizer)
             if best is None:
                 raise NothingPassed(_nothing_passed(outcomes))
             write_best(stage, manifest, best.name)
@@ -146,98 +140,159 @@ class OptimizeJob:
             seal(stage, manifest)
         return summary
 
-    def _timed(self, predictor: Predictor) -> Predictor:
-        return Predictor(predictor.config, predictor.encoder, predictor.engine, batch_size=self.config.batch_size)
+    # -- the original and what variants are measured on ----------------------------------------------------
+    def _load(self) -> tuple[SourceModel, Predictor]:
+        cfg = self.config
+        self.progress(f"loading {cfg.model or 'the bundled default model'} for {self.spec.name}")
+        source = load_source(cfg.model, cfg.task, allow_pickle=cfg.allow_pickle)
+        return source, reference_predictor(source, batch_size=cfg.batch_size, threads=self.threads)
 
+    def _workload(self) -> Workload:
+        cfg, encoder = self.config, self.reference.encoder
+        eval_set = datasets.eval_set(cfg.task, cfg.eval_file)
+        self.progress("running the PyTorch fp32 reference on the agreement set")
+        data = agreement_inputs(self.reference, self.spec.agreement_inputs(encoder))
+        reference_metric = self.spec.evaluate(self.reference, eval_set) if eval_set else None
+        user = datasets.read_inputs(cfg.calibration_file, cfg.task) if cfg.calibration_file else None
+        calibration = user or self.spec.calibration_inputs(encoder)
+        timing = datasets.user_inputs(cfg.task, user, eval_set) or self.spec.timing_inputs(encoder)
+        return Workload(data, eval_set, reference_metric, calibration, tuple(self.reference.prepare(timing).encodings))
+
+    # -- one variant: build, check, retry; every failure stays inside this boundary ------------------------
+    def _variant(self, spec: VariantSpec) -> Outcome:
+        if reason := spec.why_not(self.ctx):
+            self.progress(f"{spec.name}: skipped ({reason})")
+            return Outcome(spec.name, Status.SKIPPED, reason)
+        self.progress(f"building {spec.name}")
+        start = time.perf_counter()
+        try:
+            checked = self._build_and_check(spec, ())
+            sensitivity = None
+            if not checked.verdict.accepted and spec.alternatives and self.config.sensitivity:
+                self.progress(f"{spec.name}: {checked.verdict.reason}; trying its alternative parameters")
+                checked = self._alternatives(spec, checked)
+            if not checked.verdict.accepted and spec.rank is not None and self.config.sensitivity:
+                self.progress(f"{spec.name}: {checked.verdict.reason}; ranking layers by int8 sensitivity")
+                checked, sensitivity = self._exclude(spec, checked)
+        except KilnError as err:
+            if isinstance(err, UsageError):
+                raise  # the user's input is wrong for every variant alike
+            return self._failed(spec, err, start)
+        except Exception as err:  # a pass (or its retry) that breaks is reported loudly, and the run goes on
+            return self._failed(spec, err, start)
+        status = Status.ACCEPTED if checked.verdict.accepted else Status.REJECTED
+        outcome = Outcome(spec.name, status, checked.verdict.reason, record=checked.built.record(),
+                          agreement=checked.agreement, metric=checked.metric,
+                          size_bytes=sum((self.ctx.stage / f).stat().st_size for f in checked.built.files),
+                          parameters=checked.parameters, sensitivity=sensitivity,
+                          build_seconds=time.perf_counter() - start)
+        self.progress(f"{spec.name}: {status.value} ({checked.verdict.reason})")
+        return outcome
+
+    def _failed(self, spec: VariantSpec, err: Exception, start: float) -> Outcome:
+        remove_variant_files(self.ctx, spec.name)
+        reason = f"{type(err).__name__}: {err}"
+        self.progress(f"{spec.name}: FAILED ({reason})")
+        return Outcome(spec.name, Status.FAILED, reason, build_seconds=time.perf_counter() - start)
+
+    def _build_and_check(self, spec: VariantSpec, excluded: list[str] | tuple[str, ...], **params: Any) -> Checked:
+        return self._check(spec.build(self.ctx, excluded, **params), params)
+
+    def _check(self, built: BuiltVariant, params: dict[str, Any]) -> Checked:
+        predictor = self._predictor(built.record())
+        agreement = measure_agreement(self.work.agreement, predictor)
+        data = self.work.eval_set
+        metric = self.spec.evaluate(predictor, data) if data is not None else None
+        reference = self.work.reference_metric
+        verdict = judge(self.config.task, agreement, self.tolerance,
+                        metric[self.spec.metric] if metric else None,
+                        reference[self.spec.metric] if reference else None)
+        return Checked(built, agreement, metric, verdict, params)
+
+    def _alternatives(self, spec: VariantSpec, default: Checked) -> Checked:
+        """Try the variant's alternative parameters in order; keep the first that passes, else the best."""
+        best = default
+        for params in spec.alternatives:
+            candidate = self._build_and_check(spec, (), **params)
+            self.progress(f"{spec.name} with {params}: {candidate.verdict.reason}")
+            if candidate.verdict.accepted:
+                return candidate
+            if candidate.agreement.value > best.agreement.value:
+                best = candidate
+        spec.build(self.ctx, (), **best.parameters)  # leave the best attempt's files on disk
+        return best
+
+    def _exclude(self, spec: VariantSpec, full: Checked) -> tuple[Checked, Sensitivity]:
+        """Rebuild with the most int8-sensitive layers kept in fp32 until the gate passes."""
+        ranking = spec.rank(self.ctx, self.ctx.calibration_batches()[:16])
+        timing_set = self.work.timing[:64]
+        # Timed now, while the files on disk are the fully quantized ones the search starts from.
+        full_seconds = time_predictor(self._predictor(full.built.record()), timing_set, rounds=1).seconds
+        attempts: dict[int, Checked] = {}
+
+        def attempt(excluded: list[str]) -> tuple[float, bool]:
+            candidate = self._build_and_check(spec, excluded, **full.parameters)
+            attempts[len(excluded)] = candidate
+            self.progress(f"{spec.name}: {len(excluded)} layer(s) kept in fp32 -> {candidate.verdict.reason}")
+            return candidate.agreement.value, candidate.verdict.accepted
+
+        search = exclusion_search(ranking, attempt)
+        top = tuple((name, error) for name, error in ranking[:10])
+        if not search.accepted:
+            spec.build(self.ctx, (), **full.parameters)  # leave the fully quantized files the rejection describes
+            return full, Sensitivity(top, search.rounds, (), False)
+        # The search stops at the first accepted attempt, so its files are the ones on disk.
+        chosen = attempts[len(search.excluded)]
+        seconds = time_predictor(self._predictor(chosen.built.record()), timing_set, rounds=1).seconds
+        return chosen, Sensitivity(top, search.rounds, search.excluded, True, speed_cost=seconds / full_seconds)
+
+    # -- timing, choice, records ---------------------------------------------------------------------------
     def _predictor(self, record: dict[str, Any]) -> Predictor:
         device = self.device if record["engine"] != "openvino" else "cpu"
         engine = create_engine(record["engine"], self.ctx.stage / record["path"],
                                EngineOptions.for_variant(record, self.threads, device))
         return Predictor(self.source.task_config, self.reference.encoder, engine, batch_size=self.config.batch_size)
 
-    def _validate(self, built: BuiltVariant) -> tuple[dict, dict | None, Any]:
-        predictor = self._predictor(built.record())
-        agreement = measure_agreement(self.config.task, self.agreement_data, predictor)
-        metric = evaluate(predictor, self.eval_set) if self.eval_set else None
-        primary = PRIMARY[self.config.task]
-        verdict = judge(self.config.task, agreement, self.tolerance,
-                        metric[primary] if metric else None,
-                        self.reference_metric[primary] if self.reference_metric else None)
-        return agreement.to_dict(), metric, verdict
+    def _time_reference(self) -> tuple[Timing, str]:
+        self.progress(f"timing the PyTorch fp32 reference on {len(self.work.timing)} sequences")
+        with vanilla_attention(self.source.model) as attention:
+            return time_predictor(self.reference, self.work.timing), attention
 
-    def _variant(self, spec: VariantSpec) -> Outcome:
-        if reason := spec.why_not(self.ctx):
-            self.progress(f"{spec.name}: skipped ({reason})")
-            return Outcome(spec.name, "skipped", reason)
-        self.progress(f"building {spec.name}")
-        start = time.perf_counter()
+    def _time(self, outcome: Outcome) -> Outcome:
+        if outcome.status is not Status.ACCEPTED:
+            return outcome
+        self.progress(f"timing {outcome.name}")
         try:
-            built = spec.build(self.ctx, ())
-            agreement, metric, verdict = self._validate(built)
-        except KilnError:
-            raise
-        except Exception as err:  # a pass that breaks is reported loudly (manifest, report, exit code)
-            remove_variant_files(self.ctx, spec.name)
-            self.progress(f"{spec.name}: FAILED ({type(err).__name__}: {err})")
-            return Outcome(spec.name, "failed", f"{type(err).__name__}: {err}")
-        sensitivity, params = None, {}
-        if not verdict.accepted and spec.alternatives and self.config.sensitivity:
-            self.progress(f"{spec.name}: {verdict.reason}; trying its alternative parameters")
-            built, agreement, metric, verdict, params = self._alternatives(spec, built, agreement, metric, verdict)
-        if not verdict.accepted and spec.sensitivity is not None and self.config.sensitivity:
-            self.progress(f"{spec.name}: {verdict.reason}; ranking layers by int8 sensitivity")
-            built, agreement, metric, verdict, sensitivity = self._exclude(spec, built, agreement, metric, verdict,
-                                                                           params)
-        outcome = Outcome(spec.name, "accepted" if verdict.accepted else "rejected", verdict.reason,
-                          record=built.record(), agreement=agreement, metric=metric,
-                          size_bytes=sum((self.ctx.stage / f).stat().st_size for f in built.files),
-                          sensitivity=sensitivity, build_seconds=time.perf_counter() - start)
-        self.progress(f"{spec.name}: {outcome.status} ({verdict.reason})")
-        return outcome
+            return dataclasses.replace(outcome, timing=time_predictor(self._predictor(outcome.record),
+                                                                      self.work.timing))
+        except Exception as err:  # an engine that validates but cannot be timed is a failed variant, said so
+            return dataclasses.replace(outcome, status=Status.FAILED, reason=f"timing: {type(err).__name__}: {err}")
 
-    def _alternatives(self, spec: VariantSpec, built: BuiltVariant, agreement, metric, verdict):
-        """Try the variant's alternative parameters in order; keep the first that passes, else the best."""
-        best = (built, agreement, metric, verdict, {})
-        for params in spec.alternatives:
-            candidate = spec.build(self.ctx, (), **params)
-            a, m, v = self._validate(candidate)
-            self.progress(f"{spec.name} with {params}: {v.reason}")
-            if v.accepted:
-                return candidate, a, m, v, params
-            if a["value"] > best[1]["value"]:
-                best = (candidate, a, m, v, params)
-        built, agreement, metric, verdict, params = best
-        spec.build(self.ctx, (), **params)  # leave the best attempt's files on disk
-        return built, agreement, metric, verdict, params
+    def _summary(self, outcomes: list[Outcome], best: Outcome | None, reference_timing: Timing,
+                 attention: str) -> RunSummary:
+        return RunSummary(
+            model=self.source.name, task=self.spec.name, tolerance=self.tolerance,
+            primary_metric=self.spec.metric if self.work.eval_set else None,
+            reference_metric=self.work.reference_metric, reference_timing=reference_timing,
+            outcomes=tuple(outcomes), best=best.name if best else None, command=shlex.join(sys.argv),
+            baseline_attention=attention,
+            environment={"cpu": self.cpu.to_dict(), "threads": self.threads, "versions": library_versions()},
+        )
 
-    def _exclude(self, spec: VariantSpec, built: BuiltVariant, agreement, metric, verdict, params: dict):
-        """Rebuild with the most int8-sensitive layers kept in fp32 until the gate passes."""
-        ranking = rank_layers(spec.sensitivity(self.ctx), self.ctx.calibration_batches()[:16],
-                              static=spec.static_ranges)
-        timing_set = self.timing_encodings[:64]
-        full_seconds = time_predictor(self._predictor(built.record()), timing_set, rounds=1).seconds
-        attempts: dict[int, tuple] = {}
+    def _manifest(self, summary: RunSummary, tokenizer: dict[str, Any]) -> Manifest:
+        from kiln.records import to_jsonable
 
-        def attempt(excluded: list[str]) -> tuple[float, bool]:
-            candidate = spec.build(self.ctx, excluded, **params)
-            a, m, v = self._validate(candidate)
-            attempts[len(excluded)] = (candidate, a, m, v)
-            self.progress(f"{spec.name}: {len(excluded)} layer(s) kept in fp32 -> {v.reason}")
-            return a["value"], v.accepted
-
-        search = exclusion_search(ranking, attempt)
-        record: dict[str, Any] = {"ranking": [[name, error] for name, error in ranking[:10]],
-                                  "rounds": [r.to_dict() for r in search.rounds],
-                                  "excluded": search.excluded, "accepted": search.accepted}
-        if not search.accepted:
-            spec.build(self.ctx, (), **params)  # leave the fully quantized files the rejection describes
-            record["result"] = "no exclusion set passed the gate"
-            return built, agreement, metric, verdict, record
-        # The search stops at the first accepted attempt, so its files are the ones on disk.
-        built, agreement, metric, verdict = attempts[len(search.excluded)]
-        seconds = time_predictor(self._predictor(built.record()), timing_set, rounds=1).seconds
-        record["speed_cost"] = seconds / full_seconds  # > 1: slower than the fully quantized model
-        return built, agreement, metric, verdict, record
+        outcomes = summary.outcomes
+        return Manifest(
+            source=self.source.describe(), task=self.source.task_config.to_dict(), tokenizer=tokenizer,
+            variants={o.name: {**o.record, **o.validation()} for o in outcomes if o.record},
+            extra={"best": summary.best, "skipped": {o.name: o.reason for o in outcomes if not o.record},
+                   "tolerance": self.tolerance, "cpu": self.cpu.to_dict(),
+                   "reference_timing": {**to_jsonable(summary.reference_timing),
+                                        "attention": summary.baseline_attention},
+                   "eval": self.work.eval_set.source if self.work.eval_set else None,
+                   "reference_metric": self.work.reference_metric},
+        )
 
     def _prune(self, outcomes: list[Outcome]) -> None:
         """Remove intermediates no recorded variant uses (e.g. a fused graph built only to quantize)."""
@@ -261,22 +316,16 @@ def _device_for(target: str, progress: Progress) -> str:
 
 def choose(outcomes: list[Outcome]) -> Outcome | None:
     """Fastest accepted variant; within TIE of the fastest, the smallest file wins."""
-    timed = [o for o in outcomes if o.status == "accepted" and o.timing]
+    timed = [o for o in outcomes if o.status is Status.ACCEPTED and o.timing]
     if not timed:
         return None
-    fastest = min(o.timing["ms_per_sequence"] for o in timed)
-    tied = [o for o in timed if o.timing["ms_per_sequence"] <= fastest * (1 + TIE)]
-    return min(tied, key=lambda o: (o.size_bytes, o.timing["ms_per_sequence"]))
-
-
-def _validation(outcome: Outcome) -> dict[str, Any]:
-    return {"status": outcome.status, "reason": outcome.reason, "agreement": outcome.agreement,
-            "task_metric": outcome.metric, "timing": outcome.timing, "size_bytes": outcome.size_bytes,
-            "sensitivity": outcome.sensitivity}
+    fastest = min(o.timing.ms_per_sequence for o in timed)
+    tied = [o for o in timed if o.timing.ms_per_sequence <= fastest * (1 + TIE)]
+    return min(tied, key=lambda o: (o.size_bytes, o.timing.ms_per_sequence))
 
 
 def _nothing_passed(outcomes: list[Outcome]) -> str:
-    lines = "; ".join(f"{o.name} {o.status}: {o.reason}" for o in outcomes)
+    lines = "; ".join(f"{o.name} {o.status.value}: {o.reason}" for o in outcomes)
     return f"no variant passed the gate ({lines}). Raise --tolerance or check the model"
 
 

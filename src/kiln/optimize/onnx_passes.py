@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from kiln.cpu import Int8Scheme
+from kiln.system.cpu import Int8Scheme
 
 
 @contextlib.contextmanager

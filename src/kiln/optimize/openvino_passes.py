@@ -60,7 +60,8 @@ def quantize_int8(
     with contextlib.redirect_stdout(io.StringIO()):  # NNCF's progress bars; kiln reports its own progress
         quantized = nncf.quantize(
             model, dataset, model_type=nncf.ModelType.TRANSFORMER, subset_size=subset_size,
-            ignored_scope=nncf.IgnoredScope(names=list(ignored), validate=False) if ignored else None, **advanced,
+            # validate=True: a name that is not an op of this IR is an error, never a silent no-op.
+            ignored_scope=nncf.IgnoredScope(names=list(ignored), validate=True) if ignored else None, **advanced,
         )
     ov.save_model(quantized, str(dst), compress_to_fp16=False)
     return {"pass": "nncf-int8", "preset": "transformer", "calibration_batches": len(batches),
@@ -68,14 +69,51 @@ def quantize_int8(
             "excluded_nodes": list(ignored)}
 
 
-def quantizable_nodes(path: Path) -> list[str]:
-    """MatMul nodes with constant weights: the layers NNCF quantizes and sensitivity analysis ranks."""
+def _weight(op) -> np.ndarray | None:
+    """A MatMul's constant weight as [in, out] (through a Convert of compressed weights), else None."""
+    source = op.input_value(1).get_node()
+    if source.get_type_name() == "Convert":
+        source = source.input_value(0).get_node()
+    if source.get_type_name() != "Constant":
+        return None
+    w = np.asarray(source.get_data(), dtype=np.float32)
+    if w.ndim != 2:
+        return None
+    return w.T if op.get_attributes().get("transpose_b") else w
+
+
+def rank_ir_layers(path: Path, batches: Sequence[dict[str, np.ndarray]], *, static: bool) -> list[tuple[str, float]]:
+    """(IR op name, relative int8 error) of every MatMul with a constant weight, worst first.
+
+    Ranks the OpenVINO model's own ops (activations captured from the IR itself), so the names handed to
+    NNCF's ignored scope are names NNCF finds in the model it quantizes.
+    """
+    from kiln.optimize.sensitivity import rank_by_int8_error
+
+    ov = _openvino()
+    core = ov.Core()
+    model = core.read_model(str(path))
+    targets = [(op, w) for op in model.get_ordered_ops()
+               if op.get_type_name() == "MatMul" and (w := _weight(op)) is not None]
+    outputs = model.add_outputs([op.input_value(0) for op, _ in targets])
+    compiled = core.compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+    names = [i.get_any_name() for i in compiled.inputs]
+    runs = [compiled({n: b[n] for n in names}) for b in batches]
+    layers = [(op.get_friendly_name(), w, [r[compiled.outputs[len(compiled.outputs) - len(outputs) + k]]
+                                          for r in runs]) for k, (op, w) in enumerate(targets)]
+    return rank_by_int8_error(layers, static=static)
+
+
+def fake_quantized_inputs(path: Path) -> set[str]:
+    """Names of the MatMuls of an IR that NNCF quantized (a FakeQuantize feeds one of their inputs)."""
     ov = _openvino()
     model = ov.Core().read_model(str(path))
-    names = []
+    quantized = set()
     for op in model.get_ordered_ops():
         if op.get_type_name() == "MatMul":
-            sources = [op.input_value(i).get_node().get_type_name() for i in range(op.get_input_size())]
-            if "Constant" in sources or "Convert" in sources:
-                names.append(op.get_friendly_name())
-    return names
+            feeds = [op.input_value(i).get_node() for i in range(op.get_input_size())]
+            if any(f.get_type_name() == "FakeQuantize" or (
+                    f.get_type_name() == "Convert" and f.input_value(0).get_node().get_type_name() == "FakeQuantize")
+                   for f in feeds):
+                quantized.add(op.get_friendly_name())
+    return quantized

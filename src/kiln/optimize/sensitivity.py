@@ -10,29 +10,19 @@ variant, until it passes the gate or no longer improves.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
-
-@dataclass
-class Round:
-    excluded: int
-    value: float
-    accepted: bool
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"excluded": self.excluded, "agreement": self.value, "accepted": self.accepted}
+from kiln.optimize.outcome import Round
 
 
-@dataclass
+@dataclass(frozen=True)
 class SearchResult:
-    excluded: list[str]
-    rounds: list[Round] = field(default_factory=list)
-    accepted: bool = False
-    ranking: list[tuple[str, float]] = field(default_factory=list)
+    excluded: tuple[str, ...]
+    rounds: tuple[Round, ...]
+    accepted: bool
 
 
 def _fake_quant_error(x: np.ndarray, w: np.ndarray, x_range: tuple[float, float]) -> float:
@@ -66,14 +56,20 @@ def rank_layers(graph: Path, batches: Sequence[dict[str, np.ndarray]], *, static
     inputs = {i.name for i in session.get_inputs()}
     names = [o.name for o in session.get_outputs()]
     runs = [dict(zip(names, session.run(None, {k: v for k, v in b.items() if k in inputs}))) for b in batches]
+    layers = [(node.name, numpy_helper.to_array(weights[node.input[1]]), [r[node.input[0]] for r in runs])
+              for node in targets]
+    return rank_by_int8_error(layers, static=static)
+
+
+def rank_by_int8_error(layers: Sequence[tuple[str, np.ndarray, Sequence[np.ndarray]]], *,
+                       static: bool) -> list[tuple[str, float]]:
+    """(name, mean relative int8 error) per (name, weight [in, out], captured input activations), worst first."""
     errors = []
-    for node in targets:
-        w = numpy_helper.to_array(weights[node.input[1]])
-        acts = [r[node.input[0]] for r in runs]
+    for name, w, acts in layers:
         global_range = (min(float(a.min()) for a in acts), max(float(a.max()) for a in acts))
         errs = [_fake_quant_error(a, w, global_range if static else (float(a.min()), float(a.max())))
                 for a in acts]
-        errors.append((node.name, float(np.mean(errs))))
+        errors.append((name, float(np.mean(errs))))
     return sorted(errors, key=lambda e: -e[1])
 
 
@@ -88,27 +84,27 @@ def exclusion_search(
     first passing count. The search gives up when doubling stops improving the agreement figure.
     The last call to ``attempt`` is always the returned exclusion set (its files are the ones on disk).
     """
-    result = SearchResult(excluded=[], ranking=ranking)
+    rounds: list[Round] = []
     best_value, flat = -np.inf, 0
     failing, count = 0, 1
     limit = len(ranking) - 1  # at least one layer stays quantized: excluding all is just the fp32 model
 
     def run(n: int) -> bool:
         value, accepted = attempt([name for name, _ in ranking[:n]])
-        result.rounds.append(Round(n, value, accepted))
+        rounds.append(Round(n, value, accepted))
         return accepted
 
     while count <= limit:
         if run(count):
             break
-        value = result.rounds[-1].value
+        value = rounds[-1].agreement
         flat = flat + 1 if value <= best_value + 1e-4 else 0
         best_value = max(best_value, value)
         if flat >= max_flat_rounds or count == limit:
-            return result  # excluding more layers stopped helping: nothing left to gain
+            return SearchResult((), tuple(rounds), False)  # excluding more layers stopped helping
         failing, count = count, min(count * 2, limit)
     else:
-        return result
+        return SearchResult((), tuple(rounds), False)
     passing = count
     while passing - failing > 1:
         middle = (failing + passing) // 2
@@ -116,7 +112,6 @@ def exclusion_search(
             passing = middle
         else:
             failing = middle
-    if result.rounds[-1].excluded != passing:
+    if rounds[-1].excluded != passing:
         run(passing)  # rebuild the smallest passing set so its files are the last written
-    result.excluded, result.accepted = [name for name, _ in ranking[:passing]], True
-    return result
+    return SearchResult(tuple(name for name, _ in ranking[:passing]), tuple(rounds), True)

@@ -9,8 +9,8 @@ from typing import Any
 import torch
 
 from kiln.export.torchscript import export_torchscript
-from kiln.export.wrapper import TaskModule, save_task_module
-from kiln.source import SourceModel
+from kiln.model.module import TaskModule, save_task_module
+from kiln.model.source import SourceModel
 
 
 def save_weights(source: SourceModel, module: TaskModule, directory: Path) -> dict[str, Any]:

@@ -8,9 +8,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from kiln.choices import Precision
 from kiln.optimize import onnx_passes, openvino_passes, torch_passes
 from kiln.optimize.context import BuildContext, BuiltVariant
+from kiln.optimize.sensitivity import rank_layers
 
 Builder = Callable[..., BuiltVariant]  # (context, nodes to keep in fp32, **tuning parameters) -> variant
 
@@ -21,9 +24,9 @@ class VariantSpec:
     build: Builder  # (context, nodes to keep in fp32) -> variant
     targets: frozenset[str]  # targets that build it by default
     why_not: Callable[[BuildContext], str | None] = lambda ctx: None  # reason it cannot be built here
-    # For int8 variants: the ONNX graph whose layers the sensitivity search ranks, and whether ranges are static.
-    sensitivity: Callable[[BuildContext], Path] | None = None
-    static_ranges: bool = False
+    # For int8 variants: (context, calibration batches) -> (layer name, int8 error) worst first, in the names
+    # the variant's own quantizer takes for exclusion.
+    rank: Callable[[BuildContext, list[dict[str, np.ndarray]]], list[tuple[str, float]]] | None = None
     # Parameter sets tried in order when the default build fails the gate, before any layer is excluded.
     alternatives: tuple[dict[str, Any], ...] = ()
 
@@ -183,13 +186,15 @@ VARIANTS: dict[str, VariantSpec] = {spec.name: spec for spec in (
     VariantSpec("onnx-fp32", _fp32, ALL),
     VariantSpec("onnx-fused", _fused, ALL),
     VariantSpec("onnx-fused-gelu-approx", lambda ctx, ex=(): _fused(ctx, ex, gelu=True), ALL),
-    VariantSpec("onnx-int8-dynamic", _int8_dynamic, CPU, sensitivity=lambda ctx: _fused_path(ctx)[0]),
-    VariantSpec("onnx-int8-static", _int8_static, CPU, sensitivity=lambda ctx: ctx.stage / _fp32(ctx).path,
-                static_ranges=True),
+    VariantSpec("onnx-int8-dynamic", _int8_dynamic, CPU,
+                rank=lambda ctx, batches: rank_layers(_fused_path(ctx)[0], batches, static=False)),
+    VariantSpec("onnx-int8-static", _int8_static, CPU,
+                rank=lambda ctx, batches: rank_layers(ctx.stage / _fp32(ctx).path, batches, static=True)),
     VariantSpec("openvino-fp32", _openvino_fp32, CPU, _needs_openvino),
     VariantSpec("openvino-bf16", _openvino_bf16, CPU, _needs_openvino_bf16),
     VariantSpec("openvino-int8-static", _openvino_int8, CPU, _needs_openvino,
-                sensitivity=lambda ctx: ctx.stage / _fp32(ctx).path, static_ranges=True,
+                rank=lambda ctx, batches: openvino_passes.rank_ir_layers(ctx.stage / _openvino_fp32_ir(ctx).path,
+                                                                         batches, static=True),
                 alternatives=tuple({"smooth_quant_alpha": a} for a in (0.8, 0.7, 0.6, 0.5))),
     VariantSpec("onnx-fp16", _fp16, frozenset({"cuda"})),
     VariantSpec("torchscript", _torchscript, ALL),

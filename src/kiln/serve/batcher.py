@@ -25,7 +25,7 @@ from typing import Any
 from tokenizers import Encoding
 
 from kiln.engines.base import Engine
-from kiln.runtime import Predictor
+from kiln.runtime.predictor import Predictor
 
 
 @dataclass(frozen=True)
@@ -202,6 +202,10 @@ class Batcher:
         return self.predictor.encoder.collate([i.encoding for i in batch],
                                               multiple=getattr(self.predictor.engine, "pad_multiple", 1))
 
+    def _forward(self, engine: Engine, arrays: dict[str, Any]) -> list[Any]:
+        """The forward pass and the task's pooling, both on the session's thread (off the event loop)."""
+        return self.predictor.handler.reduce(engine.run(arrays), arrays["attention_mask"])
+
     async def _run(self, batch: list[_Item]) -> None:
         try:
             queued = time.perf_counter() - min(i.arrived for i in batch)
@@ -215,10 +219,9 @@ class Batcher:
                     batch, arrays = live, self._collate(live)
                 start = time.perf_counter()
                 loop = asyncio.get_running_loop()
-                outputs = await loop.run_in_executor(session.thread, self._engine(session).run, arrays)
+                reduced = await loop.run_in_executor(session.thread, self._forward, self._engine(session), arrays)
             finally:
                 self._free.put_nowait(session)
-            reduced = self.predictor.handler.reduce(outputs, arrays["attention_mask"])
             self.on_batch(BatchStats(len(batch), int(arrays["input_ids"].size), queued, time.perf_counter() - start))
             for item, value in zip(batch, reduced):
                 request = item.request

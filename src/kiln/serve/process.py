@@ -13,7 +13,8 @@ import subprocess
 import threading
 import time
 
-STOPPED = "kiln: stopped after"  # + "%d inference requests, by status: {json}"
+from kiln.serve.metrics import STOPPED
+
 LISTENING = "Uvicorn running on"  # logged once the socket listens; "startup complete" comes before that
 
 

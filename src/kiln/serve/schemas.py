@@ -1,70 +1,62 @@
-"""Request bodies. Pydantic validates them; errors become 422 responses that name the field."""
+"""The server's own response bodies (task routes declare theirs in their task module)."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
-
-Texts = str | list[str]
+from pydantic import BaseModel, ConfigDict
 
 
-def _non_empty(value: Texts) -> Texts:
-    items = [value] if isinstance(value, str) else value
-    if not items:
-        raise ValueError("must not be an empty list")
-    for i, text in enumerate(items):
-        if not text.strip():
-            raise ValueError(f"item {i} is an empty string")
-    return value
-
-
-class _Body(BaseModel):
+class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    model: str | None = Field(None, description="Which served model; default: the only/first one.")
 
 
-class EmbedRequest(_Body):
-    inputs: Texts
-    truncate: bool = Field(True, description="Cut inputs longer than the model's maximum (else 413).")
-    _check = field_validator("inputs")(_non_empty)
+class ErrorDetail(_Model):
+    type: str
+    message: str
 
 
-class ClassifyRequest(EmbedRequest):
-    top_k: int | None = Field(1, ge=1, description="Labels per input; null for every label.")
+class ErrorBody(_Model):
+    """Every error the server answers: 401, 404, 413, 422, 429, 499, 500, 503."""
+
+    error: ErrorDetail
 
 
-class TokensRequest(EmbedRequest):
-    aggregation: Literal["none", "simple", "first", "average", "max"] = "simple"
+class Health(_Model):
+    status: Literal["ok"]
 
 
-class QAItem(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    question: str = Field(min_length=1)
-    context: str = Field(min_length=1)
+class Ready(_Model):
+    ready: Literal[True]
+    models: list[str]
 
 
-class AnswerRequest(_Body):
-    inputs: QAItem | list[QAItem]
-    top_k: int = Field(1, ge=1)
-    max_answer_len: int = Field(15, ge=1)
-    allow_null: bool = False
-    null_threshold: float = 0.0
-
-    @field_validator("inputs")
-    @classmethod
-    def _some(cls, value):
-        if isinstance(value, list) and not value:
-            raise ValueError("must not be an empty list")
-        return value
+class Info(_Model):
+    models: list[dict[str, Any]]
+    limits: dict[str, Any]
 
 
-class OpenAIEmbeddingRequest(BaseModel):
-    """The OpenAI embeddings API body (``dimensions`` and ``user`` accepted and ignored)."""
+class ModelCard(_Model):
+    id: str
+    object: Literal["model"]
+    created: int
+    owned_by: str
 
-    input: Texts
-    model: str
-    encoding_format: Literal["float", "base64"] = "float"
-    dimensions: int | None = None
-    user: str | None = None
-    _check = field_validator("input")(_non_empty)
+
+class ModelList(_Model):
+    object: Literal["list"]
+    data: list[ModelCard]
+
+
+# Responses every inference route may give besides 200 (the guard and the error table produce them).
+INFERENCE_ERRORS: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorBody, "description": text} for status, text in (
+        (401, "Missing or wrong API key (with --api-key)."),
+        (404, "No such served model, or the model does another task."),
+        (413, "Body over the size limit, too many inputs, or an input over the model's length with truncate false."),
+        (422, "The body does not match this schema; the message names the field."),
+        (429, "Too many requests in flight; retry after the Retry-After seconds."),
+        (500, "Inference failed; every request of the failed batch gets this answer."),
+        (503, "The model is still loading."),
+    )
+}

@@ -1,27 +1,41 @@
-"""The task registry: one handler per task name."""
+"""The task registry: a task name -> its spec (one module each). Adding a task is one module + one line here."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from enum import Enum
 
-from kiln.choices import TaskName
-from kiln.taskconfig import TaskConfig
-from kiln.tasks.base import Prepared, TaskHandler
+from kiln.errors import UsageError
+from kiln.tasks.base import Prepared, TaskSpec
+from kiln.tasks.config import TaskConfig
 from kiln.tasks.feature_extraction import FeatureExtraction
 from kiln.tasks.question_answering import Answer, QAInput, QuestionAnswering
-from kiln.tasks.text_classification import LabelScore, TextClassification
+from kiln.tasks.text_classification import LabelScore, TextClassification, TextPair
 from kiln.tasks.token_classification import Entity, TokenClassification
 
-TASKS: dict[TaskName, Callable[[TaskConfig], TaskHandler]] = {
-    TaskName.FEATURE_EXTRACTION: FeatureExtraction,
-    TaskName.TEXT_CLASSIFICATION: TextClassification,
-    TaskName.TOKEN_CLASSIFICATION: TokenClassification,
-    TaskName.QUESTION_ANSWERING: QuestionAnswering,
-}
+TASKS: dict[str, type[TaskSpec]] = {spec.name: spec for spec in (
+    FeatureExtraction,
+    TextClassification,
+    TokenClassification,
+    QuestionAnswering,
+)}
+DEFAULT_TASK = FeatureExtraction.name  # what the bundled sentence-embedding model does
+
+# The CLI's choices, generated from the registry: TaskName.TEXT_CLASSIFICATION == "text-classification".
+TaskName = Enum("TaskName", {name.upper().replace("-", "_"): name for name in TASKS}, type=str)  # type: ignore[misc]
 
 
-def task_handler(config: TaskConfig) -> TaskHandler:
-    return TASKS[config.task](config)
+def task_spec(name: str | Enum) -> type[TaskSpec]:
+    """The spec registered for ``name``, or a UsageError listing the tasks there are."""
+    key = name.value if isinstance(name, Enum) else str(name)
+    if key not in TASKS:
+        raise UsageError(f"--task must be one of: {', '.join(TASKS)} (got {key!r})")
+    return TASKS[key]
 
 
-__all__ = ["TASKS", "Answer", "Entity", "LabelScore", "Prepared", "QAInput", "TaskHandler", "task_handler"]
+def task_handler(config: TaskConfig) -> TaskSpec:
+    """The task's per-call instance for one model's settings."""
+    return task_spec(config.task)(config)
+
+
+__all__ = ["DEFAULT_TASK", "TASKS", "Answer", "Entity", "LabelScore", "Prepared", "QAInput", "TaskConfig", "TaskName",
+           "TaskSpec", "TextPair", "task_handler", "task_spec"]

@@ -1,60 +1,221 @@
-"""The task protocol: pre-processing into features, per-feature reduction, and final results."""
+"""The task spec: everything kiln knows about one task, owned by that task's module.
+
+A spec class says how the task's model is loaded (auto class, settings read from the model directory),
+exported (output names and which have a sequence axis), fed (pre-processing, parity, agreement,
+calibration and timing inputs), judged (agreement with the original, the gate's floors, the task metric,
+the eval-file fields) and served (routes). An instance, built from a :class:`TaskConfig`, does the
+per-call work: ``options`` -> ``prepare`` (tokenize) -> engine -> ``reduce`` (per batch) -> ``finalize``.
+Nothing outside ``kiln.tasks`` branches on a task's name; it asks the spec.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+import csv
+import json
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 from tokenizers import Encoding
 
-from kiln.choices import TaskName
-from kiln.taskconfig import TaskConfig
-from kiln.tokenization import TextEncoder
+from kiln.data.texts import builtin_sentences, length_mix, parity_texts
+from kiln.errors import UsageError
+from kiln.tasks.config import TaskConfig
+from kiln.validation.figures import Agreement, AgreementInputs, EvalSet, Floor, Run
+
+if TYPE_CHECKING:
+    from kiln.runtime.predictor import Predictor
+    from kiln.runtime.tokenization import TextEncoder
+    from kiln.tasks.http import Route
 
 
-@dataclass
+@dataclass(frozen=True)
 class Prepared:
     """Model-ready features for a list of inputs; QA can map one input to several windows."""
 
-    inputs: list[Any]
-    encodings: list[Encoding]
-    owners: list[int]  # index into ``inputs`` for every feature
-    truncated: list[bool] = field(default_factory=list)  # per input
+    inputs: tuple[Any, ...]
+    encodings: tuple[Encoding, ...]
+    owners: tuple[int, ...]  # index into ``inputs`` for every feature
+    truncated: tuple[bool, ...]  # per input
 
 
-class TaskHandler(Protocol):
-    """One task's pre- and post-processing. Engines only ever see padded id arrays."""
+def one_per_input(inputs: Sequence[Any], encodings: Sequence[Encoding]) -> Prepared:
+    return Prepared(tuple(inputs), tuple(encodings), tuple(range(len(inputs))),
+                    tuple(len(e.overflowing) > 0 for e in encodings))
 
-    name: TaskName
-    output_names: tuple[str, ...]
 
+class TaskSpec:
+    """Base class of every task. Class attributes and class methods describe the task; instances run it."""
+
+    name: ClassVar[str]
+    auto_class: ClassVar[str]  # the transformers Auto class that loads a model with this task's head
+    output_names: ClassVar[tuple[str, ...]]
+    sequence_outputs: ClassVar[frozenset[str]]  # outputs with a sequence axis (dynamic axes for export)
+    needs_trained_head: ClassVar[bool] = True  # refuse a checkpoint whose head weights are missing
+    default_tolerance: ClassVar[float]
+    tolerance_help: ClassVar[str]  # what the tolerance bounds, for `kiln optimize --help`
+    metric: ClassVar[str]  # the task metric's primary score (higher is better)
+    eval_fields: ClassVar[tuple[str, ...]]  # JSONL keys / CSV columns of an eval file
+    eval_formats: ClassVar[tuple[str, ...]] = (".jsonl", ".csv")
+    has_builtin_eval: ClassVar[bool] = False  # whether builtin_eval() returns data (read only when used)
+    routes: ClassVar[tuple[Route, ...]] = ()
+
+    def __init__(self, config: TaskConfig) -> None:
+        self.config = config
+
+    # -- loading ------------------------------------------------------------------------------------------
+    @classmethod
+    def settings(cls, model_dir: Path, hf_config: Any) -> dict[str, Any]:
+        """Extra TaskConfig fields read from the model directory (pooling, labels)."""
+        return {}
+
+    # -- per call -----------------------------------------------------------------------------------------
     def options(self, **kwargs: Any) -> Any:
         """Validate per-call options (top_k, aggregation, …) into a frozen options object."""
+        raise NotImplementedError
+
+    def check_inputs(self, inputs: Sequence[Any]) -> list[Any]:
+        """The inputs as this task takes them, or a UsageError naming what it accepts."""
+        for i, item in enumerate(inputs):
+            if not isinstance(item, str):
+                raise UsageError(f"{self.name} inputs must be strings (input {i} is {type(item).__name__})")
+        return list(inputs)
 
     def prepare(self, inputs: Sequence[Any], encoder: TextEncoder, options: Any) -> Prepared:
-        """Tokenize inputs into features."""
+        """Tokenize inputs into features (one per input unless the task windows them)."""
+        return one_per_input(inputs, encoder.encode(inputs, truncate=options.truncate))
 
     def reduce(self, outputs: dict[str, np.ndarray], attention_mask: np.ndarray) -> list[Any]:
         """Turn one padded batch of raw outputs into one value per row (pooled vector, logits…)."""
+        raise NotImplementedError
 
-    def finalize(
-        self, prepared: Prepared, reduced: list[Any], options: Any, encoder: TextEncoder, config: TaskConfig
-    ) -> list[Any]:
+    def finalize(self, prepared: Prepared, reduced: Sequence[Any], options: Any, encoder: TextEncoder) -> list[Any]:
         """Combine the reduced features of each input into its result."""
+        raise NotImplementedError
 
     def comparable(self, reduced: Any) -> np.ndarray:
-        """A flat float vector for one feature, used by parity and agreement checks."""
+        """A flat float vector for one feature, used by parity checks."""
+        return np.asarray(reduced, dtype=np.float32).reshape(-1)
+
+    # -- inputs -------------------------------------------------------------------------------------------
+    @classmethod
+    def parity_inputs(cls) -> list[Any]:
+        """Real inputs from one word to past the model's maximum, for export parity."""
+        return parity_texts()
+
+    @classmethod
+    def agreement_inputs(cls, encoder: TextEncoder, count: int = 128) -> list[Any]:
+        """Inputs the variants are compared on: every built-in sentence plus lengths up to the maximum."""
+        extra = length_mix(max(0, count - len(builtin_sentences())), 10, encoder.max_length, seed=2,
+                           token_count=encoder.token_count)
+        return [*builtin_sentences(), *extra]
+
+    @classmethod
+    def calibration_inputs(cls, encoder: TextEncoder, count: int = 128) -> list[Any]:
+        return length_mix(count, 10, encoder.max_length, seed=1, token_count=encoder.token_count)
+
+    @classmethod
+    def timing_inputs(cls, encoder: TextEncoder, count: int = 256) -> list[Any]:
+        """The realistic mix variants are timed on: 10-200 tokens, uniform."""
+        return length_mix(count, 10, min(200, encoder.max_length), seed=3, token_count=encoder.token_count)
+
+    @classmethod
+    def inputs_from_lines(cls, lines: list[str], flag: str) -> list[Any]:
+        """Inputs from a plain text file, one per line (--calibration .txt, bench --texts)."""
+        return lines
+
+    @classmethod
+    def sample_input(cls, text: str) -> Any:
+        """One input built from a text (a warm-up call)."""
+        return text
+
+    # -- validation ---------------------------------------------------------------------------------------
+    @classmethod
+    def agreement(cls, data: AgreementInputs, variant: Run) -> Agreement:
+        """How closely ``variant`` reproduces the original's outputs on the agreement inputs."""
+        raise NotImplementedError
+
+    @classmethod
+    def floors(cls, agreement: Agreement, tolerance: float) -> list[Floor]:
+        """Figures the gate checks: by default the primary agreement figure >= 1 - tolerance."""
+        return [Floor(agreement.primary, agreement.value, 1.0 - tolerance)]
+
+    @classmethod
+    def parse_row(cls, row: Mapping[str, Any], where: str) -> tuple[Any, Any]:
+        """(model input, gold label) from one eval-file row; errors name ``where`` and the field."""
+        raise NotImplementedError
+
+    @classmethod
+    def read_eval(cls, path: Path) -> EvalSet:
+        """An eval file of this task: JSONL or CSV rows with ``eval_fields``."""
+        suffix = path.suffix.lower()
+        if suffix not in (".jsonl", ".csv"):
+            raise UsageError(f"--eval file {path}: unsupported format {suffix or '(none)'} for {cls.name} "
+                             f"(use {', '.join(cls.eval_formats)} with fields {', '.join(cls.eval_fields)})")
+        rows = _rows_jsonl(path) if suffix == ".jsonl" else _rows_csv(path)
+        parsed = [cls.parse_row(row, f"{path} line {number}") for number, row in rows]
+        return EvalSet(cls.name, str(path), tuple(p[0] for p in parsed), tuple(p[1] for p in parsed))
+
+    @classmethod
+    def builtin_eval(cls) -> EvalSet | None:
+        """Labelled data kiln ships for this task (None: the task metric needs --eval)."""
+        return None
+
+    @classmethod
+    def evaluate(cls, predictor: Predictor, data: EvalSet) -> dict[str, float]:
+        """Score ``predictor`` on ``data``; ``metric`` names the primary score."""
+        raise NotImplementedError
+
+    @classmethod
+    def eval_inputs(cls, data: EvalSet) -> list[Any]:
+        """Model inputs from labelled data, to calibrate or time on."""
+        return list(data.inputs)
 
 
-def one_per_input(inputs: Sequence[Any], encodings: list[Encoding]) -> Prepared:
-    return Prepared(
-        inputs=list(inputs),
-        encodings=encodings,
-        owners=list(range(len(inputs))),
-        truncated=[len(e.overflowing) > 0 for e in encodings],
-    )
+def field(row: Mapping[str, Any], name: str, where: str, parse: Any = str, *, optional_empty: bool = False) -> Any:
+    """``parse(row[name])``, or a UsageError naming the line, the field and what the row holds."""
+    if name not in row or (row[name] in (None, "") and not optional_empty):
+        raise UsageError(f"{where}: missing field {name!r} (the row has: {', '.join(sorted(row)) or 'nothing'})")
+    try:
+        return parse(row[name])
+    except (TypeError, ValueError) as err:
+        raise UsageError(f"{where}: field {name!r} has a bad value {row[name]!r} ({err})") from err
+
+
+def read_json(path: Path) -> Any:
+    """A model directory's JSON file, or a ModelLoadError naming it."""
+    from kiln.errors import ModelLoadError
+
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError as err:
+        raise ModelLoadError(f"{path} is missing") from err
+    except json.JSONDecodeError as err:
+        raise ModelLoadError(f"{path} is not valid JSON: {err}") from err
+
+
+def _rows_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise UsageError(f"{path} line {number}: not valid JSON ({err.msg})") from err
+        if not isinstance(row, dict):
+            raise UsageError(f"{path} line {number}: expected a JSON object, got {type(row).__name__}")
+        yield number, row
+
+
+def _rows_csv(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    with path.open(newline="", encoding="utf-8") as fh:
+        reader = csv.DictReader(fh)
+        for row in reader:
+            if None in row:
+                raise UsageError(f"{path} line {reader.line_num}: more values than columns {reader.fieldnames}")
+            yield reader.line_num, row
 
 
 def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:

@@ -1,17 +1,29 @@
-"""Sentence embeddings: pooling and normalization as the model's sentence-transformers config says."""
+"""Sentence embeddings: pooling and normalization as the model's sentence-transformers config says.
+
+Agreement: cosine to the original per input (the gate: min >= 1 - t, mean >= 1 - t/2), plus pairwise
+similarity Spearman and top-10 neighbour recall. Task metric: STS Spearman (kiln's built-in pairs by default).
+Routes: POST /embed and the OpenAI-compatible POST /v1/embeddings.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import base64
+import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
 
 import numpy as np
+from pydantic import Field
 
-from kiln.choices import Pooling, TaskName
-from kiln.taskconfig import TaskConfig
-from kiln.tasks.base import Prepared, one_per_input
-from kiln.tokenization import TextEncoder
+from kiln.choices import Pooling
+from kiln.errors import UnsupportedModelError
+from kiln.tasks.base import Prepared, TaskSpec, field, read_json
+from kiln.tasks.http import NonBlank, RequestBody, ResponseModel, Route, Texts, listify
+from kiln.validation.figures import Agreement, AgreementInputs, EvalSet, Floor, Run
+from kiln.validation.metrics import spearman
 
 
 @dataclass(frozen=True)
@@ -33,33 +45,183 @@ def _pool_max(hidden: np.ndarray, mask: np.ndarray) -> np.ndarray:
 
 
 POOLERS = {Pooling.MEAN: _pool_mean, Pooling.CLS: _pool_cls, Pooling.MAX: _pool_max}
+# sentence-transformers modules kiln reproduces in its own post-processing.
+ST_MODULES = {"Transformer", "Pooling", "Normalize"}
 
 
-class FeatureExtraction:
-    name = TaskName.FEATURE_EXTRACTION
+class EmbedRequest(RequestBody):
+    inputs: Texts = Field(description="A text or a list of texts.")
+
+    def items(self) -> list[Any]:
+        return listify(self.inputs)
+
+
+class EmbedResponse(ResponseModel):
+    model: str
+    embeddings: list[list[float]]
+    truncated: list[bool] = Field(description="Per input: whether it was cut to the model's maximum length.")
+
+
+class OpenAIEmbeddingRequest(RequestBody):
+    """The OpenAI embeddings API body."""
+
+    input: Texts
+    model: str  # type: ignore[assignment]  # OpenAI clients always name one
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: None = Field(None, description="Not supported: kiln returns the model's full size; a value is "
+                             "refused with 422 rather than ignored.")
+    user: NonBlank | None = None
+    truncate: bool = True
+
+    def items(self) -> list[Any]:
+        return listify(self.input)
+
+
+class OpenAIEmbedding(ResponseModel):
+    object: Literal["embedding"]
+    index: int
+    embedding: list[float] | str
+
+
+class OpenAIUsage(ResponseModel):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class OpenAIEmbeddingResponse(ResponseModel):
+    object: Literal["list"]
+    data: list[OpenAIEmbedding]
+    model: str
+    usage: OpenAIUsage
+
+
+def _embed(body: EmbedRequest, model: str, prepared: Prepared, results: list[Any]) -> dict[str, Any]:
+    return {"model": model, "embeddings": np.stack(results), "truncated": list(prepared.truncated)}
+
+
+def _openai(body: OpenAIEmbeddingRequest, model: str, prepared: Prepared, results: list[Any]) -> dict[str, Any]:
+    tokens = sum(len(e.ids) for e in prepared.encodings)
+    data = [{"object": "embedding", "index": i,
+             "embedding": base64.b64encode(np.asarray(v, dtype=np.float32).tobytes()).decode()
+             if body.encoding_format == "base64" else np.asarray(v)} for i, v in enumerate(results)]
+    return {"object": "list", "data": data, "model": model, "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+
+
+class FeatureExtraction(TaskSpec):
+    name = "feature-extraction"
+    auto_class = "AutoModel"
     output_names = ("last_hidden_state",)
+    sequence_outputs = frozenset(output_names)
+    needs_trained_head = False
+    default_tolerance = 0.01
+    tolerance_help = "min cosine >= 1-t and mean cosine >= 1-t/2"
+    metric = "spearman"
+    eval_fields = ("sentence1", "sentence2", "score")
+    has_builtin_eval = True
+    routes = (
+        Route("/embed", "Sentence embeddings", EmbedRequest, EmbedResponse, _embed),
+        Route("/v1/embeddings", "OpenAI-compatible embeddings", OpenAIEmbeddingRequest, OpenAIEmbeddingResponse,
+              _openai, any_model_name=True, inputs_field="input"),
+    )
 
-    def __init__(self, config: TaskConfig) -> None:
+    def __init__(self, config) -> None:
+        super().__init__(config)
         self._pool = POOLERS[config.pooling]
-        self._normalize = config.normalize
+
+    @classmethod
+    def settings(cls, model_dir: Path, hf_config: Any) -> dict[str, Any]:
+        """Pooling and normalization from modules.json / 1_Pooling/config.json; mean without them."""
+        modules_file = model_dir / "modules.json"
+        if not modules_file.is_file():
+            return {"pooling": Pooling.MEAN, "normalize": False}
+        kinds = {str(m.get("type", "")).rsplit(".", 1)[-1]: m for m in read_json(modules_file)}
+        unknown = sorted(set(kinds) - ST_MODULES)
+        if unknown:
+            raise UnsupportedModelError(
+                f"{model_dir} uses sentence-transformers modules kiln does not reproduce: {', '.join(unknown)} "
+                f"(supported: {', '.join(sorted(ST_MODULES))})"
+            )
+        pooling = Pooling.MEAN
+        if "Pooling" in kinds:
+            pool_config = read_json(model_dir / kinds["Pooling"].get("path", "1_Pooling") / "config.json")
+            pooling = _pooling_mode(pool_config, model_dir)
+        return {"pooling": pooling, "normalize": "Normalize" in kinds}
 
     def options(self, truncate: bool = True) -> EmbedOptions:
         return EmbedOptions(truncate=truncate)
 
-    def prepare(self, inputs: Sequence[str], encoder: TextEncoder, options: EmbedOptions) -> Prepared:
-        return one_per_input(inputs, encoder.encode(inputs, truncate=options.truncate))
-
     def reduce(self, outputs: dict[str, np.ndarray], attention_mask: np.ndarray) -> list[np.ndarray]:
         pooled = self._pool(outputs["last_hidden_state"].astype(np.float32), attention_mask)
-        if self._normalize:
+        if self.config.normalize:
             pooled = pooled / np.clip(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12, None)
         return list(pooled)
 
-    def finalize(
-        self, prepared: Prepared, reduced: list[Any], options: EmbedOptions, encoder: TextEncoder,
-        config: TaskConfig,
-    ) -> list[np.ndarray]:
-        return reduced
+    def finalize(self, prepared: Prepared, reduced: Sequence[Any], options: EmbedOptions, encoder) -> list[np.ndarray]:
+        return list(reduced)
 
-    def comparable(self, reduced: np.ndarray) -> np.ndarray:
-        return reduced
+    @classmethod
+    def agreement(cls, data: AgreementInputs, variant: Run) -> Agreement:
+        ref = _unit(np.stack(data.reference.results))
+        got = _unit(np.stack(variant.results))
+        cos = (ref * got).sum(1)
+        sim_ref, sim_got = ref @ ref.T, got @ got.T
+        upper = np.triu_indices(len(ref), k=1)
+        k = min(10, len(ref) - 1)
+        np.fill_diagonal(sim_ref, -np.inf)
+        np.fill_diagonal(sim_got, -np.inf)
+        top_ref = np.argsort(-sim_ref, axis=1)[:, :k]
+        top_got = np.argsort(-sim_got, axis=1)[:, :k]
+        recall = np.mean([len(set(a) & set(b)) / k for a, b in zip(top_ref, top_got)]) if k else 1.0
+        figures = {"mean_cosine": float(cos.mean()), "min_cosine": float(cos.min()),
+                   "pairwise_spearman": spearman(sim_ref[upper], sim_got[upper]),
+                   f"top{k}_neighbour_recall": float(recall)}
+        return Agreement.of("min_cosine", figures, data.lengths(), cos, "cosine")
+
+    @classmethod
+    def floors(cls, agreement: Agreement, tolerance: float) -> list[Floor]:
+        return [Floor("min_cosine", agreement.figures["min_cosine"], 1.0 - tolerance),
+                Floor("mean_cosine", agreement.figures["mean_cosine"], 1.0 - tolerance / 2)]
+
+    @classmethod
+    def parse_row(cls, row: Mapping[str, Any], where: str) -> tuple[Any, Any]:
+        pair = (field(row, "sentence1", where), field(row, "sentence2", where))
+        return pair, field(row, "score", where, float)
+
+    @classmethod
+    def builtin_eval(cls) -> EvalSet:
+        """kiln's own STS pairs (0-5 similarity, written for kiln)."""
+        text = resources.files("kiln.data").joinpath("sts.jsonl").read_text(encoding="utf-8")
+        rows = [cls.parse_row(json.loads(line), f"built-in sts.jsonl line {i}")
+                for i, line in enumerate(text.splitlines(), start=1)]
+        return EvalSet(cls.name, "built-in STS pairs", tuple(r[0] for r in rows), tuple(r[1] for r in rows),
+                       builtin=True)
+
+    @classmethod
+    def evaluate(cls, predictor, data: EvalSet) -> dict[str, float]:
+        left = _unit(np.stack(predictor.predict([a for a, _ in data.inputs])))
+        right = _unit(np.stack(predictor.predict([b for _, b in data.inputs])))
+        return {"spearman": spearman((left * right).sum(1), data.labels)}
+
+    @classmethod
+    def eval_inputs(cls, data: EvalSet) -> list[Any]:
+        return [text for pair in data.inputs for text in pair]
+
+
+def _unit(x: np.ndarray) -> np.ndarray:
+    x = x.astype(np.float64)
+    return x / np.clip(np.linalg.norm(x, axis=1, keepdims=True), 1e-12, None)
+
+
+def _pooling_mode(pool_config: dict[str, Any], model_dir: Path) -> Pooling:
+    if isinstance(mode := pool_config.get("pooling_mode"), str):
+        names = {mode}
+    else:
+        names = {k.removeprefix("pooling_mode_") for k, v in pool_config.items()
+                 if k.startswith("pooling_mode_") and v}
+    by_flag = {"mean_tokens": Pooling.MEAN, "mean": Pooling.MEAN, "cls_token": Pooling.CLS, "cls": Pooling.CLS,
+               "max_tokens": Pooling.MAX, "max": Pooling.MAX}
+    if len(names) != 1 or (name := names.pop()) not in by_flag:
+        raise UnsupportedModelError(
+            f"{model_dir} pools with {sorted(names) or 'nothing'}; kiln supports exactly one of mean, cls, max"
+        )
+    return by_flag[name]

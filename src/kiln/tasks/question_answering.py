@@ -1,18 +1,26 @@
-"""Extractive QA: doc-stride windows, n-best span search, SQuAD-2 null answer, text cut by offsets."""
+"""Extractive QA: doc-stride windows, n-best span search, SQuAD-2 null answer, text cut by offsets.
+
+Agreement: answer F1 against the original's answers (gate: >= 1 - t). Task metric: SQuAD v1.1/v2.0 exact
+match and F1 (eval files: JSONL/CSV rows of question, context, answers; or SQuAD JSON). Route: POST /answer.
+"""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
 
-from kiln.choices import TaskName
+from kiln.data.texts import builtin_sentences, joined
 from kiln.errors import UsageError
-from kiln.taskconfig import TaskConfig
-from kiln.tasks.base import Prepared, softmax, valid_rows
-from kiln.tokenization import TextEncoder
+from kiln.tasks.base import Prepared, TaskSpec, field, softmax, valid_rows
+from kiln.tasks.http import Count, NonBlank, RequestBody, ResponseModel, Route, listify
+from kiln.validation.figures import Agreement, AgreementInputs, EvalSet, Run
+from kiln.validation.metrics import squad_scores
 
 
 @dataclass(frozen=True)
@@ -37,24 +45,77 @@ class AnswerOptions:
     doc_stride: int | None = None  # default: min(max_seq_len // 2, 128)
     allow_null: bool = False  # SQuAD 2.0: "no answer" competes with the best span
     null_threshold: float = 0.0  # answer "" only when null score > best span score + threshold
+    truncate: bool = True  # accepted for a uniform call; windows cover the whole context, nothing is cut
 
 
-def as_qa_input(item: Any) -> QAInput:
+def as_qa_input(item: Any, index: int = 0) -> QAInput:
     if isinstance(item, QAInput):
         return item
-    if isinstance(item, Mapping) and {"question", "context"} <= item.keys():
-        return QAInput(str(item["question"]), str(item["context"]))
-    if isinstance(item, (tuple, list)) and len(item) == 2:
-        return QAInput(str(item[0]), str(item[1]))
-    raise UsageError("question-answering inputs must be {'question': …, 'context': …} or (question, context)")
+    if isinstance(item, Mapping) and set(item) == {"question", "context"} \
+            and all(isinstance(v, str) for v in item.values()):
+        return QAInput(item["question"], item["context"])
+    if isinstance(item, (tuple, list)) and len(item) == 2 and all(isinstance(v, str) for v in item):
+        return QAInput(item[0], item[1])
+    raise UsageError(f"question-answering inputs must be {{'question': …, 'context': …}}, (question, context) or "
+                     f"kiln.QAInput (input {index} is {type(item).__name__} {str(item)[:60]!r})")
 
 
-class QuestionAnswering:
-    name = TaskName.QUESTION_ANSWERING
+def builtin_questions(count: int, seed: int = 0) -> list[QAInput]:
+    """Questions are built-in sentences; contexts are paragraphs of 1-8 other sentences."""
+    n = len(builtin_sentences())
+    return [QAInput(builtin_sentences()[(seed + 7 * i) % n], joined(seed + 11 * i + 3, 1 + (i % 8)))
+            for i in range(count)]
+
+
+class QAItem(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    question: NonBlank
+    context: NonBlank
+
+
+class AnswerRequest(RequestBody):
+    inputs: QAItem | list[QAItem] = Field(description="A {question, context} pair or a list of them.", min_length=1)
+    top_k: Count = 1
+    max_answer_len: Count = 15
+    allow_null: bool = Field(False, description="SQuAD 2.0: answer \"\" when no span beats the null score.")
+    null_threshold: float = Field(0.0, ge=-1.0, le=1.0)
+
+    def items(self) -> list[Any]:
+        return [QAInput(i.question, i.context) for i in listify(self.inputs)]
+
+    def options(self) -> dict[str, Any]:
+        return {"top_k": self.top_k, "max_answer_len": self.max_answer_len, "allow_null": self.allow_null,
+                "null_threshold": self.null_threshold}
+
+
+class AnswerModel(ResponseModel):
+    answer: str
+    score: float
+    start: int
+    end: int
+
+
+class AnswerResponse(ResponseModel):
+    model: str
+    results: list[list[AnswerModel]]
+    truncated: list[bool]
+
+
+def _render(body: AnswerRequest, model: str, prepared: Prepared, results: list[Any]) -> dict[str, Any]:
+    return {"model": model, "results": results, "truncated": list(prepared.truncated)}
+
+
+class QuestionAnswering(TaskSpec):
+    name = "question-answering"
+    auto_class = "AutoModelForQuestionAnswering"
     output_names = ("start_logits", "end_logits")
-
-    def __init__(self, config: TaskConfig) -> None:
-        self._max_length = config.max_length
+    sequence_outputs = frozenset(output_names)
+    default_tolerance = 0.02
+    tolerance_help = "answer F1 against the original's answers >= 1-t"
+    metric = "f1"
+    eval_fields = ("question", "context", "answers")
+    eval_formats = (".jsonl", ".csv", "SQuAD .json")
+    routes = (Route("/answer", "Extract answers from contexts", AnswerRequest, AnswerResponse, _render),)
 
     def options(self, **kwargs: Any) -> AnswerOptions:
         options = AnswerOptions(**kwargs)
@@ -64,21 +125,24 @@ class QuestionAnswering:
         return options
 
     def window(self, options: AnswerOptions) -> tuple[int, int]:
-        max_len = min(options.max_seq_len or 384, self._max_length)
+        max_len = min(options.max_seq_len or 384, self.config.max_length)
         stride = options.doc_stride if options.doc_stride is not None else min(max_len // 2, 128)
         if not 0 <= stride < max_len:
             raise UsageError(f"doc_stride must be between 0 and max_seq_len ({max_len}) (got {stride})")
         return max_len, stride
 
-    def prepare(self, inputs: Sequence[Any], encoder: TextEncoder, options: AnswerOptions) -> Prepared:
+    def check_inputs(self, inputs: Sequence[Any]) -> list[Any]:
+        return [as_qa_input(item, i) for i, item in enumerate(inputs)]
+
+    def prepare(self, inputs: Sequence[Any], encoder, options: AnswerOptions) -> Prepared:
         max_len, stride = self.window(options)
-        pairs = [as_qa_input(x) for x in inputs]
+        pairs = [as_qa_input(x, i) for i, x in enumerate(inputs)]
         encodings, owners = [], []
         for i, pair in enumerate(pairs):
             windows = encoder.encode_windows(pair.question, pair.context, max_length=max_len, stride=stride)
             encodings.extend(windows)
             owners.extend([i] * len(windows))
-        return Prepared(inputs=pairs, encodings=encodings, owners=owners, truncated=[False] * len(pairs))
+        return Prepared(tuple(pairs), tuple(encodings), tuple(owners), (False,) * len(pairs))
 
     def reduce(self, outputs: dict[str, np.ndarray], attention_mask: np.ndarray) -> list[tuple[np.ndarray, ...]]:
         starts = valid_rows(outputs["start_logits"].astype(np.float32), attention_mask)
@@ -88,10 +152,71 @@ class QuestionAnswering:
     def comparable(self, reduced: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
         return np.concatenate(reduced)
 
-    def finalize(
-        self, prepared: Prepared, reduced: list[Any], options: AnswerOptions, encoder: TextEncoder,
-        config: TaskConfig,
-    ) -> list[list[Answer]]:
+    @classmethod
+    def parity_inputs(cls) -> list[Any]:
+        """Question/context pairs; the longer contexts need several doc-stride windows."""
+        sentences = builtin_sentences()
+        return [QAInput(sentences[i], joined(i * 3, 1 + i)) for i in range(2, 14, 2)]
+
+    @classmethod
+    def agreement_inputs(cls, encoder, count: int = 128) -> list[Any]:
+        return builtin_questions(count // 4, seed=1)
+
+    @classmethod
+    def calibration_inputs(cls, encoder, count: int = 128) -> list[Any]:
+        return builtin_questions(count // 4, seed=5)
+
+    @classmethod
+    def timing_inputs(cls, encoder, count: int = 256) -> list[Any]:
+        return builtin_questions(count // 4, seed=9)
+
+    @classmethod
+    def inputs_from_lines(cls, lines: list[str], flag: str) -> list[Any]:
+        raise UsageError(f"{flag} for question-answering needs .jsonl/.csv rows with question and context")
+
+    @classmethod
+    def sample_input(cls, text: str) -> Any:
+        return QAInput("What is this about?", text)
+
+    @classmethod
+    def agreement(cls, data: AgreementInputs, variant: Run) -> Agreement:
+        ref = [r[0].answer if r else "" for r in data.reference.results]
+        got = [r[0].answer if r else "" for r in variant.results]
+        per_item = np.array([squad_scores([g], [[r]])["f1"] for r, g in zip(ref, got)])
+        scores = squad_scores(got, [[r] for r in ref])
+        figures = {"answer_exact_match": scores["exact_match"], "answer_f1": scores["f1"]}
+        return Agreement.of("answer_f1", figures, data.lengths(), per_item, "f1")
+
+    @classmethod
+    def parse_row(cls, row: Mapping[str, Any], where: str) -> tuple[Any, Any]:
+        item = QAInput(field(row, "question", where), field(row, "context", where))
+        return item, tuple(field(row, "answers", where, _answer_list, optional_empty=True))
+
+    @classmethod
+    def read_eval(cls, path: Path) -> EvalSet:
+        if path.suffix.lower() != ".json":
+            return super().read_eval(path)
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))["data"]
+        except (json.JSONDecodeError, KeyError, TypeError) as err:
+            raise UsageError(f"{path}: not a SQuAD file (expected {{'data': [{{'paragraphs': …}}]}}): {err}") from err
+        inputs, answers = [], []
+        for article in data:
+            for paragraph in article.get("paragraphs", []):
+                for qa in paragraph.get("qas", []):
+                    inputs.append(QAInput(qa["question"], paragraph["context"]))
+                    answers.append(() if qa.get("is_impossible", False)
+                                   else tuple(a["text"] for a in qa.get("answers", [])))
+        return EvalSet(cls.name, str(path), tuple(inputs), tuple(answers))
+
+    @classmethod
+    def evaluate(cls, predictor, data: EvalSet) -> dict[str, float]:
+        allow_null = any(not a for a in data.labels)
+        results = predictor.predict(list(data.inputs), allow_null=allow_null)
+        return squad_scores([r[0].answer if r else "" for r in results], data.labels)
+
+    def finalize(self, prepared: Prepared, reduced: Sequence[Any], options: AnswerOptions,
+                 encoder) -> list[list[Answer]]:
         per_input: list[list[Answer]] = [[] for _ in prepared.inputs]
         null_scores = [1.0] * len(prepared.inputs)
         for owner, encoding, (start_logits, end_logits) in zip(prepared.owners, prepared.encodings, reduced):
@@ -131,3 +256,11 @@ def _window_answers(
             char_start, char_end = encoding.offsets[s][0], encoding.offsets[e][1]
             answers.append(Answer(context[char_start:char_end], float(spans[s, e]), char_start, char_end))
     return answers, null
+
+
+def _answer_list(value: Any) -> list[str]:
+    if isinstance(value, list):
+        return [str(v) for v in value]
+    if isinstance(value, str):
+        return [value] if value else []
+    raise TypeError("expected a list of answer strings")

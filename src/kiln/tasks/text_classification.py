@@ -1,18 +1,34 @@
-"""Sequence classification: softmax (or sigmoid for multi-label), id2label, top-k."""
+"""Sequence classification of one text or a text pair: softmax (sigmoid for multi-label), id2label, top-k.
+
+Pairs (paraphrase, NLI, cross-encoders) are tokenized as the model's tokenizer does pairs (token type ids
+where the model has them); an over-long pair loses tokens from its longer text first (longest-first).
+Agreement: the same top label as the original (gate: >= 1 - t). Task metric: accuracy, and F1 (binary F1 of
+the second label, MRPC's, when there are two; macro F1 always). Route: POST /classify.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
 
-from kiln.choices import TaskName
+from kiln.data.texts import builtin_pairs, parity_texts
 from kiln.errors import UsageError
-from kiln.taskconfig import TaskConfig
-from kiln.tasks.base import Prepared, one_per_input, sigmoid, softmax
-from kiln.tokenization import TextEncoder
+from kiln.tasks.base import Prepared, TaskSpec, field, one_per_input, sigmoid, softmax
+from kiln.tasks.http import Count, NonBlank, RequestBody, ResponseModel, Route, listify
+from kiln.validation.figures import Agreement, AgreementInputs, EvalSet, Run
+
+
+@dataclass(frozen=True)
+class TextPair:
+    """Two texts classified together (sentence pairs, NLI premise/hypothesis, query/passage)."""
+
+    text: str
+    text_pair: str
 
 
 @dataclass(frozen=True)
@@ -27,7 +43,20 @@ class ClassifyOptions:
     truncate: bool = True
 
 
-def score_function(config: TaskConfig, num_labels: int):
+def as_text_input(item: Any, index: int) -> str | TextPair:
+    """A text or a pair; dicts use the transformers pipeline's keys ``text`` and ``text_pair``."""
+    if isinstance(item, (str, TextPair)):
+        return item
+    if isinstance(item, Mapping) and set(item) == {"text", "text_pair"} \
+            and all(isinstance(v, str) for v in item.values()):
+        return TextPair(item["text"], item["text_pair"])
+    if isinstance(item, Mapping) and set(item) == {"text"} and isinstance(item["text"], str):
+        return item["text"]
+    raise UsageError(f"text-classification inputs must be a string, {{'text': …, 'text_pair': …}} or "
+                     f"kiln.TextPair (input {index} is {type(item).__name__} {str(item)[:60]!r})")
+
+
+def score_function(config, num_labels: int):
     """The transformers pipeline's default: identity for regression, sigmoid for multi-label, else softmax."""
     if config.problem_type == "regression":
         return lambda x: x
@@ -36,34 +65,124 @@ def score_function(config: TaskConfig, num_labels: int):
     return softmax
 
 
-class TextClassification:
-    name = TaskName.TEXT_CLASSIFICATION
-    output_names = ("logits",)
+class PairItem(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    text: NonBlank
+    text_pair: NonBlank
 
-    def __init__(self, config: TaskConfig) -> None:
-        self._config = config
+
+ClassifyItem = NonBlank | PairItem
+
+
+class ClassifyRequest(RequestBody):
+    inputs: ClassifyItem | list[ClassifyItem] = Field(
+        description="A text, a {text, text_pair} pair, or a list of them.", min_length=1)
+    top_k: Count | None = Field(1, description="Labels per input; null for every label.")
+
+    def items(self) -> list[Any]:
+        return [x if isinstance(x, str) else TextPair(x.text, x.text_pair) for x in listify(self.inputs)]
+
+    def options(self) -> dict[str, Any]:
+        return {"top_k": self.top_k}
+
+
+class LabelScoreModel(ResponseModel):
+    label: str
+    score: float
+
+
+class ClassifyResponse(ResponseModel):
+    model: str
+    results: list[list[LabelScoreModel]]
+    truncated: list[bool]
+
+
+def _render(body: ClassifyRequest, model: str, prepared: Prepared, results: list[Any]) -> dict[str, Any]:
+    return {"model": model, "results": results, "truncated": list(prepared.truncated)}
+
+
+class TextClassification(TaskSpec):
+    name = "text-classification"
+    auto_class = "AutoModelForSequenceClassification"
+    output_names = ("logits",)
+    sequence_outputs = frozenset()
+    default_tolerance = 0.01
+    tolerance_help = "top label agreement >= 1-t"
+    metric = "accuracy"
+    eval_fields = ("text", "label")
+    routes = (Route("/classify", "Classify texts or text pairs", ClassifyRequest, ClassifyResponse, _render),)
+
+    @classmethod
+    def settings(cls, model_dir: Path, hf_config: Any) -> dict[str, Any]:
+        return {"id2label": {int(k): str(v) for k, v in (hf_config.id2label or {}).items()},
+                "problem_type": getattr(hf_config, "problem_type", None)}
 
     def options(self, top_k: int | None = 1, truncate: bool = True) -> ClassifyOptions:
         if top_k is not None and top_k < 1:
             raise UsageError(f"top_k must be at least 1, or None for every label (got {top_k})")
         return ClassifyOptions(top_k=top_k, truncate=truncate)
 
-    def prepare(self, inputs: Sequence[str], encoder: TextEncoder, options: ClassifyOptions) -> Prepared:
-        return one_per_input(inputs, encoder.encode(inputs, truncate=options.truncate))
+    def check_inputs(self, inputs: Sequence[Any]) -> list[Any]:
+        return [as_text_input(item, i) for i, item in enumerate(inputs)]
+
+    def prepare(self, inputs: Sequence[Any], encoder, options: ClassifyOptions) -> Prepared:
+        texts = [(x.text, x.text_pair) if isinstance(x, TextPair) else x for x in inputs]
+        return one_per_input(inputs, encoder.encode(texts, truncate=options.truncate))
 
     def reduce(self, outputs: dict[str, np.ndarray], attention_mask: np.ndarray) -> list[np.ndarray]:
         return list(outputs["logits"].astype(np.float32))
 
-    def finalize(
-        self, prepared: Prepared, reduced: list[Any], options: ClassifyOptions, encoder: TextEncoder,
-        config: TaskConfig,
-    ) -> list[list[LabelScore]]:
+    def finalize(self, prepared: Prepared, reduced: Sequence[Any], options: ClassifyOptions,
+                 encoder) -> list[list[LabelScore]]:
         results = []
+        id2label = self.config.id2label
         for logits in reduced:
-            scores = score_function(config, logits.shape[-1])(logits)
+            scores = score_function(self.config, logits.shape[-1])(logits)
             order = np.argsort(-scores, kind="stable")[: options.top_k]
-            results.append([LabelScore(config.id2label.get(int(i), f"LABEL_{i}"), float(scores[i])) for i in order])
+            results.append([LabelScore(id2label.get(int(i), f"LABEL_{i}"), float(scores[i])) for i in order])
         return results
 
-    def comparable(self, reduced: np.ndarray) -> np.ndarray:
-        return reduced
+    @classmethod
+    def parity_inputs(cls) -> list[Any]:
+        return [*parity_texts(), *(TextPair(a, b) for a, b in builtin_pairs(8))]
+
+    @classmethod
+    def agreement_inputs(cls, encoder, count: int = 128) -> list[Any]:
+        singles = super().agreement_inputs(encoder, count - count // 4)
+        return [*singles, *(TextPair(a, b) for a, b in builtin_pairs(count // 4, seed=7))]
+
+    @classmethod
+    def agreement(cls, data: AgreementInputs, variant: Run) -> Agreement:
+        ref, got = softmax(np.stack(data.reference.reduced)), softmax(np.stack(variant.reduced))
+        agree = (ref.argmax(1) == got.argmax(1)).astype(np.float64)
+        figures = {"label_agreement": float(agree.mean()), "max_probability_diff": float(np.abs(ref - got).max())}
+        return Agreement.of("label_agreement", figures, data.lengths(), agree, "agreement")
+
+    @classmethod
+    def parse_row(cls, row: Mapping[str, Any], where: str) -> tuple[Any, Any]:
+        """``text`` (+ optional ``text_pair``), or GLUE's ``sentence1``/``sentence2``; and ``label``."""
+        if "sentence1" in row:
+            item: str | TextPair = TextPair(field(row, "sentence1", where), field(row, "sentence2", where))
+        elif row.get("text_pair") not in (None, ""):
+            item = TextPair(field(row, "text", where), field(row, "text_pair", where))
+        else:
+            item = field(row, "text", where)
+        return item, field(row, "label", where)
+
+    @classmethod
+    def evaluate(cls, predictor, data: EvalSet) -> dict[str, float]:
+        from sklearn.metrics import accuracy_score, f1_score
+
+        predicted = [r[0].label for r in predictor.predict(list(data.inputs))]
+        id2label = predictor.config.id2label
+        gold = [id2label.get(int(g), g) if g.isdigit() else g for g in data.labels]
+        scores = {"accuracy": float(accuracy_score(gold, predicted)),
+                  "f1_macro": float(f1_score(gold, predicted, average="macro", labels=sorted(set(gold))))}
+        labels = [id2label[i] for i in sorted(id2label)] if len(id2label) == 2 else sorted(set(gold))
+        if len(labels) == 2:  # MRPC's F1: the positive class is the second label
+            scores["f1"] = float(f1_score(gold, predicted, pos_label=labels[1], average="binary"))
+        return scores
+
+    @classmethod
+    def eval_inputs(cls, data: EvalSet) -> list[Any]:
+        return list(data.inputs)

@@ -1,18 +1,24 @@
-"""Token tagging (NER): word-piece aggregation into entities, as the transformers pipeline does it."""
+"""Token tagging (NER): word-piece aggregation into entities, as the transformers pipeline does it.
+
+Agreement: the same tag as the original per token (gate: >= 1 - t). Task metric: entity-level F1 from
+seqeval (what users compare against), on eval rows of ``tokens`` and ``tags``. Route: POST /tokens.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import Any, Literal
 
 import numpy as np
+from pydantic import Field
 from tokenizers import Encoding, Tokenizer
 
-from kiln.choices import Aggregation, TaskName
-from kiln.taskconfig import TaskConfig
-from kiln.tasks.base import Prepared, one_per_input, softmax
-from kiln.tokenization import TextEncoder
+from kiln.choices import Aggregation, parse_choice
+from kiln.tasks.base import Prepared, TaskSpec, field, softmax, valid_rows
+from kiln.tasks.http import RequestBody, ResponseModel, Route, Texts, listify
+from kiln.validation.figures import Agreement, AgreementInputs, EvalSet, Run
 
 
 @dataclass(frozen=True)
@@ -44,34 +50,102 @@ class _Token:
     is_subword: bool
 
 
-class TokenClassification:
-    name = TaskName.TOKEN_CLASSIFICATION
-    output_names = ("logits",)
+class TokensRequest(RequestBody):
+    inputs: Texts = Field(description="A text or a list of texts.")
+    aggregation: Literal["none", "simple", "first", "average", "max"] = "simple"
 
-    def __init__(self, config: TaskConfig) -> None:
+    def items(self) -> list[Any]:
+        return listify(self.inputs)
+
+    def options(self) -> dict[str, Any]:
+        return {"aggregation": self.aggregation}
+
+
+class EntityModel(ResponseModel):
+    label: str
+    score: float
+    word: str
+    start: int
+    end: int
+    index: int | None
+
+
+class TokensResponse(ResponseModel):
+    model: str
+    results: list[list[EntityModel]]
+    truncated: list[bool]
+
+
+def _render(body: TokensRequest, model: str, prepared: Prepared, results: list[Any]) -> dict[str, Any]:
+    return {"model": model, "results": results, "truncated": list(prepared.truncated)}
+
+
+class TokenClassification(TaskSpec):
+    name = "token-classification"
+    auto_class = "AutoModelForTokenClassification"
+    output_names = ("logits",)
+    sequence_outputs = frozenset(output_names)
+    default_tolerance = 0.01
+    tolerance_help = "tag agreement per token >= 1-t"
+    metric = "f1"
+    eval_fields = ("tokens", "tags")
+    routes = (Route("/tokens", "Tag tokens and group entities", TokensRequest, TokensResponse, _render),)
+
+    def __init__(self, config) -> None:
+        super().__init__(config)
         self._id2label = config.id2label
+
+    @classmethod
+    def settings(cls, model_dir: Path, hf_config: Any) -> dict[str, Any]:
+        return {"id2label": {int(k): str(v) for k, v in (hf_config.id2label or {}).items()}}
 
     def options(
         self, aggregation: Aggregation | str = Aggregation.SIMPLE, ignore_labels: Sequence[str] = ("O",),
         truncate: bool = True,
     ) -> TagOptions:
-        from kiln.choices import parse_choice
-
         strategy = parse_choice(Aggregation, aggregation, "aggregation") if isinstance(aggregation, str) \
             else aggregation
         return TagOptions(aggregation=strategy, ignore_labels=tuple(ignore_labels), truncate=truncate)
 
-    def prepare(self, inputs: Sequence[str], encoder: TextEncoder, options: TagOptions) -> Prepared:
-        return one_per_input(inputs, encoder.encode(inputs, truncate=options.truncate))
-
     def reduce(self, outputs: dict[str, np.ndarray], attention_mask: np.ndarray) -> list[np.ndarray]:
-        from kiln.tasks.base import valid_rows
-
         return valid_rows(outputs["logits"].astype(np.float32), attention_mask)
 
+    @classmethod
+    def agreement(cls, data: AgreementInputs, variant: Run) -> Agreement:
+        per_item, total, same = [], 0, 0
+        for enc, ref, got in zip(data.prepared.encodings, data.reference.reduced, variant.reduced):
+            real = ~np.array(enc.special_tokens_mask, dtype=bool)
+            equal = ref.argmax(-1)[real] == got.argmax(-1)[real]
+            total, same = total + int(real.sum()), same + int(equal.sum())
+            per_item.append(float(equal.mean()) if equal.size else 1.0)
+        figures = {"tag_agreement": same / total if total else 1.0}
+        return Agreement.of("tag_agreement", figures, data.lengths(), np.array(per_item), "agreement")
+
+    @classmethod
+    def parse_row(cls, row: Mapping[str, Any], where: str) -> tuple[Any, Any]:
+        tokens, tags = field(row, "tokens", where, _word_list), field(row, "tags", where, _word_list)
+        if len(tokens) != len(tags):
+            from kiln.errors import UsageError
+
+            raise UsageError(f"{where}: {len(tokens)} tokens but {len(tags)} tags")
+        return tuple(tokens), tuple(tags)
+
+    @classmethod
+    def evaluate(cls, predictor, data: EvalSet) -> dict[str, float]:
+        """Entity-level precision/recall/F1 by seqeval (conlleval rules: an I- without a B- opens an entity)."""
+        from seqeval.metrics import f1_score, precision_score, recall_score
+
+        gold = [list(tags) for tags in data.labels]
+        predicted = _word_tags(predictor, data.inputs)
+        return {"precision": float(precision_score(gold, predicted)), "recall": float(recall_score(gold, predicted)),
+                "f1": float(f1_score(gold, predicted))}
+
+    @classmethod
+    def eval_inputs(cls, data: EvalSet) -> list[Any]:
+        return [" ".join(tokens) for tokens in data.inputs]
+
     def finalize(
-        self, prepared: Prepared, reduced: list[Any], options: TagOptions, encoder: TextEncoder,
-        config: TaskConfig,
+        self, prepared: Prepared, reduced: Sequence[Any], options: TagOptions, encoder,
     ) -> list[list[Entity]]:
         results = []
         for text, encoding, logits in zip(prepared.inputs, prepared.encodings, reduced):
@@ -170,3 +244,26 @@ def _group(run: list[Entity], tokenizer: Tokenizer) -> Entity:
 
 def _decode(tokenizer: Tokenizer, tokens: list[str]) -> str:
     return tokenizer.decoder.decode(tokens) if tokenizer.decoder is not None else " ".join(tokens)
+
+
+def _word_list(value: Any) -> list[str]:
+    """Tokens/tags: a JSON list, or a space-separated string (CSV)."""
+    if isinstance(value, list):
+        return [str(v) for v in value]
+    if isinstance(value, str):
+        return value.split()
+    raise TypeError("expected a list or a space-separated string")
+
+
+def _word_tags(predictor, sentences: Sequence[Sequence[str]]) -> list[list[str]]:
+    """Per-word tags: the tag of each word's first sub-token (words joined by single spaces)."""
+    texts = [" ".join(tokens) for tokens in sentences]
+    results = predictor.predict(texts, aggregation=Aggregation.NONE, ignore_labels=())
+    out = []
+    for tokens, entities in zip(sentences, results):
+        by_start: dict[int, str] = {}
+        for entity in entities:
+            by_start.setdefault(entity.start, entity.label)
+        starts = np.cumsum([0] + [len(t) + 1 for t in tokens[:-1]])
+        out.append([by_start.get(int(s), "O") for s in starts])
+    return out

@@ -6,12 +6,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kiln.artifact.manifest import Manifest, read_manifest, verify
 from kiln.engines import Engine, EngineOptions, create_engine
 from kiln.errors import ArtifactError, UsageError
-from kiln.manifest import Manifest, read_manifest, verify
-from kiln.runtime import Predictor
-from kiln.taskconfig import TaskConfig
-from kiln.tokenization import TextEncoder
+from kiln.runtime.predictor import Predictor
+from kiln.runtime.tokenization import TextEncoder
+from kiln.tasks.config import TaskConfig
 
 
 @dataclass

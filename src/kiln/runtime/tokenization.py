@@ -39,10 +39,18 @@ class TextEncoder:
     def tokenizer(self) -> Tokenizer:
         return self._plain
 
-    def encode(self, texts: Sequence[str], *, truncate: bool = True) -> list[Encoding]:
-        """Encode texts with special tokens; truncated to ``max_length`` unless ``truncate`` is False."""
+    def encode(self, texts: Sequence[str | tuple[str, str]], *, truncate: bool = True) -> list[Encoding]:
+        """Encode texts or (text, text pair) tuples with special tokens, as the model's tokenizer does pairs.
+
+        Truncated to ``max_length`` unless ``truncate`` is False; an over-long pair loses tokens from its
+        longer text first (longest-first, the transformers default).
+        """
         tokenizer = self._plain if truncate else self._untruncated
         return tokenizer.encode_batch(list(texts), add_special_tokens=True)
+
+    def token_count(self, text: str) -> int:
+        """Tokens ``text`` encodes to, special tokens included, without truncation."""
+        return len(self._untruncated.encode(text, add_special_tokens=True).ids)
 
     def encode_windows(self, first: str, second: str, *, max_length: int, stride: int) -> list[Encoding]:
         """Encode a pair, splitting a long second text into overlapping windows (QA doc stride).

@@ -11,8 +11,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from kiln.artifact.hashing import list_files, sha256_file
 from kiln.errors import ArtifactError
-from kiln.hashing import list_files, sha256_file
 
 MANIFEST_NAME = "manifest.json"
 SCHEMA_VERSION = 1

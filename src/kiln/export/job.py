@@ -7,17 +7,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kiln.choices import ExportFormat, ExternalData, TaskName
+from kiln.artifact.manifest import Manifest, seal
+from kiln.choices import ExportFormat, ExternalData
 from kiln.engines import EngineOptions, create_engine
 from kiln.errors import ParityError
 from kiln.export.onnx import DEFAULT_OPSET, export_onnx
 from kiln.export.torchscript import export_torchscript
-from kiln.manifest import Manifest, seal
-from kiln.parity import ParityReport, ParityTolerance, measure_parity
-from kiln.reference import example_inputs, reference_predictor, task_module
-from kiln.runtime import Predictor
-from kiln.source import SourceModel, load_source
-from kiln.texts import parity_questions, parity_texts
+from kiln.model.reference import example_inputs, reference_predictor, task_module
+from kiln.model.source import SourceModel, load_source
+from kiln.runtime.predictor import Predictor
+from kiln.tasks import task_spec
+from kiln.validation.parity import ParityReport, ParityTolerance, measure_parity
 
 TOKENIZER_DIR = "tokenizer"
 # Variant name, engine and file name for each export format.
@@ -31,7 +31,7 @@ Progress = Callable[[str], None]
 @dataclass(frozen=True)
 class ExportConfig:
     model: str | None
-    task: TaskName
+    task: str
     format: ExportFormat
     output: Path
     opset: int = DEFAULT_OPSET
@@ -47,10 +47,6 @@ class ExportResult:
     path: Path
     manifest: Manifest
     parity: ParityReport
-
-
-def parity_inputs(task: TaskName) -> list[Any]:
-    return parity_questions() if task is TaskName.QUESTION_ANSWERING else parity_texts()
 
 
 def write_tokenizer(source: SourceModel, directory: Path) -> dict[str, Any]:
@@ -69,7 +65,9 @@ def export_variant(source: SourceModel, config: ExportConfig, directory: Path) -
     example = example_inputs(source, int32=config.int32_inputs)
     path = directory / name / filename
     if config.format is ExportFormat.ONNX:
-        files = export_onnx(module, example, path, opset=config.opset, external_data=config.external_data)
+        sequence_outputs = task_spec(source.task_config.task).sequence_outputs
+        files = export_onnx(module, example, path, sequence_outputs=sequence_outputs, opset=config.opset,
+                            external_data=config.external_data)
         recipe = [{"pass": "export-onnx", "opset": config.opset, "int32_inputs": config.int32_inputs,
                    "external_data": len(files) > 1, "exporter": "torch.onnx (dynamo=False)"}]
     else:
@@ -80,9 +78,9 @@ def export_variant(source: SourceModel, config: ExportConfig, directory: Path) -
 
 
 def run_export(config: ExportConfig, progress: Progress = lambda _: None) -> ExportResult:
-    from kiln.staging import staged_directory
+    from kiln.artifact.staging import staged_directory
 
-    progress(f"loading {config.model or 'the bundled default model'} for {config.task.value}")
+    progress(f"loading {config.model or 'the bundled default model'} for {config.task}")
     source = load_source(config.model, config.task, allow_pickle=config.allow_pickle)
     reference = reference_predictor(source)
     with staged_directory(config.output, overwrite=config.overwrite) as stage:
@@ -92,7 +90,8 @@ def run_export(config: ExportConfig, progress: Progress = lambda _: None) -> Exp
         progress("checking parity against PyTorch")
         engine = create_engine(record["engine"], stage / record["path"], EngineOptions())
         candidate = Predictor(source.task_config, reference.encoder, engine)
-        parity = measure_parity(reference, candidate, parity_inputs(config.task), tolerance=config.tolerance)
+        parity = measure_parity(reference, candidate, task_spec(config.task).parity_inputs(),
+                                tolerance=config.tolerance)
         if not parity.passed:
             raise ParityError(f"{record['name']} disagrees with PyTorch beyond tolerance: {parity.summary()}")
         record["parity"] = parity.to_dict()

@@ -10,10 +10,10 @@ from tokenizers import Encoding
 
 from kiln.engines.base import Engine, run_many
 from kiln.errors import UsageError
-from kiln.taskconfig import TaskConfig
-from kiln.tasks import TaskHandler, task_handler
-from kiln.tasks.base import Prepared
-from kiln.tokenization import TextEncoder
+from kiln.runtime.tokenization import TextEncoder
+from kiln.tasks import task_handler
+from kiln.tasks.base import Prepared, TaskSpec
+from kiln.tasks.config import TaskConfig
 
 
 class Predictor:
@@ -25,20 +25,24 @@ class Predictor:
         self.config = config
         self.encoder = encoder
         self.engine = engine
-        self.handler: TaskHandler = task_handler(config)
+        self.handler: TaskSpec = task_handler(config)
         self.batch_size = batch_size
 
     def predict(self, inputs: Sequence[Any], **options: Any) -> list[Any]:
         """One result per input, in input order (see the task modules for result types)."""
         opts = self.handler.options(**options)
         prepared = self.prepare(inputs, opts)
-        return self.handler.finalize(prepared, self.run_features(prepared.encodings), opts, self.encoder,
-                                     self.config)
+        return self.handler.finalize(prepared, self.run_features(prepared.encodings), opts, self.encoder)
 
     def prepare(self, inputs: Sequence[Any], options: Any = None) -> Prepared:
-        if isinstance(inputs, (str, bytes)) or not len(inputs):
+        if isinstance(inputs, (str, bytes)) or not isinstance(inputs, Sequence) or not len(inputs):
             raise UsageError("inputs must be a non-empty list")
-        return self.handler.prepare(list(inputs), self.encoder, options or self.handler.options())
+        checked = self.handler.check_inputs(inputs)
+        return self.handler.prepare(checked, self.encoder, options or self.handler.options())
+
+    def with_batch_size(self, batch_size: int) -> Predictor:
+        """The same tokenizer and engine, batching ``batch_size`` features at a time."""
+        return Predictor(self.config, self.encoder, self.engine, batch_size=batch_size)
 
     def run_features(self, encodings: Sequence[Encoding], *, sort: bool = True) -> list[Any]:
         """Reduced outputs per encoding, in the given order; batches are formed by length when ``sort``."""

@@ -6,8 +6,6 @@ from collections.abc import Callable, Sequence
 from functools import lru_cache
 from importlib import resources
 
-from kiln.tasks.question_answering import QAInput
-
 
 @lru_cache(maxsize=1)
 def builtin_sentences() -> tuple[str, ...]:
@@ -25,12 +23,6 @@ def parity_texts() -> list[str]:
     """Real sentences from 1 to ~50 words plus paragraphs up to ~600 words (past most models' maximum)."""
     sentences = list(builtin_sentences())
     return sentences[::2] + [joined(30, 2), joined(44, 2), joined(3, 4), joined(10, 8), joined(20, 16)]
-
-
-def parity_questions() -> list[QAInput]:
-    """Question/context pairs; the longer contexts need several doc-stride windows."""
-    sentences = builtin_sentences()
-    return [QAInput(sentences[i], joined(i * 3, 1 + i)) for i in range(2, 14, 2)]
 
 
 def length_mix(count: int, low: int = 10, high: int = 200, *, seed: int = 0,
@@ -70,3 +62,11 @@ def texts_of_lengths(targets: Sequence[int], *, seed: int = 0,
                 hi = mid - 1
         texts.append(" ".join(stream[:lo]))
     return texts
+
+
+def builtin_pairs(count: int = 16, seed: int = 0) -> list[tuple[str, str]]:
+    """Sentence pairs from the built-in sentences (neighbours, and a sentence with a longer paragraph)."""
+    sentences = builtin_sentences()
+    n = len(sentences)
+    return [(sentences[(seed + 5 * i) % n],
+             sentences[(seed + 5 * i + 1) % n] if i % 2 else joined(seed + 3 * i, 1 + i % 6)) for i in range(count)]

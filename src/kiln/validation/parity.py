@@ -9,10 +9,8 @@ from typing import Any
 import numpy as np
 
 from kiln.errors import UsageError
-from kiln.runtime import Predictor
-
-# Token-count buckets for the per-length breakdown (upper bounds, inclusive).
-LENGTH_BUCKETS = (16, 64, 128, 256, 512, 1 << 30)
+from kiln.runtime.predictor import Predictor
+from kiln.validation.figures import bucket_index, bucket_label
 
 
 @dataclass(frozen=True)
@@ -90,7 +88,7 @@ def measure_parity(
         for n, want, have in zip(lengths, expected, got):
             diffs.append(float(np.max(np.abs(want - have))) if want.size else 0.0)
             cosines.append(cosine(want, have))
-            buckets.append(next(i for i, hi in enumerate(LENGTH_BUCKETS) if n <= hi))
+            buckets.append(bucket_index(n))
     return ParityReport(
         batch_sizes=tuple(batch_sizes), features=len(lengths), max_abs_diff=max(diffs),
         min_cosine=min(cosines), mean_cosine=float(np.mean(cosines)),
@@ -100,7 +98,7 @@ def measure_parity(
 
 
 def _comparable(predictor: Predictor, encodings: list, batch_size: int) -> list[np.ndarray]:
-    runner = Predictor(predictor.config, predictor.encoder, predictor.engine, batch_size=batch_size)
+    runner = predictor.with_batch_size(batch_size)
     return [runner.handler.comparable(r) for r in runner.run_features(encodings, sort=False)]
 
 
@@ -108,10 +106,8 @@ def _bucket(
     index: int, diffs: list[float], cosines: list[float], buckets: list[int], runs: int
 ) -> BucketParity:
     chosen = [k for k, b in enumerate(buckets) if b == index]
-    lo = LENGTH_BUCKETS[index - 1] + 1 if index else 1
-    hi = LENGTH_BUCKETS[index]
     return BucketParity(
-        tokens=f"{lo}-{hi}" if hi < 1 << 30 else f">{lo - 1}", count=len(chosen) // runs,
+        tokens=bucket_label(index), count=len(chosen) // runs,
         max_abs_diff=max(diffs[k] for k in chosen), min_cosine=min(cosines[k] for k in chosen),
         mean_cosine=float(np.mean([cosines[k] for k in chosen])),
     )

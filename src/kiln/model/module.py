@@ -13,9 +13,9 @@ from typing import Any
 
 import torch
 
-from kiln.choices import TaskName
 from kiln.errors import ArtifactError
 
+# The one spelling of the I/O description file: beside saved weights, and inside TorchScript archives.
 IO_FILE = "kiln_io.json"
 
 
@@ -36,22 +36,22 @@ class TaskModule(torch.nn.Module):
         return tuple(outputs[n] for n in self.output_names)
 
 
-def save_task_module(module: TaskModule, directory: Path, task: TaskName) -> None:
+def save_task_module(module: TaskModule, directory: Path, task: str) -> None:
     """Save weights (safetensors) and config so :func:`load_task_module` can rebuild the same module."""
     module.model.save_pretrained(directory, safe_serialization=True)
     (directory / IO_FILE).write_text(json.dumps(
-        {"task": task.value, "inputs": list(module.input_names), "outputs": list(module.output_names)}
+        {"task": task, "inputs": list(module.input_names), "outputs": list(module.output_names)}
     ))
 
 
 def load_task_module(directory: Path) -> TaskModule:
     import transformers
 
-    from kiln.source import auto_class
+    from kiln.tasks import task_spec
 
     try:
         io = json.loads((directory / IO_FILE).read_text())
-        model = getattr(transformers, auto_class(TaskName(io["task"]))).from_pretrained(directory)
+        model = getattr(transformers, task_spec(io["task"]).auto_class).from_pretrained(directory)
     except (OSError, ValueError, KeyError) as err:
         raise ArtifactError(f"cannot load the PyTorch variant in {directory}: {err}") from err
     return TaskModule(model.eval(), tuple(io["inputs"]), tuple(io["outputs"]))

@@ -8,14 +8,14 @@ from contextlib import contextmanager
 import torch
 
 from kiln.choices import Precision
+from kiln.data.texts import builtin_sentences
 from kiln.engines.base import EngineOptions
 from kiln.engines.torch_eager import TorchEngine
-from kiln.export.wrapper import TaskModule
-from kiln.runtime import Predictor
-from kiln.source import SourceModel
-from kiln.tasks import TASKS
-from kiln.texts import builtin_sentences
-from kiln.tokenization import TextEncoder
+from kiln.model.module import TaskModule
+from kiln.model.source import SourceModel
+from kiln.runtime.predictor import Predictor
+from kiln.runtime.tokenization import TextEncoder
+from kiln.tasks import task_spec
 
 
 def source_encoder(source: SourceModel) -> TextEncoder:
@@ -27,14 +27,16 @@ def source_encoder(source: SourceModel) -> TextEncoder:
 
 
 def task_module(source: SourceModel, *, cast_inputs: bool = False) -> TaskModule:
-    output_names = TASKS[source.task_config.task](source.task_config).output_names
+    output_names = task_spec(source.task_config.task).output_names
     return TaskModule(source.model, source.input_names, output_names, cast_inputs=cast_inputs)
 
 
 def reference_predictor(
-    source: SourceModel, precision: Precision = Precision.FP32, *, batch_size: int = 32
+    source: SourceModel, precision: Precision = Precision.FP32, *, batch_size: int = 32, threads: int | None = None
 ) -> Predictor:
-    engine = TorchEngine(task_module(source), EngineOptions(precision=precision))
+    """The original in PyTorch. ``threads`` matters: torch's thread count is process-global, so without it the
+    reference would run on whatever count the last torch-based variant set."""
+    engine = TorchEngine(task_module(source), EngineOptions(precision=precision, intra_op_threads=threads))
     return Predictor(source.task_config, source_encoder(source), engine, batch_size=batch_size)
 
 
@@ -47,19 +49,25 @@ def example_inputs(source: SourceModel, *, int32: bool = False) -> tuple[torch.T
     return tuple(torch.from_numpy(arrays[n]).to(dtype) for n in source.input_names)
 
 
-@contextmanager
-def vanilla_attention(model) -> Iterator[str]:
-    """Time the original as users run it: transformers' default SDPA attention where the architecture has it.
+def set_vanilla_attention(model) -> str:
+    """Switch the original to transformers' default SDPA attention where the architecture has it.
 
     kiln loads models with eager attention because that is what exports and fuses; speed-ups are quoted
-    against the faster default so they are not inflated. Yields the implementation in use.
+    against the faster default so they are not inflated. Returns the implementation now in use.
     """
     try:
         model.set_attn_implementation("sdpa")
     except (ValueError, ImportError, AttributeError):  # architectures without an SDPA path stay eager
-        yield "eager"
-        return
+        return "eager"
+    return "sdpa"
+
+
+@contextmanager
+def vanilla_attention(model) -> Iterator[str]:
+    """:func:`set_vanilla_attention` for the duration of a block (eager again afterwards)."""
+    attention = set_vanilla_attention(model)
     try:
-        yield "sdpa"
+        yield attention
     finally:
-        model.set_attn_implementation("eager")
+        if attention == "sdpa":
+            model.set_attn_implementation("eager")

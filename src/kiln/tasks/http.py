@@ -1,0 +1,62 @@
+"""What a served route is, and the request pieces every task's routes share.
+
+Each task module declares its routes (path, request and response models, how a result becomes a response);
+the server mounts the routes of the tasks it serves and nothing else, so the OpenAPI schema lists exactly
+what is reachable. Request models are strict: ``true`` is not ``1``, unknown fields are refused, strings
+must hold a non-blank character (declared as a pattern, so schema and check agree).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+
+# A string with at least one non-whitespace character: the same rule in the schema and in validation.
+NonBlank = Annotated[str, StringConstraints(pattern=r"\S")]
+NonBlankList = Annotated[list[NonBlank], Field(min_length=1)]
+Texts = NonBlank | NonBlankList
+# Counts bounded so a client cannot ask numpy for a slice past a C long (found by fuzzing).
+Count = Annotated[int, Field(ge=1, le=1_000_000)]
+
+
+class RequestBody(BaseModel):
+    """Fields every inference request has; subclasses say how their body becomes inputs and options."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    model: str | None = Field(None, description="Which served model; default: the only (or first) one.")
+    truncate: bool = Field(True, description="Cut inputs longer than the model's maximum (else 413).")
+
+    def items(self) -> list[Any]:
+        """The request's inputs, as the task's ``predict`` takes them."""
+        raise NotImplementedError
+
+    def options(self) -> dict[str, Any]:
+        """Per-request options for the task's ``options()``."""
+        return {}
+
+
+class ResponseModel(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+def listify(value: Any) -> list[Any]:
+    """One input or a list of them -> a list."""
+    return list(value) if isinstance(value, list) else [value]
+
+
+@dataclass(frozen=True)
+class Route:
+    """One HTTP route of a task: POST ``path`` with ``request``, answered with ``response``."""
+
+    path: str
+    summary: str
+    request: type[RequestBody]
+    response: type[ResponseModel]
+    # (request body, served model name, prepared inputs, task results) -> the response body
+    render: Callable[[Any, str, Any, list[Any]], dict[str, Any]]
+    # OpenAI clients always send a model name: with one model served, any name maps to it.
+    any_model_name: bool = False
+    inputs_field: str = "inputs"  # the request field that carries the inputs (its maxItems is the server's limit)
