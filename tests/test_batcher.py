@@ -10,6 +10,7 @@ import pytest
 from kiln.artifact.directory import Artifact
 from kiln.data.texts import texts_of_lengths
 from kiln.serve.batcher import Batcher, BatchLimits, partition
+from tests.waiting import until
 
 
 def test_partition_cuts_mixed_lengths_into_similar_groups_within_limits():
@@ -74,11 +75,10 @@ def test_waiting_inputs_are_grouped_by_length_and_vanished_clients_are_dropped(p
     async def scenario(batcher, engine):
         engine.release.clear()
         first = asyncio.ensure_future(batcher.submit(predictor.encoder.encode(["hold the engine"])))
-        while not batcher._busy:  # the first batch is on the (held) engine
-            await asyncio.sleep(0.001)
+        await until(lambda: batcher._busy, "the first batch to reach the (held) engine")
         waiting = [asyncio.ensure_future(batcher.submit([e])) for e in encodings]
         gone = asyncio.ensure_future(batcher.submit(predictor.encoder.encode(["a client that leaves"])))
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0)  # one loop turn: every submit above has queued its inputs (no timing involved)
         gone.cancel()
         engine.release.set()
         results = await asyncio.gather(first, *waiting)
@@ -99,8 +99,7 @@ def test_a_second_session_runs_while_the_first_is_busy(predictor):
     async def scenario(batcher, engine):
         engine.release.clear()  # session 0 holds its batch until released
         held = asyncio.ensure_future(batcher.submit(predictor.encoder.encode(["held on session zero"])))
-        while not engine.release.is_set() and not batcher._busy:
-            await asyncio.sleep(0.001)
+        await until(lambda: batcher._busy, "session 0 to take its batch")
         other = await asyncio.wait_for(batcher.submit(predictor.encoder.encode(["runs beside it"])), timeout=10)
         assert not held.done()  # answered while session 0 was still busy
         engine.release.set()

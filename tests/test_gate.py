@@ -6,8 +6,7 @@ import pytest
 
 from kiln.errors import UsageError
 from kiln.optimize.sensitivity import exclusion_search
-from kiln.tasks import TaskName
-from kiln.tasks import task_spec
+from kiln.tasks import TaskName, task_spec
 from kiln.validation.figures import Agreement
 from kiln.validation.gate import judge, tolerance_for
 

@@ -74,16 +74,20 @@ def test_classify_and_answer_routes(artifacts):
         item = {"question": "Where?", "context": builtin_sentences()[20]}
         qa = c.post("/answer", json={"model": "qa", "inputs": item, "top_k": 2}).json()
         assert qa["results"][0] and {"answer", "score", "start", "end"} <= qa["results"][0][0].keys()
+        unmounted = c.post("/embed", json={"inputs": "x", "model": "cls"})  # no embedding model: no such route
+        assert unmounted.status_code == 404 and unmounted.json()["error"]["type"] == "not_found"
+        assert "/classify" in unmounted.json()["error"]["message"]
+    with client(artifacts, models={"emb": artifacts[TaskName.FEATURE_EXTRACTION], **models}) as c:
         wrong = c.post("/embed", json={"inputs": "x", "model": "cls"})
         assert wrong.status_code == 404 and "use /classify" in wrong.json()["error"]["message"]
         missing = c.post("/classify", json={"inputs": "x", "model": "nope"})
-        assert missing.status_code == 404 and "served: cls, qa" in missing.json()["error"]["message"]
+        assert missing.status_code == 404 and "served: emb, cls, qa" in missing.json()["error"]["message"]
 
 
 @pytest.mark.parametrize(("body", "fragment"), [
     ({"inputs": 3}, "inputs"),
-    ({"inputs": []}, "must not be an empty list"),
-    ({"inputs": ["fine", "  "]}, "item 1 is an empty string"),
+    ({"inputs": []}, "inputs: List should have at least 1 item"),
+    ({"inputs": ["fine", "  "]}, "inputs.1: must hold a non-blank character"),
     ({"texts": ["wrong field"]}, "inputs: Field required"),
 ])
 def test_bad_requests_get_422_naming_the_field(artifacts, body, fragment):

@@ -7,7 +7,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 
 import httpx
 import numpy as np
@@ -16,6 +15,7 @@ import pytest
 from kiln.artifact.directory import Artifact
 from kiln.data.texts import builtin_sentences
 from kiln.serve import process
+from tests.waiting import wait_until
 
 
 def start_server(artifact, *args: str) -> tuple[subprocess.Popen, int]:
@@ -70,8 +70,7 @@ def test_sigterm_under_load_finishes_every_accepted_request(tiny_artifact):
     threads = [threading.Thread(target=client, args=(k,)) for k in range(16)]
     for t in threads:
         t.start()
-    while len(outcomes) < 40 and proc.poll() is None:  # let load build up before the signal
-        time.sleep(0.01)
+    wait_until(lambda: len(outcomes) >= 40 or proc.poll() is not None, "load to build up before the signal", 120)
     proc.send_signal(signal.SIGTERM)
     code = proc.wait(timeout=60)
     stop.set()
@@ -110,10 +109,7 @@ def test_a_request_whose_client_went_away_costs_no_compute(tiny_artifact):
     thread.start()
     base = f"http://127.0.0.1:{port}"
     try:
-        for _ in range(600):
-            if server.started:
-                break
-            time.sleep(0.05)
+        wait_until(lambda: server.started, "the in-thread server to start")
         predictor = app.state.models["m"].predictor
         release = threading.Event()
         engine = predictor.engine
@@ -132,11 +128,7 @@ def test_a_request_whose_client_went_away_costs_no_compute(tiny_artifact):
             return float(line.split()[-1]) if line else 0.0
 
         def wait_for(name: str, value: float) -> None:
-            for _ in range(600):
-                if metric(name) >= value:
-                    return
-                time.sleep(0.05)
-            pytest.fail(f"{name} never reached {value}")
+            wait_until(lambda: metric(name) >= value, f"{name} to reach {value}", poll=0.05)
 
         first = threading.Thread(target=httpx.post, args=(f"{base}/embed",), kwargs={"json": {"inputs": "held"},
                                                                                      "timeout": 60})

@@ -95,12 +95,14 @@ def rank_ir_layers(path: Path, batches: Sequence[dict[str, np.ndarray]], *, stat
     model = core.read_model(str(path))
     targets = [(op, w) for op in model.get_ordered_ops()
                if op.get_type_name() == "MatMul" and (w := _weight(op)) is not None]
-    outputs = model.add_outputs([op.input_value(0) for op, _ in targets])
+    # Several MatMuls may read one tensor (q, k, v): outputs are matched by the tensor's name, not position.
+    model.add_outputs([op.input_value(0) for op, _ in targets])
     compiled = core.compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+    by_name = {name: out for out in compiled.outputs for name in out.get_names()}
     names = [i.get_any_name() for i in compiled.inputs]
     runs = [compiled({n: b[n] for n in names}) for b in batches]
-    layers = [(op.get_friendly_name(), w, [r[compiled.outputs[len(compiled.outputs) - len(outputs) + k]]
-                                          for r in runs]) for k, (op, w) in enumerate(targets)]
+    layers = [(op.get_friendly_name(), w, [r[by_name[op.input_value(0).get_any_name()]] for r in runs])
+              for op, w in targets]
     return rank_by_int8_error(layers, static=static)
 
 

@@ -21,6 +21,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import PlainTextResponse, Response
 from prometheus_client import generate_latest
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from kiln.artifact.manifest import read_manifest
 from kiln.errors import KilnError, UsageError
@@ -183,10 +184,18 @@ def _install_error_handlers(app: FastAPI) -> None:
     async def _http_error(request: Request, exc: HTTPError):
         return _error(exc.status, exc.kind, exc.message, exc.headers)
 
+    @app.exception_handler(StarletteHTTPException)
+    async def _starlette(request: Request, exc: StarletteHTTPException):  # unknown path, wrong method
+        paths = sorted({r.path for r in app.routes if hasattr(r, "methods")})
+        message = f"{request.method} {request.url.path}: {exc.detail}"
+        if exc.status_code == 404:
+            message += f" (this server has: {', '.join(paths)})"
+        return _error(exc.status_code, "not_found" if exc.status_code == 404 else "http_error", message,
+                      dict(exc.headers or {}))
+
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError):
-        problems = [f"{'.'.join(str(p) for p in e['loc'] if p != 'body') or 'body'}: {e['msg']}" for e in exc.errors()]
-        return _error(422, "validation_error", "; ".join(problems))
+        return _error(422, "validation_error", "; ".join(dict.fromkeys(_problem(e) for e in exc.errors())))
 
     @app.exception_handler(KilnError)
     async def _kiln_error(request: Request, exc: KilnError):
@@ -195,6 +204,15 @@ def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(Exception)
     async def _internal(request: Request, exc: Exception):
         return _error(500, "internal_error", f"{type(exc).__name__}: the server failed to handle this request")
+
+
+def _problem(error: dict[str, Any]) -> str:
+    """One validation error as 'field.path: message', without pydantic's union-branch tags in the path."""
+    path = [str(p) for p in error["loc"] if p != "body" and not (isinstance(p, str) and ("[" in p or "-" in p))]
+    message = error["msg"]
+    if error.get("type") == "string_pattern_mismatch":
+        message = "must hold a non-blank character"
+    return f"{'.'.join(path) or 'body'}: {message}"
 
 
 def _exact_openapi(app: FastAPI, routes: list[Route]) -> dict[str, Any]:

@@ -10,7 +10,7 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
@@ -74,7 +74,8 @@ class QAItem(BaseModel):
 
 
 class AnswerRequest(RequestBody):
-    inputs: QAItem | list[QAItem] = Field(description="A {question, context} pair or a list of them.", min_length=1)
+    inputs: QAItem | Annotated[list[QAItem], Field(min_length=1)] = Field(
+        description="A {question, context} pair or a list of them.")
     top_k: Count = 1
     max_answer_len: Count = 15
     allow_null: bool = Field(False, description="SQuAD 2.0: answer \"\" when no span beats the null score.")

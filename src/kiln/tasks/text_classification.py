@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
@@ -75,8 +75,8 @@ ClassifyItem = NonBlank | PairItem
 
 
 class ClassifyRequest(RequestBody):
-    inputs: ClassifyItem | list[ClassifyItem] = Field(
-        description="A text, a {text, text_pair} pair, or a list of them.", min_length=1)
+    inputs: ClassifyItem | Annotated[list[ClassifyItem], Field(min_length=1)] = Field(
+        description="A text, a {text, text_pair} pair, or a list of them.")
     top_k: Count | None = Field(1, description="Labels per input; null for every label.")
 
     def items(self) -> list[Any]:
