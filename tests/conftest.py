@@ -40,6 +40,22 @@ def tiny_artifact(tiny_model, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def task_artifacts(tiny_model, tiny_artifact, tmp_path_factory) -> dict:
+    """A tiny BERT ONNX artifact per task (read-only, shared): {TaskName: directory}."""
+    from kiln.choices import ExportFormat
+    from kiln.export.job import ExportConfig, run_export
+
+    out = {TaskName.FEATURE_EXTRACTION: tiny_artifact}
+    for task in TaskName:
+        if task not in out:
+            path = tmp_path_factory.mktemp(task.value) / "art"
+            run_export(ExportConfig(model=str(tiny_model("bert", task)), task=task, format=ExportFormat.ONNX,
+                                    output=path))
+            out[task] = path
+    return out
+
+
+@pytest.fixture(scope="session")
 def minilm_dir() -> Path:
     from kiln.model.source import bundled_model_dir
 

@@ -17,6 +17,7 @@ from kiln.model.reference import reference_predictor
 from kiln.model.source import load_source
 from kiln.optimize.job import NothingPassed, OptimizeConfig, OptimizeJob
 from kiln.optimize.outcome import read_results
+from kiln.records import to_jsonable
 from kiln.optimize.variants import VARIANTS, default_variants
 from kiln.tasks import TaskName
 
@@ -59,7 +60,9 @@ def test_output_files_and_manifest(optimized):
     results = json.loads((out / "results.json").read_text())
     assert results["schema"] == "kiln.optimize/2"
     assert results["best"] == summary.best and results["reference_timing"]["sequences"] > 0
-    assert read_results(out / "results.json") == summary  # the reader rebuilds the typed records exactly
+    back = read_results(out / "results.json")  # typed records again, equal to what the run returned
+    assert back.outcomes == summary.outcomes and back.reference_timing == summary.reference_timing
+    assert to_jsonable(back) == to_jsonable(summary)
     table = (out / "summary.md").read_text()
     assert "| variant | size MB | agreement | task metric | ms/seq | speed-up vs PyTorch fp32 | status |" in table
     assert f"| {summary.best} |" in table
@@ -165,3 +168,45 @@ def test_optimize_help_documents_defaults():
                  "(default t=0.02)",
                  "--calibration-method", "--variants", "--target", "SQuAD JSON"):
         assert text in text_only, text
+
+
+def test_a_variant_whose_retry_raises_is_reported_failed_and_the_run_goes_on(tiny_model, tmp_path, monkeypatch):
+    from kiln.optimize import variants
+
+    def flaky(ctx, excluded=(), **params):
+        if params:
+            raise RuntimeError("boom in the alternative build")
+        return variants._int8_dynamic(ctx, excluded)  # fails a 1e-6 gate, so the alternatives are tried
+
+    spec = variants.VariantSpec("flaky-int8", flaky, variants.CPU, alternatives=({"boom": True},))
+    monkeypatch.setitem(variants.VARIANTS, spec.name, spec)
+    summary = OptimizeJob(OptimizeConfig(model=str(tiny_model("bert")), task=TaskName.FEATURE_EXTRACTION,
+                                         output=tmp_path / "o", tolerance=1e-6,
+                                         variants=("flaky-int8", "onnx-fp32"))).run()
+    flaky_outcome, fp32 = summary.outcomes
+    assert flaky_outcome.status == "failed" and "boom in the alternative build" in flaky_outcome.reason
+    assert fp32.status == "accepted" and summary.best == "onnx-fp32"  # the run went on and kept its work
+    assert Artifact.open(tmp_path / "o").manifest.extra["skipped"]["flaky-int8"] == flaky_outcome.reason
+
+
+def test_the_reference_runs_on_the_runs_thread_count(tiny_model, tmp_path, monkeypatch):
+    import torch
+
+    from kiln.engines.torch_eager import TorchEngine
+
+    seen: list[int] = []
+    original = TorchEngine.run
+
+    def recording(self, inputs):
+        seen.append(torch.get_num_threads())
+        return original(self, inputs)
+
+    monkeypatch.setattr(TorchEngine, "run", recording)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)  # as a torch-based variant built earlier in the process may have left it
+    try:
+        OptimizeJob(OptimizeConfig(model=str(tiny_model("bert")), task=TaskName.FEATURE_EXTRACTION,
+                                   output=tmp_path / "o", threads=1, variants=("onnx-fp32",))).run()
+    finally:
+        torch.set_num_threads(before)
+    assert seen and set(seen) == {1}  # every reference batch (agreement, metric, timing) on the run's 1 thread

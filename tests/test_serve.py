@@ -13,22 +13,15 @@ import pytest
 from fastapi.testclient import TestClient
 
 from kiln.artifact.directory import Artifact
-from kiln.choices import ExportFormat
 from kiln.data.texts import builtin_sentences
-from kiln.export.job import ExportConfig, run_export
 from kiln.serve.app import ServeConfig, create_app
 from kiln.serve.batcher import BatchLimits
 from kiln.tasks import TaskName
 
 
 @pytest.fixture(scope="module")
-def artifacts(tiny_model, tmp_path_factory):
-    out = {}
-    for task in (TaskName.FEATURE_EXTRACTION, TaskName.TEXT_CLASSIFICATION, TaskName.QUESTION_ANSWERING):
-        path = tmp_path_factory.mktemp(task.value) / "art"
-        run_export(ExportConfig(model=str(tiny_model("bert", task)), task=task, format=ExportFormat.ONNX, output=path))
-        out[task] = path
-    return out
+def artifacts(task_artifacts):
+    return task_artifacts
 
 
 def client(artifacts, **kwargs) -> TestClient:

@@ -12,14 +12,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints
 
-# A string with at least one non-whitespace character: the same rule in the schema and in validation.
-NonBlank = Annotated[str, StringConstraints(pattern=r"\S")]
+# A string with a character other than ASCII whitespace. Spelled out, not \\S: JSON Schema (ECMA) and pydantic
+# (Rust) disagree on whether U+0085 is whitespace, and the schema must say exactly what validation does.
+NonBlank = Annotated[str, StringConstraints(pattern=r"[^ \t\n\r\f\x0b]")]
 NonBlankList = Annotated[list[NonBlank], Field(min_length=1)]
 Texts = NonBlank | NonBlankList
-# Counts bounded so a client cannot ask numpy for a slice past a C long (found by fuzzing).
-Count = Annotated[int, Field(ge=1, le=1_000_000)]
+# Counts bounded so a client cannot ask numpy for a slice past a C long (found by fuzzing). JSON Schema calls 3.0
+# an integer; strict mode alone would refuse it, so integral floats become ints first.
+Count = Annotated[int, Field(ge=1, le=1_000_000),
+                  BeforeValidator(lambda v: int(v) if isinstance(v, float) and v.is_integer() else v)]
 
 
 class RequestBody(BaseModel):

@@ -1,0 +1,107 @@
+"""The served OpenAPI schema tells the truth (fuzzed with schemathesis), and the request limits it declares."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from kiln.serve import process
+from kiln.serve.app import ServeConfig, create_app
+from kiln.tasks import TaskName
+
+# 413 is this API's documented answer for too many inputs (maxItems) and over-long inputs.
+ST_CONFIG = """
+[checks.negative_data_rejection]
+expected-statuses = [400, 401, 403, 404, 405, 406, 409, 413, 415, 422, 428, 429]
+"""
+
+
+def test_fuzzing_the_served_schema_finds_no_failure(task_artifacts, tmp_path):
+    st = shutil.which("st", path=str(Path(sys.executable).parent))
+    assert st, "schemathesis is a test dependency (pip install 'kiln[test]')"
+    config = tmp_path / "schemathesis.toml"
+    config.write_text(ST_CONFIG)
+    models = [arg for task, path in task_artifacts.items() for arg in ("--model", f"{task.value}={path}")]
+    proc, port = process.start_server([sys.executable, "-m", "kiln", "serve", *models])
+    try:
+        run = subprocess.run([st, "--config-file", str(config), "run", f"http://127.0.0.1:{port}/openapi.json",
+                              "--checks", "all", "--max-examples", "40", "--generation-deterministic", "--no-color",
+                              "--request-timeout", "30"], capture_output=True, text=True, timeout=600)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+    report = run.stdout[-8000:]
+    assert run.returncode == 0, report
+    operations = [line for line in report.splitlines() if "Tested:" in line]
+    assert operations and operations[-1].split()[-1] == "10", report  # every route: 6 task routes + 4 probes
+    generated = [line for line in report.splitlines() if "generated" in line]
+    assert generated and int(generated[-1].split()[0]) >= 100, report
+
+
+def _client(artifact, **kwargs) -> TestClient:
+    return TestClient(create_app(ServeConfig(models={"m": artifact}, **kwargs)))
+
+
+def test_too_many_inputs_is_413_and_declared(tiny_artifact):
+    with _client(tiny_artifact, max_inputs_per_request=3) as client:
+        assert client.post("/embed", json={"inputs": ["a", "b", "c"]}).status_code == 200
+        refused = client.post("/embed", json={"inputs": ["a", "b", "c", "d"]})
+        schema = client.get("/openapi.json").json()
+    assert refused.status_code == 413 and refused.json()["error"]["type"] == "too_many_inputs"
+    assert "the limit is 3 (--max-inputs-per-request)" in refused.json()["error"]["message"]
+    inputs = schema["components"]["schemas"]["EmbedRequest"]["properties"]["inputs"]["anyOf"]
+    assert {"type": "array", "maxItems": 3}.items() <= next(v for v in inputs if v.get("type") == "array").items()
+
+
+def test_openai_dimensions_is_refused_not_ignored(tiny_artifact):
+    with _client(tiny_artifact) as client:
+        asked = client.post("/v1/embeddings", json={"input": "hello", "model": "m", "dimensions": 8})
+        plain = client.post("/v1/embeddings", json={"input": "hello", "model": "m"})
+    assert asked.status_code == 422 and "dimensions" in asked.json()["error"]["message"]
+    assert plain.status_code == 200 and len(plain.json()["data"][0]["embedding"]) == 32
+
+
+def test_only_the_served_tasks_routes_exist(task_artifacts):
+    with _client(task_artifacts[TaskName.QUESTION_ANSWERING]) as client:
+        paths = set(client.get("/openapi.json").json()["paths"])
+        embed = client.post("/embed", json={"inputs": "x"})
+    assert {"/answer", "/health", "/ready", "/info", "/metrics", "/v1/models"} == paths
+    assert embed.status_code == 404 and embed.json()["error"]["type"] == "not_found"
+
+
+def test_pooling_and_finalisation_run_off_the_event_loop(task_artifacts, monkeypatch):
+    from kiln.tasks.token_classification import TokenClassification
+
+    threads: dict[str, set[str]] = {"reduce": set(), "finalize": set()}
+    for step in threads:
+        original = getattr(TokenClassification, step)
+
+        def recording(self, *args, _original=original, _step=step):
+            threads[_step].add(threading.current_thread().name)
+            return _original(self, *args)
+
+        monkeypatch.setattr(TokenClassification, step, recording)
+    with _client(task_artifacts[TaskName.TOKEN_CLASSIFICATION]) as client:
+        loop_thread = threading.current_thread().name  # TestClient runs the loop in a portal thread: see below
+        response = client.post("/tokens", json={"inputs": ["Anna lives in Berlin", "so does Jean"]})
+    assert response.status_code == 200
+    assert threads["reduce"] and all(name.startswith("kiln-engine-") for name in threads["reduce"]), threads
+    assert threads["finalize"] and all(name.startswith("kiln-tokenize") for name in threads["finalize"]), threads
+    assert loop_thread not in threads["reduce"] | threads["finalize"]
+
+
+@pytest.mark.parametrize(("body", "fragment"), [
+    ({"inputs": [{"text": "a", "text_pair": "b", "extra": 1}]}, "extra"),
+    ({"inputs": "x", "top_k": True}, "top_k"),  # strict: true is not 1
+    ({"inputs": "x", "truncate": 1}, "truncate"),  # strict: 1 is not true
+])
+def test_strict_bodies(task_artifacts, body, fragment):
+    with _client(task_artifacts[TaskName.TEXT_CLASSIFICATION]) as client:
+        response = client.post("/classify", json=body)
+    assert response.status_code == 422 and fragment in response.json()["error"]["message"]

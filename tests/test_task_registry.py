@@ -1,0 +1,79 @@
+"""One place per task: nothing outside kiln.tasks names a task, and a new task is one module + one registry line."""
+
+from __future__ import annotations
+
+import ast
+import json
+from pathlib import Path
+
+import pytest
+
+import kiln
+from kiln.tasks import TASKS, TaskName
+
+SRC = Path(kiln.__file__).parent
+
+
+def _names_a_task(path: Path) -> list[str]:
+    """String constants holding a registered task name, and TaskName.<MEMBER> uses, in one module."""
+    members = {m.name for m in TaskName}
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            found += [f"{path.name}:{node.lineno}: {name!r}" for name in TASKS if name in node.value]
+        if isinstance(node, ast.Attribute) and node.attr in members:
+            found.append(f"{path.name}:{node.lineno}: .{node.attr}")
+    return found
+
+
+def test_no_module_outside_tasks_names_a_task():
+    modules = [p for p in SRC.rglob("*.py") if "tasks" not in p.relative_to(SRC).parts]
+    assert len(modules) > 40
+    offenders = [hit for path in modules for hit in _names_a_task(path)]
+    assert not offenders, offenders
+
+
+def test_the_check_finds_a_task_name(tmp_path):
+    """The check above can fail: a module that branches on a task name is found."""
+    bad = tmp_path / "bad.py"
+    bad.write_text('def f(task):\n    return task == "question-answering" or task is TaskName.FEATURE_EXTRACTION\n')
+    assert len(_names_a_task(bad)) == 2
+
+
+def test_every_task_declares_what_kiln_needs():
+    for name, spec in TASKS.items():
+        assert spec.name == name and spec.auto_class.startswith("AutoModel")
+        assert set(spec.sequence_outputs) <= set(spec.output_names)
+        assert 0 < spec.default_tolerance < 1 and spec.tolerance_help and spec.metric and spec.eval_fields
+        assert spec.routes, name  # every shipped task is served
+
+
+@pytest.fixture
+def dummy_task(monkeypatch):
+    from tests.dummy_task import TokenNorms
+
+    monkeypatch.setitem(TASKS, TokenNorms.name, TokenNorms)  # the one registry line
+    return TokenNorms
+
+
+def test_a_new_task_is_one_module_and_one_registry_line(dummy_task, tiny_model, tmp_path):
+    from kiln.choices import ExportFormat
+    from kiln.export.job import ExportConfig, run_export
+    from kiln.optimize.job import OptimizeConfig, OptimizeJob
+
+    model = str(tiny_model("bert"))
+    exported = run_export(ExportConfig(model=model, task=dummy_task.name, format=ExportFormat.ONNX,
+                                       output=tmp_path / "export"))
+    assert exported.parity.passed and exported.parity.max_abs_diff < 1e-4
+    norms = kiln.load(tmp_path / "export").predict(["a short sentence", "and a somewhat longer second one"])
+    assert len(norms) == 2 and len(norms[1]) > len(norms[0]) and all(n > 0 for n in norms[0])
+    rows = [{"text": t, "mean_norm": 5.0} for t in ("one text", "another text here", "a third")]
+    eval_file = tmp_path / "norms.jsonl"
+    eval_file.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    summary = OptimizeJob(OptimizeConfig(model=model, task=dummy_task.name, output=tmp_path / "opt",
+                                         eval_file=eval_file, variants=("onnx-fp32",))).run()
+    (fp32,) = summary.outcomes
+    assert fp32.status == "accepted" and fp32.agreement.primary == "min_cosine"
+    assert summary.primary_metric == "neg_mae" and fp32.metric["neg_mae"] == pytest.approx(
+        summary.reference_metric["neg_mae"], abs=1e-4)
+    assert kiln.load(tmp_path / "opt" / "best").predict(["one text"])[0]
