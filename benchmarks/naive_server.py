@@ -37,8 +37,7 @@ def create_app(artifact: str, threads: int | None) -> FastAPI:
         prepared = predictor.prepare([body.inputs])
         with lock:
             reduced = predictor.run_features(prepared.encodings)
-        vectors = predictor.handler.finalize(prepared, reduced, predictor.handler.options(), predictor.encoder,
-                                             predictor.config)
+        vectors = predictor.handler.finalize(prepared, reduced, predictor.handler.options(), predictor.encoder)
         return {"embeddings": [v.tolist() for v in vectors]}
 
     @app.get("/ready")

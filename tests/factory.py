@@ -48,6 +48,8 @@ SPM_UNIGRAM = Family("unigram", ("<pad>", "<unk>", "[CLS]", "[SEP]", "[MASK]"), 
                      "[MASK]", "[SEP]", True)
 MPNET_WORDPIECE = Family("wordpiece", ("<s>", "<pad>", "</s>", "[UNK]", "<mask>"), "<s>", "</s>", "<pad>", "[UNK]",
                          "<mask>", "</s> </s>", False)
+MODERNBERT_BPE = Family("bpe", ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"), "[CLS]", "[SEP]", "[PAD]", "[UNK]",
+                        "[MASK]", "[SEP]", False)
 DISTIL_WORDPIECE = Family("wordpiece", BERT_WORDPIECE.specials, "[CLS]", "[SEP]", "[PAD]", "[UNK]", "[MASK]",
                           "[SEP]", False)
 
@@ -65,6 +67,12 @@ ARCHITECTURES: dict[str, tuple[Family, type, dict]] = {
     "electra": (BERT_WORDPIECE, transformers.ElectraConfig, dict(_SMALL, embedding_size=16,
                                                                  max_position_embeddings=MAX_POSITIONS)),
     "mpnet": (MPNET_WORDPIECE, transformers.MPNetConfig, dict(_SMALL, max_position_embeddings=MAX_POSITIONS + 2)),
+    # global / sliding (16-token window) / global attention with rotary positions: texts past 16 tokens exercise
+    # the sliding mask.
+    "modernbert": (MODERNBERT_BPE, transformers.ModernBertConfig,
+                   dict(_SMALL, num_hidden_layers=3, global_attn_every_n_layers=2, local_attention=16,
+                        max_position_embeddings=MAX_POSITIONS, layer_types=["full_attention", "sliding_attention",
+                                                                             "full_attention"])),
     "deberta-v2": (SPM_UNIGRAM, transformers.DebertaV2Config,
                    dict(_SMALL, max_position_embeddings=MAX_POSITIONS, relative_attention=True, position_buckets=32,
                         pos_att_type=["p2c", "c2p"], type_vocab_size=0)),
@@ -117,7 +125,11 @@ def build_tiny_model(arch: str, task: TaskName, directory: Path, seed: int = 0) 
         model_max_length=MAX_POSITIONS,
     )
     labels = LABELS.get(task, [])
+    special_ids = {"cls_token_id": tok.token_to_id(family.cls), "sep_token_id": tok.token_to_id(family.sep),
+                   "bos_token_id": tok.token_to_id(family.cls), "eos_token_id": tok.token_to_id(family.sep)} \
+        if arch == "modernbert" else {}
     config = config_class(vocab_size=tok.get_vocab_size(), pad_token_id=tok.token_to_id(family.pad), **kwargs,
+                          **special_ids,
                           **({"id2label": dict(enumerate(labels)), "label2id": {v: i for i, v in enumerate(labels)}}
                              if labels else {}))
     torch.manual_seed(seed)

@@ -7,6 +7,7 @@ import json
 import numpy as np
 import onnx
 import pytest
+import transformers
 
 from kiln.artifact.directory import Artifact
 from kiln.choices import ExportFormat, ExternalData
@@ -106,3 +107,32 @@ def test_exported_artifact_predicts_like_pytorch(tiny_model, tmp_path):
     for got, want in zip(onnx_out, torch_out):
         assert [s.label for s in got] == [s.label for s in want]
         np.testing.assert_allclose([s.score for s in got], [s.score for s in want], atol=1e-5)
+
+
+@pytest.mark.slow
+def test_a_model_over_protobufs_2gb_limit_exports_with_external_data(tmp_path):
+    """Built from a config in the test (540k x 1024 embeddings: 2.2 GB of fp32 weights), never downloaded."""
+    import onnxruntime as ort
+    import torch
+
+    from kiln.export.onnx import PROTOBUF_LIMIT, export_onnx
+    from kiln.model.module import TaskModule
+
+    config = transformers.BertConfig(vocab_size=540_000, hidden_size=1024, num_hidden_layers=1,
+                                     num_attention_heads=4, intermediate_size=64, max_position_embeddings=64)
+    torch.manual_seed(0)
+    model = transformers.BertModel(config, add_pooling_layer=False).eval()
+    module = TaskModule(model, ("input_ids", "attention_mask"), ("last_hidden_state",))
+    ids = torch.randint(0, config.vocab_size, (2, 12))
+    mask = torch.ones_like(ids)
+    files = export_onnx(module, (ids, mask), tmp_path / "model.onnx",
+                        sequence_outputs=frozenset({"last_hidden_state"}))
+    assert [f.name for f in files] == ["model.onnx", "model.onnx.data"]
+    assert files[1].stat().st_size > PROTOBUF_LIMIT and files[0].stat().st_size < 10 * 1024**2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.onnx", "model.onnx.data"]  # no stray tensor files
+    with torch.no_grad():
+        want = module(ids, mask)[0].numpy()
+    del model, module
+    session = ort.InferenceSession(str(files[0]), providers=["CPUExecutionProvider"])
+    got = session.run(None, {"input_ids": ids.numpy(), "attention_mask": mask.numpy()})[0]
+    np.testing.assert_allclose(got, want, atol=1e-4)

@@ -17,8 +17,8 @@ from kiln.model.reference import reference_predictor
 from kiln.model.source import load_source
 from kiln.optimize.job import NothingPassed, OptimizeConfig, OptimizeJob
 from kiln.optimize.outcome import read_results
-from kiln.records import to_jsonable
 from kiln.optimize.variants import VARIANTS, default_variants
+from kiln.records import to_jsonable
 from kiln.tasks import TaskName
 
 
@@ -166,7 +166,7 @@ def test_optimize_help_documents_defaults():
     text_only = " ".join(re.sub(r"[│╭╮╰╯─]", " ", result.stdout).split())  # rich wraps inside its panel
     for text in ("min cosine >= 1-t", "(default t=0.01)", "answer F1 against the original's answers >= 1-t "
                  "(default t=0.02)",
-                 "--calibration-method", "--variants", "--target", "SQuAD JSON"):
+                 "--calibration-method", "--variants", "--target", "SQuAD .json"):
         assert text in text_only, text
 
 

@@ -19,7 +19,7 @@ from kiln.tasks import TaskName, TextPair
 CLS = TaskName.TEXT_CLASSIFICATION
 
 
-@pytest.mark.parametrize("arch", ["bert", "roberta"])  # token type ids / RoBERTa's double separator
+@pytest.mark.parametrize("arch", ["bert", "roberta", "modernbert"])  # token types; RoBERTa: two separators
 def test_pairs_match_the_transformers_pipeline(tiny_model, arch):
     model_dir = tiny_model(arch, CLS)
     pipe = transformers.pipeline("text-classification", model=str(model_dir), tokenizer=str(model_dir))

@@ -57,7 +57,7 @@ def test_feature_extraction_pooling_from_sentence_transformers_config(tiny_model
     np.testing.assert_allclose(got, expected, atol=1e-5)
 
 
-@pytest.mark.parametrize("arch", ["bert", "roberta"])
+@pytest.mark.parametrize("arch", ["bert", "roberta", "modernbert"])
 def test_text_classification_matches_pipeline(tiny_model, arch):
     model_dir = tiny_model(arch, TaskName.TEXT_CLASSIFICATION)
     texts = list(builtin_sentences()[:16])
@@ -71,7 +71,7 @@ def test_text_classification_matches_pipeline(tiny_model, arch):
 
 
 @pytest.mark.parametrize("strategy", list(Aggregation))
-@pytest.mark.parametrize("arch", ["bert", "roberta", "xlm-roberta"])
+@pytest.mark.parametrize("arch", ["bert", "roberta", "xlm-roberta", "modernbert"])
 def test_token_classification_matches_pipeline(tiny_model, arch, strategy):
     model_dir = tiny_model(arch, TaskName.TOKEN_CLASSIFICATION)
     with pytest.warns() if arch != "bert" and strategy in (Aggregation.FIRST, Aggregation.AVERAGE,
@@ -116,7 +116,7 @@ def _brute_force_answers(start_logits, end_logits, sequence_ids, offsets, contex
     return [(context[a:b], score, a, b) for score, a, b in spans[:top_k]], null
 
 
-@pytest.mark.parametrize("arch", ["bert", "roberta"])
+@pytest.mark.parametrize("arch", ["bert", "roberta", "modernbert"])
 def test_question_answering_matches_brute_force_reference(tiny_model, arch):
     """transformers 5 dropped its QA pipeline; kiln is checked against a plain loop over every span."""
     import torch

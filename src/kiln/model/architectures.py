@@ -25,6 +25,8 @@ SUPPORTED: dict[str, ArchSpec] = {
     "electra": ArchSpec(),
     "mpnet": ArchSpec(position_offset=2),
     "deberta-v2": ArchSpec(),
+    # Rotary positions, alternating global and sliding-window attention; exported with eager attention.
+    "modernbert": ArchSpec(),
 }
 
 # Families people try that kiln knowingly refuses, with the reason it gives.
