@@ -50,6 +50,11 @@ def listify(value: Any) -> list[Any]:
     return list(value) if isinstance(value, list) else [value]
 
 
+def render_results(body: Any, model: str, prepared: Any, results: list[Any]) -> dict[str, Any]:
+    """The usual response: the model's name, one result per input, and which inputs were cut."""
+    return {"model": model, "results": results, "truncated": list(prepared.truncated)}
+
+
 @dataclass(frozen=True)
 class Route:
     """One HTTP route of a task: POST ``path`` with ``request``, answered with ``response``."""

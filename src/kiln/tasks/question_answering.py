@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from kiln.data.texts import builtin_sentences, joined
 from kiln.errors import UsageError
 from kiln.tasks.base import Prepared, TaskSpec, field, softmax, valid_rows
-from kiln.tasks.http import Count, NonBlank, RequestBody, ResponseModel, Route, listify
+from kiln.tasks.http import Count, NonBlank, RequestBody, ResponseModel, Route, listify, render_results
 from kiln.validation.figures import Agreement, AgreementInputs, EvalSet, Run
 from kiln.validation.metrics import squad_scores
 
@@ -102,9 +102,6 @@ class AnswerResponse(ResponseModel):
     truncated: list[bool]
 
 
-def _render(body: AnswerRequest, model: str, prepared: Prepared, results: list[Any]) -> dict[str, Any]:
-    return {"model": model, "results": results, "truncated": list(prepared.truncated)}
-
 
 class QuestionAnswering(TaskSpec):
     name = "question-answering"
@@ -116,7 +113,7 @@ class QuestionAnswering(TaskSpec):
     metric = "f1"
     eval_fields = ("question", "context", "answers")
     eval_formats = (".jsonl", ".csv", "SQuAD .json")
-    routes = (Route("/answer", "Extract answers from contexts", AnswerRequest, AnswerResponse, _render),)
+    routes = (Route("/answer", "Extract answers from contexts", AnswerRequest, AnswerResponse, render_results),)
 
     def options(self, **kwargs: Any) -> AnswerOptions:
         options = AnswerOptions(**kwargs)

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from kiln.data.texts import builtin_pairs, parity_texts
 from kiln.errors import UsageError
 from kiln.tasks.base import Prepared, TaskSpec, field, one_per_input, sigmoid, softmax
-from kiln.tasks.http import Count, NonBlank, RequestBody, ResponseModel, Route, listify
+from kiln.tasks.http import Count, NonBlank, RequestBody, ResponseModel, Route, listify, render_results
 from kiln.validation.figures import Agreement, AgreementInputs, EvalSet, Run
 
 
@@ -97,9 +97,6 @@ class ClassifyResponse(ResponseModel):
     truncated: list[bool]
 
 
-def _render(body: ClassifyRequest, model: str, prepared: Prepared, results: list[Any]) -> dict[str, Any]:
-    return {"model": model, "results": results, "truncated": list(prepared.truncated)}
-
 
 class TextClassification(TaskSpec):
     name = "text-classification"
@@ -110,7 +107,7 @@ class TextClassification(TaskSpec):
     tolerance_help = "top label agreement >= 1-t"
     metric = "accuracy"
     eval_fields = ("text", "label")
-    routes = (Route("/classify", "Classify texts or text pairs", ClassifyRequest, ClassifyResponse, _render),)
+    routes = (Route("/classify", "Classify texts or text pairs", ClassifyRequest, ClassifyResponse, render_results),)
 
     @classmethod
     def settings(cls, model_dir: Path, hf_config: Any) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from tokenizers import Encoding, Tokenizer
 
 from kiln.choices import Aggregation, parse_choice
 from kiln.tasks.base import Prepared, TaskSpec, field, softmax, valid_rows
-from kiln.tasks.http import RequestBody, ResponseModel, Route, Texts, listify
+from kiln.tasks.http import RequestBody, ResponseModel, Route, Texts, listify, render_results
 from kiln.validation.figures import Agreement, AgreementInputs, EvalSet, Run
 
 
@@ -76,9 +76,6 @@ class TokensResponse(ResponseModel):
     truncated: list[bool]
 
 
-def _render(body: TokensRequest, model: str, prepared: Prepared, results: list[Any]) -> dict[str, Any]:
-    return {"model": model, "results": results, "truncated": list(prepared.truncated)}
-
 
 class TokenClassification(TaskSpec):
     name = "token-classification"
@@ -89,7 +86,7 @@ class TokenClassification(TaskSpec):
     tolerance_help = "tag agreement per token >= 1-t"
     metric = "f1"
     eval_fields = ("tokens", "tags")
-    routes = (Route("/tokens", "Tag tokens and group entities", TokensRequest, TokensResponse, _render),)
+    routes = (Route("/tokens", "Tag tokens and group entities", TokensRequest, TokensResponse, render_results),)
 
     def __init__(self, config) -> None:
         super().__init__(config)
