@@ -77,3 +77,10 @@ def test_a_new_task_is_one_module_and_one_registry_line(dummy_task, tiny_model, 
     assert summary.primary_metric == "neg_mae" and fp32.metric["neg_mae"] == pytest.approx(
         summary.reference_metric["neg_mae"], abs=1e-4)
     assert kiln.load(tmp_path / "opt" / "best").predict(["one text"])[0]
+
+
+def test_the_top_level_holds_only_shared_pieces():
+    """The stages live in folders (model/, export/, optimize/, …); the top level keeps what every stage shares."""
+    assert sorted(p.name for p in SRC.glob("*.py")) == ["__init__.py", "__main__.py", "choices.py", "errors.py",
+                                                        "records.py"]
+    assert {"load", "Artifact", "Predictor", "TaskName", "TextPair"} <= set(kiln.__all__)
