@@ -17,6 +17,7 @@ from kiln.bench.environment import fingerprint
 from kiln.bench.worker import PYTORCH, BenchSettings, Target, TargetResult, worker_main
 from kiln.data.texts import texts_of_lengths
 from kiln.errors import UsageError
+from kiln.records import to_jsonable
 from kiln.report.data import optimize_section
 from kiln.system.cpu import cpu_info
 from kiln.tasks import DEFAULT_TASK
@@ -170,9 +171,9 @@ class BenchJob:
         variant = next((r for r in measured if r.name != PYTORCH and r.sweep and not r.error), None)
         if variant is None or artifact is None:
             return None
-        best = max(variant.sweep, key=lambda p: p["sorted_per_s"])
-        default = {"variant": variant.name, "sessions": best["sessions"], "threads": best["threads"],
-                   "measured_sorted_per_s": best["sorted_per_s"], "sweep": variant.sweep}
+        best = max(variant.sweep, key=lambda p: p.sorted_per_s)
+        default = {"variant": variant.name, "sessions": best.sessions, "threads": best.threads,
+                   "measured_sorted_per_s": best.sorted_per_s, "sweep": to_jsonable(variant.sweep)}
         verify(artifact.path)  # never re-seal over a file altered since it was written (best/ included)
         written = []
         best_dir = artifact.path / "best"
@@ -181,8 +182,8 @@ class BenchJob:
             written.append(best_dir / SERVING_FILE)
         write_serving_default(artifact.path, default, check=False)  # last: its seal covers best/'s new files
         written.insert(0, artifact.path / SERVING_FILE)
-        self.progress(f"serving default for {variant.name}: {best['sessions']} session(s) x {best['threads']} "
-                      f"thread(s) ({best['sorted_per_s']:.1f} seq/s), written to {', '.join(map(str, written))}")
+        self.progress(f"serving default for {variant.name}: {best.sessions} session(s) x {best.threads} "
+                      f"thread(s) ({best.sorted_per_s:.1f} seq/s), written to {', '.join(map(str, written))}")
         return default
 
 

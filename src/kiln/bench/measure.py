@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -30,10 +30,6 @@ class LatencyStats:
     @property
     def sequences_per_second(self) -> float:
         return 1000 * self.batch_size / self.median_ms
-
-    def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "ms_per_sequence": self.ms_per_sequence,
-                "sequences_per_second": self.sequences_per_second}
 
 
 def time_calls(call: Callable[[], Any], *, budget_s: float, min_runs: int = 5, max_runs: int = 200,
@@ -85,9 +81,6 @@ class MixResult:
     sorted_padding_efficiency: float  # real tokens / computed tokens
     unsorted_padding_efficiency: float
     batch_size: int
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def padding_efficiency(lengths: Sequence[int], batch_size: int, sort: bool, multiple: int = 1) -> float:

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
+
+from kiln.records import to_jsonable
 
 SCHEMA = "kiln.bench/1"
 
@@ -14,13 +15,13 @@ SCHEMA = "kiln.bench/1"
 def build(command: str, environment: dict[str, Any], settings: Any, targets: list[Any], *,
           artifact: str | None, model: str | None, task: str, optimize: dict[str, Any] | None,
           serving_default: dict[str, Any] | None) -> dict[str, Any]:
-    settings_dict = asdict(settings)
+    settings_dict = to_jsonable(settings)
     settings_dict["mix"] = {"texts": len(settings.mix)}
     return {
         "schema": SCHEMA, "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "command": command, "environment": environment, "artifact": artifact, "model": model, "task": task,
         "settings": settings_dict, "baseline": "pytorch-fp32",
-        "targets": [asdict(t) for t in targets], "optimize": optimize, "serving_default": serving_default,
+        "targets": to_jsonable(targets), "optimize": optimize, "serving_default": serving_default,
     }
 
 

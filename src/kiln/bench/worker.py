@@ -4,10 +4,16 @@ from __future__ import annotations
 
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
-from kiln.bench.measure import latency_cell, length_mix_throughput, peak_rss_mb, synthetic_batch
+from kiln.bench.measure import (
+    LatencyStats,
+    MixResult,
+    latency_cell,
+    length_mix_throughput,
+    peak_rss_mb,
+    synthetic_batch,
+)
 
 PYTORCH = "pytorch-fp32"
 
@@ -33,15 +39,32 @@ class BenchSettings:
     mix_rounds: int = 2  # best of this many passes over the length mix
 
 
-@dataclass
+@dataclass(frozen=True)
+class SkippedCell:
+    batch_size: int
+    seq_len: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class SweepPoint:
+    """Throughput of ``sessions`` engines with ``threads`` each on the sorted mix, and batch-1 latency at 128."""
+
+    sessions: int
+    threads: int
+    sorted_per_s: float
+    b1_128_ms: float
+
+
+@dataclass(frozen=True)
 class TargetResult:
     name: str
     load_seconds: float = 0.0
     peak_rss_mb: float = 0.0
-    grid: list[dict[str, Any]] = field(default_factory=list)
-    skipped_cells: list[dict[str, Any]] = field(default_factory=list)
-    mix: dict[str, Any] | None = None
-    sweep: list[dict[str, Any]] = field(default_factory=list)
+    grid: tuple[LatencyStats, ...] = ()
+    skipped_cells: tuple[SkippedCell, ...] = ()
+    mix: MixResult | None = None
+    sweep: tuple[SweepPoint, ...] = ()
     error: str | None = None
 
 
@@ -68,37 +91,37 @@ def _build(target: Target, threads: int):
 def run_target(target: Target, settings: BenchSettings, report=lambda kind, detail: None) -> TargetResult:
     from kiln.runtime.predictor import Predictor
 
-    result = TargetResult(target.name)
     start = time.perf_counter()
     encoder, config, engine = _build(target, settings.threads)
     predictor = Predictor(config, encoder, engine, batch_size=settings.batch_size)
     from kiln.tasks import task_spec
 
     predictor.predict([task_spec(config.task).sample_input(settings.mix[0])])
-    result.load_seconds = time.perf_counter() - start
-    report("loaded", result.load_seconds)
+    load_seconds = time.perf_counter() - start
+    report("loaded", load_seconds)
+    grid: list[LatencyStats] = []
+    skipped: list[SkippedCell] = []
     for seq_len in settings.seq_lens:
         for batch_size in settings.batch_sizes:
             if seq_len > encoder.max_length:
-                result.skipped_cells.append({"batch_size": batch_size, "seq_len": seq_len,
-                                             "reason": f"longer than the model's {encoder.max_length} tokens"})
+                skipped.append(SkippedCell(batch_size, seq_len, f"longer than the model's {encoder.max_length} tokens"))
             else:
                 batch = synthetic_batch(encoder, batch_size, seq_len)
-                result.grid.append(latency_cell(engine.run, batch, budget_s=settings.budget_s,
-                                                min_runs=settings.min_runs).to_dict())
+                grid.append(latency_cell(engine.run, batch, budget_s=settings.budget_s, min_runs=settings.min_runs))
             report("cell", None)
     spec = task_spec(config.task)
     encodings = predictor.prepare([spec.sample_input(text) for text in settings.mix]).encodings
-    result.mix = length_mix_throughput(predictor, encodings, rounds=settings.mix_rounds).to_dict()
+    mix = length_mix_throughput(predictor, encodings, rounds=settings.mix_rounds)
     report("mix", None)
-    result.peak_rss_mb = peak_rss_mb()  # before the sweep, which holds several sessions at once
+    rss = peak_rss_mb()  # before the sweep, which holds several sessions at once
+    sweep = []
     for sessions, threads in settings.sweep:
-        result.sweep.append(_sweep_point(target, settings, encodings, sessions, threads))
+        sweep.append(_sweep_point(target, settings, encodings, sessions, threads))
         report("sweep", None)
-    return result
+    return TargetResult(target.name, load_seconds, rss, tuple(grid), tuple(skipped), mix, tuple(sweep))
 
 
-def _sweep_point(target: Target, settings: BenchSettings, encodings, sessions: int, threads: int) -> dict[str, Any]:
+def _sweep_point(target: Target, settings: BenchSettings, encodings, sessions: int, threads: int) -> SweepPoint:
     """Throughput of ``sessions`` engines with ``threads`` each, fed sorted batches concurrently."""
     from kiln.runtime.predictor import Predictor
 
@@ -117,8 +140,7 @@ def _sweep_point(target: Target, settings: BenchSettings, encodings, sessions: i
     seconds = time.perf_counter() - start
     latency = latency_cell(predictors[0].engine.run, synthetic_batch(predictors[0].encoder, 1, 128),
                            budget_s=settings.budget_s, min_runs=settings.min_runs)
-    return {"sessions": sessions, "threads": threads, "sorted_per_s": len(encodings) / seconds,
-            "b1_128_ms": latency.median_ms}
+    return SweepPoint(sessions, threads, len(encodings) / seconds, latency.median_ms)
 
 
 def worker_main(conn, target: Target, settings: BenchSettings) -> None:
