@@ -18,6 +18,16 @@ from kiln.tasks import Answer, Entity, LabelScore, QAInput, TaskConfig, TaskName
 
 __version__ = "0.1.0"
 
+
+def __getattr__(name: str):
+    """hf_model, hf_tokenizer and pipeline import torch and transformers: loaded on first use, so `import kiln`
+    (and serving an ONNX or OpenVINO artifact) stays free of both."""
+    if name in ("hf_model", "hf_tokenizer", "pipeline"):
+        from kiln.integrations import transformers as integration
+
+        return getattr(integration, name)
+    raise AttributeError(f"module 'kiln' has no attribute {name!r}")
+
 __all__ = [
     "ENGINES",
     "Aggregation",
@@ -45,5 +55,8 @@ __all__ = [
     "UnsupportedModelError",
     "UsageError",
     "create_engine",
+    "hf_model",
+    "hf_tokenizer",
     "load",
+    "pipeline",
 ]

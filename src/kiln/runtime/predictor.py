@@ -40,6 +40,12 @@ class Predictor:
         checked = self.handler.check_inputs(inputs)
         return self.handler.prepare(checked, self.encoder, options or self.handler.options())
 
+    def encode(self, sentences: str | Sequence[str], **kwargs: Any) -> Any:
+        """sentence-transformers' ``encode`` (same arguments, shapes, dtypes) for an embedding artifact."""
+        from kiln.runtime.encode import encode
+
+        return encode(self, sentences, **kwargs)
+
     def with_batch_size(self, batch_size: int) -> Predictor:
         """The same tokenizer and engine, batching ``batch_size`` features at a time."""
         return Predictor(self.config, self.encoder, self.engine, batch_size=batch_size)

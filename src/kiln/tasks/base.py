@@ -54,6 +54,7 @@ class TaskSpec:
     output_names: ClassVar[tuple[str, ...]]
     sequence_outputs: ClassVar[frozenset[str]]  # outputs with a sequence axis (dynamic axes for export)
     needs_trained_head: ClassVar[bool] = True  # refuse a checkpoint whose head weights are missing
+    embeds: ClassVar[bool] = False  # results are one vector per input (Predictor.encode works)
     default_tolerance: ClassVar[float]
     tolerance_help: ClassVar[str]  # what the tolerance bounds, for `kiln optimize --help`
     metric: ClassVar[str]  # the task metric's primary score (higher is better)
@@ -61,6 +62,8 @@ class TaskSpec:
     eval_formats: ClassVar[tuple[str, ...]] = (".jsonl", ".csv")
     has_builtin_eval: ClassVar[bool] = False  # whether builtin_eval() returns data (read only when used)
     routes: ClassVar[tuple[Route, ...]] = ()
+    # kiln.pipeline's adapter (predictor, **kwargs) -> callable, for a task transformers does not ship a pipeline for.
+    pipeline: ClassVar[Any] = None
 
     def __init__(self, config: TaskConfig) -> None:
         self.config = config

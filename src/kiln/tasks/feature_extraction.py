@@ -21,7 +21,7 @@ from pydantic import Field
 from kiln.choices import Pooling
 from kiln.errors import UnsupportedModelError
 from kiln.tasks.base import Prepared, TaskSpec, field, read_json
-from kiln.tasks.http import NonBlank, RequestBody, ResponseModel, Route, Texts, listify
+from kiln.tasks.http import FormField, NonBlank, RequestBody, ResponseModel, Route, Texts, listify
 from kiln.validation.figures import Agreement, AgreementInputs, EvalSet, Floor, Run
 from kiln.validation.metrics import spearman
 
@@ -113,13 +113,15 @@ class FeatureExtraction(TaskSpec):
     output_names = ("last_hidden_state",)
     sequence_outputs = frozenset(output_names)
     needs_trained_head = False
+    embeds = True
     default_tolerance = 0.01
     tolerance_help = "min cosine >= 1-t and mean cosine >= 1-t/2"
     metric = "spearman"
     eval_fields = ("sentence1", "sentence2", "score")
     has_builtin_eval = True
     routes = (
-        Route("/embed", "Sentence embeddings", EmbedRequest, EmbedResponse, _embed),
+        Route("/embed", "Sentence embeddings", EmbedRequest, EmbedResponse, _embed,
+              form=(FormField("text", "Text", multiline=True),)),
         Route("/v1/embeddings", "OpenAI-compatible embeddings", OpenAIEmbeddingRequest, OpenAIEmbeddingResponse,
               _openai, any_model_name=True, inputs_field="input"),
     )

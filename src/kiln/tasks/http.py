@@ -56,6 +56,16 @@ def render_results(body: Any, model: str, prepared: Any, results: list[Any]) -> 
 
 
 @dataclass(frozen=True)
+class FormField:
+    """One input of the task's playground form (kiln serve's page at /)."""
+
+    name: str
+    label: str
+    required: bool = True
+    multiline: bool = False
+
+
+@dataclass(frozen=True)
 class Route:
     """One HTTP route of a task: POST ``path`` with ``request``, answered with ``response``."""
 
@@ -68,3 +78,6 @@ class Route:
     # OpenAI clients always send a model name: with one model served, any name maps to it.
     any_model_name: bool = False
     inputs_field: str = "inputs"  # the request field that carries the inputs (its maxItems is the server's limit)
+    # The playground's form for this route (empty: not offered there). With one field filled the page sends its
+    # text as the input; with more, an object of the filled fields (a text pair, a question and its context).
+    form: tuple[FormField, ...] = ()

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from kiln.data.texts import builtin_sentences, joined
 from kiln.errors import UsageError
 from kiln.tasks.base import Prepared, TaskSpec, field, softmax, valid_rows
-from kiln.tasks.http import Count, NonBlank, RequestBody, ResponseModel, Route, listify, render_results
+from kiln.tasks.http import Count, FormField, NonBlank, RequestBody, ResponseModel, Route, listify, render_results
 from kiln.validation.figures import Agreement, AgreementInputs, EvalSet, Run
 from kiln.validation.metrics import squad_scores
 
@@ -103,6 +103,53 @@ class AnswerResponse(ResponseModel):
 
 
 
+class QuestionAnsweringPipeline:
+    """transformers 4's question-answering pipeline call, on a kiln predictor (transformers 5 removed it).
+
+    ``pipe(question=..., context=...)`` or ``pipe({"question": ..., "context": ...})`` or a list of such dicts;
+    ``top_k``, ``handle_impossible_answer``, ``max_answer_len``, ``doc_stride``, ``max_seq_len`` as there.
+    One answer is a dict with score, start, end, answer; ``top_k > 1`` gives a list per question.
+    """
+
+    task = "question-answering"
+
+    def __init__(self, predictor, **defaults: Any) -> None:
+        self.predictor = predictor
+        self.defaults = defaults
+
+    def __call__(self, *args: Any, question: str | list[str] | None = None, context: str | list[str] | None = None,
+                 top_k: int = 1, handle_impossible_answer: bool = False, max_answer_len: int = 15,
+                 doc_stride: int = 128, max_seq_len: int = 384, **kwargs: Any) -> Any:
+        items, single = _qa_items(args, question, context)
+        options = {"top_k": top_k, "allow_null": handle_impossible_answer, "max_answer_len": max_answer_len,
+                   "doc_stride": doc_stride, "max_seq_len": max_seq_len, **self.defaults, **kwargs}
+        results = self.predictor.predict(items, **options)
+        answers = [[{"score": a.score, "start": a.start, "end": a.end, "answer": a.answer} for a in r]
+                   or [{"score": 0.0, "start": 0, "end": 0, "answer": ""}] for r in results]
+        shaped = [a[0] if options["top_k"] == 1 else a for a in answers]
+        return shaped[0] if single else shaped
+
+
+def _qa_items(args: tuple[Any, ...], question: Any, context: Any) -> tuple[list[QAInput], bool]:
+    """The pipeline's input forms: keywords (one each, or equal lists), a dict, a list of dicts, QAInput(s)."""
+    if question is not None or context is not None:
+        if question is None or context is None:
+            raise UsageError("question-answering needs both question= and context=")
+        if isinstance(question, str) and isinstance(context, str):
+            return [QAInput(question, context)], True
+        questions = [question] * len(context) if isinstance(question, str) else list(question)
+        contexts = [context] * len(questions) if isinstance(context, str) else list(context)
+        if len(questions) != len(contexts):
+            raise UsageError(f"{len(questions)} questions but {len(contexts)} contexts")
+        return [QAInput(q, c) for q, c in zip(questions, contexts)], False
+    if len(args) != 1:
+        raise UsageError("call with question= and context=, a {'question', 'context'} dict, or a list of them")
+    given = args[0]
+    if isinstance(given, (list, tuple)) and not (len(given) == 2 and all(isinstance(x, str) for x in given)):
+        return [as_qa_input(x, i) for i, x in enumerate(given)], False
+    return [as_qa_input(given)], True
+
+
 class QuestionAnswering(TaskSpec):
     name = "question-answering"
     auto_class = "AutoModelForQuestionAnswering"
@@ -113,7 +160,9 @@ class QuestionAnswering(TaskSpec):
     metric = "f1"
     eval_fields = ("question", "context", "answers")
     eval_formats = (".jsonl", ".csv", "SQuAD .json")
-    routes = (Route("/answer", "Extract answers from contexts", AnswerRequest, AnswerResponse, render_results),)
+    routes = (Route("/answer", "Extract answers from contexts", AnswerRequest, AnswerResponse, render_results,
+                    form=(FormField("question", "Question"), FormField("context", "Context", multiline=True))),)
+    pipeline = QuestionAnsweringPipeline
 
     def options(self, **kwargs: Any) -> AnswerOptions:
         options = AnswerOptions(**kwargs)

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from kiln.data.texts import builtin_pairs, parity_texts
 from kiln.errors import UsageError
 from kiln.tasks.base import Prepared, TaskSpec, field, one_per_input, sigmoid, softmax
-from kiln.tasks.http import Count, NonBlank, RequestBody, ResponseModel, Route, listify, render_results
+from kiln.tasks.http import Count, FormField, NonBlank, RequestBody, ResponseModel, Route, listify, render_results
 from kiln.validation.figures import Agreement, AgreementInputs, EvalSet, Run
 
 
@@ -107,7 +107,10 @@ class TextClassification(TaskSpec):
     tolerance_help = "top label agreement >= 1-t"
     metric = "accuracy"
     eval_fields = ("text", "label")
-    routes = (Route("/classify", "Classify texts or text pairs", ClassifyRequest, ClassifyResponse, render_results),)
+    routes = (Route("/classify", "Classify texts or text pairs", ClassifyRequest, ClassifyResponse, render_results,
+                    form=(FormField("text", "Text", multiline=True),
+                          FormField("text_pair", "Second text (optional: classifies the pair)", required=False,
+                                    multiline=True))),)
 
     @classmethod
     def settings(cls, model_dir: Path, hf_config: Any) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from tokenizers import Encoding, Tokenizer
 
 from kiln.choices import Aggregation, parse_choice
 from kiln.tasks.base import Prepared, TaskSpec, field, softmax, valid_rows
-from kiln.tasks.http import RequestBody, ResponseModel, Route, Texts, listify, render_results
+from kiln.tasks.http import FormField, RequestBody, ResponseModel, Route, Texts, listify, render_results
 from kiln.validation.figures import Agreement, AgreementInputs, EvalSet, Run
 
 
@@ -86,7 +86,8 @@ class TokenClassification(TaskSpec):
     tolerance_help = "tag agreement per token >= 1-t"
     metric = "f1"
     eval_fields = ("tokens", "tags")
-    routes = (Route("/tokens", "Tag tokens and group entities", TokensRequest, TokensResponse, render_results),)
+    routes = (Route("/tokens", "Tag tokens and group entities", TokensRequest, TokensResponse, render_results,
+                    form=(FormField("text", "Text", multiline=True),)),)
 
     def __init__(self, config) -> None:
         super().__init__(config)

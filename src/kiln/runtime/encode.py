@@ -1,0 +1,101 @@
+"""`Predictor.encode`: sentence-transformers' `SentenceTransformer.encode`, on a kiln artifact.
+
+Same arguments, meaning, shapes and dtypes, so swapping the import is the whole migration: a string gives a 1-D
+float32 array, a list a 2-D one; ``truncate_dim`` cuts each vector before ``normalize_embeddings`` rescales it
+(sentence-transformers' order); ``convert_to_tensor`` gives one torch tensor and ``convert_to_numpy=False`` a list
+of tensors (torch imported only then). What kiln cannot honour is refused by name, never ignored.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from kiln.errors import UsageError
+from kiln.tasks import task_spec
+
+if TYPE_CHECKING:
+    from kiln.runtime.predictor import Predictor
+
+PROGRESS_CHUNK = 8  # batches per progress-bar step: length grouping still works within a chunk
+
+
+def encode(
+    predictor: Predictor,
+    sentences: str | Sequence[str],
+    *,
+    prompt_name: str | None = None,
+    prompt: str | None = None,
+    batch_size: int = 32,
+    show_progress_bar: bool | None = None,
+    output_value: str | None = "sentence_embedding",
+    precision: str = "float32",
+    convert_to_numpy: bool = True,
+    convert_to_tensor: bool = False,
+    device: str | None = None,
+    normalize_embeddings: bool = False,
+    truncate_dim: int | None = None,
+) -> Any:
+    """Embeddings of ``sentences`` as sentence-transformers returns them (see the module docstring)."""
+    if not task_spec(predictor.config.task).embeds:
+        raise UsageError(f"encode() needs a sentence-embedding artifact; this one does {predictor.config.task}: "
+                         "use predict()")
+    _refuse(prompt_name=prompt_name, output_value=output_value, precision=precision, device=device)
+    single = isinstance(sentences, str)
+    texts = [sentences] if single else list(sentences)
+    if truncate_dim is not None and truncate_dim < 1:
+        raise UsageError(f"truncate_dim must be at least 1 (got {truncate_dim})")
+    vectors = _embed(predictor.with_batch_size(batch_size), [prompt + t for t in texts] if prompt else texts,
+                     show_progress_bar)
+    if truncate_dim is not None:
+        vectors = vectors[:, :truncate_dim]
+    if normalize_embeddings:
+        vectors = vectors / np.clip(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12, None)
+    out = _convert(vectors.astype(np.float32, copy=False), convert_to_numpy, convert_to_tensor)
+    return out[0] if single and len(texts) else out
+
+
+def _embed(predictor: Predictor, texts: list[str], show_progress_bar: bool | None) -> np.ndarray:
+    if not texts:
+        return np.zeros((0, 0), dtype=np.float32)
+    step = predictor.batch_size * PROGRESS_CHUNK
+    if not show_progress_bar or len(texts) <= step:
+        return np.stack(predictor.predict(texts))
+    from rich.progress import Progress
+
+    parts = []
+    with Progress(transient=True) as bar:
+        task = bar.add_task("Batches", total=len(texts))
+        for start in range(0, len(texts), step):
+            parts.append(np.stack(predictor.predict(texts[start : start + step])))
+            bar.advance(task, len(parts[-1]))
+    return np.concatenate(parts)
+
+
+def _convert(vectors: np.ndarray, convert_to_numpy: bool, convert_to_tensor: bool) -> Any:
+    if convert_to_tensor or not convert_to_numpy:
+        try:
+            import torch
+        except ImportError as err:
+            raise UsageError("convert_to_tensor / convert_to_numpy=False return torch tensors; torch is not "
+                             f"installed ({err}): pip install torch, or keep the numpy default") from err
+        if convert_to_tensor:
+            return torch.from_numpy(vectors) if len(vectors) else torch.tensor([])
+        return list(torch.from_numpy(vectors))
+    return vectors if len(vectors) else np.array([])
+
+
+def _refuse(*, prompt_name: str | None, output_value: str | None, precision: str, device: str | None) -> None:
+    """sentence-transformers options kiln does not offer: a clear error, not a silent difference."""
+    if prompt_name is not None:
+        raise UsageError("prompt_name: kiln artifacts carry no named prompts; pass the text with prompt=")
+    if output_value != "sentence_embedding":
+        raise UsageError(f"output_value must be 'sentence_embedding' (got {output_value!r}); token embeddings "
+                         "are not exported by kiln's feature-extraction variants' pooling")
+    if precision != "float32":
+        raise UsageError(f"precision must be 'float32' (got {precision!r}); quantize the vectors yourself")
+    if device not in (None, "cpu"):
+        raise UsageError(f"device: the artifact's engine decides where it runs (got {device!r}); load it with "
+                         "kiln.load(path, device=...)")
