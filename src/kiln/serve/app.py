@@ -9,6 +9,7 @@ from __future__ import annotations
 import inspect
 import json
 import logging
+import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass
@@ -19,12 +20,13 @@ import orjson
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
-from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse
 from prometheus_client import generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from kiln.artifact.manifest import read_manifest
 from kiln.errors import KilnError, UsageError
+from kiln.serve import playground
 from kiln.serve.batcher import BatchLimits
 from kiln.serve.guard import Guard
 from kiln.serve.inference import HTTPError, Served, infer, load_served
@@ -41,6 +43,9 @@ class JSONBody(JSONResponse):
 
     def render(self, content: Any) -> bytes:
         return orjson.dumps(content, option=orjson.OPT_SERIALIZE_NUMPY)
+
+
+LATENCY_HEADER = "x-kiln-latency-ms"
 
 
 @dataclass(frozen=True)
@@ -64,6 +69,7 @@ def create_app(config: ServeConfig) -> FastAPI:
                   default_response_class=JSONBody)
     app.state.config, app.state.tasks, app.state.models, app.state.metrics = config, tasks, {}, Metrics()
     app.state.pool = ThreadPoolExecutor(max_workers=config.tokenizer_threads, thread_name_prefix="kiln-tokenize")
+    app.state.playground = playground.page(tasks)
     routes = _served_routes(tasks)
     for route in routes:
         _mount_route(app, route)
@@ -125,10 +131,13 @@ def _pick(app: FastAPI, name: str | None, route: Route) -> Served:
 
 def _mount_route(app: FastAPI, route: Route) -> None:
     async def endpoint(body: Any) -> JSONBody:
+        start = time.perf_counter()
         served = _pick(app, body.model, route)
         prepared, results = await infer(served, body, app.state.pool, app.state.metrics,
                                         app.state.config.max_inputs_per_request)
-        return JSONBody(route.render(body, served.name, prepared, results))
+        # Server-side time (tokenize, queue, run, post-process), for clients and the playground page.
+        latency = {LATENCY_HEADER: f"{1000 * (time.perf_counter() - start):.2f}"}
+        return JSONBody(route.render(body, served.name, prepared, results), headers=latency)
 
     # FastAPI reads the body type from the signature: each route gets its own task's request model.
     endpoint.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
@@ -140,6 +149,10 @@ def _mount_route(app: FastAPI, route: Route) -> None:
 
 def _mount_probes(app: FastAPI) -> None:
     not_ready = {503: {"model": ErrorBody, "description": "The model is still loading."}}
+
+    @app.get("/", response_class=HTMLResponse, include_in_schema=False)
+    async def playground():
+        return HTMLResponse(app.state.playground)
 
     @app.get("/health", response_model=Health)
     async def health():
