@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.kiln-installed
 DEMO_OUT ?= kiln-out
 
-.PHONY: demo test install browser lint clean
+.PHONY: demo test install browser triton-server lint clean
 
 install: $(STAMP)
 
@@ -16,7 +16,7 @@ $(PY):
 # kiln's `torch>=2.4` is already satisfied and pip installs nothing more for it.
 $(STAMP): pyproject.toml constraints.txt | $(PY)
 	$(PY) -m pip install -q --disable-pip-version-check torch==2.13.0
-	$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[test,openvino,serve]'
+	$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[test,openvino,serve,triton]'
 	touch $(STAMP)
 
 demo: install
@@ -32,11 +32,31 @@ browser:
 	      || echo "make: could not install chromium; the browser test will be skipped"; \
 	  else echo "make: chromium missing and no root/apt to install it; the browser test will be skipped"; fi; }
 
-test: install browser
+# A real tritonserver for the Triton tests: PyPI's nvidia-pytriton ships the binary and the Python backend (no GPU
+# needed). Its own venv: the backend stub embeds Python 3.11 and failed with numpy 2 ("output tensor shape does not
+# match size of output" for a trivial model), so numpy 1.26 there; kiln itself without its dependencies.
+TRITON_VENV ?= .venv-triton
+TRITON_STAMP := $(TRITON_VENV)/.kiln-triton
+PYTRITON := $(TRITON_VENV)/lib/python3.11/site-packages/pytriton/tritonserver
+triton-server: $(TRITON_STAMP)
+
+$(TRITON_STAMP): pyproject.toml
+	@if [ "$$($(PYTHON) -c 'import sys; print(sys.version_info[:2] == (3, 11))')" != True ]; then \
+	  echo "make: the pytriton Python-backend stub needs Python 3.11; the Triton tests will be skipped"; \
+	else \
+	  $(PYTHON) -m venv $(TRITON_VENV) && \
+	  $(TRITON_VENV)/bin/pip install -q --disable-pip-version-check nvidia-pytriton==0.7.0 numpy==1.26.4 \
+	    tokenizers==0.23.3 pydantic==2.14.3 onnxruntime==1.32.0 openvino==2026.4.1 && \
+	  $(TRITON_VENV)/bin/pip install -q --disable-pip-version-check --no-deps -e . && \
+	  cp $(PYTRITON)/python_backend_stubs/3.11/triton_python_backend_stub $(PYTRITON)/backends/python/ && \
+	  touch $(TRITON_STAMP); \
+	fi
+
+test: install browser triton-server
 	$(PY) -m pytest -q
 
 lint: install
 	$(VENV)/bin/ruff check src tests
 
 clean:
-	rm -rf $(VENV) $(DEMO_OUT) .pytest_cache
+	rm -rf $(VENV) $(TRITON_VENV) $(DEMO_OUT) .pytest_cache

@@ -72,6 +72,31 @@ class Artifact:
         return Predictor(self.task_config, self.encoder(), self.engine(variant, options), batch_size=batch_size)
 
 
+def copy_variant(root: Path, manifest: Manifest, name: str, dest: Path) -> Path:
+    """A self-contained artifact of one variant of ``root`` (its files, the tokenizer, a sealed manifest)."""
+    import shutil
+
+    from kiln.artifact.manifest import seal
+
+    record = manifest.variants[name]
+    tokenizer_dir = Path(manifest.tokenizer["path"]).parent
+    tokenizer_files = [p.relative_to(root).as_posix() for p in (root / tokenizer_dir).rglob("*") if p.is_file()]
+    for rel in [*record["files"], *tokenizer_files]:
+        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(root / rel, dest / rel)
+    extra = {"best": name}
+    if manifest.extra.get("serving_default", {}).get("variant") == name:
+        extra["serving_default"] = manifest.extra["serving_default"]
+    seal(dest, Manifest(source=manifest.source, task=manifest.task, tokenizer=manifest.tokenizer,
+                        variants={name: record}, extra=extra))
+    return dest
+
+
+def extract_variant(artifact: Artifact, variant: str, dest: Path) -> Path:
+    """``copy_variant`` of an opened artifact: ``variant`` alone, servable by itself, at ``dest``."""
+    return copy_variant(artifact.path, artifact.manifest, artifact.variant_name(variant), dest)
+
+
 def load(path: str | Path, variant: str | None = None, *, threads: int | None = None,
          device: str = "cpu", batch_size: int = 32) -> Predictor:
     """Open and verify an artifact and return a ready predictor for one of its variants."""

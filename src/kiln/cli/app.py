@@ -289,6 +289,40 @@ def serve(
 
 
 @app.command()
+def triton(
+    artifact: Annotated[Path, typer.Argument(help="Artifact directory (e.g. kiln-out/best).", show_default=False)],
+    output: Annotated[Path, typer.Option("--output", "-o", help="Model repository directory to write.")]
+    = Path("kiln-triton"),
+    device: Annotated[str, typer.Option(help="gpu: ONNX Runtime backend on KIND_GPU (optional TensorRT); cpu: "
+                                        "KIND_CPU with the thread count from kiln bench's serving.json.")] = "cpu",
+    python_model: Annotated[bool, typer.Option("--python-model", help="Run the model step in the Python backend "
+                                               "with kiln's engine (always so for OpenVINO variants); needs only "
+                                               "the Python backend, e.g. PyPI's nvidia-pytriton binary.")] = False,
+    tensorrt: Annotated[bool, typer.Option(help="GPU: TensorRT execution accelerator with fp16.")] = False,
+    buckets: Annotated[Optional[str], typer.Option(  # noqa: UP045
+        help="Comma-separated padded lengths the tokenizer step pads to. Triton batches only same-shape requests: "
+        "fewer buckets batch more, more buckets pad less. Default: quartiles and p90 of kiln's timing mix, and the "
+        "model's maximum.", show_default=False)] = None,
+    max_batch_size: Annotated[int, typer.Option(help="Largest batch Triton forms (> 0: 0 disables batching).",
+                                                min=1)] = 32,
+    max_queue_delay_us: Annotated[int, typer.Option(help="How long the model step waits to fill a batch.",
+                                                    min=0)] = 2000,
+    instances: Annotated[Optional[int], typer.Option(  # noqa: UP045
+        help="Model-step instances (default: sessions from serving.json, else 1).", show_default=False, min=1)] = None,
+    force: ForceOpt = False,
+) -> None:
+    """Write a Triton model repository (ensemble: tokenizer -> model -> post-processing) and check its wiring."""
+    from kiln.integrations.triton.repository import TritonConfig, write_repository
+
+    path = write_repository(TritonConfig(
+        artifact=artifact, output=output, device=device, python_model=python_model, tensorrt=tensorrt,
+        buckets=_int_list(buckets, "--buckets"), max_batch_size=max_batch_size,
+        max_queue_delay_us=max_queue_delay_us, instances=instances, overwrite=force))
+    console.out.print(f"Triton repository: {path} (checked: every config parses and the ensemble is wired)")
+    console.out.print(f"start it: tritonserver --model-repository={path}  (see {path / 'README.md'})")
+
+
+@app.command()
 def info(
     artifact: Annotated[Path, typer.Argument(help="Artifact directory written by kiln.", show_default=False)],
 ) -> None:

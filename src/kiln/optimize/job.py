@@ -15,6 +15,7 @@ from typing import Any
 
 from tokenizers import Encoding
 
+from kiln.artifact.directory import copy_variant
 from kiln.artifact.manifest import Manifest, library_versions, seal
 from kiln.artifact.staging import staged_directory
 from kiln.bench.measure import Timing, time_predictor
@@ -331,12 +332,4 @@ def _nothing_passed(outcomes: list[Outcome]) -> str:
 
 def write_best(stage: Path, manifest: Manifest, name: str) -> None:
     """A self-contained artifact of the chosen variant in ``best/`` (servable on its own)."""
-    best = stage / BEST_DIR
-    best.mkdir()
-    record = manifest.variants[name]
-    for rel in [*record["files"], *(p.relative_to(stage).as_posix() for p in (stage / "tokenizer").rglob("*")
-                                    if p.is_file())]:
-        (best / rel).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(stage / rel, best / rel)
-    seal(best, Manifest(source=manifest.source, task=manifest.task, tokenizer=manifest.tokenizer,
-                        variants={name: record}, extra={"best": name}))
+    copy_variant(stage, manifest, name, stage / BEST_DIR)

@@ -64,6 +64,10 @@ class TaskSpec:
     routes: ClassVar[tuple[Route, ...]] = ()
     # kiln.pipeline's adapter (predictor, **kwargs) -> callable, for a task transformers does not ship a pipeline for.
     pipeline: ClassVar[Any] = None
+    # `kiln triton`: the ensemble's outputs (name, Triton data type, dims without the batch axis); None where the
+    # task's inputs are not one text per request (the ensemble takes TEXT), with the reason.
+    triton_outputs: ClassVar[tuple[tuple[str, str, tuple[int, ...]], ...]] = (("RESULT", "TYPE_STRING", (1,)),)
+    triton_unsupported: ClassVar[str | None] = None
 
     def __init__(self, config: TaskConfig) -> None:
         self.config = config
@@ -101,6 +105,12 @@ class TaskSpec:
     def comparable(self, reduced: Any) -> np.ndarray:
         """A flat float vector for one feature, used by parity checks."""
         return np.asarray(reduced, dtype=np.float32).reshape(-1)
+
+    def triton_arrays(self, results: Sequence[Any]) -> dict[str, np.ndarray]:
+        """One request's results as the arrays of ``triton_outputs`` (batch axis first): JSON per input here."""
+        from kiln.records import to_jsonable
+
+        return {"RESULT": np.array([[json.dumps(to_jsonable(r)).encode()] for r in results], dtype=object)}
 
     # -- inputs -------------------------------------------------------------------------------------------
     @classmethod

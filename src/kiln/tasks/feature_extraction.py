@@ -114,6 +114,7 @@ class FeatureExtraction(TaskSpec):
     sequence_outputs = frozenset(output_names)
     needs_trained_head = False
     embeds = True
+    triton_outputs = (("EMBEDDING", "TYPE_FP32", (-1,)),)
     default_tolerance = 0.01
     tolerance_help = "min cosine >= 1-t and mean cosine >= 1-t/2"
     metric = "spearman"
@@ -160,6 +161,9 @@ class FeatureExtraction(TaskSpec):
 
     def finalize(self, prepared: Prepared, reduced: Sequence[Any], options: EmbedOptions, encoder) -> list[np.ndarray]:
         return list(reduced)
+
+    def triton_arrays(self, results: Sequence[Any]) -> dict[str, np.ndarray]:
+        return {"EMBEDDING": np.stack(results).astype(np.float32)}
 
     @classmethod
     def agreement(cls, data: AgreementInputs, variant: Run) -> Agreement:

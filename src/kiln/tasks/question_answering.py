@@ -163,6 +163,8 @@ class QuestionAnswering(TaskSpec):
     routes = (Route("/answer", "Extract answers from contexts", AnswerRequest, AnswerResponse, render_results,
                     form=(FormField("question", "Question"), FormField("context", "Context", multiline=True))),)
     pipeline = QuestionAnsweringPipeline
+    triton_unsupported = ("its inputs are a question and a context whose windows vary in number per request; the "
+                          "ensemble takes one TEXT per request")
 
     def options(self, **kwargs: Any) -> AnswerOptions:
         options = AnswerOptions(**kwargs)

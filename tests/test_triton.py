@@ -1,0 +1,150 @@
+"""kiln triton: repositories that parse with Triton's schema, a checker that finds miswiring, and a real
+tritonserver (PyPI's nvidia-pytriton) answering like kiln's offline predictor, batching concurrent requests."""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import kiln
+from kiln.data.texts import builtin_sentences, joined
+from kiln.errors import ArtifactError, UsageError
+from kiln.integrations.triton.check import check_repository, read_configs
+from kiln.integrations.triton.repository import TritonConfig, write_repository
+from kiln.integrations.triton.server import find_install, start_triton
+from kiln.tasks import TaskName
+
+TEXTS = [builtin_sentences()[3], "Anna Schmidt works for Acme Corporation in Berlin.", joined(5, 6)]
+
+
+def _repo(artifact: Path, out: Path, **kwargs) -> Path:
+    return write_repository(TritonConfig(artifact=artifact, output=out, name=out.name, **kwargs))
+
+
+def test_gpu_repository_parses_and_matches_the_onnx_graph(task_artifacts, tmp_path):
+    repo = _repo(task_artifacts[TaskName.TEXT_CLASSIFICATION], tmp_path / "r", device="gpu", tensorrt=True,
+                 buckets=(32, 64, 128), instances=2)
+    configs = read_configs(repo)
+    assert set(configs) == {"r", "r_tokenizer", "r_model", "r_post"}
+    model = configs["r_model"]
+    assert model.backend == "onnxruntime" and model.max_batch_size == 32 and model.instance_group[0].count == 2
+    assert model.instance_group[0].kind == model.instance_group[0].KIND_GPU
+    assert [list(i.dims) for i in model.input] == [[-1]] * len(model.input)  # batch-free dims
+    assert [list(o.dims) for o in model.output] == [[-1]]  # sequence-level logits
+    assert model.dynamic_batching.max_queue_delay_microseconds == 2000
+    accelerator = model.optimization.execution_accelerators.gpu_execution_accelerator[0]
+    assert accelerator.name == "tensorrt" and accelerator.parameters["precision_mode"] == "FP16"
+    assert configs["r"].platform == "ensemble"
+    assert [s.model_name for s in configs["r"].ensemble_scheduling.step] == ["r_tokenizer", "r_model", "r_post"]
+    assert "# buckets (padded lengths, from the token lengths of kiln's timing mix): [32, 64, 128]" in \
+        (repo / "r_tokenizer" / "config.pbtxt").read_text()
+    assert (repo / "r_model" / "1" / "model.onnx").is_file() and (repo / "README.md").is_file()
+
+
+def test_the_checker_finds_miswiring(tiny_artifact, tmp_path):
+    repo = _repo(tiny_artifact, tmp_path / "r", python_model=True)
+    check_repository(repo)  # as written: fine
+    model = repo / "r_model" / "config.pbtxt"
+    model.write_text(model.read_text().replace("max_batch_size: 32", "max_batch_size: 0"))
+    post = repo / "r_post" / "config.pbtxt"
+    post.write_text(post.read_text().replace('name: "attention_mask"\n  data_type: TYPE_INT64',
+                                             'name: "attention_mask"\n  data_type: TYPE_FP32'))
+    ensemble = repo / "r" / "config.pbtxt"
+    ensemble.write_text(ensemble.read_text().replace('value: "last_hidden_state"\n    }\n    output_map',
+                                                     'value: "hidden"\n    }\n    output_map', 1))
+    with pytest.raises(ArtifactError) as err:
+        check_repository(repo)
+    message = str(err.value)
+    assert "r_model: max_batch_size 0 turns dynamic batching off" in message
+    assert "is TYPE_INT64 but r_post.attention_mask takes TYPE_FP32" in message
+
+
+def test_onnx_dims_are_checked_against_the_graph(tiny_artifact, tmp_path):
+    repo = _repo(tiny_artifact, tmp_path / "g", device="gpu")
+    config = repo / "g_model" / "config.pbtxt"
+    config.write_text(config.read_text().replace("  dims: -1\n  dims: -1\n", "  dims: -1\n", 1))
+    with pytest.raises(ArtifactError, match="last_hidden_state has 2 dims .batch excluded. in the graph, 1 in"):
+        check_repository(repo)
+
+
+def test_question_answering_is_refused_with_the_reason(task_artifacts, tmp_path):
+    with pytest.raises(UsageError, match="does not build question-answering ensembles yet: its inputs are a question"):
+        _repo(task_artifacts[TaskName.QUESTION_ANSWERING], tmp_path / "qa")
+
+
+@pytest.fixture(scope="module")
+def triton_install():
+    install = find_install(Path(__file__).resolve().parents[1] / ".venv-triton")
+    if isinstance(install, str):
+        pytest.skip(install)
+    return install
+
+
+@pytest.fixture(scope="module")
+def served(triton_install, task_artifacts, tmp_path_factory):
+    """One tritonserver with a CPU (--python-model) repository per single-text task."""
+    root = tmp_path_factory.mktemp("triton")
+    repo = root / "repo"
+    repo.mkdir()
+    for task in (TaskName.FEATURE_EXTRACTION, TaskName.TEXT_CLASSIFICATION, TaskName.TOKEN_CLASSIFICATION):
+        part = _repo(task_artifacts[task], root / task.value.replace("-", "_"), python_model=True,
+                     max_queue_delay_us=20_000)
+        for model in part.iterdir():
+            if model.is_dir():
+                model.rename(repo / model.name)
+    running = start_triton(triton_install, repo, root / "tritonserver.log")
+    yield running, {t: t.value.replace("-", "_") for t in TaskName}
+    running.stop()
+
+
+def _infer(client_module, port: int, model: str, texts: list[str], output: str) -> np.ndarray:
+    client = client_module.InferenceServerClient(f"127.0.0.1:{port}")
+    text = client_module.InferInput("TEXT", [len(texts), 1], "BYTES")
+    text.set_data_from_numpy(np.array([[t.encode()] for t in texts], dtype=object))
+    return client.infer(model, [text]).as_numpy(output)
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_triton_answers_like_kiln(served, task_artifacts, protocol):
+    import json
+
+    import tritonclient.grpc as grpc
+    import tritonclient.http as http
+
+    running, names = served
+    module, port = (http, running.http_port) if protocol == "http" else (grpc, running.grpc_port)
+    embeddings = _infer(module, port, names[TaskName.FEATURE_EXTRACTION], TEXTS, "EMBEDDING")
+    offline = np.stack(kiln.load(task_artifacts[TaskName.FEATURE_EXTRACTION]).predict(TEXTS))
+    np.testing.assert_allclose(embeddings, offline, atol=1e-5)
+    for task in (TaskName.TEXT_CLASSIFICATION, TaskName.TOKEN_CLASSIFICATION):
+        raw = _infer(module, port, names[task], TEXTS, "RESULT")
+        got = [json.loads(row[0]) for row in raw]
+        want = kiln.load(task_artifacts[task]).predict(TEXTS)
+        for g, w in zip(got, want):
+            assert [x["label"] for x in g] == [x.label for x in w]
+            np.testing.assert_allclose([x["score"] for x in g], [x.score for x in w], atol=1e-5)
+            if task is TaskName.TOKEN_CLASSIFICATION:
+                assert [(x["start"], x["end"], x["word"]) for x in g] == [(x.start, x.end, x.word) for x in w]
+
+
+def test_concurrent_requests_are_batched(served):
+    import tritonclient.http as http
+
+    running, names = served
+    model = names[TaskName.FEATURE_EXTRACTION]
+    barrier = threading.Barrier(16)
+
+    def one(k: int) -> np.ndarray:
+        barrier.wait(timeout=30)  # all at once, so the model step's queue holds several requests
+        return _infer(http, running.http_port, model, [builtin_sentences()[k % 5]], "EMBEDDING")
+
+    with ThreadPoolExecutor(16) as pool:
+        results = list(pool.map(one, range(64)))
+    assert all(r.shape == (1, 32) for r in results)
+    stats = http.InferenceServerClient(f"127.0.0.1:{running.http_port}").get_inference_statistics(f"{model}_model")
+    entry = stats["model_stats"][0]
+    assert entry["inference_count"] > entry["execution_count"], entry  # batches larger than 1
