@@ -83,7 +83,7 @@ async def _read_response(reader: asyncio.StreamReader) -> tuple[int, bool, float
 
 async def closed_loop(port: int, bodies: list[bytes], clients: int, requests: int, max_s: float,
                       *, fresh_connections: bool = False, stop: asyncio.Event | None = None,
-                      honor_retry_after: bool = False) -> Phase:
+                      honor_retry_after: bool = False, path: str = "/embed") -> Phase:
     """``clients`` loops each send one request, wait for its answer, send the next; ``requests`` in total.
 
     ``fresh_connections`` opens a connection per request, so a server that stopped listening refuses at
@@ -110,7 +110,7 @@ async def closed_loop(port: int, bodies: list[bytes], clients: int, requests: in
                     stop.set()  # the server is gone: every client stops
                 break
             try:
-                writer.write(_request("/embed", body, fresh_connections))
+                writer.write(_request(path, body, fresh_connections))
                 status, keep, retry_after = await _read_response(reader)
             except (OSError, asyncio.IncompleteReadError, ValueError, IndexError) as err:
                 phase.count(f"lost ({type(err).__name__})")
@@ -326,10 +326,12 @@ def main() -> int:
     from kiln.data.texts import length_mix
 
     art = Artifact.open(args.artifact)
-    if art.task_config.task.value != "feature-extraction":
+    from kiln.tasks import task_spec
+
+    if not task_spec(art.task_config.task).embeds:
         sys.exit("this benchmark sends /embed requests: give it a feature-extraction artifact")
     encoder = art.encoder()
-    texts = length_mix(args.texts, 10, 200, seed=11, token_count=lambda t: len(encoder.encode([t])[0].ids))
+    texts = length_mix(args.texts, 10, 200, seed=11, token_count=encoder.token_count)
     lengths = [len(e.ids) for e in encoder.encode(texts)]
     bodies = [json.dumps({"inputs": t}).encode() for t in texts]
     concurrency = [int(c) for c in args.concurrency.split(",")]
