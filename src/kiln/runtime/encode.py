@@ -93,7 +93,7 @@ def _refuse(*, prompt_name: str | None, output_value: str | None, precision: str
         raise UsageError("prompt_name: kiln artifacts carry no named prompts; pass the text with prompt=")
     if output_value != "sentence_embedding":
         raise UsageError(f"output_value must be 'sentence_embedding' (got {output_value!r}); token embeddings "
-                         "are not exported by kiln's feature-extraction variants' pooling")
+                         "are not returned: kiln's embedding variants pool inside their post-processing")
     if precision != "float32":
         raise UsageError(f"precision must be 'float32' (got {precision!r}); quantize the vectors yourself")
     if device not in (None, "cpu"):
