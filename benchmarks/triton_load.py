@@ -38,6 +38,8 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=1024)
     parser.add_argument("--texts", type=int, default=512)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--buckets", default=None, help="kiln triton --buckets (default: kiln's choice)")
+    parser.add_argument("--skip-kiln", action="store_true", help="measure Triton only")
     parser.add_argument("--triton-venv", default=str(HERE.parent / ".venv-triton"))
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
@@ -58,7 +60,9 @@ def main() -> int:
                     "requests": args.requests, "tokens_median": statistics.median(lengths)}
     with tempfile.TemporaryDirectory(prefix="kiln-triton-load-") as scratch:
         repo = write_repository(TritonConfig(artifact=Path(args.artifact), output=Path(scratch) / "repo",
-                                             python_model=True, name="kiln"))
+                                             python_model=True, name="kiln",
+                                             buckets=tuple(int(b) for b in args.buckets.split(","))
+                                             if args.buckets else None))
         result["buckets"] = json.loads((repo / "kiln_tokenizer" / "1" / "kiln_step.json").read_text())["buckets"]
         running = start_triton(install, repo, Path(scratch) / "tritonserver.log")
         try:
@@ -73,20 +77,23 @@ def main() -> int:
             result["triton"]["model_step_mean_batch"] = stats["inference_count"] / max(1, stats["execution_count"])
         finally:
             running.stop()
-    proc, port = start([sys.executable, "-m", "kiln", "serve", args.artifact])
-    try:
-        result["kiln_serve"] = median_phase(port, [json.dumps({"inputs": t}).encode() for t in texts],
-                                            args.clients, args.requests, args.rounds, "/embed")
-    finally:
-        stop(proc)
+    if not args.skip_kiln:
+        proc, port = start([sys.executable, "-m", "kiln", "serve", args.artifact])
+        try:
+            result["kiln_serve"] = median_phase(port, [json.dumps({"inputs": t}).encode() for t in texts],
+                                                args.clients, args.requests, args.rounds, "/embed")
+        finally:
+            stop(proc)
     print("| server | clients | req/s | p50 ms | p90 ms | p99 ms | notes |")
     print("|---|---|---|---|---|---|---|")
-    t, k = result["triton"], result["kiln_serve"]
+    t = result["triton"]
     print(f"| Triton (tritonserver 2.51, Python-backend ensemble) | {args.clients} | {t['throughput_per_s']:.1f} | "
           f"{t['p50_ms']:.1f} | {t['p90_ms']:.1f} | {t['p99_ms']:.1f} | model step mean batch "
           f"{t['model_step_mean_batch']:.2f}; buckets {result['buckets']} |")
-    print(f"| kiln serve | {args.clients} | {k['throughput_per_s']:.1f} | {k['p50_ms']:.1f} | {k['p90_ms']:.1f} | "
-          f"{k['p99_ms']:.1f} | |")
+    if "kiln_serve" in result:
+        k = result["kiln_serve"]
+        print(f"| kiln serve | {args.clients} | {k['throughput_per_s']:.1f} | {k['p50_ms']:.1f} | "
+              f"{k['p90_ms']:.1f} | {k['p99_ms']:.1f} | |")
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
     return 0

@@ -102,7 +102,6 @@ class AnswerResponse(ResponseModel):
     truncated: list[bool]
 
 
-
 class QuestionAnsweringPipeline:
     """transformers 4's question-answering pipeline call, on a kiln predictor (transformers 5 removed it).
 

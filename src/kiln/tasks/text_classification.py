@@ -97,7 +97,6 @@ class ClassifyResponse(ResponseModel):
     truncated: list[bool]
 
 
-
 class TextClassification(TaskSpec):
     name = "text-classification"
     auto_class = "AutoModelForSequenceClassification"

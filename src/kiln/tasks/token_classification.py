@@ -76,7 +76,6 @@ class TokensResponse(ResponseModel):
     truncated: list[bool]
 
 
-
 class TokenClassification(TaskSpec):
     name = "token-classification"
     auto_class = "AutoModelForTokenClassification"

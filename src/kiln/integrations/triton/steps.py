@@ -18,9 +18,18 @@ import numpy as np
 STEP_FILE = "kiln_step.json"
 
 
-def _settings(args: dict[str, Any]) -> tuple[dict[str, Any], Path]:
-    version_dir = Path(args["model_repository"]) / args["model_version"]
-    return json.loads((version_dir / STEP_FILE).read_text()), version_dir
+class _Step:
+    """What every step shares: its settings and its copy of the artifact, read when Triton loads the model."""
+
+    def _open(self, args: dict[str, Any]) -> tuple[dict[str, Any], Any]:
+        from kiln.artifact.directory import Artifact
+
+        version_dir = Path(args["model_repository"]) / args["model_version"]
+        settings = json.loads((version_dir / STEP_FILE).read_text())
+        return settings, Artifact.open(version_dir / settings["artifact"], check=False)
+
+    def finalize(self) -> None:
+        return
 
 
 def _texts(request: Any) -> list[str]:
@@ -35,14 +44,11 @@ def bucket(length: int, buckets: list[int]) -> int:
     return next((b for b in buckets if b >= length), buckets[-1])
 
 
-class TokenizeStep:
+class TokenizeStep(_Step):
     """TEXT -> input ids, attention mask (and token types), padded to a length bucket."""
 
     def initialize(self, args: dict[str, Any]) -> None:
-        from kiln.artifact.directory import Artifact
-
-        settings, version_dir = _settings(args)
-        artifact = Artifact.open(version_dir / settings["artifact"], check=False)
+        settings, artifact = self._open(args)
         self.encoder = artifact.encoder()
         self.buckets = sorted(settings["buckets"])
 
@@ -59,18 +65,12 @@ class TokenizeStep:
                 [pb_utils.Tensor(name, np.ascontiguousarray(a, dtype=np.int64)) for name, a in arrays.items()]))
         return responses
 
-    def finalize(self) -> None:
-        return
 
-
-class ModelStep:
+class ModelStep(_Step):
     """The artifact's engine (ONNX Runtime or OpenVINO on the CPU): Triton's batch of requests in one run."""
 
     def initialize(self, args: dict[str, Any]) -> None:
-        from kiln.artifact.directory import Artifact
-
-        settings, version_dir = _settings(args)
-        artifact = Artifact.open(version_dir / settings["artifact"], check=False)
+        settings, artifact = self._open(args)
         self.engine = artifact.engine(options=artifact.serving_options(threads=settings.get("threads")))
         self.engine.warmup()
         from kiln.tasks import task_spec
@@ -100,18 +100,12 @@ class ModelStep:
             start += count
         return responses
 
-    def finalize(self) -> None:
-        return
 
-
-class PostStep:
+class PostStep(_Step):
     """Model outputs + attention mask (+ TEXT, for offsets) -> the task's results as the ensemble's outputs."""
 
     def initialize(self, args: dict[str, Any]) -> None:
-        from kiln.artifact.directory import Artifact
-
-        settings, version_dir = _settings(args)
-        artifact = Artifact.open(version_dir / settings["artifact"], check=False)
+        settings, artifact = self._open(args)
         self.encoder = artifact.encoder()
         from kiln.tasks import task_handler
 
@@ -133,6 +127,3 @@ class PostStep:
             responses.append(pb_utils.InferenceResponse(
                 [pb_utils.Tensor(name, array) for name, array in self.handler.triton_arrays(results).items()]))
         return responses
-
-    def finalize(self) -> None:
-        return
