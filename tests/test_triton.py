@@ -16,7 +16,7 @@ from kiln.errors import ArtifactError, UsageError
 from kiln.integrations.triton.check import check_repository, read_configs
 from kiln.integrations.triton.repository import TritonConfig, write_repository
 from kiln.integrations.triton.server import find_install, start_triton
-from kiln.tasks import TaskName
+from kiln.tasks import QAInput, TaskName
 
 TEXTS = [builtin_sentences()[3], "Anna Schmidt works for Acme Corporation in Berlin.", joined(5, 6)]
 
@@ -71,9 +71,13 @@ def test_onnx_dims_are_checked_against_the_graph(tiny_artifact, tmp_path):
         check_repository(repo)
 
 
-def test_question_answering_is_refused_with_the_reason(task_artifacts, tmp_path):
-    with pytest.raises(UsageError, match="does not build question-answering ensembles yet: its inputs are a question"):
-        _repo(task_artifacts[TaskName.QUESTION_ANSWERING], tmp_path / "qa")
+def test_question_answering_needs_the_python_model_step(task_artifacts, tmp_path):
+    with pytest.raises(UsageError, match="question-answering inputs become several windows each.*--python-model"):
+        _repo(task_artifacts[TaskName.QUESTION_ANSWERING], tmp_path / "qa", device="gpu")
+    repo = _repo(task_artifacts[TaskName.QUESTION_ANSWERING], tmp_path / "qa", python_model=True)
+    configs = read_configs(repo)
+    assert [i.name for i in configs["qa"].input] == ["QUESTION", "CONTEXT"]
+    assert [list(i.dims) for i in configs["qa_model"].input] == [[-1, -1]] * len(configs["qa_model"].input)
 
 
 @pytest.fixture(scope="module")
@@ -86,11 +90,11 @@ def triton_install():
 
 @pytest.fixture(scope="module")
 def served(triton_install, task_artifacts, tmp_path_factory):
-    """One tritonserver with a CPU (--python-model) repository per single-text task."""
+    """One tritonserver with a CPU (--python-model) repository per task."""
     root = tmp_path_factory.mktemp("triton")
     repo = root / "repo"
     repo.mkdir()
-    for task in (TaskName.FEATURE_EXTRACTION, TaskName.TEXT_CLASSIFICATION, TaskName.TOKEN_CLASSIFICATION):
+    for task in TaskName:
         part = _repo(task_artifacts[task], root / task.value.replace("-", "_"), python_model=True,
                      max_queue_delay_us=20_000)
         for model in part.iterdir():
@@ -106,6 +110,27 @@ def _infer(client_module, port: int, model: str, texts: list[str], output: str) 
     text = client_module.InferInput("TEXT", [len(texts), 1], "BYTES")
     text.set_data_from_numpy(np.array([[t.encode()] for t in texts], dtype=object))
     return client.infer(model, [text]).as_numpy(output)
+
+
+def test_triton_answers_questions_over_several_windows(served, task_artifacts):
+    import json
+
+    import tritonclient.http as http
+
+    running, names = served
+    pairs = [(builtin_sentences()[2], joined(6, 5)), (builtin_sentences()[7], builtin_sentences()[8])]
+    client = http.InferenceServerClient(f"127.0.0.1:{running.http_port}")
+    inputs = []
+    for name, column in (("QUESTION", 0), ("CONTEXT", 1)):
+        tensor = http.InferInput(name, [len(pairs), 1], "BYTES")
+        tensor.set_data_from_numpy(np.array([[p[column].encode()] for p in pairs], dtype=object))
+        inputs.append(tensor)
+    got = [json.loads(row[0]) for row in client.infer(names[TaskName.QUESTION_ANSWERING], inputs).as_numpy("RESULT")]
+    want = kiln.load(task_artifacts[TaskName.QUESTION_ANSWERING]).predict([QAInput(q, c) for q, c in pairs])
+    assert kiln.load(task_artifacts[TaskName.QUESTION_ANSWERING]).prepare([QAInput(*pairs[0])]).owners.count(0) > 1
+    for g, w in zip(got, want):
+        assert [(a["answer"], a["start"], a["end"]) for a in g] == [(a.answer, a.start, a.end) for a in w]
+        np.testing.assert_allclose([a["score"] for a in g], [a.score for a in w], atol=1e-5)
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])

@@ -64,10 +64,12 @@ class TaskSpec:
     routes: ClassVar[tuple[Route, ...]] = ()
     # kiln.pipeline's adapter (predictor, **kwargs) -> callable, for a task transformers does not ship a pipeline for.
     pipeline: ClassVar[Any] = None
-    # `kiln triton`: the ensemble's outputs (name, Triton data type, dims without the batch axis); None where the
-    # task's inputs are not one text per request (the ensemble takes TEXT), with the reason.
+    # `kiln triton`: the ensemble's string inputs (one per request row), its outputs (name, Triton data type, dims
+    # without the batch axis), and whether one input becomes several windows (then every token tensor carries a
+    # windows axis after the batch axis, and the model step flattens it into its engine batch).
+    triton_inputs: ClassVar[tuple[str, ...]] = ("TEXT",)
     triton_outputs: ClassVar[tuple[tuple[str, str, tuple[int, ...]], ...]] = (("RESULT", "TYPE_STRING", (1,)),)
-    triton_unsupported: ClassVar[str | None] = None
+    triton_windows: ClassVar[bool] = False
 
     def __init__(self, config: TaskConfig) -> None:
         self.config = config
@@ -105,6 +107,11 @@ class TaskSpec:
     def comparable(self, reduced: Any) -> np.ndarray:
         """A flat float vector for one feature, used by parity checks."""
         return np.asarray(reduced, dtype=np.float32).reshape(-1)
+
+    @classmethod
+    def triton_items(cls, columns: Mapping[str, list[str]]) -> list[Any]:
+        """The task's inputs from the ensemble's string inputs (one list per name in ``triton_inputs``)."""
+        return list(columns["TEXT"])
 
     def triton_arrays(self, results: Sequence[Any]) -> dict[str, np.ndarray]:
         """One request's results as the arrays of ``triton_outputs`` (batch axis first): JSON per input here."""

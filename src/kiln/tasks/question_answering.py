@@ -162,8 +162,12 @@ class QuestionAnswering(TaskSpec):
     routes = (Route("/answer", "Extract answers from contexts", AnswerRequest, AnswerResponse, render_results,
                     form=(FormField("question", "Question"), FormField("context", "Context", multiline=True))),)
     pipeline = QuestionAnsweringPipeline
-    triton_unsupported = ("its inputs are a question and a context whose windows vary in number per request; the "
-                          "ensemble takes one TEXT per request")
+    triton_inputs = ("QUESTION", "CONTEXT")
+    triton_windows = True  # a long context is several doc-stride windows
+
+    @classmethod
+    def triton_items(cls, columns: Mapping[str, list[str]]) -> list[Any]:
+        return [QAInput(q, c) for q, c in zip(columns["QUESTION"], columns["CONTEXT"])]
 
     def options(self, **kwargs: Any) -> AnswerOptions:
         options = AnswerOptions(**kwargs)

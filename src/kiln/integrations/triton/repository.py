@@ -20,6 +20,7 @@ import numpy as np
 
 from kiln.artifact.directory import Artifact
 from kiln.artifact.staging import staged_directory
+from kiln.engines.base import warmup_inputs
 from kiln.errors import MissingDependencyError, UsageError
 from kiln.integrations.triton.steps import STEP_FILE
 from kiln.tasks import task_spec
@@ -65,9 +66,12 @@ def _pb():
 def default_buckets(artifact: Artifact) -> tuple[int, ...]:
     """Padded lengths from the token lengths of the task's timing mix: its quartiles and 90th percentile, rounded
     up to 16, and the model's maximum (so every request fits one bucket)."""
+    from kiln.tasks import task_handler
+
     encoder = artifact.encoder()
-    spec = task_spec(artifact.task_config.task)
-    lengths = [len(e.ids) for e in encoder.encode(spec.timing_inputs(encoder, 128))]
+    handler = task_handler(artifact.task_config)
+    inputs = handler.check_inputs(task_spec(artifact.task_config.task).timing_inputs(encoder, 128))
+    lengths = [len(e.ids) for e in handler.prepare(inputs, encoder, handler.options()).encodings]
     picks = {int(-(-np.percentile(lengths, q) // 16) * 16) for q in (25, 50, 75, 90)}
     return tuple(sorted({min(p, encoder.max_length) for p in picks} | {encoder.max_length}))
 
@@ -93,11 +97,12 @@ def write_repository(config: TritonConfig) -> Path:
     pb, text_format = _pb()
     artifact = Artifact.open(config.artifact)
     spec = task_spec(artifact.task_config.task)
-    if spec.triton_unsupported:
-        raise UsageError(f"kiln triton does not build {spec.name} ensembles yet: {spec.triton_unsupported}")
     variant = artifact.variant_name()
     record = artifact.variant(variant)
     python_model = config.python_model or record["engine"] != "onnxruntime"
+    if not python_model and spec.triton_windows:
+        raise UsageError(f"{spec.name} inputs become several windows each, an axis Triton's onnxruntime backend "
+                         "cannot take: use --device cpu --python-model (the model step flattens the windows)")
     if config.device == "gpu" and python_model:
         raise UsageError(f"--device gpu needs an ONNX variant on Triton's onnxruntime backend; {variant} runs on "
                          f"{record['engine']} (use --device cpu, or an ONNX variant)")
@@ -108,8 +113,10 @@ def write_repository(config: TritonConfig) -> Path:
     buckets = tuple(sorted(config.buckets)) if config.buckets else default_buckets(artifact)
     engine = artifact.engine(variant)
     input_names, output_names = engine.input_names, engine.output_names
+    # Each output's rank without the batch axis, from one small run (sequence outputs may have 1 or 2 more axes).
+    output_ranks = {n: a.ndim - 1 for n, a in engine.run(warmup_inputs(input_names)).items()}
     with staged_directory(config.output, overwrite=config.overwrite) as stage:
-        configs = _configs(pb, config, spec, name, input_names, output_names, python_model, instances, serving)
+        configs = _configs(pb, config, spec, name, input_names, output_ranks, python_model, instances, serving)
         for model, message in configs.items():
             (stage / model / "1").mkdir(parents=True)
             header = f"# kiln triton: {model} for {artifact.path} ({variant})\n"
@@ -124,17 +131,19 @@ def write_repository(config: TritonConfig) -> Path:
     return config.output.expanduser().resolve()
 
 
-def _configs(pb, config: TritonConfig, spec, name: str, input_names, output_names, python_model: bool,
-             instances: int, serving: dict[str, Any]) -> dict[str, Any]:
+def _configs(pb, config: TritonConfig, spec, name: str, input_names, output_ranks: dict[str, int],
+             python_model: bool, instances: int, serving: dict[str, Any]) -> dict[str, Any]:
+    output_names = list(output_ranks)
     mbs = config.max_batch_size
-    token_inputs = [_tensor(pb, n, "TYPE_INT64", (-1,)) for n in input_names]
-    token_outputs = [_output(pb, n, "TYPE_INT64", (-1,)) for n in input_names]
-    model_outputs = [_output(pb, n, "TYPE_FP32", (-1, -1) if n in spec.sequence_outputs else (-1,))
-                     for n in output_names]
-    text = _tensor(pb, "TEXT", "TYPE_STRING", (1,))
+    windows = (-1,) if spec.triton_windows else ()  # QA: a windows axis after the batch axis
+    token = (*windows, -1)
+    token_inputs = [_tensor(pb, n, "TYPE_INT64", token) for n in input_names]
+    token_outputs = [_output(pb, n, "TYPE_INT64", token) for n in input_names]
+    model_outputs = [_output(pb, n, "TYPE_FP32", (*windows, *(-1,) * rank)) for n, rank in output_ranks.items()]
+    strings = [_tensor(pb, n, "TYPE_STRING", (1,)) for n in spec.triton_inputs]
     results = [_output(pb, n, dtype, dims) for n, dtype, dims in spec.triton_outputs]
-    tokenizer = _python_step(pb, f"{name}_tokenizer", [text], token_outputs, mbs, batching=False)
-    post = _python_step(pb, f"{name}_post", [text, _tensor(pb, "attention_mask", "TYPE_INT64", (-1,)),
+    tokenizer = _python_step(pb, f"{name}_tokenizer", strings, token_outputs, mbs, batching=False)
+    post = _python_step(pb, f"{name}_post", [*strings, _tensor(pb, "attention_mask", "TYPE_INT64", token),
                                              *[pb.ModelInput(name=o.name, data_type=o.data_type, dims=o.dims)
                                                for o in model_outputs]], results, mbs, batching=False)
     if python_model:
@@ -151,14 +160,15 @@ def _configs(pb, config: TritonConfig, spec, name: str, input_names, output_name
             accelerator.parameters["precision_mode"] = "FP16"
     model.dynamic_batching.CopyFrom(pb.ModelDynamicBatching(
         preferred_batch_size=sorted({min(8, mbs), mbs}), max_queue_delay_microseconds=config.max_queue_delay_us))
-    ensemble = pb.ModelConfig(name=name, platform="ensemble", max_batch_size=mbs, input=[text], output=results)
+    ensemble = pb.ModelConfig(name=name, platform="ensemble", max_batch_size=mbs, input=strings, output=results)
     steps = ensemble.ensemble_scheduling.step
-    steps.add(model_name=tokenizer.name, model_version=-1, input_map={"TEXT": "TEXT"},
+    steps.add(model_name=tokenizer.name, model_version=-1, input_map={n: n for n in spec.triton_inputs},
               output_map={n: n for n in input_names})
     steps.add(model_name=model.name, model_version=-1, input_map={n: n for n in input_names},
               output_map={n: n for n in output_names})
     steps.add(model_name=post.name, model_version=-1,
-              input_map={"TEXT": "TEXT", "attention_mask": "attention_mask", **{n: n for n in output_names}},
+              input_map={**{n: n for n in spec.triton_inputs}, "attention_mask": "attention_mask",
+                         **{n: n for n in output_names}},
               output_map={n: n for n, _, _ in spec.triton_outputs})
     return {name: ensemble, tokenizer.name: tokenizer, model.name: model, post.name: post}
 

@@ -23,20 +23,29 @@ class _Step:
 
     def _open(self, args: dict[str, Any]) -> tuple[dict[str, Any], Any]:
         from kiln.artifact.directory import Artifact
+        from kiln.tasks import task_handler, task_spec
 
         version_dir = Path(args["model_repository"]) / args["model_version"]
         settings = json.loads((version_dir / STEP_FILE).read_text())
-        return settings, Artifact.open(version_dir / settings["artifact"], check=False)
+        artifact = Artifact.open(version_dir / settings["artifact"], check=False)
+        self.spec = task_spec(artifact.task_config.task)
+        self.handler = task_handler(artifact.task_config)
+        return settings, artifact
 
     def finalize(self) -> None:
         return
 
 
-def _texts(request: Any) -> list[str]:
+def _strings(request: Any, name: str) -> list[str]:
     import triton_python_backend_utils as pb_utils
 
-    raw = pb_utils.get_input_tensor_by_name(request, "TEXT").as_numpy().reshape(-1)
+    raw = pb_utils.get_input_tensor_by_name(request, name).as_numpy().reshape(-1)
     return [x.decode("utf-8") if isinstance(x, bytes) else str(x) for x in raw]
+
+
+def _items(spec: Any, request: Any) -> list[Any]:
+    """The task's inputs of one request (one per batch row), from its string tensors."""
+    return spec.triton_items({name: _strings(request, name) for name in spec.triton_inputs})
 
 
 def bucket(length: int, buckets: list[int]) -> int:
@@ -45,7 +54,10 @@ def bucket(length: int, buckets: list[int]) -> int:
 
 
 class TokenizeStep(_Step):
-    """TEXT -> input ids, attention mask (and token types), padded to a length bucket."""
+    """The task's inputs -> input ids, attention mask (and token types), padded to a length bucket.
+
+    With windows (QA), each row's windows go on an axis after the batch axis, padded with empty windows
+    (attention mask all zero) to the row with the most."""
 
     def initialize(self, args: dict[str, Any]) -> None:
         settings, artifact = self._open(args)
@@ -57,13 +69,28 @@ class TokenizeStep(_Step):
 
         responses = []
         for request in requests:
-            encodings = self.encoder.encode(_texts(request))
-            width = bucket(max(len(e.ids) for e in encodings), self.buckets)
-            arrays = self.encoder.collate(encodings, multiple=width)  # every row padded to exactly the bucket
+            items = _items(self.spec, request)
+            prepared = self.handler.prepare(items, self.encoder, self.handler.options())
+            width = bucket(max(len(e.ids) for e in prepared.encodings), self.buckets)
+            arrays = self.encoder.collate(prepared.encodings, multiple=width)  # every row exactly the bucket
             arrays = {name: a[:, :width] for name, a in arrays.items()}
+            if self.spec.triton_windows:
+                arrays = _by_owner(arrays, prepared.owners, len(items))
             responses.append(pb_utils.InferenceResponse(
                 [pb_utils.Tensor(name, np.ascontiguousarray(a, dtype=np.int64)) for name, a in arrays.items()]))
         return responses
+
+
+def _by_owner(arrays: dict[str, np.ndarray], owners: tuple[int, ...], rows: int) -> dict[str, np.ndarray]:
+    """[features, L] -> [rows, most windows, L]: each input's windows in order, empty windows after."""
+    counts = np.bincount(np.asarray(owners), minlength=rows)
+    out = {name: np.zeros((rows, int(counts.max()), a.shape[1]), dtype=a.dtype) for name, a in arrays.items()}
+    slot = [0] * rows
+    for feature, owner in enumerate(owners):
+        for name, a in arrays.items():
+            out[name][owner, slot[owner]] = a[feature]
+        slot[owner] += 1
+    return out
 
 
 class ModelStep(_Step):
@@ -73,28 +100,31 @@ class ModelStep(_Step):
         settings, artifact = self._open(args)
         self.engine = artifact.engine(options=artifact.serving_options(threads=settings.get("threads")))
         self.engine.warmup()
-        from kiln.tasks import task_spec
-
-        self.per_token = task_spec(artifact.task_config.task).sequence_outputs
+        self.per_token = self.spec.sequence_outputs
 
     def execute(self, requests: list[Any]) -> list[Any]:
         import triton_python_backend_utils as pb_utils
 
         feeds = [{name: pb_utils.get_input_tensor_by_name(r, name).as_numpy() for name in self.engine.input_names}
                  for r in requests]
+        shapes = [f["input_ids"].shape for f in feeds]
+        if self.spec.triton_windows:  # [rows, windows, L] -> [rows * windows, L]: windows run as one engine batch
+            feeds = [{n: a.reshape(-1, a.shape[-1]) for n, a in f.items()} for f in feeds]
         rows = [f["input_ids"].shape[0] for f in feeds]
         width = max(f["input_ids"].shape[1] for f in feeds)
         batch = {name: np.concatenate([np.pad(f[name], ((0, 0), (0, width - f[name].shape[1]))) for f in feeds])
                  for name in self.engine.input_names}
         outputs = self.engine.run(batch)
         responses, start = [], 0
-        for feed, count in zip(feeds, rows):
+        for feed, count, shape in zip(feeds, rows, shapes):
             length = feed["input_ids"].shape[1]
             tensors = []
             for name in self.engine.output_names:
                 part = outputs[name][start : start + count]
                 if name in self.per_token:  # back to this request's own (bucket) length
                     part = part[:, :length]
+                if self.spec.triton_windows:
+                    part = part.reshape(*shape[:2], *part.shape[1:])
                 tensors.append(pb_utils.Tensor(name, np.ascontiguousarray(part, dtype=np.float32)))
             responses.append(pb_utils.InferenceResponse(tensors))
             start += count
@@ -102,14 +132,11 @@ class ModelStep(_Step):
 
 
 class PostStep(_Step):
-    """Model outputs + attention mask (+ TEXT, for offsets) -> the task's results as the ensemble's outputs."""
+    """Model outputs + attention mask (+ the request's strings, for offsets) -> the task's results."""
 
     def initialize(self, args: dict[str, Any]) -> None:
         settings, artifact = self._open(args)
         self.encoder = artifact.encoder()
-        from kiln.tasks import task_handler
-
-        self.handler = task_handler(artifact.task_config)
         self.output_names = settings["model_outputs"]
 
     def execute(self, requests: list[Any]) -> list[Any]:
@@ -117,11 +144,14 @@ class PostStep(_Step):
 
         responses = []
         for request in requests:
-            texts = _texts(request)
             outputs = {n: pb_utils.get_input_tensor_by_name(request, n).as_numpy() for n in self.output_names}
             mask = pb_utils.get_input_tensor_by_name(request, "attention_mask").as_numpy()
+            if self.spec.triton_windows:  # drop the empty windows; the rest are in the order prepare makes them
+                real = mask.reshape(-1, mask.shape[-1]).any(axis=1)
+                mask = mask.reshape(-1, mask.shape[-1])[real]
+                outputs = {n: a.reshape(-1, *a.shape[2:])[real] for n, a in outputs.items()}
             options = self.handler.options()
-            prepared = self.handler.prepare(self.handler.check_inputs(texts), self.encoder, options)
+            prepared = self.handler.prepare(_items(self.spec, request), self.encoder, options)
             reduced = self.handler.reduce(outputs, mask)
             results = self.handler.finalize(prepared, reduced, options, self.encoder)
             responses.append(pb_utils.InferenceResponse(
