@@ -32,7 +32,8 @@ def test_fuzzing_the_served_schema_finds_no_failure(task_artifacts, tmp_path):
     try:
         run = subprocess.run([st, "--config-file", str(config), "run", f"http://127.0.0.1:{port}/openapi.json",
                               "--checks", "all", "--max-examples", "40", "--generation-deterministic", "--no-color",
-                              "--request-timeout", "30"], capture_output=True, text=True, timeout=600)
+                              "--request-timeout", "30"], capture_output=True, text=True, timeout=600,
+                             cwd=tmp_path)  # its example cache goes to the scratch directory, not the repository
     finally:
         proc.terminate()
         proc.wait(timeout=60)
