@@ -16,10 +16,15 @@ _AUTOCAST = {Precision.BF16: "bfloat16", Precision.FP16: "float16"}
 
 
 def configure_torch_threads(options: EngineOptions) -> None:
+    apply_threads(options.intra_op_threads)
+
+
+def apply_threads(threads: int | None) -> None:
+    """Set torch's thread count before a run: it is process-global, so another torch engine may have changed it."""
     import torch
 
-    if options.intra_op_threads:
-        torch.set_num_threads(options.intra_op_threads)
+    if threads and torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
 
 
 class TorchEngine:
@@ -57,8 +62,7 @@ class TorchEngine:
 
     def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         torch = self._torch
-        if self._threads and torch.get_num_threads() != self._threads:
-            torch.set_num_threads(self._threads)  # process-global: another torch engine may have changed it
+        apply_threads(self._threads)
         tensors = [torch.from_numpy(np.ascontiguousarray(inputs[n])).to(self._device) for n in self.input_names]
         with torch.inference_mode(), self._autocast():
             outputs = self._module(*tensors)

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from kiln.engines.base import EngineOptions, warmup_inputs
-from kiln.engines.torch_eager import configure_torch_threads
+from kiln.engines.torch_eager import apply_threads, configure_torch_threads
 from kiln.errors import ArtifactError, UsageError
 from kiln.model.module import IO_FILE  # stored inside the .pt archive as an extra file
 
@@ -42,6 +42,7 @@ class TorchScriptEngine:
         if not io:
             raise ArtifactError(f"{path} was not written by kiln (no {IO_FILE} inside)")
         self._torch = torch
+        self._threads = options.intra_op_threads
         self._device = torch.device(options.device)
         self.input_names = tuple(io["inputs"])
         self.output_names = tuple(io["outputs"])
@@ -49,6 +50,7 @@ class TorchScriptEngine:
 
     def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         torch = self._torch
+        apply_threads(self._threads)
         tensors = [torch.from_numpy(np.ascontiguousarray(inputs[n])).to(self._device) for n in self.input_names]
         with torch.inference_mode():
             outputs = self._module(*tensors)
