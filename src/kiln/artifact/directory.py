@@ -72,29 +72,34 @@ class Artifact:
         return Predictor(self.task_config, self.encoder(), self.engine(variant, options), batch_size=batch_size)
 
 
-def copy_variant(root: Path, manifest: Manifest, name: str, dest: Path) -> Path:
-    """A self-contained artifact of one variant of ``root`` (its files, the tokenizer, a sealed manifest)."""
+def copy_variant(root: Path, manifest: Manifest, name: str | None, dest: Path) -> Path:
+    """A self-contained artifact of one variant of ``root`` (its files, the tokenizer, a sealed manifest).
+
+    ``name=None`` copies the tokenizer and task settings alone (no variant): enough to tokenize and
+    post-process, as the tokenizer and post-processing steps of a Triton ensemble do.
+    """
     import shutil
 
     from kiln.artifact.manifest import seal
 
-    record = manifest.variants[name]
+    record = manifest.variants[name] if name is not None else None
     tokenizer_dir = Path(manifest.tokenizer["path"]).parent
     tokenizer_files = [p.relative_to(root).as_posix() for p in (root / tokenizer_dir).rglob("*") if p.is_file()]
-    for rel in [*record["files"], *tokenizer_files]:
+    for rel in [*(record["files"] if record else ()), *tokenizer_files]:
         (dest / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(root / rel, dest / rel)
-    extra = {"best": name}
-    if manifest.extra.get("serving_default", {}).get("variant") == name:
+    extra: dict[str, Any] = {"best": name}
+    if name is not None and manifest.extra.get("serving_default", {}).get("variant") == name:
         extra["serving_default"] = manifest.extra["serving_default"]
     seal(dest, Manifest(source=manifest.source, task=manifest.task, tokenizer=manifest.tokenizer,
-                        variants={name: record}, extra=extra))
+                        variants={name: record} if record else {}, extra=extra))
     return dest
 
 
-def extract_variant(artifact: Artifact, variant: str, dest: Path) -> Path:
-    """``copy_variant`` of an opened artifact: ``variant`` alone, servable by itself, at ``dest``."""
-    return copy_variant(artifact.path, artifact.manifest, artifact.variant_name(variant), dest)
+def extract_variant(artifact: Artifact, variant: str | None, dest: Path, *, model: bool = True) -> Path:
+    """``copy_variant`` of an opened artifact: ``variant`` alone, servable by itself, at ``dest``; with
+    ``model=False`` only its tokenizer and task settings."""
+    return copy_variant(artifact.path, artifact.manifest, artifact.variant_name(variant) if model else None, dest)
 
 
 def load(path: str | Path, variant: str | None = None, *, threads: int | None = None,

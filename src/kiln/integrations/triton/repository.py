@@ -178,16 +178,17 @@ def _write_steps(stage: Path, name: str, artifact: Artifact, variant: str, bucke
     """The Python steps' model.py and settings, each with its own copy of the artifact's served variant."""
     from kiln.artifact.directory import extract_variant
 
-    steps = {f"{name}_tokenizer": ("TokenizeStep", {"buckets": list(buckets)}),
-             f"{name}_post": ("PostStep", {"model_outputs": list(output_names)})}
+    # (class, settings, whether the step runs the model): only the model step carries the variant's weights.
+    steps = {f"{name}_tokenizer": ("TokenizeStep", {"buckets": list(buckets)}, False),
+             f"{name}_post": ("PostStep", {"model_outputs": list(output_names)}, False)}
     if python_model:
-        steps[f"{name}_model"] = ("ModelStep", {"threads": serving.get("threads")})
+        steps[f"{name}_model"] = ("ModelStep", {"threads": serving.get("threads")}, True)
     else:
         for rel in record["files"]:  # Triton's ONNX Runtime backend reads 1/model.onnx (+ its weights file)
             shutil.copy2(artifact.path / rel, stage / f"{name}_model" / "1" / Path(rel).name)
-    for model, (cls, settings) in steps.items():
+    for model, (cls, settings, runs_model) in steps.items():
         version = stage / model / "1"
-        extract_variant(artifact, variant, version / "artifact")
+        extract_variant(artifact, variant, version / "artifact", model=runs_model)
         (version / "model.py").write_text(f"from {STEP_MODULE} import {cls} as TritonPythonModel  # noqa: F401\n")
         (version / STEP_FILE).write_text(json.dumps({"artifact": "artifact", **settings}, indent=2) + "\n")
 
