@@ -6,6 +6,7 @@ transformers config (hidden size 32, 2 layers) and saved as safetensors with the
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -85,7 +86,35 @@ def _corpus() -> list[str]:
     return list(builtin_sentences()) * 3 + extra * 5
 
 
+TOKENIZERS = Path(__file__).parent / "data" / "tokenizers"
+
+
 def train_tokenizer(family: Family) -> Tokenizer:
+    """The family's tokenizer, trained on kiln's built-in sentences once and kept in tests/data/tokenizers.
+
+    The tokenizers library's trainers break ties in a per-process random order, so a tokenizer trained anew in
+    each session gives a different tiny model each session; the kept files make every session's models identical.
+    Delete a file to train it again.
+    """
+    cached = TOKENIZERS / (re.sub(r"[^a-z0-9]+", "-", f"{family.kind} {' '.join(family.specials)}".lower()).strip("-")
+                           + ".json")
+    if cached.is_file():
+        tok = Tokenizer.from_file(str(cached))
+    else:
+        tok = _train(family)
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        tok.save(str(cached))
+    cls, sep = family.cls, family.sep
+    second = "$B:1" if family.type_ids else "$B"
+    sep2 = f"{sep}:1" if family.type_ids else sep
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"{cls} $A {sep}", pair=f"{cls} $A {family.pair_separator} {second} {sep2}",
+        special_tokens=[(t, tok.token_to_id(t)) for t in {cls, sep}],
+    )
+    return tok
+
+
+def _train(family: Family) -> Tokenizer:
     if family.kind == "wordpiece":
         tok = Tokenizer(models.WordPiece(unk_token=family.unk))
         tok.normalizer = normalizers.BertNormalizer(lowercase=True)
@@ -104,13 +133,6 @@ def train_tokenizer(family: Family) -> Tokenizer:
         trainer = trainers.UnigramTrainer(vocab_size=500, special_tokens=list(family.specials), unk_token=family.unk)
         tok.decoder = decoders.Metaspace()
     tok.train_from_iterator(_corpus(), trainer)
-    cls, sep = family.cls, family.sep
-    second = "$B:1" if family.type_ids else "$B"
-    sep2 = f"{sep}:1" if family.type_ids else sep
-    tok.post_processor = processors.TemplateProcessing(
-        single=f"{cls} $A {sep}", pair=f"{cls} $A {family.pair_separator} {second} {sep2}",
-        special_tokens=[(t, tok.token_to_id(t)) for t in {cls, sep}],
-    )
     return tok
 
 
