@@ -131,7 +131,7 @@ def test_cli_compare_and_bad_input(benched, tmp_path):
     old.write_text('{"schema": "other/9"}')
     wrong = subprocess.run([sys.executable, "-m", "kiln", "bench", "--compare", str(old), str(new)],
                            capture_output=True, text=True, timeout=120)
-    assert wrong.returncode == 2 and "expected 'kiln.bench/1'" in wrong.stderr
+    assert wrong.returncode == 2 and "has schema 'other/9'; this kiln reads 'kiln.bench/1'" in wrong.stderr
 
 
 def test_variants_need_an_artifact(tiny_model, tmp_path):

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from kiln.bench.results import SCHEMA
-from kiln.errors import UsageError
+from kiln.errors import ArtifactError, UsageError
+from kiln.records import read_json
 
 
 @dataclass(frozen=True)
@@ -34,13 +34,11 @@ class Change:
 
 
 def load(path: Path) -> dict[str, Any]:
+    """A bench results file (kiln.records' schema check), or a UsageError naming the flag."""
     try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as err:
-        raise UsageError(f"--compare: cannot read {path}: {err}") from err
-    if data.get("schema") != SCHEMA:
-        raise UsageError(f"--compare: {path} has schema {data.get('schema')!r}; expected {SCHEMA!r}")
-    return data
+        return read_json(Path(path), SCHEMA)
+    except ArtifactError as err:
+        raise UsageError(f"--compare: {err.message}") from err
 
 
 def compare(old: dict[str, Any], new: dict[str, Any], noise: float = 0.10) -> list[Change]:
