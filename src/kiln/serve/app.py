@@ -71,6 +71,8 @@ def create_app(config: ServeConfig) -> FastAPI:
     app.state.pool = ThreadPoolExecutor(max_workers=config.tokenizer_threads, thread_name_prefix="kiln-tokenize")
     app.state.playground = playground.page(tasks)
     routes = _served_routes(tasks)
+    # Which served models answer each route: fixed once the artifacts are known, read on every request.
+    app.state.route_models = {r.path: [n for n, t in tasks.items() if r in task_spec(t).routes] for r in routes}
     for route in routes:
         _mount_route(app, route)
     _mount_probes(app)
@@ -115,7 +117,7 @@ def _pick(app: FastAPI, name: str | None, route: Route) -> Served:
     models: dict[str, Served] = app.state.models
     if not models or not all(m.ready for m in models.values()):
         raise HTTPError(503, "not_ready", "the model is still loading")
-    doing = [n for n, m in models.items() if route in task_spec(m.task).routes]
+    doing = app.state.route_models[route.path]
     if route.any_model_name and len(models) == 1 and doing:
         return models[doing[0]]
     if name is None:
@@ -242,7 +244,7 @@ def _exact_openapi(app: FastAPI, routes: list[Route]) -> dict[str, Any]:
         for variant in properties.get(route.inputs_field, {}).get("anyOf", []):
             if variant.get("type") == "array":
                 variant["maxItems"] = limit
-        doing = [n for n, t in app.state.tasks.items() if route in task_spec(t).routes]
+        doing = app.state.route_models[route.path]
         if "model" in properties and not (route.any_model_name and len(app.state.tasks) == 1):
             named = {"type": "string", "enum": doing}
             optional = "model" not in model.get("required", [])
