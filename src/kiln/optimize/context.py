@@ -69,7 +69,7 @@ class BuildContext:
             from kiln.tasks import task_handler
 
             handler = task_handler(self.source.task_config)
-            prepared = handler.prepare(handler.check_inputs(self.calibration), self.encoder, handler.options())
+            prepared = handler.features(self.calibration, self.encoder)
             encs = prepared.encodings
             return [self.encoder.collate(encs[i : i + batch_size]) for i in range(0, len(encs), batch_size)]
         return self.once(f"calibration-{batch_size}", build)

@@ -37,8 +37,7 @@ class Predictor:
     def prepare(self, inputs: Sequence[Any], options: Any = None) -> Prepared:
         if isinstance(inputs, (str, bytes)) or not isinstance(inputs, Sequence) or not len(inputs):
             raise UsageError("inputs must be a non-empty list")
-        checked = self.handler.check_inputs(inputs)
-        return self.handler.prepare(checked, self.encoder, options or self.handler.options())
+        return self.handler.features(inputs, self.encoder, options)
 
     def encode(self, sentences: str | Sequence[str], **kwargs: Any) -> Any:
         """sentence-transformers' ``encode`` (same arguments, shapes, dtypes) for an embedding artifact."""

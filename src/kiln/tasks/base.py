@@ -96,6 +96,10 @@ class TaskSpec:
         """Tokenize inputs into features (one per input unless the task windows them)."""
         return one_per_input(inputs, encoder.encode(inputs, truncate=options.truncate))
 
+    def features(self, inputs: Sequence[Any], encoder: TextEncoder, options: Any = None) -> Prepared:
+        """``check_inputs`` then ``prepare`` (default options): what every caller with inputs and a tokenizer needs."""
+        return self.prepare(self.check_inputs(inputs), encoder, options or self.options())
+
     def reduce(self, outputs: dict[str, np.ndarray], attention_mask: np.ndarray) -> list[Any]:
         """Turn one padded batch of raw outputs into one value per row (pooled vector, logits…)."""
         raise NotImplementedError

@@ -70,7 +70,7 @@ class TokenizeStep(_Step):
         responses = []
         for request in requests:
             items = _items(self.spec, request)
-            prepared = self.handler.prepare(items, self.encoder, self.handler.options())
+            prepared = self.handler.features(items, self.encoder)
             width = bucket(max(len(e.ids) for e in prepared.encodings), self.buckets)
             arrays = self.encoder.collate(prepared.encodings, multiple=width)  # every row exactly the bucket
             arrays = {name: a[:, :width] for name, a in arrays.items()}
@@ -151,7 +151,7 @@ class PostStep(_Step):
                 mask = mask.reshape(-1, mask.shape[-1])[real]
                 outputs = {n: a.reshape(-1, *a.shape[2:])[real] for n, a in outputs.items()}
             options = self.handler.options()
-            prepared = self.handler.prepare(_items(self.spec, request), self.encoder, options)
+            prepared = self.handler.features(_items(self.spec, request), self.encoder, options)
             reduced = self.handler.reduce(outputs, mask)
             results = self.handler.finalize(prepared, reduced, options, self.encoder)
             responses.append(pb_utils.InferenceResponse(
