@@ -17,7 +17,7 @@ from kiln.bench.environment import fingerprint
 from kiln.bench.worker import PYTORCH, BenchSettings, Target, TargetResult, worker_main
 from kiln.data.texts import texts_of_lengths
 from kiln.errors import UsageError
-from kiln.records import to_jsonable
+from kiln.records import to_jsonable, write_json
 from kiln.report.data import optimize_section
 from kiln.system.cpu import cpu_info
 from kiln.tasks import DEFAULT_TASK
@@ -138,7 +138,7 @@ class BenchJob:
             task=artifact.task_config.task if artifact else cfg.task,
             optimize=optimize_section(manifest) if manifest else None, serving_default=serving)
         cfg.output.mkdir(parents=True, exist_ok=True)
-        results_file.write(cfg.output / "results.json", out)
+        write_json(cfg.output / "results.json", results_file.SCHEMA, out)  # atomic, as every kiln record
         from kiln.report.html import write_report
 
         write_report(cfg.output, out)

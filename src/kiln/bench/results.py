@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import json
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any
 
 from kiln.records import to_jsonable
@@ -23,9 +21,3 @@ def build(command: str, environment: dict[str, Any], settings: Any, targets: lis
         "settings": settings_dict, "baseline": "pytorch-fp32",
         "targets": to_jsonable(targets), "optimize": optimize, "serving_default": serving_default,
     }
-
-
-def write(path: Path, results: dict[str, Any]) -> None:
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(results, indent=2, default=str) + "\n")
-    tmp.replace(path)
