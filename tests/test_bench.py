@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from kiln.artifact.directory import Artifact
@@ -77,15 +78,34 @@ def test_mix_memory_and_load_time(benched):
 def test_sweep_writes_the_serving_default_into_the_artifact(benched):
     art, _, results = benched
     variant = results["targets"][1]
-    assert [(p["sessions"], p["threads"]) for p in variant["sweep"]] == list(sweep_points(_cores()))
+    assert [(p["sessions"], p["threads"], p["batch_size"]) for p in variant["sweep"]] == list(sweep_points(_cores()))
+    assert {p["batch_size"] for p in variant["sweep"]} == {16, 32}
     default = results["serving_default"]
     best = max(variant["sweep"], key=lambda p: p["sorted_per_s"])
-    assert (default["sessions"], default["threads"]) == (best["sessions"], best["threads"])
+    assert (default["sessions"], default["threads"], default["batch_size"]) == (
+        best["sessions"], best["threads"], best["batch_size"])
     assert json.loads((art / SERVING_FILE).read_text())["threads"] == best["threads"]
     manifest = Artifact.open(art).manifest  # re-sealed: every checksum still verifies
     assert manifest.extra["serving_default"]["variant"] == "onnx-fp32"
     best_dir = Artifact.open(art / "best")  # what `kiln serve kiln-out/best` reads, also verified
     assert best_dir.serving_default()["threads"] == best["threads"] and (art / "best" / SERVING_FILE).is_file()
+
+
+def test_load_runs_with_the_serving_default(benched):
+    """kiln.load picks up what the sweep measured: threads, batch size and sessions side by side."""
+    import kiln
+
+    art, _, results = benched
+    default = results["serving_default"]
+    predictor = kiln.load(art)
+    assert predictor.batch_size == default["batch_size"] and len(predictor.sessions) == default["sessions"]
+    texts = [" ".join(["word"] * n) for n in (3, 40, 7, 90, 12, 60, 5, 33)] * 3
+    two = kiln.load(art, sessions=2, batch_size=2)  # 12 batches over two engines, results in input order
+    assert len(two.sessions) == 2
+    np.testing.assert_allclose(np.stack(two.predict(texts)), np.stack(kiln.load(art, sessions=1).predict(texts)),
+                               atol=1e-5)
+    with pytest.raises(UsageError, match="sessions must be at least 1"):
+        kiln.load(art, sessions=0)
 
 
 def _cores() -> int:

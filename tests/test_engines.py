@@ -120,3 +120,26 @@ def test_gpu_engines_with_iobinding(artifacts, device):
                                atol=1e-3)
     alone, padded = _alone_and_padded(gpu, art.encoder())
     np.testing.assert_allclose(alone, padded, atol=1e-3)
+
+
+@pytest.mark.parametrize("fmt", [*ExportFormat, "openvino"])
+def test_an_engine_never_writes_into_its_inputs(artifacts, fmt, tmp_path):
+    """OpenVINO's zero-copy inputs were seen rewritten in place (issue 10): engines must copy what they change."""
+    from kiln.artifact.directory import Artifact
+    from kiln.optimize.openvino_passes import convert
+
+    art = Artifact.open(artifacts[ExportFormat.ONNX if fmt == "openvino" else fmt])
+    encoder = art.encoder()
+    if fmt == "openvino":
+        convert(art.path / art.variant()["path"], tmp_path / "model.xml")
+        engine = create_engine("openvino", tmp_path / "model.xml", EngineOptions(intra_op_threads=1))
+    else:
+        engine = art.engine(options=EngineOptions(intra_op_threads=1))
+    batches = [encoder.collate(encoder.encode(texts)) for texts in ([SHORT], LONG, [*LONG, SHORT], [SHORT] * 3)]
+    kept = [{k: v.copy() for k, v in b.items()} for b in batches]
+    for _ in range(2):
+        for batch in batches:
+            engine.run(batch)
+    for batch, before in zip(batches, kept):
+        for name in before:
+            np.testing.assert_array_equal(batch[name], before[name])

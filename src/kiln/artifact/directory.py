@@ -67,9 +67,14 @@ class Artifact:
         return create_engine(record["engine"], model_path, options)
 
     def predictor(
-        self, variant: str | None = None, options: EngineOptions | None = None, *, batch_size: int = 32
+        self, variant: str | None = None, options: EngineOptions | None = None, *, batch_size: int = 32,
+        sessions: int = 1,
     ) -> Predictor:
-        return Predictor(self.task_config, self.encoder(), self.engine(variant, options), batch_size=batch_size)
+        """A predictor on ``sessions`` instances of the variant's engine (batches run side by side)."""
+        if sessions < 1:
+            raise UsageError(f"sessions must be at least 1 (got {sessions})")
+        engines = [self.engine(variant, options) for _ in range(sessions)]
+        return Predictor(self.task_config, self.encoder(), engines[0], batch_size=batch_size, sessions=engines[1:])
 
 
 def copy_variant(root: Path, manifest: Manifest, name: str | None, dest: Path) -> Path:
@@ -103,8 +108,15 @@ def extract_variant(artifact: Artifact, variant: str | None, dest: Path, *, mode
 
 
 def load(path: str | Path, variant: str | None = None, *, threads: int | None = None,
-         device: str = "cpu", batch_size: int = 32) -> Predictor:
-    """Open and verify an artifact and return a ready predictor for one of its variants."""
+         device: str = "cpu", batch_size: int | None = None, sessions: int | None = None) -> Predictor:
+    """Open and verify an artifact and return a ready predictor for one of its variants.
+
+    ``threads``, ``batch_size`` and ``sessions`` default to the serving default ``kiln bench`` measured and
+    wrote into the artifact (serving.json), else to all usable cores, 32 and 1.
+    """
     artifact = Artifact.open(path)
+    default = artifact.serving_default(variant) if device == "cpu" else {}
+    threads = threads if threads is not None else default.get("threads")
     options = EngineOptions.for_variant(artifact.variant(variant), threads, device)
-    return artifact.predictor(variant, options, batch_size=batch_size)
+    return artifact.predictor(variant, options, batch_size=batch_size or default.get("batch_size", 32),
+                              sessions=sessions if sessions is not None else default.get("sessions", 1))

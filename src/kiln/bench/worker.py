@@ -34,7 +34,7 @@ class BenchSettings:
     threads: int
     budget_s: float  # time budget per grid cell
     batch_size: int = 32  # for the length mix
-    sweep: tuple[tuple[int, int], ...] = ()  # (sessions, threads per session)
+    sweep: tuple[tuple[int, int, int], ...] = ()  # (sessions, threads per session, batch size)
     min_runs: int = 5
     mix_rounds: int = 2  # best of this many passes over the length mix
 
@@ -48,12 +48,14 @@ class SkippedCell:
 
 @dataclass(frozen=True)
 class SweepPoint:
-    """Throughput of ``sessions`` engines with ``threads`` each on the sorted mix, and batch-1 latency at 128."""
+    """Throughput of ``sessions`` engines with ``threads`` each on the sorted mix in batches of ``batch_size``,
+    and batch-1 latency at 128."""
 
     sessions: int
     threads: int
     sorted_per_s: float
     b1_128_ms: float
+    batch_size: int = 32
 
 
 @dataclass(frozen=True)
@@ -115,23 +117,23 @@ def run_target(target: Target, settings: BenchSettings, report=lambda kind, deta
     report("mix", None)
     rss = peak_rss_mb()  # before the sweep, which holds several sessions at once
     sweep = []
-    for sessions, threads in settings.sweep:
-        sweep.append(_sweep_point(target, settings, encodings, sessions, threads))
+    for sessions, threads, batch_size in settings.sweep:
+        sweep.append(_sweep_point(target, settings, encodings, sessions, threads, batch_size))
         report("sweep", None)
     return TargetResult(target.name, load_seconds, rss, tuple(grid), tuple(skipped), mix, tuple(sweep))
 
 
-def _sweep_point(target: Target, settings: BenchSettings, encodings, sessions: int, threads: int) -> SweepPoint:
+def _sweep_point(target: Target, settings: BenchSettings, encodings, sessions: int, threads: int,
+                 batch_size: int) -> SweepPoint:
     """Throughput of ``sessions`` engines with ``threads`` each, fed sorted batches concurrently."""
     from kiln.runtime.predictor import Predictor
 
     predictors = []
     for _ in range(sessions):
         encoder, config, engine = _build(target, threads)
-        predictors.append(Predictor(config, encoder, engine, batch_size=settings.batch_size))
+        predictors.append(Predictor(config, encoder, engine, batch_size=batch_size))
     order = sorted(range(len(encodings)), key=lambda i: len(encodings[i].ids))
-    chunks = [[encodings[i] for i in order[b : b + settings.batch_size]]
-              for b in range(0, len(order), settings.batch_size)]
+    chunks = [[encodings[i] for i in order[b : b + batch_size]] for b in range(0, len(order), batch_size)]
     for p in predictors:
         p.run_features(chunks[0])
     start = time.perf_counter()
@@ -140,7 +142,7 @@ def _sweep_point(target: Target, settings: BenchSettings, encodings, sessions: i
     seconds = time.perf_counter() - start
     latency = latency_cell(predictors[0].engine.run, synthetic_batch(predictors[0].encoder, 1, 128),
                            budget_s=settings.budget_s, min_runs=settings.min_runs)
-    return SweepPoint(sessions, threads, len(encodings) / seconds, latency.median_ms)
+    return SweepPoint(sessions, threads, len(encodings) / seconds, latency.median_ms, batch_size)
 
 
 def worker_main(conn, target: Target, settings: BenchSettings) -> None:

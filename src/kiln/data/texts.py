@@ -26,17 +26,18 @@ def parity_texts() -> list[str]:
 
 
 def length_mix(count: int, low: int = 10, high: int = 200, *, seed: int = 0,
-               token_count: Callable[[str], int] | None = None) -> list[str]:
-    """``count`` texts cut from the built-in sentences with lengths drawn uniformly in [low, high]."""
+               token_count: Callable[[str], int] | None = None, source: Sequence[str] | None = None) -> list[str]:
+    """``count`` texts cut from ``source`` (default: the built-in sentences), lengths uniform in [low, high]."""
     import random
 
     rng = random.Random(seed)
-    return texts_of_lengths([rng.randint(low, high) for _ in range(count)], seed=seed, token_count=token_count)
+    return texts_of_lengths([rng.randint(low, high) for _ in range(count)], seed=seed, token_count=token_count,
+                            source=source)
 
 
-def texts_of_lengths(targets: Sequence[int], *, seed: int = 0,
-                     token_count: Callable[[str], int] | None = None) -> list[str]:
-    """One text per target length, cut from the built-in sentences.
+def texts_of_lengths(targets: Sequence[int], *, seed: int = 0, token_count: Callable[[str], int] | None = None,
+                     source: Sequence[str] | None = None) -> list[str]:
+    """One text per target length, a run of consecutive words of ``source`` (default: the built-in sentences).
 
     With ``token_count`` (text -> tokens, special tokens included) each text is cut to hit its target
     token length exactly where word boundaries allow; without it, at ~1.3 tokens per word.
@@ -44,7 +45,7 @@ def texts_of_lengths(targets: Sequence[int], *, seed: int = 0,
     import random
 
     rng = random.Random(seed)
-    words = " ".join(builtin_sentences()).split()
+    words = " ".join(builtin_sentences() if source is None else source).split()
     high = max(targets, default=1)
     texts = []
     for target in targets:

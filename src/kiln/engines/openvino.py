@@ -45,7 +45,12 @@ class OpenVinoEngine:
         self.providers = (f"openvino-cpu-{options.precision.value}",)
 
     def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        result = self._request.infer({n: np.ascontiguousarray(inputs[n], dtype=np.int64) for n in self.input_names})
+        # share_inputs=False (InferRequest's default, kept explicit): with shared zero-copy inputs, the default of
+        # CompiledModel.__call__, OpenVINO 2026.4 was seen writing into the caller's arrays once a second infer
+        # request of the model had run (MiniLM, sorted batches up to 208 tokens): that batch's next use read other
+        # token ids and gave cosine 0.24. Copying the ids costs nothing measurable.
+        result = self._request.infer({n: np.ascontiguousarray(inputs[n], dtype=np.int64) for n in self.input_names},
+                                     share_inputs=False)
         return {n: np.asarray(result[o], dtype=np.float32) for n, o in zip(self.output_names, self._compiled.outputs)}
 
     def run_many(self, batches: Sequence[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
@@ -63,7 +68,8 @@ class OpenVinoEngine:
 
         queue.set_callback(done)
         for index, batch in enumerate(batches):
-            queue.start_async({n: np.ascontiguousarray(batch[n], dtype=np.int64) for n in self.input_names}, index)
+            queue.start_async({n: np.ascontiguousarray(batch[n], dtype=np.int64) for n in self.input_names}, index,
+                              share_inputs=False)
         queue.wait_all()
         return results  # type: ignore[return-value]
 

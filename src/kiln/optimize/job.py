@@ -102,6 +102,7 @@ class Workload:
     eval_set: EvalSet | None
     reference_metric: dict[str, float] | None
     calibration: list[Any]
+    calibration_source: str  # where the calibration inputs came from, shown in the summary and the report
     timing: tuple[Encoding, ...]
 
 
@@ -156,8 +157,11 @@ class OptimizeJob:
         reference_metric = self.spec.evaluate(self.reference, eval_set) if eval_set else None
         user = datasets.read_inputs(cfg.calibration_file, cfg.task) if cfg.calibration_file else None
         calibration = user or self.spec.calibration_inputs(encoder)
+        source = f"{cfg.calibration_file} ({len(calibration)} inputs)" if user else datasets.builtin_calibration(
+            len(calibration))
         timing = datasets.user_inputs(cfg.task, user, eval_set) or self.spec.timing_inputs(encoder)
-        return Workload(data, eval_set, reference_metric, calibration, tuple(self.reference.prepare(timing).encodings))
+        return Workload(data, eval_set, reference_metric, calibration, source,
+                        tuple(self.reference.prepare(timing).encodings))
 
     # -- one variant: build, check, retry; every failure stays inside this boundary ------------------------
     def _variant(self, spec: VariantSpec) -> Outcome:
@@ -276,7 +280,7 @@ class OptimizeJob:
             primary_metric=self.spec.metric if self.work.eval_set else None,
             reference_metric=self.work.reference_metric, reference_timing=reference_timing,
             outcomes=tuple(outcomes), best=best.name if best else None, command=shlex.join(sys.argv),
-            baseline_attention=attention,
+            baseline_attention=attention, calibration=self.work.calibration_source,
             environment={"cpu": self.cpu.to_dict(), "threads": self.threads, "versions": library_versions()},
         )
 
@@ -289,6 +293,7 @@ class OptimizeJob:
             variants={o.name: {**o.record, **o.validation()} for o in outcomes if o.record},
             extra={"best": summary.best, "skipped": {o.name: o.reason for o in outcomes if not o.record},
                    "tolerance": self.tolerance, "cpu": self.cpu.to_dict(),
+                   "calibration": self.work.calibration_source,
                    "reference_timing": {**to_jsonable(summary.reference_timing),
                                         "attention": summary.baseline_attention},
                    "eval": self.work.eval_set.source if self.work.eval_set else None,

@@ -100,7 +100,8 @@ def rank_ir_layers(path: Path, batches: Sequence[dict[str, np.ndarray]], *, stat
     compiled = core.compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
     by_name = {name: out for out in compiled.outputs for name in out.get_names()}
     names = [i.get_any_name() for i in compiled.inputs]
-    runs = [compiled({n: b[n] for n in names}) for b in batches]
+    # share_inputs=False: the calibration batches are reused by the quantizer; OpenVINO must not write into them.
+    runs = [compiled({n: b[n] for n in names}, share_inputs=False) for b in batches]
     layers = [(op.get_friendly_name(), w, [r[by_name[op.input_value(0).get_any_name()]] for r in runs])
               for op, w in targets]
     return rank_by_int8_error(layers, static=static)

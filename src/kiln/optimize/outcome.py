@@ -76,6 +76,7 @@ class RunSummary:
     best: str | None
     command: str
     baseline_attention: str = "eager"  # attention implementation the PyTorch baseline was timed with
+    calibration: str = ""  # where the int8 calibration inputs came from
     environment: Mapping[str, Any] = field(default_factory=dict)
 
     def rows(self) -> list[list[str]]:
@@ -107,7 +108,7 @@ def markdown(summary: RunSummary) -> str:
     lines = [f"# kiln optimize: {summary.model} ({summary.task})", "",
              f"Tolerance {summary.tolerance:g}; task metric: {summary.primary_metric or 'none (no labelled data)'}; "
              f"timed on {timing.sequences} sequences, length-sorted batches of {timing.batch_size}, tokenization "
-             "excluded.", "",
+             "excluded.", "", f"Calibration: {summary.calibration or 'not recorded'}.", "",
              "| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
     lines += ["| " + " | ".join(cell.replace("|", "/") for cell in row) + " |" for row in summary.rows()]
     lines += ["", f"Best: **{summary.best or 'none'}**", "", f"Command: `{summary.command}`", ""]

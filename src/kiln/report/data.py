@@ -13,7 +13,7 @@ def optimize_section(manifest) -> dict[str, Any] | None:
     return {
         "best": extra.get("best"), "tolerance": extra.get("tolerance"), "reference_timing":
         extra.get("reference_timing"), "reference_metric": extra.get("reference_metric"),
-        "skipped": extra.get("skipped", {}),
+        "skipped": extra.get("skipped", {}), "calibration": extra.get("calibration"),
         "variants": {name: {k: r.get(k) for k in ("status", "reason", "agreement", "task_metric", "timing",
                                                   "size_bytes")} for name, r in manifest.variants.items()},
     }

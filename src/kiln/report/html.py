@@ -81,6 +81,8 @@ def render(data: dict[str, Any]) -> str:
     summary = tables.summary(data)
     if summary[1]:
         parts += ["<h2>Variants</h2>", _table(summary)]
+        if calibration := (data.get("optimize") or {}).get("calibration"):
+            parts.append(f"<p><strong>Calibration:</strong> {escape(calibration)}.</p>")
     if data.get("targets"):
         parts += ["<h2>Engines on the length mix</h2>", _table(tables.targets_table(data))]
     charts = _charts(data)
@@ -100,7 +102,8 @@ def render(data: dict[str, Any]) -> str:
         if data.get("serving_default"):
             d = data["serving_default"]
             parts.append(f"<p>Serving default written to the artifact: {d['sessions']} session(s) x "
-                         f"{d['threads']} thread(s) for {escape(d['variant'])}.</p>")
+                         f"{d['threads']} thread(s), batches of {d.get('batch_size', '-')} for "
+                         f"{escape(d['variant'])}; <code>kiln.load</code> and <code>kiln serve</code> use it.</p>")
     parts += ["<h2>Environment</h2>", f"<pre>{escape(json.dumps(data.get('environment'), indent=2))}</pre>"]
     return (f"<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>{escape(title)}</title>"
             f"<style>{CSS}</style></head><body>{''.join(parts)}</body></html>\n")
@@ -116,6 +119,8 @@ def markdown(data: dict[str, Any]) -> str:
 
     lines = [f"# kiln report: {data.get('model')} ({data.get('task')})", "", f"Command: `{data.get('command')}`", ""]
     lines += md(tables.summary(data))
+    if calibration := (data.get("optimize") or {}).get("calibration"):
+        lines += [f"**Calibration:** {calibration}.", ""]
     if data.get("targets"):
         lines += ["## Engines on the length mix", "", *md(tables.targets_table(data))]
     for t in data.get("targets") or []:
@@ -130,7 +135,8 @@ def markdown(data: dict[str, Any]) -> str:
         if data.get("serving_default"):
             d = data["serving_default"]
             lines += [f"Serving default written to the artifact: {d['sessions']} session(s) x {d['threads']} "
-                      f"thread(s) for {d['variant']}.", ""]
+                      f"thread(s), batches of {d.get('batch_size', '-')} for {d['variant']}; `kiln.load` and "
+                      "`kiln serve` use it.", ""]
     return "\n".join(lines) + "\n"
 
 

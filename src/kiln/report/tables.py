@@ -83,11 +83,12 @@ def targets_table(data: dict[str, Any]) -> Table:
 
 
 def sweep_table(data: dict[str, Any]) -> Table | None:
-    rows = [[t["name"], str(p["sessions"]), str(p["threads"]), f"{p['sorted_per_s']:.1f}", f"{p['b1_128_ms']:.2f}"]
+    rows = [[t["name"], str(p["sessions"]), str(p["threads"]), str(p.get("batch_size", "-")),
+             f"{p['sorted_per_s']:.1f}", f"{p['b1_128_ms']:.2f}"]
             for t in data.get("targets") or [] for p in t.get("sweep") or []]
     if not rows:
         return None
-    return ["engine", "sessions", "threads each", "mix sorted seq/s", "batch-1 ms @128"], rows
+    return ["engine", "sessions", "threads each", "batch size", "mix sorted seq/s", "batch-1 ms @128"], rows
 
 
 def _num(value: float | None, digits: int = 4) -> str:

@@ -19,12 +19,16 @@ from kiln.tasks.config import TaskConfig
 class Predictor:
     """Runs a task end to end on one engine. Inputs are grouped by length so batches carry little padding."""
 
-    def __init__(self, config: TaskConfig, encoder: TextEncoder, engine: Engine, *, batch_size: int = 32):
+    def __init__(self, config: TaskConfig, encoder: TextEncoder, engine: Engine, *, batch_size: int = 32,
+                 sessions: Sequence[Engine] = ()):
+        """``sessions``: further instances of the same engine; batches then run side by side, one per engine
+        (what ``kiln bench``'s sweep measured as sessions x threads)."""
         if batch_size < 1:
             raise UsageError(f"--batch-size must be at least 1 (got {batch_size})")
         self.config = config
         self.encoder = encoder
         self.engine = engine
+        self.sessions = (engine, *sessions)
         self.handler: TaskSpec = task_handler(config)
         self.batch_size = batch_size
 
@@ -47,7 +51,7 @@ class Predictor:
 
     def with_batch_size(self, batch_size: int) -> Predictor:
         """The same tokenizer and engine, batching ``batch_size`` features at a time."""
-        return Predictor(self.config, self.encoder, self.engine, batch_size=batch_size)
+        return Predictor(self.config, self.encoder, self.engine, batch_size=batch_size, sessions=self.sessions[1:])
 
     def run_features(self, encodings: Sequence[Encoding], *, sort: bool = True) -> list[Any]:
         """Reduced outputs per encoding, in the given order; batches are formed by length when ``sort``."""
@@ -56,7 +60,21 @@ class Predictor:
         multiple = getattr(self.engine, "pad_multiple", 1)
         batches = [self.encoder.collate([encodings[i] for i in idx], multiple=multiple) for idx in groups]
         reduced: list[Any] = [None] * len(encodings)
-        for idx, arrays, outputs in zip(groups, batches, run_many(self.engine, batches)):
+        for idx, arrays, outputs in zip(groups, batches, self._run(batches)):
             for i, value in zip(idx, self.handler.reduce(outputs, arrays["attention_mask"])):
                 reduced[i] = value
         return reduced
+
+    def _run(self, batches: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
+        if len(self.sessions) == 1 or len(batches) == 1:
+            return run_many(self.engine, batches)
+        from concurrent.futures import ThreadPoolExecutor
+
+        # Session k takes every k-th batch: sorted batches grow in length, so each gets a like share of work.
+        count = len(self.sessions)
+        with ThreadPoolExecutor(max_workers=count) as pool:
+            parts = list(pool.map(lambda k: run_many(self.sessions[k], batches[k::count]), range(count)))
+        results: list[dict[str, np.ndarray]] = [{}] * len(batches)
+        for k, part in enumerate(parts):
+            results[k::count] = part
+        return results

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 from tokenizers import Encoding
 
+from kiln.data import corpus
 from kiln.data.texts import builtin_sentences, length_mix, parity_texts
 from kiln.errors import UsageError
 from kiln.tasks.config import TaskConfig
@@ -131,14 +132,17 @@ class TaskSpec:
 
     @classmethod
     def agreement_inputs(cls, encoder: TextEncoder, count: int = 128) -> list[Any]:
-        """Inputs the variants are compared on: every built-in sentence plus lengths up to the maximum."""
+        """Inputs the variants are compared on: every built-in sentence, then lengths up to the maximum cut
+        from the held-out half of Python's documentation (text the default calibration never saw)."""
         extra = length_mix(max(0, count - len(builtin_sentences())), 10, encoder.max_length, seed=2,
-                           token_count=encoder.token_count)
+                           token_count=encoder.token_count, source=corpus.sentences("held-out"))
         return [*builtin_sentences(), *extra]
 
     @classmethod
     def calibration_inputs(cls, encoder: TextEncoder, count: int = 128) -> list[Any]:
-        return length_mix(count, 10, encoder.max_length, seed=1, token_count=encoder.token_count)
+        """Default int8 calibration: the other half of Python's documentation, 10 tokens to the maximum."""
+        return length_mix(count, 10, encoder.max_length, seed=1, token_count=encoder.token_count,
+                          source=corpus.sentences("calibration"))
 
     @classmethod
     def timing_inputs(cls, encoder: TextEncoder, count: int = 256) -> list[Any]:
