@@ -178,7 +178,8 @@ class BenchJob:
             return None
         best = max(variant.sweep, key=lambda p: p.sorted_per_s)
         default = {"variant": variant.name, "sessions": best.sessions, "threads": best.threads,
-                   "batch_size": best.batch_size, "measured_sorted_per_s": best.sorted_per_s, "sweep": to_jsonable(variant.sweep)}
+                   "batch_size": best.batch_size, "measured_sorted_per_s": best.sorted_per_s,
+                   "sweep": to_jsonable(variant.sweep)}
         verify(artifact.path)  # never re-seal over a file altered since it was written (best/ included)
         written = []
         best_dir = artifact.path / "best"
@@ -188,7 +189,8 @@ class BenchJob:
         write_serving_default(artifact.path, default, check=False)  # last: its seal covers best/'s new files
         written.insert(0, artifact.path / SERVING_FILE)
         self.progress(f"serving default for {variant.name}: {best.sessions} session(s) x {best.threads} "
-                      f"thread(s), batches of {best.batch_size} ({best.sorted_per_s:.1f} seq/s), written to {', '.join(map(str, written))}")
+                      f"thread(s), batches of {best.batch_size} ({best.sorted_per_s:.1f} seq/s), written to "
+                      f"{', '.join(map(str, written))}")
         return default
 
 
