@@ -211,3 +211,18 @@ def test_the_reference_runs_on_the_runs_thread_count(tiny_model, tmp_path, monke
     finally:
         torch.set_num_threads(before)
     assert seen and set(seen) == {1}  # every reference batch (agreement, metric, timing) on the run's 1 thread
+
+
+def test_openvino_int8_is_left_out_by_default_only_where_its_kernels_are_slow():
+    """Without VNNI/AMX OpenVINO's int8 ran no faster than its fp32 (issue 10); it is still built when named."""
+    from types import SimpleNamespace
+
+    from kiln.system.cpu import CpuInfo
+
+    spec = VARIANTS["openvino-int8-static"]
+    avx2 = CpuInfo("x", "x86_64", ("avx2", "f16c"), 2, 2)
+    vnni = CpuInfo("x", "x86_64", ("avx2", "avx512", "avx512-vnni"), 2, 2)
+    assert "no fast int8 kernels" in spec.not_by_default(SimpleNamespace(cpu=avx2))
+    assert spec.not_by_default(SimpleNamespace(cpu=vnni)) is None
+    assert all(VARIANTS[n].not_by_default(SimpleNamespace(cpu=avx2)) is None for n in ("onnx-int8-dynamic",
+                                                                                       "openvino-fp32"))

@@ -165,7 +165,8 @@ class OptimizeJob:
 
     # -- one variant: build, check, retry; every failure stays inside this boundary ------------------------
     def _variant(self, spec: VariantSpec) -> Outcome:
-        if reason := spec.why_not(self.ctx):
+        chosen_by_user = bool(self.config.variants)
+        if reason := spec.why_not(self.ctx) or (not chosen_by_user and spec.not_by_default(self.ctx)):
             self.progress(f"{spec.name}: skipped ({reason})")
             return Outcome(spec.name, Status.SKIPPED, reason)
         self.progress(f"building {spec.name}")

@@ -29,6 +29,8 @@ class VariantSpec:
     rank: Callable[[BuildContext, list[dict[str, np.ndarray]]], list[tuple[str, float]]] | None = None
     # Parameter sets tried in order when the default build fails the gate, before any layer is excluded.
     alternatives: tuple[dict[str, Any], ...] = ()
+    # Why the variant is left out of the defaults on this machine (still built when named in --variants).
+    not_by_default: Callable[[BuildContext], str | None] = lambda ctx: None
 
 
 def _onnx_file(ctx: BuildContext, name: str, recipe: list, path: Path) -> BuiltVariant:
@@ -176,6 +178,17 @@ def _needs_openvino_bf16(ctx: BuildContext) -> str | None:
     return _needs_openvino(ctx) or _needs_bf16(ctx)
 
 
+def _openvino_int8_kernels(ctx: BuildContext) -> str | None:
+    # Profiled on a 2-core AVX2 EPYC (PERF_COUNT, 32x128 batch): without VNNI/AMX the CPU plugin runs int8
+    # MatMuls on oneDNN's jit_gemm_i8 instead of brgemm, and the attention falls out of its fused kernel;
+    # the int8 IR ran 51.5 seq/s against 57.6 for openvino-fp32 on the same texts, so building it (and its
+    # sensitivity search) only costs time there. ONNX Runtime's MLAS has AVX2 u8s8 kernels and does pay.
+    if ctx.cpu.arch in ("x86_64", "amd64") and not ctx.cpu.has_vnni:
+        return ("OpenVINO has no fast int8 kernels on this CPU without VNNI/AMX (measured no faster than "
+                "openvino-fp32); name it in --variants to build it anyway")
+    return None
+
+
 def _needs_cuda_for_fp16_speed(ctx: BuildContext) -> str | None:
     return None  # builds anywhere; only chosen by default for --target cuda (CPU fp16 kernels are slow)
 
@@ -192,7 +205,7 @@ VARIANTS: dict[str, VariantSpec] = {spec.name: spec for spec in (
                 rank=lambda ctx, batches: rank_layers(ctx.stage / _fp32(ctx).path, batches, static=True)),
     VariantSpec("openvino-fp32", _openvino_fp32, CPU, _needs_openvino),
     VariantSpec("openvino-bf16", _openvino_bf16, CPU, _needs_openvino_bf16),
-    VariantSpec("openvino-int8-static", _openvino_int8, CPU, _needs_openvino,
+    VariantSpec("openvino-int8-static", _openvino_int8, CPU, _needs_openvino, not_by_default=_openvino_int8_kernels,
                 rank=lambda ctx, batches: openvino_passes.rank_ir_layers(ctx.stage / _openvino_fp32_ir(ctx).path,
                                                                          batches, static=True),
                 alternatives=tuple({"smooth_quant_alpha": a} for a in (0.8, 0.7, 0.6, 0.5))),

@@ -1,0 +1,311 @@
+"""kiln against what a user can assemble from existing tools, on the same texts, in one sitting (issue 10).
+
+Peers, each run the way their documentation shows:
+  * sentence-transformers on PyTorch fp32 (``SentenceTransformer(model).encode``);
+  * sentence-transformers' OpenVINO backend on an int8 IR made by optimum-intel's export + NNCF
+    (``nncf.quantize``, transformer preset, its default SmoothQuant), calibrated on the same texts kiln
+    calibrates on by default, so both sides see the same calibration data;
+and kiln's chosen variant through ``kiln.load(ARTIFACT).predict``.
+
+Two measurements per configuration: end to end (texts in, embeddings out: tokenization included, each
+library's own batching) and engine-only (the same pre-tokenized, length-sorted batches of 32 padded to their
+longest, tokenization excluded; OpenVINO IRs through a plain ``compile_model`` with the LATENCY hint and the
+same threads), plus batch-1 latency at 128 tokens. Fidelity: cosine of each configuration's embeddings to
+sentence-transformers on PyTorch, mean and min.
+
+optimum-intel pins an older transformers than kiln's, so the peers run in their own virtual environment,
+created on first use (``--venv``, default ``benchmarks/.peers-venv``; needs the package index once). Each
+configuration runs in a fresh process; ``--rounds`` rounds alternate peers and kiln, and each figure is
+reported per round and as the median.
+
+    python benchmarks/peers.py kiln-out [--rounds 2] [--texts 1024] [--threads 2] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+PEER_PACKAGES = ["torch==2.13.0", "optimum-intel[openvino,nncf]==2.2.0", "sentence-transformers==6.2.0"]
+BATCH = 32
+
+
+# -- the orchestrator (kiln's environment) -------------------------------------------------------------------
+def _ensure_venv(venv: Path) -> Path:
+    python = venv / "bin" / "python"
+    if not python.exists():
+        print(f"creating the peers' environment in {venv} ({', '.join(PEER_PACKAGES)})", flush=True)
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        subprocess.run([str(python), "-m", "pip", "install", "-q", *PEER_PACKAGES], check=True)
+    return python
+
+
+def _prepare(artifact: Path, work: Path, count: int) -> dict:
+    """Texts, calibration texts and pre-tokenized batches, written once for every configuration."""
+    import numpy as np
+
+    from kiln.artifact.directory import Artifact
+    from kiln.data import corpus
+    from kiln.data.texts import length_mix
+    from kiln.tasks import task_spec
+
+    art = Artifact.open(artifact)
+    encoder = art.encoder()
+    texts = length_mix(count, 10, 200, seed=13, token_count=encoder.token_count, source=corpus.sentences("held-out"))
+    calibration = task_spec(art.task_config.task).calibration_inputs(encoder)  # kiln's default calibration
+    encodings = encoder.encode(texts)
+    order = sorted(range(len(texts)), key=lambda i: len(encodings[i].ids))
+    batches = [encoder.collate([encodings[i] for i in order[b : b + BATCH]]) for b in range(0, len(order), BATCH)]
+    np.savez(work / "batches.npz", **{f"{k}.{i}": v for i, b in enumerate(batches) for k, v in b.items()})
+    one = encoder.collate(encoder.encode([" ".join(["kiln"] * 400)]))
+    np.savez(work / "b1.npz", **{k: v[:, :128] for k, v in one.items()})
+    setup = {"texts": texts, "calibration": calibration, "order": order, "batches": len(batches),
+             "model_dir": art.manifest.source["path"], "artifact": str(artifact)}
+    (work / "setup.json").write_text(json.dumps(setup))
+    return setup
+
+
+def _run_stage(python: Path, stage: str, work: Path, threads: int) -> dict:
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
+    out = subprocess.run([str(python), __file__, "--stage", stage, "--work", str(work), "--threads", str(threads)],
+                         env=env, capture_output=True, text=True)
+    if out.returncode:
+        raise SystemExit(f"stage {stage} failed:\n{out.stderr[-4000:]}")
+    return json.loads((work / f"{stage}.json").read_text())
+
+
+def _fidelity(work: Path, name: str) -> tuple[float, float]:
+    import numpy as np
+
+    ref, got = np.load(work / "st-torch.npy"), np.load(work / f"{name}.npy")
+    cos = (ref * got).sum(1) / np.linalg.norm(ref, axis=1) / np.linalg.norm(got, axis=1)
+    return float(cos.mean()), float(cos.min())
+
+
+# -- the stages (each in a fresh process) ---------------------------------------------------------------------
+def _batches(work: Path) -> list[dict]:
+    import numpy as np
+
+    data = np.load(work / "batches.npz")
+    setup = json.loads((work / "setup.json").read_text())
+    return [{k: data[f"{k}.{i}"] for k in ("input_ids", "attention_mask", "token_type_ids")}
+            for i in range(setup["batches"])]
+
+
+def _b1(work: Path) -> dict:
+    import numpy as np
+
+    data = np.load(work / "b1.npz")
+    return {k: data[k] for k in data.files}
+
+
+def _time(fn, repeats: int = 2) -> float:
+    """Best of ``repeats`` passes (after one untimed pass) in seconds."""
+    fn()
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def _latency(fn, runs: int = 30) -> float:
+    for _ in range(3):
+        fn()
+    samples = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples) * 1000
+
+
+def _ov_engine_only(xml: Path, batches: list[dict], b1: dict, threads: int) -> dict:
+    import openvino as ov
+
+    core = ov.Core()
+    compiled = core.compile_model(core.read_model(str(xml)), "CPU", {
+        "PERFORMANCE_HINT": "LATENCY", "INFERENCE_NUM_THREADS": threads})
+    names = [i.get_any_name() for i in compiled.inputs]
+    request = compiled.create_infer_request()
+
+    def run(b):
+        return request.infer({n: b[n] for n in names})
+
+    seconds = _time(lambda: [run(b) for b in batches])
+    return {"engine_per_s": sum(len(b["input_ids"]) for b in batches) / seconds, "b1_128_ms": _latency(lambda: run(b1))}
+
+
+def stage_peer(work: Path, threads: int) -> dict:
+    """sentence-transformers on torch, and on OpenVINO with an optimum-intel + NNCF int8 IR."""
+    import numpy as np
+    import torch
+    from sentence_transformers import SentenceTransformer
+
+    torch.set_num_threads(threads)
+    setup = json.loads((work / "setup.json").read_text())
+    texts, batches, b1 = setup["texts"], _batches(work), _b1(work)
+    results = {}
+
+    st = SentenceTransformer(setup["model_dir"], device="cpu")
+    seconds = _time(lambda: st.encode(texts, batch_size=BATCH))
+    np.save(work / "st-torch.npy", st.encode(texts, batch_size=BATCH))
+    model = st[0].auto_model
+
+    def forward(b):
+        with torch.inference_mode():
+            return model(**{k: torch.from_numpy(v) for k, v in b.items()})
+
+    engine = _time(lambda: [forward(b) for b in batches])
+    results["st-torch"] = {"end_to_end_per_s": len(texts) / seconds, "engine_per_s": len(texts) / engine,
+                           "b1_128_ms": _latency(lambda: forward(b1))}
+    del st, model
+
+    peer_dir = work / "st-openvino"
+    xml = peer_dir / "openvino" / "openvino_model_qint8.xml"
+    if not xml.exists():
+        results["build"] = _build_peer_ir(Path(setup["model_dir"]), peer_dir, setup["calibration"])
+    ov_st = SentenceTransformer(str(peer_dir), device="cpu", backend="openvino", model_kwargs={
+        "file_name": "openvino/openvino_model_qint8.xml",
+        "ov_config": {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_NUM_THREADS": threads}})
+    seconds = _time(lambda: ov_st.encode(texts, batch_size=BATCH))
+    np.save(work / "st-openvino-int8.npy", ov_st.encode(texts, batch_size=BATCH))
+    results["st-openvino-int8"] = {"end_to_end_per_s": len(texts) / seconds,
+                                   **_ov_engine_only(xml, batches, b1, threads)}
+    return results
+
+
+def _build_peer_ir(model_dir: Path, dest: Path, calibration: list[str]) -> dict:
+    """optimum-intel's export, then NNCF int8 as its documentation shows (transformer preset)."""
+    import nncf
+    import openvino as ov
+    from optimum.intel import OVModelForFeatureExtraction
+    from transformers import AutoTokenizer
+
+    start = time.perf_counter()
+    shutil.copytree(model_dir, dest, ignore=shutil.ignore_patterns("*.safetensors", "README.md"))
+    exported = OVModelForFeatureExtraction.from_pretrained(str(model_dir), export=True, compile=False)
+    exported.save_pretrained(str(dest / "openvino"))
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    model = ov.Core().read_model(str(dest / "openvino" / "openvino_model.xml"))
+    names = {i.get_any_name() for i in model.inputs}
+    data = [{k: v for k, v in tokenizer(t, return_tensors="np").items() if k in names} for t in calibration]
+    quantized = nncf.quantize(model, nncf.Dataset(data), model_type=nncf.ModelType.TRANSFORMER,
+                              subset_size=len(data))
+    ov.save_model(quantized, str(dest / "openvino" / "openvino_model_qint8.xml"))
+    return {"seconds": time.perf_counter() - start, "calibration_texts": len(data)}
+
+
+def stage_kiln(work: Path, threads: int) -> dict:
+    """kiln.load(...).predict end to end; its engine on the same batches; its IR on plain OpenVINO too."""
+    import numpy as np
+
+    import kiln
+
+    setup = json.loads((work / "setup.json").read_text())
+    texts, batches, b1 = setup["texts"], _batches(work), _b1(work)
+    predictor = kiln.load(setup["artifact"], threads=threads, batch_size=BATCH, sessions=1)
+    seconds = _time(lambda: predictor.predict(texts))
+    np.save(work / "kiln.npy", np.stack(predictor.predict(texts)))
+    engine = predictor.engine
+    engine_s = _time(lambda: [engine.run(b) for b in batches])
+    result = {"end_to_end_per_s": len(texts) / seconds, "engine_per_s": len(texts) / engine_s,
+              "b1_128_ms": _latency(lambda: engine.run(b1)), "variant": predictor.engine.name}
+    from kiln.artifact.directory import Artifact
+
+    art = Artifact.open(setup["artifact"])
+    record = art.variant()
+    result["variant"] = art.variant_name()
+    if record["engine"] == "openvino":  # the same plain-runtime protocol as the peer's IR
+        result["plain_openvino"] = _ov_engine_only(art.path / record["path"], batches, b1, threads)
+    served = kiln.load(setup["artifact"], threads=None, batch_size=None, sessions=None)  # the serving default
+    result["serving_default_end_to_end_per_s"] = len(texts) / _time(lambda: served.predict(texts))
+    result["serving_default"] = art.serving_default()
+    return {"kiln": result}
+
+
+# -- main -------------------------------------------------------------------------------------------------------
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("artifact", nargs="?", type=Path)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--texts", type=int, default=1024)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--venv", type=Path, default=HERE / ".peers-venv")
+    parser.add_argument("--json", type=Path)
+    parser.add_argument("--stage", choices=("peer", "kiln"), help=argparse.SUPPRESS)
+    parser.add_argument("--work", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.stage:
+        result = (stage_peer if args.stage == "peer" else stage_kiln)(args.work, args.threads)
+        (args.work / f"{args.stage}.json").write_text(json.dumps(result))
+        return
+    if args.artifact is None:
+        parser.error("name a kiln optimize output (e.g. kiln-out)")
+    artifact = args.artifact / "best" if (args.artifact / "best" / "manifest.json").is_file() else args.artifact
+    peer_python = _ensure_venv(args.venv)
+    with tempfile.TemporaryDirectory(prefix="kiln-peers-") as tmp:
+        work = Path(tmp)
+        setup = _prepare(artifact, work, args.texts)
+        rounds = []
+        for r in range(args.rounds):
+            row = {**_run_stage(peer_python, "peer", work, args.threads),
+                   **_run_stage(Path(sys.executable), "kiln", work, args.threads)}
+            for name in ("st-openvino-int8", "kiln"):
+                row[name]["cosine_mean"], row[name]["cosine_min"] = _fidelity(work, name)
+            rounds.append(row)
+            print(f"round {r + 1}: " + json.dumps(row), flush=True)
+    summary = _summarise(rounds)
+    print(_table(summary))
+    if args.json:
+        args.json.write_text(json.dumps({"texts": len(setup["texts"]), "threads": args.threads, "batch": BATCH,
+                                         "rounds": rounds, "median": summary}, indent=2) + "\n")
+
+
+def _summarise(rounds: list[dict]) -> dict:
+    names = ("st-torch", "st-openvino-int8", "kiln")
+    keys = ("end_to_end_per_s", "engine_per_s", "b1_128_ms", "cosine_mean", "cosine_min")
+    out = {n: {k: statistics.median(r[n][k] for r in rounds) for k in keys if k in rounds[0][n]} for n in names}
+    if "plain_openvino" in rounds[0]["kiln"]:
+        out["kiln"]["plain_openvino_engine_per_s"] = statistics.median(
+            r["kiln"]["plain_openvino"]["engine_per_s"] for r in rounds)
+    out["kiln"]["serving_default_end_to_end_per_s"] = statistics.median(
+        r["kiln"]["serving_default_end_to_end_per_s"] for r in rounds)
+    best = max(("st-torch", "st-openvino-int8"), key=lambda n: out[n]["end_to_end_per_s"])
+    out["ratios"] = {"best_peer": best,
+                     "end_to_end_vs_best_peer": statistics.median(
+                         r["kiln"]["end_to_end_per_s"] / r[best]["end_to_end_per_s"] for r in rounds),
+                     "engine_vs_peer_int8": statistics.median(
+                         r["kiln"]["engine_per_s"] / r["st-openvino-int8"]["engine_per_s"] for r in rounds),
+                     "b1_vs_peer_int8": statistics.median(
+                         r["kiln"]["b1_128_ms"] / r["st-openvino-int8"]["b1_128_ms"] for r in rounds)}
+    return out
+
+
+def _table(s: dict) -> str:
+    rows = ["| configuration | end to end texts/s | engine-only seq/s | batch-1 ms @128 | cosine mean / min |",
+            "| --- | --- | --- | --- | --- |"]
+    for name in ("st-torch", "st-openvino-int8", "kiln"):
+        r = s[name]
+        fid = f"{r['cosine_mean']:.4f} / {r['cosine_min']:.4f}" if "cosine_mean" in r else "1 / 1"
+        rows.append(f"| {name} | {r['end_to_end_per_s']:.1f} | {r['engine_per_s']:.1f} | {r['b1_128_ms']:.2f} | {fid} |")
+    q = s["ratios"]
+    rows.append(f"\nkiln end to end vs best peer ({q['best_peer']}): {q['end_to_end_vs_best_peer']:.2f}x; "
+                f"engine-only vs the peer's int8 IR: {q['engine_vs_peer_int8']:.2f}x; batch-1 latency vs it: "
+                f"{q['b1_vs_peer_int8']:.2f}x; kiln with its serving default: "
+                f"{s['kiln']['serving_default_end_to_end_per_s']:.1f} texts/s end to end")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    main()
