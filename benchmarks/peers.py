@@ -46,6 +46,9 @@ def _ensure_venv(venv: Path) -> Path:
         print(f"creating the peers' environment in {venv} ({', '.join(PEER_PACKAGES)})", flush=True)
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
         subprocess.run([str(python), "-m", "pip", "install", "-q", *PEER_PACKAGES], check=True)
+        # optimum-intel pulls a torchvision built for another torch ("operator torchvision::nms does not
+        # exist" on importing transformers' models); nothing here needs it.
+        subprocess.run([str(python), "-m", "pip", "uninstall", "-y", "-q", "torchvision"], check=False)
     return python
 
 
