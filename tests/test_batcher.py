@@ -107,3 +107,28 @@ def test_a_second_session_runs_while_the_first_is_busy(predictor):
 
     held, other = run_batcher(predictor, BatchLimits(max_delay_s=60), scenario, extra_sessions=[second])
     assert len(held) == len(other) == 1 and len(second.batches) == 1
+
+
+def test_warmup_runs_every_length_bucket_of_a_shape_caching_engine():
+    """An engine that pads to buckets (OpenVINO) sees each bucket once before /ready; others warm once."""
+    from kiln.engines.base import warm_every_length
+
+    class Recorder:
+        input_names = ("input_ids", "attention_mask")
+        pad_multiple = 16
+
+        def __init__(self):
+            self.shapes = []
+
+        def warmup(self):
+            self.shapes.append("warmup")
+
+        def run(self, inputs):
+            self.shapes.append(inputs["input_ids"].shape)
+            return {}
+
+    engine = Recorder()
+    assert warm_every_length(engine, 56) == 5
+    assert engine.shapes == ["warmup", (1, 16), (1, 32), (1, 48), (1, 56)]
+    engine.pad_multiple, engine.shapes = 1, []
+    assert warm_every_length(engine, 56) == 1 and engine.shapes == ["warmup"]

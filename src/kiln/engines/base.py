@@ -63,6 +63,23 @@ class EngineOptions:
 DEVICES = ("cpu", "cuda", "tensorrt")
 
 
+def warm_every_length(engine: Engine, max_length: int) -> int:
+    """Warm ``engine``, and where it pads to length buckets (OpenVINO), run each bucket once; returns the runs.
+
+    The CPU plugin builds kernels per new input shape: a server's first requests of each length would pay
+    for it (on MiniLM openvino-fp32 a first pass over 1,024 mixed texts ran 49.8 texts/s, later ones 50.3-
+    52.5). Warming every bucket before /ready turns 200 moves that cost to start-up.
+    """
+    engine.warmup()
+    multiple = getattr(engine, "pad_multiple", 1)
+    if multiple <= 1:
+        return 1
+    lengths = range(multiple, max_length + multiple, multiple)
+    for length in lengths:
+        engine.run(warmup_inputs(engine.input_names, min(length, max_length)))
+    return 1 + len(lengths)
+
+
 def warmup_inputs(input_names: tuple[str, ...], length: int = 8) -> dict[str, np.ndarray]:
     arrays = {
         "input_ids": np.ones((1, length), dtype=np.int64),

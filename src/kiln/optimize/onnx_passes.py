@@ -94,6 +94,13 @@ class FeedReader:
     def rewind(self) -> None:
         self._iter = iter(self._batches)
 
+    def __len__(self) -> int:
+        return len(self._batches)
+
+    def set_range(self, start_index: int, end_index: int) -> None:
+        """ORT's strided calibration reads the batches a few at a time."""
+        self._iter = iter(self._batches[start_index:end_index])
+
 
 def quantize_static_int8(
     src: Path, dst: Path, batches: Sequence[dict[str, np.ndarray]], scheme: Int8Scheme, *,
@@ -126,7 +133,11 @@ def quantize_static_int8(
             weight_type=QuantType.QInt8 if scheme.weights_signed else QuantType.QUInt8,
             calibrate_method=methods[method], nodes_to_exclude=list(exclude),
             extra_options={"WeightSymmetric": True, "ActivationSymmetric": scheme.activations_signed,
-                           "MatMulConstBOnly": True},
+                           "MatMulConstBOnly": True,
+                           # Histogram calibrators stack every batch's activations into one array, which
+                           # fails on batches of different lengths; one batch per collection step merges
+                           # histograms instead (the min-max result is the same either way).
+                           **({"CalibStridedMinMax": 1} if method != "minmax" else {})},
         )
     return {"pass": "ort-int8-static", "format": "QDQ", "calibration": method, "calibration_batches": len(feeds),
             "activations": "s8" if scheme.activations_signed else "u8",

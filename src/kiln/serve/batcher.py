@@ -24,7 +24,7 @@ from typing import Any
 
 from tokenizers import Encoding
 
-from kiln.engines.base import Engine
+from kiln.engines.base import Engine, warm_every_length
 from kiln.runtime.predictor import Predictor
 
 
@@ -122,10 +122,12 @@ class Batcher:
         return session.engine or self.predictor.engine
 
     async def warmup(self) -> None:
-        """Warm every session on the thread that will run it (runtimes keep per-thread state)."""
+        """Warm every session on the thread that will run it (runtimes keep per-thread state), each padded
+        length bucket included where the engine builds kernels per shape."""
         loop = asyncio.get_running_loop()
+        max_length = self.predictor.encoder.max_length
         for session in self._sessions:
-            await loop.run_in_executor(session.thread, self._engine(session).warmup)
+            await loop.run_in_executor(session.thread, warm_every_length, self._engine(session), max_length)
 
     async def submit(self, encodings: Sequence[Encoding]) -> list[Any]:
         """Reduced outputs per encoding, in order. Cancelling the awaiting task drops the request's work."""
