@@ -158,22 +158,7 @@ def stage_peer(work: Path, threads: int) -> dict:
     torch.set_num_threads(threads)
     setup = json.loads((work / "setup.json").read_text())
     texts, batches, b1 = setup["texts"], _batches(work), _b1(work)
-    results = {}
-
-    st = SentenceTransformer(setup["model_dir"], device="cpu")
-    seconds = _time(lambda: st.encode(texts, batch_size=BATCH))
-    np.save(work / "st-torch.npy", st.encode(texts, batch_size=BATCH))
-    model = st[0].auto_model
-
-    def forward(b):
-        with torch.inference_mode():
-            return model(**{k: torch.from_numpy(v) for k, v in b.items()})
-
-    engine = _time(lambda: [forward(b) for b in batches])
-    results["st-torch"] = {"end_to_end_per_s": len(texts) / seconds, "engine_per_s": len(texts) / engine,
-                           "b1_128_ms": _latency(lambda: forward(b1))}
-    del st, model
-
+    results = {"st-torch": _st_torch(setup["model_dir"], texts, batches, b1, work)}
     peer_dir = work / "st-openvino"
     xml = peer_dir / "openvino" / "openvino_model_qint8.xml"
     if not xml.exists():
@@ -186,6 +171,25 @@ def stage_peer(work: Path, threads: int) -> dict:
     results["st-openvino-int8"] = {"end_to_end_per_s": len(texts) / seconds,
                                    **_ov_engine_only(xml, batches, b1, threads)}
     return results
+
+
+def _st_torch(model_dir: str, texts: list[str], batches: list[dict], b1: dict, work: Path) -> dict:
+    import numpy as np
+    import torch
+    from sentence_transformers import SentenceTransformer
+
+    st = SentenceTransformer(model_dir, device="cpu")
+    seconds = _time(lambda: st.encode(texts, batch_size=BATCH))
+    np.save(work / "st-torch.npy", st.encode(texts, batch_size=BATCH))
+    model = st[0].auto_model
+
+    def forward(b):
+        with torch.inference_mode():
+            return model(**{k: torch.from_numpy(v) for k, v in b.items()})
+
+    engine = _time(lambda: [forward(b) for b in batches])
+    return {"end_to_end_per_s": len(texts) / seconds, "engine_per_s": len(texts) / engine,
+            "b1_128_ms": _latency(lambda: forward(b1))}
 
 
 def _build_peer_ir(model_dir: Path, dest: Path, calibration: list[str]) -> dict:
@@ -301,7 +305,8 @@ def _table(s: dict) -> str:
     for name in ("st-torch", "st-openvino-int8", "kiln"):
         r = s[name]
         fid = f"{r['cosine_mean']:.4f} / {r['cosine_min']:.4f}" if "cosine_mean" in r else "1 / 1"
-        rows.append(f"| {name} | {r['end_to_end_per_s']:.1f} | {r['engine_per_s']:.1f} | {r['b1_128_ms']:.2f} | {fid} |")
+        rows.append(f"| {name} | {r['end_to_end_per_s']:.1f} | {r['engine_per_s']:.1f} | {r['b1_128_ms']:.2f} "
+                    f"| {fid} |")
     q = s["ratios"]
     rows.append(f"\nkiln end to end vs best peer ({q['best_peer']}): {q['end_to_end_vs_best_peer']:.2f}x; "
                 f"engine-only vs the peer's int8 IR: {q['engine_vs_peer_int8']:.2f}x; batch-1 latency vs it: "
