@@ -83,7 +83,9 @@ def diagnose(threads: int | None = None) -> Report:
                                        "usable (affinity / cgroup quota): threads would contend"))
     if not cpu.has_vnni and cpu.arch not in ("aarch64", "arm64"):
         report.findings.append(Finding("warn", "no VNNI: int8 GEMMs run on slower AVX2 paths; expect smaller "
-                                       "int8 speed-ups"))
+                                       "int8 speed-ups. ONNX Runtime's AVX2 u8s8 kernels (7-bit weights) still pay; "
+                                       "OpenVINO's int8 does not (no fast int8 kernel without VNNI/AMX), so kiln "
+                                       "optimize leaves openvino-int8-static out of its defaults here"))
     _providers(report)
     _openvino(report)
     report.sections["versions"] = library_versions()
