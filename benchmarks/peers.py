@@ -111,6 +111,8 @@ def _b1(work: Path) -> dict:
     return {k: data[k] for k in data.files}
 
 
+# The stages keep their own two small timers, not kiln.bench.measure: the peer stage runs in a venv without
+# kiln, and every configuration must be timed by the same code.
 def _time(fn, repeats: int = 2) -> float:
     """Best of ``repeats`` passes (after one untimed pass) in seconds."""
     fn()

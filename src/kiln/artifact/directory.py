@@ -47,15 +47,21 @@ class Artifact:
             input_names=spec["input_names"],
         )
 
-    def serving_default(self, variant: str | None = None) -> dict[str, Any]:
-        """`kiln bench`'s best sessions x threads for this variant ({} when it was not benchmarked)."""
+    def serving_default(self, variant: str | None = None, device: str = "cpu") -> dict[str, Any]:
+        """`kiln bench`'s best sessions x threads x batch size for this variant ({} when it was not benchmarked,
+        or for a GPU device: the sweep ran on the CPU)."""
         default = self.manifest.extra.get("serving_default") or {}
-        return default if default.get("variant") == self.variant_name(variant) else {}
+        return default if device == "cpu" and default.get("variant") == self.variant_name(variant) else {}
 
-    def serving_options(self, variant: str | None = None, threads: int | None = None) -> EngineOptions:
+    def serving_options(self, variant: str | None = None, threads: int | None = None,
+                        device: str = "cpu") -> EngineOptions:
         """Options for serving a variant: the caller's threads, else the thread sweep's best from `kiln bench`."""
-        threads = threads if threads is not None else self.serving_default(variant).get("threads")
-        return EngineOptions.for_variant(self.variant(variant), threads)
+        threads = threads if threads is not None else self.serving_default(variant, device).get("threads")
+        return EngineOptions.for_variant(self.variant(variant), threads, device)
+
+    def serving_sessions(self, variant: str | None = None, sessions: int | None = None, device: str = "cpu") -> int:
+        """Engine instances for serving a variant: the caller's count, else the sweep's best, else 1."""
+        return sessions if sessions is not None else self.serving_default(variant, device).get("sessions", 1)
 
     def engine(self, variant: str | None = None, options: EngineOptions | None = None) -> Engine:
         """The variant's engine; ``options`` default to what the variant's record asks for."""
@@ -115,8 +121,7 @@ def load(path: str | Path, variant: str | None = None, *, threads: int | None = 
     wrote into the artifact (serving.json), else to all usable cores, 32 and 1.
     """
     artifact = Artifact.open(path)
-    default = artifact.serving_default(variant) if device == "cpu" else {}
-    threads = threads if threads is not None else default.get("threads")
-    options = EngineOptions.for_variant(artifact.variant(variant), threads, device)
-    return artifact.predictor(variant, options, batch_size=batch_size or default.get("batch_size", 32),
-                              sessions=sessions if sessions is not None else default.get("sessions", 1))
+    return artifact.predictor(
+        variant, artifact.serving_options(variant, threads, device),
+        batch_size=batch_size or artifact.serving_default(variant, device).get("batch_size", 32),
+        sessions=artifact.serving_sessions(variant, sessions, device))

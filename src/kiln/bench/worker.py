@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from kiln.bench.measure import (
@@ -125,22 +124,19 @@ def run_target(target: Target, settings: BenchSettings, report=lambda kind, deta
 
 def _sweep_point(target: Target, settings: BenchSettings, encodings, sessions: int, threads: int,
                  batch_size: int) -> SweepPoint:
-    """Throughput of ``sessions`` engines with ``threads`` each, fed sorted batches concurrently."""
+    """Throughput of ``sessions`` engines with ``threads`` each, fed sorted batches side by side: the same
+    Predictor (sessions) that ``kiln.load`` builds from the winning point."""
     from kiln.runtime.predictor import Predictor
 
-    predictors = []
-    for _ in range(sessions):
-        encoder, config, engine = _build(target, threads)
-        predictors.append(Predictor(config, encoder, engine, batch_size=batch_size))
-    order = sorted(range(len(encodings)), key=lambda i: len(encodings[i].ids))
-    chunks = [[encodings[i] for i in order[b : b + batch_size]] for b in range(0, len(order), batch_size)]
-    for p in predictors:
-        p.run_features(chunks[0])
+    encoder, config, engine = _build(target, threads)
+    predictor = Predictor(config, encoder, engine, batch_size=batch_size,
+                          sessions=[_build(target, threads)[2] for _ in range(sessions - 1)])
+    shortest = sorted(encodings, key=lambda e: len(e.ids))[: sessions * batch_size]
+    predictor.run_features(shortest)  # one batch per session: each engine's first call is not timed
     start = time.perf_counter()
-    with ThreadPoolExecutor(max_workers=sessions) as pool:
-        list(pool.map(lambda k: [predictors[k].run_features(c) for c in chunks[k::sessions]], range(sessions)))
+    predictor.run_features(encodings)
     seconds = time.perf_counter() - start
-    latency = latency_cell(predictors[0].engine.run, synthetic_batch(predictors[0].encoder, 1, 128),
+    latency = latency_cell(engine.run, synthetic_batch(encoder, 1, 128),
                            budget_s=settings.budget_s, min_runs=settings.min_runs)
     return SweepPoint(sessions, threads, len(encodings) / seconds, latency.median_ms, batch_size)
 

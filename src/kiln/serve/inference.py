@@ -47,9 +47,7 @@ def load_served(name: str, path: Path, limits: BatchLimits, metrics: Metrics, *,
     variant = artifact.variant_name()
     record = artifact.variant(variant)
     options = artifact.serving_options(variant, threads)
-    sessions = sessions or artifact.serving_default(variant).get("sessions") or 1
-    predictor = artifact.predictor(variant, options)
-    extra = [artifact.engine(variant, options) for _ in range(sessions - 1)]
+    predictor = artifact.predictor(variant, options, sessions=artifact.serving_sessions(variant, sessions))
 
     def observe(stats: BatchStats) -> None:
         metrics.batch_size.observe(stats.size)
@@ -61,8 +59,9 @@ def load_served(name: str, path: Path, limits: BatchLimits, metrics: Metrics, *,
     info = {"model": name, "task": task, "variant": variant, "engine": record["engine"],
             "max_length": artifact.task_config.max_length, "source": artifact.manifest.source,
             "validation": {k: record.get(k) for k in ("status", "agreement", "task_metric", "parity") if k in record},
-            "threads": options.intra_op_threads, "sessions": sessions}
-    return Served(name, artifact, predictor, Batcher(predictor, limits, observe, extra), variant, task, info=info)
+            "threads": options.intra_op_threads, "sessions": len(predictor.sessions)}
+    return Served(name, artifact, predictor, Batcher(predictor, limits, observe, predictor.sessions[1:]), variant,
+                  task, info=info)
 
 
 async def infer(served: Served, body: RequestBody, pool: ThreadPoolExecutor, metrics: Metrics,
