@@ -27,7 +27,7 @@ class EmbedBody(BaseModel):
 def create_app(artifact: str, threads: int | None) -> FastAPI:
     art = Artifact.open(artifact)
     variant = art.variant_name()
-    predictor = art.predictor(variant, art.serving_options(variant, threads), batch_size=1)
+    predictor = art.predictor(variant, art.serving_plan(variant, threads=threads, sessions=1, batch_size=1))
     predictor.engine.warmup()
     lock = threading.Lock()
     app = FastAPI()

@@ -151,8 +151,8 @@ def offline_worker(conn, artifact: str, texts: list[str], threads: int | None, r
 
     art = Artifact.open(artifact)
     variant = art.variant_name()
-    options = art.serving_options(variant, threads)
-    predictor = art.predictor(variant, options, batch_size=32)
+    plan = art.serving_plan(variant, threads=threads, batch_size=32)
+    predictor = art.predictor(variant, plan)
     predictor.predict(texts[:64])  # warm-up
 
     def rate(batch_size: int) -> tuple[float, list[float]]:
@@ -166,7 +166,7 @@ def offline_worker(conn, artifact: str, texts: list[str], threads: int | None, r
 
     batched, rounds_batched = rate(32)
     single, rounds_single = rate(1)  # the most any one-request-per-forward server could reach
-    conn.send({"variant": variant, "threads": options.intra_op_threads or "default", "throughput_per_s": batched,
+    conn.send({"variant": variant, "threads": plan.options.intra_op_threads or "default", "throughput_per_s": batched,
                "rounds": rounds_batched, "batch1_throughput_per_s": single, "batch1_rounds": rounds_single})
 
 

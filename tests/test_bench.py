@@ -14,7 +14,7 @@ import pytest
 from kiln.artifact.directory import Artifact
 from kiln.artifact.manifest import read_manifest, seal
 from kiln.bench.compare import compare
-from kiln.bench.job import SERVING_FILE, BenchConfig, BenchJob, sweep_points
+from kiln.bench.job import SERVING_FILE, SWEEP_PAD_MULTIPLES, BenchConfig, BenchJob, sweep_points
 from kiln.bench.measure import padding_efficiency
 from kiln.bench.results import SCHEMA
 from kiln.choices import ExportFormat
@@ -78,12 +78,20 @@ def test_mix_memory_and_load_time(benched):
 def test_sweep_writes_the_serving_default_into_the_artifact(benched):
     art, _, results = benched
     variant = results["targets"][1]
-    assert [(p["sessions"], p["threads"], p["batch_size"]) for p in variant["sweep"]] == list(sweep_points(_cores()))
-    assert {p["batch_size"] for p in variant["sweep"]} == {16, 32}
+    grid = list(sweep_points(_cores()))
+    points = [(p["sessions"], p["threads"], p["batch_size"]) for p in variant["sweep"]]
+    assert points[: len(grid)] == grid and {p["batch_size"] for p in variant["sweep"]} == {16, 32}
+    assert {p["pad_multiple"] for p in variant["sweep"][: len(grid)]} == {1}  # ONNX Runtime's own: no padding
+    # then the padding multiples, each at the best point of the grid
+    grid_best = max(variant["sweep"][: len(grid)], key=lambda p: p["sorted_per_s"])
+    padded = variant["sweep"][len(grid):]
+    assert [p["pad_multiple"] for p in padded] == [m for m in SWEEP_PAD_MULTIPLES if m != 1]
+    assert {(p["sessions"], p["threads"], p["batch_size"]) for p in padded} == {
+        (grid_best["sessions"], grid_best["threads"], grid_best["batch_size"])}
     default = results["serving_default"]
     best = max(variant["sweep"], key=lambda p: p["sorted_per_s"])
-    assert (default["sessions"], default["threads"], default["batch_size"]) == (
-        best["sessions"], best["threads"], best["batch_size"])
+    assert (default["sessions"], default["threads"], default["batch_size"], default["pad_multiple"]) == (
+        best["sessions"], best["threads"], best["batch_size"], best["pad_multiple"])
     assert json.loads((art / SERVING_FILE).read_text())["threads"] == best["threads"]
     manifest = Artifact.open(art).manifest  # re-sealed: every checksum still verifies
     assert manifest.extra["serving_default"]["variant"] == "onnx-fp32"
@@ -99,6 +107,8 @@ def test_load_runs_with_the_serving_default(benched):
     default = results["serving_default"]
     predictor = kiln.load(art)
     assert predictor.batch_size == default["batch_size"] and len(predictor.sessions) == default["sessions"]
+    assert predictor.pad_multiple == default["pad_multiple"]
+    assert kiln.load(art, pad_multiple=8).pad_multiple == 8
     texts = [" ".join(["word"] * n) for n in (3, 40, 7, 90, 12, 60, 5, 33)] * 3
     two = kiln.load(art, sessions=2, batch_size=2)  # 12 batches over two engines, results in input order
     assert len(two.sessions) == 2

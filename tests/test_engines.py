@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from kiln.artifact.directory import Artifact
 from kiln.choices import ExportFormat, Precision
 from kiln.data.texts import builtin_sentences
 from kiln.engines import ENGINES, EngineOptions, create_engine
@@ -54,7 +55,6 @@ def test_torch_engine_invariance(tiny_model, precision):
 
 @pytest.mark.parametrize("fmt", list(ExportFormat))
 def test_exported_engine_invariance(artifacts, fmt):
-    from kiln.artifact.directory import Artifact
 
     art = Artifact.open(artifacts[fmt])
     engine = art.engine(options=EngineOptions(intra_op_threads=1))
@@ -65,7 +65,6 @@ def test_exported_engine_invariance(artifacts, fmt):
 
 
 def test_onnxruntime_threads_and_provider(artifacts):
-    from kiln.artifact.directory import Artifact
 
     engine = Artifact.open(artifacts[ExportFormat.ONNX]).engine(
         options=EngineOptions(intra_op_threads=1, inter_op_threads=1))
@@ -75,7 +74,6 @@ def test_onnxruntime_threads_and_provider(artifacts):
 
 def test_torchscript_handles_many_lengths(artifacts):
     """A frozen trace must stay correct across lengths it never saw (no shape baked in)."""
-    from kiln.artifact.directory import Artifact
 
     art = Artifact.open(artifacts[ExportFormat.TORCHSCRIPT])
     engine, encoder = art.engine(), art.encoder()
@@ -109,7 +107,6 @@ def test_gpu_provider_missing_is_a_clear_error(artifacts):
 @pytest.mark.gpu
 @pytest.mark.parametrize("device", ["cuda", "tensorrt"])
 def test_gpu_engines_with_iobinding(artifacts, device):
-    from kiln.artifact.directory import Artifact
 
     art = Artifact.open(artifacts[ExportFormat.ONNX])
     cpu = art.engine()
@@ -125,7 +122,6 @@ def test_gpu_engines_with_iobinding(artifacts, device):
 @pytest.mark.parametrize("fmt", [*ExportFormat, "openvino"])
 def test_an_engine_never_writes_into_its_inputs(artifacts, fmt, tmp_path):
     """OpenVINO's zero-copy inputs were seen rewritten in place (issue 10): engines must copy what they change."""
-    from kiln.artifact.directory import Artifact
     from kiln.optimize.openvino_passes import convert
 
     art = Artifact.open(artifacts[ExportFormat.ONNX if fmt == "openvino" else fmt])
@@ -143,3 +139,24 @@ def test_an_engine_never_writes_into_its_inputs(artifacts, fmt, tmp_path):
     for batch, before in zip(batches, kept):
         for name in before:
             np.testing.assert_array_equal(batch[name], before[name])
+
+
+def test_openvino_sessions_are_streams_of_one_compiled_model(artifacts, tmp_path):
+    """Sessions of an OpenVINO model are infer requests on one model compiled with a stream per session."""
+    from kiln.engines import open_sessions
+    from kiln.optimize.openvino_passes import convert
+    from kiln.runtime.predictor import Predictor
+
+    art = Artifact.open(artifacts[ExportFormat.ONNX])
+    convert(art.path / art.variant()["path"], tmp_path / "model.xml")
+    sessions = open_sessions("openvino", tmp_path / "model.xml", EngineOptions(intra_op_threads=1), 2)
+    compiled = {id(s._compiled) for s in sessions}
+    assert len(sessions) == 2 and len(compiled) == 1 and len({id(s._request) for s in sessions}) == 2
+    assert int(sessions[0]._compiled.get_property("NUM_STREAMS")) == 2
+    assert int(sessions[0]._compiled.get_property("INFERENCE_NUM_THREADS")) == 2  # 1 thread per stream
+    texts = [SHORT, *LONG] * 6
+    encoder = art.encoder()
+    single = create_engine("openvino", tmp_path / "model.xml", EngineOptions(intra_op_threads=1))
+    want = Predictor(art.task_config, encoder, single, batch_size=2).predict(texts)
+    got = Predictor(art.task_config, encoder, sessions[0], batch_size=2, sessions=sessions[1:]).predict(texts)
+    np.testing.assert_allclose(np.stack(got), np.stack(want), atol=1e-4)

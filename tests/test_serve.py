@@ -161,13 +161,19 @@ def test_sessions_and_threads_come_from_the_serving_default(artifacts, tmp_path)
 
     path = tmp_path / "art"
     shutil.copytree(artifacts[TaskName.FEATURE_EXTRACTION], path)
-    write_serving_default(path, {"variant": "onnx-fp32", "sessions": 2, "threads": 1})
+    write_serving_default(path, {"variant": "onnx-fp32", "sessions": 2, "threads": 1, "batch_size": 4,
+                                 "pad_multiple": 8})
     texts = list(builtin_sentences()[:8])
+    batches = []
     with client(artifacts, models={"m": path}) as c:
         info = c.get("/info").json()["models"][0]
+        batcher = c.app.state.models["m"].batcher
+        collate = batcher._collate
+        batcher._collate = lambda batch: batches.append(collate(batch)["input_ids"].shape) or collate(batch)
         with ThreadPoolExecutor(8) as pool:
             got = list(pool.map(lambda t: c.post("/embed", json={"inputs": t}).json()["embeddings"][0], texts))
-    assert (info["sessions"], info["threads"]) == (2, 1)
+    assert (info["sessions"], info["threads"], info["max_batch_size"], info["pad_multiple"]) == (2, 1, 4, 8)
+    assert batches and all(rows <= 4 and width % 8 == 0 for rows, width in batches)
     offline = np.stack(Artifact.open(path).predictor().predict(texts))
     np.testing.assert_allclose(np.array(got), offline, atol=1e-5)
 

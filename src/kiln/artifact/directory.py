@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from kiln.artifact.manifest import Manifest, read_manifest, verify
-from kiln.engines import Engine, EngineOptions, create_engine
+from kiln.engines import Engine, EngineOptions, create_engine, open_sessions
 from kiln.errors import ArtifactError, UsageError
 from kiln.runtime.predictor import Predictor
 from kiln.runtime.tokenization import TextEncoder
@@ -48,20 +48,22 @@ class Artifact:
         )
 
     def serving_default(self, variant: str | None = None, device: str = "cpu") -> dict[str, Any]:
-        """`kiln bench`'s best sessions x threads x batch size for this variant ({} when it was not benchmarked,
-        or for a GPU device: the sweep ran on the CPU)."""
+        """`kiln bench`'s best sessions x threads x batch size x padding for this variant ({} when it was not
+        benchmarked, or for a GPU device: the sweep ran on the CPU)."""
         default = self.manifest.extra.get("serving_default") or {}
         return default if device == "cpu" and default.get("variant") == self.variant_name(variant) else {}
 
-    def serving_options(self, variant: str | None = None, threads: int | None = None,
-                        device: str = "cpu") -> EngineOptions:
-        """Options for serving a variant: the caller's threads, else the thread sweep's best from `kiln bench`."""
-        threads = threads if threads is not None else self.serving_default(variant, device).get("threads")
-        return EngineOptions.for_variant(self.variant(variant), threads, device)
-
-    def serving_sessions(self, variant: str | None = None, sessions: int | None = None, device: str = "cpu") -> int:
-        """Engine instances for serving a variant: the caller's count, else the sweep's best, else 1."""
-        return sessions if sessions is not None else self.serving_default(variant, device).get("sessions", 1)
+    def serving_plan(self, variant: str | None = None, *, threads: int | None = None, sessions: int | None = None,
+                     batch_size: int | None = None, pad_multiple: int | None = None,
+                     device: str = "cpu") -> ServingPlan:
+        """How to run a variant: each setting from the caller, else from `kiln bench`'s serving default
+        (serving.json), else kiln's default (all usable cores, 1 session, batches of 32, the engine's padding)."""
+        default = self.serving_default(variant, device)
+        threads = threads if threads is not None else default.get("threads")
+        return ServingPlan(EngineOptions.for_variant(self.variant(variant), threads, device),
+                           sessions if sessions is not None else default.get("sessions", 1),
+                           batch_size if batch_size is not None else default.get("batch_size", 32),
+                           pad_multiple if pad_multiple is not None else default.get("pad_multiple"))
 
     def engine(self, variant: str | None = None, options: EngineOptions | None = None) -> Engine:
         """The variant's engine; ``options`` default to what the variant's record asks for."""
@@ -72,15 +74,33 @@ class Artifact:
             raise ArtifactError(f"variant {self.variant_name(variant)} points at {model_path}, which is missing")
         return create_engine(record["engine"], model_path, options)
 
-    def predictor(
-        self, variant: str | None = None, options: EngineOptions | None = None, *, batch_size: int = 32,
-        sessions: int = 1,
-    ) -> Predictor:
-        """A predictor on ``sessions`` instances of the variant's engine (batches run side by side)."""
-        if sessions < 1:
-            raise UsageError(f"sessions must be at least 1 (got {sessions})")
-        engines = [self.engine(variant, options) for _ in range(sessions)]
-        return Predictor(self.task_config, self.encoder(), engines[0], batch_size=batch_size, sessions=engines[1:])
+    def predictor(self, variant: str | None = None, plan: ServingPlan | None = None) -> Predictor:
+        """A predictor for the variant run as ``plan`` says (default: ``serving_plan``): ``plan.sessions`` engine
+        sessions take batches side by side."""
+        plan = plan or self.serving_plan(variant)
+        record = self.variant(variant)
+        model_path = self.path / record["path"]
+        if not model_path.exists():
+            raise ArtifactError(f"variant {self.variant_name(variant)} points at {model_path}, which is missing")
+        engines = open_sessions(record["engine"], model_path, plan.options, plan.sessions)
+        return Predictor(self.task_config, self.encoder(), engines[0], batch_size=plan.batch_size,
+                         sessions=engines[1:], pad_multiple=plan.pad_multiple)
+
+
+@dataclass(frozen=True)
+class ServingPlan:
+    """How a variant runs: engine options (threads per session), sessions side by side, batch size, padding."""
+
+    options: EngineOptions
+    sessions: int = 1
+    batch_size: int = 32
+    pad_multiple: int | None = None  # None: the engine's own
+
+    def __post_init__(self) -> None:
+        for flag, value in (("sessions", self.sessions), ("batch size", self.batch_size),
+                            ("pad multiple", self.pad_multiple or 1)):
+            if value < 1:
+                raise UsageError(f"{flag} must be at least 1 (got {value})")
 
 
 def copy_variant(root: Path, manifest: Manifest, name: str | None, dest: Path) -> Path:
@@ -114,14 +134,14 @@ def extract_variant(artifact: Artifact, variant: str | None, dest: Path, *, mode
 
 
 def load(path: str | Path, variant: str | None = None, *, threads: int | None = None,
-         device: str = "cpu", batch_size: int | None = None, sessions: int | None = None) -> Predictor:
+         device: str = "cpu", batch_size: int | None = None, sessions: int | None = None,
+         pad_multiple: int | None = None) -> Predictor:
     """Open and verify an artifact and return a ready predictor for one of its variants.
 
-    ``threads``, ``batch_size`` and ``sessions`` default to the serving default ``kiln bench`` measured and
-    wrote into the artifact (serving.json), else to all usable cores, 32 and 1.
+    ``threads``, ``sessions``, ``batch_size`` and ``pad_multiple`` default to the serving default ``kiln bench``
+    measured and wrote into the artifact (serving.json), else to all usable cores, 1, 32 and the engine's own.
     """
     artifact = Artifact.open(path)
-    return artifact.predictor(
-        variant, artifact.serving_options(variant, threads, device),
-        batch_size=batch_size or artifact.serving_default(variant, device).get("batch_size", 32),
-        sessions=artifact.serving_sessions(variant, sessions, device))
+    return artifact.predictor(variant, artifact.serving_plan(
+        variant, threads=threads, sessions=sessions, batch_size=batch_size, pad_multiple=pad_multiple,
+        device=device))

@@ -73,6 +73,9 @@ def _mix(config: BenchConfig, encoder, count: int) -> tuple[str, ...]:
 
 
 SWEEP_BATCH_SIZES = (16, 32)
+# Tried at the best (sessions, threads, batch size): coarser buckets mean more padding but fewer distinct shapes,
+# which runtimes that compile per shape (OpenVINO's CPU plugin) reuse.
+SWEEP_PAD_MULTIPLES = (1, 8, 16, 32)
 
 
 def sweep_points(cores: int, batch_sizes: tuple[int, ...] = SWEEP_BATCH_SIZES) -> tuple[tuple[int, int, int], ...]:
@@ -129,9 +132,10 @@ class BenchJob:
             budget_s=quick.get("budget_s", 0.3), min_runs=quick.get("min_runs", 5),
             mix_rounds=quick.get("mix_rounds", 2),
             sweep=() if cfg.quick or not cfg.sweep else sweep_points(cores),
+            pad_multiples=() if cfg.quick or not cfg.sweep else SWEEP_PAD_MULTIPLES,
         )
         steps = len(targets) * (2 + len(settings.batch_sizes) * len(settings.seq_lens))
-        steps += sum(len(settings.sweep) for t in targets if t.name != PYTORCH)
+        steps += sum(len(settings.sweep) + len(settings.pad_multiples) for t in targets if t.name != PYTORCH)
         bar = self.make_bar(steps) if self.make_bar else None
         measured = [self._run_one(t, settings, bar) for t in targets]
         if bar is not None:
@@ -178,7 +182,8 @@ class BenchJob:
             return None
         best = max(variant.sweep, key=lambda p: p.sorted_per_s)
         default = {"variant": variant.name, "sessions": best.sessions, "threads": best.threads,
-                   "batch_size": best.batch_size, "measured_sorted_per_s": best.sorted_per_s,
+                   "batch_size": best.batch_size, "pad_multiple": best.pad_multiple,
+                   "measured_sorted_per_s": best.sorted_per_s,
                    "sweep": to_jsonable(variant.sweep)}
         verify(artifact.path)  # never re-seal over a file altered since it was written (best/ included)
         written = []
@@ -189,12 +194,13 @@ class BenchJob:
         write_serving_default(artifact.path, default, check=False)  # last: its seal covers best/'s new files
         written.insert(0, artifact.path / SERVING_FILE)
         self.progress(f"serving default for {variant.name}: {best.sessions} session(s) x {best.threads} "
-                      f"thread(s), batches of {best.batch_size} ({best.sorted_per_s:.1f} seq/s), written to "
+                      f"thread(s), batches of {best.batch_size} padded to a multiple of {best.pad_multiple} "
+                      f"({best.sorted_per_s:.1f} seq/s), written to "
                       f"{', '.join(map(str, written))}")
         return default
 
 
-SERVING_KEYS = ("variant", "sessions", "threads", "batch_size")
+SERVING_KEYS = ("variant", "sessions", "threads", "batch_size", "pad_multiple")
 
 
 def write_serving_default(directory: Path, default: dict[str, Any], *, check: bool = True) -> None:

@@ -246,7 +246,9 @@ def serve(
     max_batch_tokens: Annotated[int, typer.Option(
         help="Cap on a batch's padded tokens (longest x count). Below it, kiln groups waiting inputs of similar "
         "length, cutting where padding would cost more than another engine call.", min=16)] = 16384,
-    max_batch_size: Annotated[int, typer.Option(help="Inputs per batch.", min=1)] = 64,
+    max_batch_size: Annotated[Optional[int], typer.Option(  # noqa: UP045
+        help="Most inputs per batch (default: the batch size kiln bench found fastest, from serving.json, else "
+        "64).", show_default=False, min=1)] = None,
     max_delay_ms: Annotated[float, typer.Option(
         help="While every engine session is busy, how long the first waiting input may wait for others before the "
         "next batch closes. A request reaching an idle engine runs at once.", min=0)] = 5.0,

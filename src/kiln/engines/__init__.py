@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 from kiln.engines.base import Engine, EngineOptions
@@ -48,4 +49,24 @@ def create_engine(name: str, path: Path, options: EngineOptions = EngineOptions(
     return ENGINES[name](path, options)
 
 
-__all__ = ["ENGINES", "Engine", "EngineOptions", "create_engine"]
+# Engines that run parallel requests on one compiled model (OpenVINO CPU streams): their sessions are infer
+# requests of one model compiled with a stream per session, so the weights are in memory once.
+STREAMING_ENGINES = ("openvino",)
+
+
+def open_sessions(name: str, path: Path, options: EngineOptions, count: int) -> list[Engine]:
+    """``count`` engine sessions that run batches side by side, each with ``options.intra_op_threads``.
+
+    Each session is driven from its own thread (the predictor's pool, the server's batcher); the runtimes release
+    the GIL while they compute, so a synchronous call per session thread overlaps like an asynchronous queue.
+    """
+    if count < 1:
+        raise UsageError(f"sessions must be at least 1 (got {count})")
+    if name in STREAMING_ENGINES:
+        threads = options.intra_op_threads * count if options.intra_op_threads else None
+        engine = create_engine(name, path, replace(options, streams=count, intra_op_threads=threads))
+        return engine.requests(count)  # type: ignore[attr-defined]
+    return [create_engine(name, path, options) for _ in range(count)]
+
+
+__all__ = ["ENGINES", "Engine", "EngineOptions", "create_engine", "open_sessions"]

@@ -1,8 +1,7 @@
-"""OpenVINO engine: CPU plugin with an inference-precision hint (fp32 / bf16) and streams."""
+"""OpenVINO engine: CPU plugin with an inference-precision hint (fp32 / bf16); streams serve parallel sessions."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -39,7 +38,6 @@ class OpenVinoEngine:
         except RuntimeError as err:
             raise ArtifactError(f"OpenVINO cannot load {path}: {err}") from err
         self._request = self._compiled.create_infer_request()
-        self._streams = int(self._compiled.get_property("NUM_STREAMS")) if options.streams else 1
         self.input_names = tuple(i.get_any_name() for i in self._compiled.inputs)
         self.output_names = tuple(o.get_any_name() for o in self._compiled.outputs)
         self.providers = (f"openvino-cpu-{options.precision.value}",)
@@ -53,25 +51,18 @@ class OpenVinoEngine:
                                      share_inputs=False)
         return {n: np.asarray(result[o], dtype=np.float32) for n, o in zip(self.output_names, self._compiled.outputs)}
 
-    def run_many(self, batches: Sequence[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
-        """Run independent batches concurrently, one infer request per stream (async queue)."""
-        if self._streams <= 1 or len(batches) <= 1:
-            return [self.run(b) for b in batches]
-        import openvino as ov
+    def requests(self, count: int) -> list[OpenVinoEngine]:
+        """``count`` sessions on this compiled model: this engine and ``count - 1`` more infer requests. With as
+        many streams, the CPU plugin runs requests from different threads in parallel, each on its stream's
+        cores (what an AsyncInferQueue does, driven by the caller's session threads)."""
+        import copy
 
-        results: list[dict[str, np.ndarray] | None] = [None] * len(batches)
-        queue = ov.AsyncInferQueue(self._compiled, self._streams)
-
-        def done(request, index: int) -> None:
-            results[index] = {n: np.array(request.get_output_tensor(i).data, dtype=np.float32)
-                              for i, n in enumerate(self.output_names)}
-
-        queue.set_callback(done)
-        for index, batch in enumerate(batches):
-            queue.start_async({n: np.ascontiguousarray(batch[n], dtype=np.int64) for n in self.input_names}, index,
-                              share_inputs=False)
-        queue.wait_all()
-        return results  # type: ignore[return-value]
+        views = [self]
+        for _ in range(count - 1):
+            view = copy.copy(self)
+            view._request = self._compiled.create_infer_request()
+            views.append(view)
+        return views
 
     def warmup(self) -> None:
         self.run(warmup_inputs(self.input_names))

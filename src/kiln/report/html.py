@@ -100,10 +100,7 @@ def render(data: dict[str, Any]) -> str:
     if sweep:
         parts += ["<h2>Thread sweep</h2>", _table(sweep)]
         if data.get("serving_default"):
-            d = data["serving_default"]
-            parts.append(f"<p>Serving default written to the artifact: {d['sessions']} session(s) x "
-                         f"{d['threads']} thread(s), batches of {d.get('batch_size', '-')} for "
-                         f"{escape(d['variant'])}; <code>kiln.load</code> and <code>kiln serve</code> use it.</p>")
+            parts.append(f"<p>{escape(tables.serving_sentence(data['serving_default']))}</p>")
     parts += ["<h2>Environment</h2>", f"<pre>{escape(json.dumps(data.get('environment'), indent=2))}</pre>"]
     return (f"<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>{escape(title)}</title>"
             f"<style>{CSS}</style></head><body>{''.join(parts)}</body></html>\n")
@@ -133,10 +130,7 @@ def markdown(data: dict[str, Any]) -> str:
     if sweep:
         lines += ["## Thread sweep", "", *sweep]
         if data.get("serving_default"):
-            d = data["serving_default"]
-            lines += [f"Serving default written to the artifact: {d['sessions']} session(s) x {d['threads']} "
-                      f"thread(s), batches of {d.get('batch_size', '-')} for {d['variant']}; `kiln.load` and "
-                      "`kiln serve` use it.", ""]
+            lines += [tables.serving_sentence(data["serving_default"]), ""]
     return "\n".join(lines) + "\n"
 
 

@@ -84,11 +84,19 @@ def targets_table(data: dict[str, Any]) -> Table:
 
 def sweep_table(data: dict[str, Any]) -> Table | None:
     rows = [[t["name"], str(p["sessions"]), str(p["threads"]), str(p.get("batch_size", "-")),
-             f"{p['sorted_per_s']:.1f}", f"{p['b1_128_ms']:.2f}"]
+             str(p.get("pad_multiple", "-")), f"{p['sorted_per_s']:.1f}", f"{p['b1_128_ms']:.2f}"]
             for t in data.get("targets") or [] for p in t.get("sweep") or []]
     if not rows:
         return None
-    return ["engine", "sessions", "threads each", "batch size", "mix sorted seq/s", "batch-1 ms @128"], rows
+    return ["engine", "sessions (OpenVINO: streams)", "threads each", "batch size", "padded to a multiple of",
+            "mix sorted seq/s", "batch-1 ms @128"], rows
+
+
+def serving_sentence(default: dict[str, Any]) -> str:
+    """What the sweep wrote into the artifact, in one sentence (plain text)."""
+    return (f"Serving default written to the artifact: {default['sessions']} session(s) x {default['threads']} "
+            f"thread(s), batches of {default.get('batch_size', '-')} padded to a multiple of "
+            f"{default.get('pad_multiple', '-')} for {default['variant']}; kiln.load and kiln serve use it.")
 
 
 def _num(value: float | None, digits: int = 4) -> str:

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 from tokenizers import Encoding
 
-from kiln.engines.base import Engine, run_many
+from kiln.engines.base import Engine
 from kiln.errors import UsageError
 from kiln.runtime.tokenization import TextEncoder
 from kiln.tasks import task_handler
@@ -20,17 +20,26 @@ class Predictor:
     """Runs a task end to end on one engine. Inputs are grouped by length so batches carry little padding."""
 
     def __init__(self, config: TaskConfig, encoder: TextEncoder, engine: Engine, *, batch_size: int = 32,
-                 sessions: Sequence[Engine] = ()):
-        """``sessions``: further instances of the same engine; batches then run side by side, one per engine
-        (what ``kiln bench``'s sweep measured as sessions x threads)."""
+                 sessions: Sequence[Engine] = (), pad_multiple: int | None = None):
+        """``sessions``: further sessions of the same engine; batches then run side by side, one per session
+        (what ``kiln bench``'s sweep measured as sessions x threads). ``pad_multiple``: batches are padded to a
+        multiple of this length (default: the engine's own)."""
         if batch_size < 1:
             raise UsageError(f"--batch-size must be at least 1 (got {batch_size})")
+        if pad_multiple is not None and pad_multiple < 1:
+            raise UsageError(f"pad_multiple must be at least 1 (got {pad_multiple})")
         self.config = config
         self.encoder = encoder
         self.engine = engine
         self.sessions = (engine, *sessions)
         self.handler: TaskSpec = task_handler(config)
         self.batch_size = batch_size
+        self._pad_multiple = pad_multiple
+
+    @property
+    def pad_multiple(self) -> int:
+        """Batches are padded to a multiple of this many tokens."""
+        return self._pad_multiple or getattr(self.engine, "pad_multiple", 1)
 
     def predict(self, inputs: Sequence[Any], **options: Any) -> list[Any]:
         """One result per input, in input order (see the task modules for result types)."""
@@ -51,14 +60,14 @@ class Predictor:
 
     def with_batch_size(self, batch_size: int) -> Predictor:
         """The same tokenizer and engine, batching ``batch_size`` features at a time."""
-        return Predictor(self.config, self.encoder, self.engine, batch_size=batch_size, sessions=self.sessions[1:])
+        return Predictor(self.config, self.encoder, self.engine, batch_size=batch_size, sessions=self.sessions[1:],
+                         pad_multiple=self._pad_multiple)
 
     def run_features(self, encodings: Sequence[Encoding], *, sort: bool = True) -> list[Any]:
         """Reduced outputs per encoding, in the given order; batches are formed by length when ``sort``."""
         order = np.argsort([len(e.ids) for e in encodings], kind="stable") if sort else np.arange(len(encodings))
         groups = [order[b : b + self.batch_size] for b in range(0, len(order), self.batch_size)]
-        multiple = getattr(self.engine, "pad_multiple", 1)
-        batches = [self.encoder.collate([encodings[i] for i in idx], multiple=multiple) for idx in groups]
+        batches = [self.encoder.collate([encodings[i] for i in idx], multiple=self.pad_multiple) for idx in groups]
         reduced: list[Any] = [None] * len(encodings)
         for idx, arrays, outputs in zip(groups, batches, self._run(batches)):
             for i, value in zip(idx, self.handler.reduce(outputs, arrays["attention_mask"])):
@@ -67,13 +76,13 @@ class Predictor:
 
     def _run(self, batches: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
         if len(self.sessions) == 1 or len(batches) == 1:
-            return run_many(self.engine, batches)
+            return [self.engine.run(b) for b in batches]
         from concurrent.futures import ThreadPoolExecutor
 
         # Session k takes every k-th batch: sorted batches grow in length, so each gets a like share of work.
         count = len(self.sessions)
         with ThreadPoolExecutor(max_workers=count) as pool:
-            parts = list(pool.map(lambda k: run_many(self.sessions[k], batches[k::count]), range(count)))
+            parts = list(pool.map(lambda k: [self.sessions[k].run(b) for b in batches[k::count]], range(count)))
         results: list[dict[str, np.ndarray]] = [{}] * len(batches)
         for k, part in enumerate(parts):
             results[k::count] = part

@@ -27,11 +27,15 @@ from tokenizers import Encoding
 from kiln.engines.base import Engine, warm_every_length
 from kiln.runtime.predictor import Predictor
 
+DEFAULT_MAX_BATCH = 64
+
 
 @dataclass(frozen=True)
 class BatchLimits:
     max_batch_tokens: int = 16384
-    max_batch_size: int = 64
+    # None: the artifact's serving default (the batch size kiln bench's sweep found fastest), else 64; resolved
+    # per model before its batcher starts (serve.inference.load_served)
+    max_batch_size: int | None = None
     max_delay_s: float = 0.005
     window: int = 256  # features sorted together when choosing the next batch
     call_overhead_tokens: int = 64  # an engine call's fixed cost, in padded tokens (measured: 30-90 on CPU)
@@ -44,7 +48,7 @@ def partition(lengths: Sequence[int], limits: BatchLimits) -> list[tuple[int, in
     cut = [0] * (n + 1)
     for j in range(1, n + 1):
         longest = lengths[j - 1]
-        for i in range(j - 1, max(0, j - limits.max_batch_size) - 1, -1):
+        for i in range(j - 1, max(0, j - (limits.max_batch_size or DEFAULT_MAX_BATCH)) - 1, -1):
             padded = longest * (j - i)
             if padded > limits.max_batch_tokens and i < j - 1:
                 break  # a single feature always fits (the tokenizer truncated it to the model's maximum)
@@ -127,7 +131,8 @@ class Batcher:
         loop = asyncio.get_running_loop()
         max_length = self.predictor.encoder.max_length
         for session in self._sessions:
-            await loop.run_in_executor(session.thread, warm_every_length, self._engine(session), max_length)
+            await loop.run_in_executor(session.thread, warm_every_length, self._engine(session), max_length,
+                                       self.predictor.pad_multiple)
 
     async def submit(self, encodings: Sequence[Encoding]) -> list[Any]:
         """Reduced outputs per encoding, in order. Cancelling the awaiting task drops the request's work."""
@@ -168,7 +173,8 @@ class Batcher:
     def _ready(self) -> bool:
         if not self._pending:
             return False
-        if self._closing or self._busy < len(self._sessions) or len(self._pending) >= self.limits.max_batch_size:
+        size = self.limits.max_batch_size or DEFAULT_MAX_BATCH
+        if self._closing or self._busy < len(self._sessions) or len(self._pending) >= size:
             return True
         longest = max(i.length for i in self._pending)
         if longest * len(self._pending) >= self.limits.max_batch_tokens:
@@ -201,8 +207,7 @@ class Batcher:
             task.add_done_callback(self._running.discard)
 
     def _collate(self, batch: list[_Item]) -> dict[str, Any]:
-        return self.predictor.encoder.collate([i.encoding for i in batch],
-                                              multiple=getattr(self.predictor.engine, "pad_multiple", 1))
+        return self.predictor.encoder.collate([i.encoding for i in batch], multiple=self.predictor.pad_multiple)
 
     def _forward(self, engine: Engine, arrays: dict[str, Any]) -> list[Any]:
         """The forward pass and the task's pooling, both on the session's thread (off the event loop)."""

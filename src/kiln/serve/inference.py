@@ -9,14 +9,14 @@ from __future__ import annotations
 import asyncio
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from kiln.artifact.directory import Artifact
 from kiln.errors import KilnError, UsageError
 from kiln.runtime.predictor import Predictor
-from kiln.serve.batcher import Batcher, BatchLimits, BatchStats
+from kiln.serve.batcher import DEFAULT_MAX_BATCH, Batcher, BatchLimits, BatchStats
 from kiln.serve.metrics import Metrics
 from kiln.tasks.http import RequestBody
 
@@ -46,8 +46,11 @@ def load_served(name: str, path: Path, limits: BatchLimits, metrics: Metrics, *,
     artifact = Artifact.open(path)
     variant = artifact.variant_name()
     record = artifact.variant(variant)
-    options = artifact.serving_options(variant, threads)
-    predictor = artifact.predictor(variant, options, sessions=artifact.serving_sessions(variant, sessions))
+    plan = artifact.serving_plan(variant, threads=threads, sessions=sessions)
+    predictor = artifact.predictor(variant, plan)
+    if limits.max_batch_size is None:  # the sweep's batch size where kiln bench measured one
+        limits = replace(limits, max_batch_size=artifact.serving_default(variant).get("batch_size",
+                                                                                    DEFAULT_MAX_BATCH))
 
     def observe(stats: BatchStats) -> None:
         metrics.batch_size.observe(stats.size)
@@ -59,7 +62,8 @@ def load_served(name: str, path: Path, limits: BatchLimits, metrics: Metrics, *,
     info = {"model": name, "task": task, "variant": variant, "engine": record["engine"],
             "max_length": artifact.task_config.max_length, "source": artifact.manifest.source,
             "validation": {k: record.get(k) for k in ("status", "agreement", "task_metric", "parity") if k in record},
-            "threads": options.intra_op_threads, "sessions": len(predictor.sessions)}
+            "threads": plan.options.intra_op_threads, "sessions": len(predictor.sessions),
+            "max_batch_size": limits.max_batch_size, "pad_multiple": predictor.pad_multiple}
     return Served(name, artifact, predictor, Batcher(predictor, limits, observe, predictor.sessions[1:]), variant,
                   task, info=info)
 

@@ -98,7 +98,7 @@ class ModelStep(_Step):
 
     def initialize(self, args: dict[str, Any]) -> None:
         settings, artifact = self._open(args)
-        self.engine = artifact.engine(options=artifact.serving_options(threads=settings.get("threads")))
+        self.engine = artifact.engine(options=artifact.serving_plan(threads=settings.get("threads")).options)
         self.engine.warmup()
         self.per_token = self.spec.sequence_outputs
 
