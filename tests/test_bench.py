@@ -167,3 +167,35 @@ def test_cli_compare_and_bad_input(benched, tmp_path):
 def test_variants_need_an_artifact(tiny_model, tmp_path):
     with pytest.raises(UsageError, match="--variants needs an artifact directory"):
         BenchJob(BenchConfig(target=str(tiny_model("bert")), output=tmp_path, variants=("onnx-fp32",))).run()
+
+
+def test_gemm_bound_counts_every_weight_gemm_of_the_graph(benched, tiny_model, tmp_path):
+    """The bound is built from the variant's own GEMMs: every dense layer, in the precision the graph runs it in."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    from kiln.bench.gemm import INT8, onnx_weight_gemms, openvino_weight_gemms
+    from kiln.optimize.openvino_passes import convert
+
+    art, _, results = benched
+    config = json.loads((tiny_model("bert") / "config.json").read_text())
+    h, i, layers = config["hidden_size"], config["intermediate_size"], config["num_hidden_layers"]
+    expected = sorted([h * h] * 4 * layers + [h * i] * 2 * layers)  # Q, K, V, attention out; FFN in and out
+    model = art / Artifact.open(art).variant()["path"]
+    fp32 = onnx_weight_gemms(model)
+    assert sorted(g.inner * g.outer for g in fp32) == expected and {g.precision for g in fp32} == {"fp32"}
+    quantize_dynamic(model, tmp_path / "int8.onnx", weight_type=QuantType.QInt8)
+    int8 = onnx_weight_gemms(tmp_path / "int8.onnx")
+    assert sorted(g.inner * g.outer for g in int8) == expected and {g.precision for g in int8} == {INT8}
+    convert(model, tmp_path / "model.xml")
+    assert sorted((g.inner, g.outer) for g in openvino_weight_gemms(tmp_path / "model.xml")) == sorted(
+        (g.inner, g.outer) for g in fp32)
+
+    baseline, variant = results["targets"][0], results["targets"][1]
+    assert baseline["gemm"] is None  # PyTorch is timed as users run it; the bound is read from a variant's graph
+    bound = variant["gemm"]
+    assert (bound["gemms"], bound["int8_gemms"]) == (6 * layers, 0)
+    assert bound["gop_per_sequence"] == pytest.approx(2 * 128 * sum(expected) / 1e9)
+    # an fp32 variant's own bound is its GEMM work at the fp32 rate
+    assert bound["own_bound_per_s"] == pytest.approx(bound["fp32_gops"] * 1e9 / (2 * 128 * sum(expected)))
+    assert bound["of_int8_bound"] == pytest.approx(bound["reached_per_s"] / bound["int8_bound_per_s"])
+    assert min(bound["int8_gops"], bound["fp32_gops"], bound["reached_per_s"]) > 0

@@ -134,7 +134,7 @@ class BenchJob:
             sweep=() if cfg.quick or not cfg.sweep else sweep_points(cores),
             pad_multiples=() if cfg.quick or not cfg.sweep else SWEEP_PAD_MULTIPLES,
         )
-        steps = len(targets) * (2 + len(settings.batch_sizes) * len(settings.seq_lens))
+        steps = len(targets) * (3 + len(settings.batch_sizes) * len(settings.seq_lens))
         steps += sum(len(settings.sweep) + len(settings.pad_multiples) for t in targets if t.name != PYTORCH)
         bar = self.make_bar(steps) if self.make_bar else None
         measured = [self._run_one(t, settings, bar) for t in targets]

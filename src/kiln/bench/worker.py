@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from kiln.bench.gemm import ROWS, GemmBound, gemm_bound
 from kiln.bench.measure import (
     LatencyStats,
     MixResult,
@@ -68,6 +69,7 @@ class TargetResult:
     skipped_cells: tuple[SkippedCell, ...] = ()
     mix: MixResult | None = None
     sweep: tuple[SweepPoint, ...] = ()
+    gemm: GemmBound | None = None
     error: str | None = None
 
 
@@ -116,6 +118,8 @@ def run_target(target: Target, settings: BenchSettings, report=lambda kind, deta
     encodings = predictor.prepare([spec.sample_input(text) for text in settings.mix]).encodings
     mix = length_mix_throughput(predictor, encodings, rounds=settings.mix_rounds)
     report("mix", None)
+    gemm = _gemm_bound(target, engine, encoder, settings) if target.name != PYTORCH else None
+    report("gemm", None)
     rss = peak_rss_mb()  # before the sweep, which holds several sessions at once
     sweep = []
     # The sweep picks how to serve a variant; the PyTorch baseline is timed as users run it, not tuned.
@@ -129,7 +133,21 @@ def run_target(target: Target, settings: BenchSettings, report=lambda kind, deta
                 sweep.append(_sweep_point(target, settings, encodings, best.sessions, best.threads, best.batch_size,
                                           multiple))
             report("sweep", None)
-    return TargetResult(target.name, load_seconds, rss, tuple(grid), tuple(skipped), mix, tuple(sweep))
+    return TargetResult(target.name, load_seconds, rss, tuple(grid), tuple(skipped), mix, tuple(sweep), gemm)
+
+
+def _gemm_bound(target: Target, engine, encoder, settings: BenchSettings) -> GemmBound | None:
+    """The variant's throughput at 32 x 128 tokens against its weight GEMMs timed alone (bench/gemm.py)."""
+    from kiln.artifact.directory import Artifact
+
+    length = ROWS // 32
+    if encoder.max_length < length:
+        return None
+    art = Artifact.open(target.artifact, check=False)
+    reached = latency_cell(engine.run, synthetic_batch(encoder, 32, length), budget_s=settings.budget_s,
+                           min_runs=settings.min_runs).sequences_per_second
+    return gemm_bound(art.path / art.variant(target.name)["path"], reached, settings.threads,
+                      budget_s=settings.budget_s * 3, min_runs=settings.min_runs)
 
 
 def _sweep_point(target: Target, settings: BenchSettings, encodings, sessions: int, threads: int,

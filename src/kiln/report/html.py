@@ -96,6 +96,9 @@ def render(data: dict[str, Any]) -> str:
         speedup = tables.speedup_grid(data, t["name"])
         if speedup:
             parts += [f"<h3>{escape(t['name'])}: speed-up over PyTorch fp32</h3>", _table(speedup)]
+    gemm = tables.gemm_table(data)
+    if gemm:
+        parts += ["<h2>GEMM bound at 128 tokens</h2>", _table(gemm), f"<p>{escape(tables.GEMM_NOTE)}</p>"]
     sweep = tables.sweep_table(data)
     if sweep:
         parts += ["<h2>Thread sweep</h2>", _table(sweep)]
@@ -126,6 +129,9 @@ def markdown(data: dict[str, Any]) -> str:
             speedup = md(tables.speedup_grid(data, t["name"]))
             if speedup:
                 lines += [f"### {t['name']}: speed-up over PyTorch fp32", "", *speedup]
+    gemm = md(tables.gemm_table(data))
+    if gemm:
+        lines += ["## GEMM bound at 128 tokens", "", *gemm, tables.GEMM_NOTE, ""]
     sweep = md(tables.sweep_table(data))
     if sweep:
         lines += ["## Thread sweep", "", *sweep]

@@ -92,6 +92,25 @@ def sweep_table(data: dict[str, Any]) -> Table | None:
             "mix sorted seq/s", "batch-1 ms @128"], rows
 
 
+def gemm_table(data: dict[str, Any]) -> Table | None:
+    """Each variant at 32 x 128 tokens against its weight GEMMs timed alone (kiln/bench/gemm.py)."""
+    rows = [[t["name"], f"{g['int8_gemms']}/{g['gemms']}", f"{g['gop_per_sequence']:.2f}",
+             f"{g['int8_gops']:.0f}", f"{g['fp32_gops']:.0f}", f"{g['int8_bound_per_s']:.1f}",
+             f"{g['own_bound_per_s']:.1f}", f"{g['reached_per_s']:.1f}", f"{100 * g['of_int8_bound']:.0f}%",
+             f"{100 * g['of_own_bound']:.0f}%"]
+            for t in data.get("targets") or [] if (g := t.get("gemm"))]
+    if not rows:
+        return None
+    return ["engine", "int8 weight GEMMs", "GOP per sequence", "int8 GOP/s", "fp32 GOP/s", "int8 bound seq/s",
+            "own bound seq/s", "reached seq/s", "of int8 bound", "of own bound"], rows
+
+
+GEMM_NOTE = ("The weight GEMMs of each variant's graph, timed alone with ONNX Runtime on the same threads at 32 x "
+             "128 tokens: the int8 bound runs every one in int8, the own bound each in the precision the variant "
+             "runs it in. Attention scores, LayerNorm and the rest are left out, so a bound is a ceiling; the "
+             "fraction reached says what the other work costs.")
+
+
 def serving_sentence(default: dict[str, Any]) -> str:
     """What the sweep wrote into the artifact, in one sentence (plain text)."""
     return (f"Serving default written to the artifact: {default['sessions']} session(s) x {default['threads']} "

@@ -1,0 +1,182 @@
+"""The GEMM bound: how fast a variant could run if it did nothing but its weight matrix multiplies.
+
+A transformer encoder spends most of its time in the GEMMs of its dense layers (Q, K, V, attention output, the
+two FFN matrices). kiln reads those GEMMs out of the variant's own graph (shape, and whether the variant runs each
+in int8 or fp32), builds a graph holding only them, and times it with ONNX Runtime on the same threads, at 32
+sequences of 128 tokens. Two bounds follow:
+
+- the int8 bound: every weight GEMM in int8, the ceiling any int8 variant of this model could reach on this CPU
+  (the figure issue 10 targets "70% of");
+- the variant's own bound: each GEMM in the precision the variant runs it in (an int8 variant that keeps some
+  layers in fp32 for fidelity is bounded by those too).
+
+Attention scores (QK^T, softmax x V) are not weight GEMMs and are left out, as are LayerNorm, GELU and the rest:
+the bounds are ceilings, never reachable, and the fraction reached says how much the other work costs.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+INT8, FP32 = "int8", "fp32"
+ROWS = 32 * 128  # tokens of the timed batch: 32 sequences of 128
+
+# ONNX op type -> (precision the op runs its GEMM in, index of its weight input)
+ONNX_GEMMS: dict[str, tuple[str, int]] = {
+    "MatMul": (FP32, 1), "Gemm": (FP32, 1), "FusedMatMul": (FP32, 1), "Attention": (FP32, 1),
+    "MatMulInteger": (INT8, 1), "DynamicQuantizeMatMul": (INT8, 1), "MatMulIntegerToFloat": (INT8, 1),
+    "QAttention": (INT8, 1), "QLinearMatMul": (INT8, 3),
+}
+# Ops between a weight initializer and its GEMM that do not change the work (QDQ graphs dequantize int8 weights).
+_PASS_THROUGH = ("Transpose", "Cast", "Identity", "DequantizeLinear")
+
+
+@dataclass(frozen=True)
+class WeightGemm:
+    inner: int  # K: the activation's last axis
+    outer: int  # N: output features
+    precision: str
+
+
+@dataclass(frozen=True)
+class GemmBound:
+    """The weight GEMMs of a variant timed alone, and what the variant itself reached, at 32 x 128 tokens."""
+
+    gemms: int
+    int8_gemms: int
+    gop_per_sequence: float  # weight GEMM work of one 128-token sequence (a multiply-add counts 2)
+    int8_gops: float  # this CPU's measured rate on these shapes, every GEMM in int8
+    fp32_gops: float  # the same, every GEMM in fp32
+    int8_bound_per_s: float  # sequences/s if every weight GEMM ran in int8 and nothing else ran
+    own_bound_per_s: float  # sequences/s with each GEMM in the variant's own precision
+    reached_per_s: float  # the variant, 32 x 128 tokens
+    of_int8_bound: float  # reached / int8 bound
+    of_own_bound: float  # reached / own bound
+    kernel: str
+
+
+def onnx_weight_gemms(path: Path) -> list[WeightGemm]:
+    """The weight GEMMs of an ONNX graph: nodes whose weight input is (a transposed or dequantized) initializer."""
+    import onnx
+
+    graph = onnx.load(str(path), load_external_data=False).graph
+    shapes = {i.name: tuple(i.dims) for i in graph.initializer}
+    producer = {o: n for n in graph.node for o in n.output}
+
+    def weight(name: str) -> tuple[tuple[int, ...] | None, bool]:
+        """(initializer shape, reached through DequantizeLinear) for a tensor name."""
+        dequantized = False
+        while name not in shapes and name in producer and producer[name].op_type in _PASS_THROUGH:
+            dequantized |= producer[name].op_type == "DequantizeLinear"
+            name = producer[name].input[0]
+        return shapes.get(name), dequantized
+
+    gemms = []
+    for node in graph.node:
+        if node.op_type not in ONNX_GEMMS or len(node.input) <= ONNX_GEMMS[node.op_type][1]:
+            continue
+        precision, index = ONNX_GEMMS[node.op_type]
+        shape, dequantized = weight(node.input[index])
+        if shape is None or len(shape) != 2:
+            continue  # activation x activation (attention scores), or a batched weight kiln does not count
+        gemms.append(WeightGemm(int(shape[0]), int(shape[1]), INT8 if dequantized else precision))
+    return gemms
+
+
+def openvino_weight_gemms(path: Path) -> list[WeightGemm]:
+    """The weight GEMMs of an OpenVINO IR: MatMuls with a static 2-D second input; int8 where the activation
+    arrives through a FakeQuantize (NNCF's quantized layers)."""
+    import openvino as ov
+
+    gemms = []
+    for op in ov.Core().read_model(str(path)).get_ordered_ops():
+        if op.get_type_name() != "MatMul":
+            continue
+        shape = op.input(1).get_partial_shape()
+        if not shape.is_static or len(shape) != 2:
+            continue
+        k, n = (int(d) for d in shape.to_shape())
+        if op.get_attributes().get("transpose_b"):
+            k, n = n, k
+        source = op.input(0).get_source_output().get_node().get_type_name()
+        gemms.append(WeightGemm(k, n, INT8 if source == "FakeQuantize" else FP32))
+    return gemms
+
+
+WEIGHT_GEMMS = {".onnx": onnx_weight_gemms, ".xml": openvino_weight_gemms}
+
+
+def _gemm_graph(gemms: list[WeightGemm], precision: str):
+    """An ONNX model of ``gemms``, all in ``precision``, one input per inner size, one output per GEMM."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    inners = sorted({g.inner for g in gemms})
+    dtype = TensorProto.UINT8 if precision == INT8 else TensorProto.FLOAT
+    inputs = [helper.make_tensor_value_info(f"x{k}", dtype, [ROWS, k]) for k in inners]
+    nodes, outputs, weights = [], [], []
+    for i, g in enumerate(gemms):
+        if precision == INT8:
+            w = rng.integers(-127, 128, (g.inner, g.outer), dtype=np.int8)
+            nodes.append(helper.make_node("MatMulInteger", [f"x{g.inner}", f"w{i}", "zp"], [f"y{i}"]))
+        else:
+            w = rng.standard_normal((g.inner, g.outer), dtype=np.float32)
+            nodes.append(helper.make_node("MatMul", [f"x{g.inner}", f"w{i}"], [f"y{i}"]))
+        weights.append(numpy_helper.from_array(w, f"w{i}"))
+        outputs.append(helper.make_tensor_value_info(f"y{i}", TensorProto.INT32 if precision == INT8
+                                                     else TensorProto.FLOAT, [ROWS, g.outer]))
+    if precision == INT8:
+        weights.append(numpy_helper.from_array(np.array(128, dtype=np.uint8), "zp"))
+    graph = helper.make_graph(nodes, "weight_gemms", inputs, outputs, weights)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), inners
+
+
+def time_gemms(gemms: list[WeightGemm], precision: str, threads: int, *, budget_s: float = 1.0,
+               min_runs: int = 3) -> float:
+    """Median seconds ORT needs for ``gemms`` (all in ``precision``) on ROWS tokens with ``threads`` threads."""
+    import onnxruntime as ort
+
+    from kiln.bench.measure import time_calls
+
+    model, inners = _gemm_graph(gemms, precision)
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(1)
+    binding = session.io_binding()
+    for k in inners:
+        x = (rng.integers(0, 256, (ROWS, k), dtype=np.uint8) if precision == INT8
+             else rng.standard_normal((ROWS, k), dtype=np.float32))
+        binding.bind_cpu_input(f"x{k}", x)
+    for output in session.get_outputs():
+        binding.bind_output(output.name, "cpu")  # left as ORT values: no copy into numpy is timed
+    return float(np.median(time_calls(lambda: session.run_with_iobinding(binding), budget_s=budget_s,
+                                      min_runs=min_runs, warmup=1)))
+
+
+def gemm_bound(model_path: Path, reached_per_s: float, threads: int, *, budget_s: float = 1.0,
+               min_runs: int = 3) -> GemmBound | None:
+    """The bound of the variant stored at ``model_path``; None where kiln cannot read its GEMMs (TorchScript)."""
+    import onnxruntime as ort
+
+    reader = WEIGHT_GEMMS.get(model_path.suffix)
+    gemms = reader(model_path) if reader else []
+    if not gemms:
+        return None
+    seconds = {p: time_gemms(gemms, p, threads, budget_s=budget_s, min_runs=min_runs) for p in (INT8, FP32)}
+    ops = 2 * ROWS * sum(g.inner * g.outer for g in gemms)
+    by_precision = Counter()
+    for g in gemms:
+        by_precision[g.precision] += g.inner * g.outer
+    total = sum(by_precision.values())
+    own_seconds = sum(seconds[p] * by_precision[p] / total for p in (INT8, FP32))
+    sequences = ROWS // 128
+    int8_bound, own_bound = sequences / seconds[INT8], sequences / own_seconds
+    return GemmBound(len(gemms), sum(g.precision == INT8 for g in gemms), ops / sequences / 1e9,
+                     ops / seconds[INT8] / 1e9, ops / seconds[FP32] / 1e9, int8_bound, own_bound, reached_per_s,
+                     reached_per_s / int8_bound, reached_per_s / own_bound,
+                     f"onnxruntime {ort.__version__} MatMulInteger (u8 x s8) and MatMul (fp32), {threads} threads")
