@@ -196,9 +196,10 @@ def bench(
         show_default=False)] = None,
     quick: Annotated[bool, typer.Option(help="A small grid (1,8,32 x 16,128), 128 texts, no sweep: under a "
                                         "minute on MiniLM; for a first look, not for decisions.")] = False,
-    sweep: Annotated[bool, typer.Option(help="Sweep intra-op threads, sessions x threads and batch size (16, 32); "
-                                        "the best is written into the artifact as its serving default, which "
-                                        "kiln.load and kiln serve use.")] = True,
+    sweep: Annotated[bool, typer.Option(help="Sweep intra-op threads, sessions x threads (OpenVINO: streams) and "
+                                        "batch size (16, 32), then padding multiples (1, 8, 16, 32) at the best "
+                                        "point; the best is written into the artifact as its serving default, "
+                                        "which kiln.load and kiln serve use.")] = True,
     compare: Annotated[Optional[tuple[Path, Path]], typer.Option(  # noqa: UP045
         help="OLD.json NEW.json: print what got slower or faster beyond noise (10% or the cell's p90 spread), "
         "then exit.", show_default=False)] = None,
