@@ -10,8 +10,10 @@ import typer
 
 from kiln.choices import ExportFormat, ExternalData
 from kiln.cli import console
+from kiln.cli.compress import distill
+from kiln.cli.options import DEFAULT_TASK_OPT, ForceOpt, ModelArg, PickleOpt, TaskOpt
 from kiln.errors import KilnError
-from kiln.tasks import DEFAULT_TASK, TASKS, TaskName
+from kiln.tasks import TASKS
 
 app = typer.Typer(
     name="kiln",
@@ -21,27 +23,6 @@ app = typer.Typer(
     add_completion=False,
 )
 
-ModelArg = Annotated[
-    Optional[str],  # noqa: UP045 - typer needs Optional to mark the argument optional
-    typer.Argument(
-        help="Model directory (config.json, *.safetensors, tokenizer files) or a Hugging Face hub id "
-        "(needs a network). Omit it to use the bundled all-MiniLM-L6-v2.",
-        show_default=False,
-    ),
-]
-TaskOpt = Annotated[
-    TaskName,
-    typer.Option("--task", "-t", help="What the model is used for; decides the head, pre- and post-processing."),
-]
-ForceOpt = Annotated[bool, typer.Option("--force", help="Replace the output directory if it exists.")]
-PickleOpt = Annotated[
-    bool,
-    typer.Option("--allow-pickle", help="Allow pytorch_model.bin weights. Unpickling can run arbitrary code: "
-                 "only for models you trust; prefer safetensors."),
-]
-
-
-_DEFAULT_TASK = TaskName(DEFAULT_TASK)
 # Help text generated from the task specs, so a new task documents itself.
 _TOLERANCES = "; ".join(f"{name} {spec.tolerance_help} (default t={spec.default_tolerance:g})"
                         for name, spec in TASKS.items())
@@ -54,7 +35,7 @@ _BUILTIN_EVAL = ", ".join(f"{name} is scored on kiln's built-in data" for name, 
 @app.command()
 def export(
     model: ModelArg = None,
-    task: TaskOpt = _DEFAULT_TASK,
+    task: TaskOpt = DEFAULT_TASK_OPT,
     format: Annotated[
         ExportFormat, typer.Option("--format", "-f", help="onnx: runs in ONNX Runtime (fastest on CPU, no torch "
                                    "needed to serve). torchscript: traced and frozen, runs in libtorch.")
@@ -100,7 +81,7 @@ def export(
 @app.command()
 def optimize(
     model: ModelArg = None,
-    task: TaskOpt = _DEFAULT_TASK,
+    task: TaskOpt = DEFAULT_TASK_OPT,
     output: Annotated[Path, typer.Option("--output", "-o", help="Artifact directory: every variant, manifest.json, "
                                          "results.json, summary.md and best/ (the chosen variant alone).")]
     = Path("kiln-out"),
@@ -154,6 +135,9 @@ def optimize(
     console.print_table(summary)
     console.out.print(f"best variant: {summary.best} -> {output.expanduser().resolve() / 'best'}")
     console.out.print(f"summary: {output.expanduser().resolve() / 'summary.md'}")
+
+
+app.command()(distill)
 
 
 def _int_list(value: str | None, flag: str) -> tuple[int, ...] | None:

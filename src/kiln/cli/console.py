@@ -34,21 +34,28 @@ def print_table(summary) -> None:
 
 
 class _Bar:
-    def __init__(self, total: int) -> None:
+    def __init__(self, total: int, label: str) -> None:
         from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-        self._progress = Progress(TextColumn("benchmark"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+        self._progress = Progress(TextColumn("{task.description}"), BarColumn(),
+                                  TextColumn("{task.completed}/{task.total}"), TextColumn("{task.fields[status]}"),
                                   TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=err)
-        self._task = self._progress.add_task("bench", total=total)
+        self._task = self._progress.add_task(label, total=total, status="")
         self._progress.start()
 
-    def advance(self) -> None:
-        self._progress.advance(self._task)
+    def advance(self, status: str | None = None) -> None:
+        if status is None:
+            self._progress.advance(self._task)
+        else:
+            self._progress.update(self._task, advance=1, status=status)
+
+    def reset(self, label: str, total: int) -> None:
+        self._progress.reset(self._task, total=total, description=label)
 
     def close(self) -> None:
         self._progress.stop()
 
 
-def progress_bar(total: int):
+def progress_bar(total: int, label: str = "benchmark"):
     """A progress bar with ETA on a terminal; nothing (plain progress lines only) in pipes and CI logs."""
-    return _Bar(total) if err.is_terminal else None
+    return _Bar(total, label) if err.is_terminal else None

@@ -159,6 +159,21 @@ class TaskSpec:
         """One input built from a text (a warm-up call)."""
         return text
 
+    # -- training (kiln distill) ---------------------------------------------------------------------------
+    @classmethod
+    def training_rows(cls, data: EvalSet) -> tuple[list[Any], list[Any]]:
+        """(model inputs, labels) to train on from a labelled file in the eval format (``--train``)."""
+        return list(data.inputs), list(data.labels)
+
+    @classmethod
+    def training_labels(cls, prepared: Prepared, labels: Sequence[Any], config: TaskConfig,
+                        encoder: TextEncoder) -> dict[str, list[np.ndarray]]:
+        """Targets for cross-entropy from labelled rows (``--train``): output name -> one array of class
+        indices per feature (-100 where a position has no label). ``labels[i]`` is None for an unlabelled
+        input (the teacher alone is its target)."""
+        raise UsageError(f"labelled rows (--train) cannot train a {cls.name} student yet: pass the texts with "
+                         "--texts and the teacher labels them")
+
     # -- validation ---------------------------------------------------------------------------------------
     @classmethod
     def agreement(cls, data: AgreementInputs, variant: Run) -> Agreement:

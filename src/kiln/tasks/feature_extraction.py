@@ -203,6 +203,13 @@ class FeatureExtraction(TaskSpec):
                        builtin=True)
 
     @classmethod
+    def training_rows(cls, data: EvalSet) -> tuple[list[Any], list[Any]]:
+        """Both sentences of every pair, unlabelled: a similarity score is no target for one sentence; the
+        teacher's embeddings are."""
+        texts = cls.eval_inputs(data)
+        return texts, [None] * len(texts)
+
+    @classmethod
     def evaluate(cls, predictor, data: EvalSet) -> dict[str, float]:
         left = _unit(np.stack(predictor.predict([a for a, _ in data.inputs])))
         right = _unit(np.stack(predictor.predict([b for _, b in data.inputs])))

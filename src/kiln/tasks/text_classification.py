@@ -169,6 +169,27 @@ class TextClassification(TaskSpec):
         return item, field(row, "label", where)
 
     @classmethod
+    def training_labels(cls, prepared: Prepared, labels: Sequence[Any], config, encoder) -> dict[str, list[np.ndarray]]:
+        """The class index of each row's label (a name of the model's id2label, or its index)."""
+        if config.problem_type == "multi_label_classification" or len(config.id2label) < 2:
+            raise UsageError("labelled rows (--train) train single-label classifiers with 2+ labels; pass the "
+                             "texts with --texts and the teacher labels them")
+        by_name = {name: i for i, name in config.id2label.items()}
+
+        def index(label: Any, row: int) -> int:
+            if label is None:
+                return -100  # unlabelled: the teacher alone is the target
+            text = str(label)
+            if text in by_name:
+                return by_name[text]
+            if text.isdigit() and int(text) in config.id2label:
+                return int(text)
+            raise UsageError(f"--train row {row + 1}: label {text!r} is not one of the model's labels: "
+                             f"{', '.join(by_name)}")
+
+        return {"logits": [np.array(index(labels[owner], owner)) for owner in prepared.owners]}
+
+    @classmethod
     def evaluate(cls, predictor, data: EvalSet) -> dict[str, float]:
         from sklearn.metrics import accuracy_score, f1_score
 

@@ -1,0 +1,31 @@
+"""Argument and option types shared by several kiln commands."""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+
+from kiln.tasks import DEFAULT_TASK, TaskName
+
+ModelArg = Annotated[
+    Optional[str],  # noqa: UP045 - typer needs Optional to mark the argument optional
+    typer.Argument(
+        help="Model directory (config.json, *.safetensors, tokenizer files) or a Hugging Face hub id "
+        "(needs a network). Omit it to use the bundled all-MiniLM-L6-v2.",
+        show_default=False,
+    ),
+]
+TaskOpt = Annotated[
+    TaskName,
+    typer.Option("--task", "-t", help="What the model is used for; decides the head, pre- and post-processing."),
+]
+ForceOpt = Annotated[bool, typer.Option("--force", help="Replace the output directory if it exists.")]
+PickleOpt = Annotated[
+    bool,
+    typer.Option("--allow-pickle", help="Allow pytorch_model.bin weights. Unpickling can run arbitrary code: "
+                 "only for models you trust; prefer safetensors."),
+]
+
+
+DEFAULT_TASK_OPT = TaskName(DEFAULT_TASK)

@@ -1,0 +1,209 @@
+"""kiln distill: a smaller student of a model, trained to reproduce it, written as an ordinary model directory.
+
+The student keeps K of the teacher's layers (weights copied), is trained on the user's texts (the teacher
+labels them) and/or labelled rows, stops early on agreement with the teacher over a held-out split, and is
+written where transformers, sentence-transformers and kiln all load it, with a lineage file naming the teacher,
+the recipe and the data.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kiln.compress.student import build_student, depth, evenly_spaced, parse_keep_layers
+from kiln.compress.trainer import Distiller, Epoch, Features, Recipe
+from kiln.errors import UsageError
+from kiln.records import write_json
+
+LINEAGE_FILE = "kiln-distill.json"
+LINEAGE_SCHEMA = "kiln.distill/1"
+# sentence-transformers' own files: a student with them loads in SentenceTransformer with the same pooling.
+ST_FILES = ("modules.json", "config_sentence_transformers.json", "sentence_bert_config.json")
+
+
+@dataclass(frozen=True)
+class DistillConfig:
+    teacher: str | None  # model directory or hub id; None: the bundled MiniLM
+    task: str
+    output: Path
+    layers: int | None = None  # keep this many evenly spaced layers...
+    keep_layers: str | None = None  # ...or exactly these ("0,2,5")
+    texts: Path | None = None  # unlabelled inputs: the teacher labels them
+    train: Path | None = None  # labelled rows in the task's eval-file format
+    recipe: dict[str, Any] = field(default_factory=dict)  # Recipe fields besides ``keep``
+    held_out: float = 0.05  # share of the data kept aside for the agreement that stops training
+    max_held_out: int = 256
+    threads: int | None = None
+    resume: bool = False
+    overwrite: bool = False
+    allow_pickle: bool = False
+
+
+@dataclass(frozen=True)
+class DistillResult:
+    path: Path
+    keep: tuple[int, ...]
+    history: tuple[Epoch, ...]
+    agreement: float
+    figures: dict[str, float]
+    seconds: float
+    parameters: int
+    teacher_parameters: int
+
+
+def checkpoint_dir(output: Path) -> Path:
+    """Where a run keeps its per-epoch checkpoint: beside the output, removed once the student is written."""
+    output = output.expanduser().resolve()
+    return output.parent / f".{output.name}.distill-checkpoint"
+
+
+def file_sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _data(config: DistillConfig) -> tuple[list[Any], list[Any] | None, dict[str, Any]]:
+    """(inputs, labels or None per input, description with hashes)."""
+    from kiln.optimize.datasets import read_inputs
+    from kiln.tasks import task_spec
+    from kiln.validation.evalsets import load_eval_set
+
+    if config.texts is None and config.train is None:
+        raise UsageError("kiln distill needs data: --texts FILE (unlabelled, one text per line or .jsonl/.csv) "
+                         "and/or --train FILE (labelled, the --eval formats)")
+    inputs: list[Any] = []
+    labels: list[Any] = []
+    described: dict[str, Any] = {}
+    if config.texts is not None:
+        texts = read_inputs(config.texts, config.task, "--texts")
+        inputs += texts
+        labels += [None] * len(texts)
+        described["texts"] = {"path": str(config.texts), "sha256": file_sha256(config.texts.expanduser()),
+                              "count": len(texts)}
+    if config.train is not None:
+        rows, row_labels = task_spec(config.task).training_rows(load_eval_set(config.train, config.task))
+        inputs += rows
+        labels += row_labels
+        described["train"] = {"path": str(config.train), "sha256": file_sha256(config.train.expanduser()),
+                              "count": len(rows)}
+    if len(inputs) < 2:
+        raise UsageError(f"kiln distill needs at least 2 inputs to train and hold some out (got {len(inputs)})")
+    return inputs, labels if any(label is not None for label in labels) else None, described
+
+
+def split(count: int, share: float, cap: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(train indices, held-out indices): a seeded share of the data, at least 1 and at most ``cap``, held out."""
+    if not 0 < share < 1:
+        raise UsageError(f"--held-out must be between 0 and 1 (got {share})")
+    order = np.random.default_rng(seed).permutation(count)
+    held = max(1, min(cap, int(round(count * share))))
+    return np.sort(order[held:]), np.sort(order[:held])
+
+
+def run_distill(config: DistillConfig, progress: Callable[[str, dict[str, Any]], None] = lambda kind, data: None
+                ) -> DistillResult:
+    import torch
+
+    from kiln.artifact.staging import staged_directory
+    from kiln.engines.base import EngineOptions
+    from kiln.engines.torch_eager import TorchEngine, configure_torch_threads
+    from kiln.model.module import TaskModule
+    from kiln.model.reference import reference_predictor, source_encoder
+    from kiln.model.source import load_source
+    from kiln.runtime.predictor import Predictor
+    from kiln.runtime.tokenization import TextEncoder
+    from kiln.tasks import task_spec
+    from kiln.validation.agreement import agreement_inputs, measure_agreement
+
+    begin = time.perf_counter()
+    output = config.output.expanduser().resolve()
+    if output.exists() and not config.overwrite and not config.resume:
+        raise UsageError(f"{output} already exists; pass --force to replace it")
+    inputs, labels, described = _data(config)
+    source = load_source(config.teacher, config.task, allow_pickle=config.allow_pickle)
+    teacher = source.model
+    teacher_depth = depth(teacher)
+    if (config.layers is None) == (config.keep_layers is None):
+        raise UsageError("give the student's layers: --layers K (evenly spaced) or --keep-layers 0,2,5")
+    keep = (parse_keep_layers(config.keep_layers, teacher_depth) if config.keep_layers is not None
+            else evenly_spaced(teacher_depth, config.layers))  # type: ignore[arg-type]
+    recipe = Recipe(keep=keep, **config.recipe)
+    configure_torch_threads(EngineOptions(intra_op_threads=config.threads))
+    spec = task_spec(config.task)
+    train_idx, held_idx = split(len(inputs), config.held_out, config.max_held_out, recipe.seed)
+
+    # Training features are cut at the recipe's max_length; agreement is measured as the student will serve.
+    encoder = source_encoder(source)
+    train_encoder = TextEncoder(encoder.tokenizer, max_length=min(recipe.max_length, encoder.max_length),
+                                pad_id=encoder.pad_id, input_names=encoder.input_names)
+    handler = spec(source.task_config)
+    train_inputs = [inputs[i] for i in train_idx]
+    prepared = handler.features(train_inputs, train_encoder)
+    train_labels = ({} if labels is None else
+                    spec.training_labels(prepared, [labels[i] for i in train_idx], source.task_config,
+                                         train_encoder))
+    data = Features(prepared, train_labels)
+    reference = reference_predictor(source, threads=config.threads)
+    held_out = agreement_inputs(reference, [inputs[i] for i in held_idx])
+
+    def evaluate(student) -> tuple[float, dict[str, float]]:
+        engine = TorchEngine(TaskModule(student, source.input_names, spec.output_names),
+                             EngineOptions(intra_op_threads=config.threads))
+        agreement = measure_agreement(held_out, Predictor(source.task_config, encoder, engine))
+        student.eval()  # TorchEngine keeps the module in eval mode; training does too (no dropout)
+        return agreement.value, dict(agreement.figures)
+
+    fingerprint = hashlib.sha256(json.dumps({"recipe": asdict(recipe), "data": described, "teacher":
+                                             source.content_sha256, "task": config.task,
+                                             "held_out": [config.held_out, config.max_held_out]},
+                                            sort_keys=True).encode()).hexdigest()
+    student = build_student(teacher, keep)
+    before, _ = evaluate(student)
+    progress("start", {"keep": keep, "train": len(train_idx), "features": len(data), "held_out": len(held_idx),
+                       "agreement_before": before, "primary": "agreement"})
+    checkpoints = checkpoint_dir(output)
+    distiller = Distiller(teacher, student, spec, source.task_config, train_encoder, source.input_names, recipe,
+                          checkpoints, evaluate, progress)
+    history = distiller.fit(data, fingerprint=fingerprint, resume=config.resume)
+    final, figures = evaluate(student)
+    seconds = time.perf_counter() - begin
+    count = sum(p.numel() for p in student.parameters())
+    with staged_directory(output, overwrite=True if config.resume else config.overwrite) as stage:
+        student.save_pretrained(stage, safe_serialization=True)
+        source.tokenizer.save_pretrained(stage)
+        _copy_sentence_transformers_files(source.path, stage)
+        write_json(stage / LINEAGE_FILE, LINEAGE_SCHEMA, {
+            "teacher": source.describe(), "task": config.task,
+            "student": {"layers": len(keep), "keep_layers": list(keep), "parameters": int(count)},
+            "recipe": asdict(recipe), "data": {**described, "held_out": int(len(held_idx)),
+                                               "train": int(len(train_idx)), "features": len(data)},
+            "agreement": {"before": before, "final": final, "figures": figures,
+                          "measured_on": f"{len(held_idx)} held-out inputs, against the teacher"},
+            "history": [asdict(h) for h in history], "seconds": seconds, "torch": torch.__version__,
+        })
+    shutil.rmtree(checkpoints, ignore_errors=True)
+    return DistillResult(output, keep, tuple(history), final, figures, seconds, int(count),
+                         int(sum(p.numel() for p in teacher.parameters())))
+
+
+def _copy_sentence_transformers_files(teacher_dir: Path, stage: Path) -> None:
+    """modules.json and its module folders (pooling, normalize), so sentence-transformers loads the student
+    with the teacher's pipeline; the Transformer module (path "") is the student itself."""
+    modules = teacher_dir / "modules.json"
+    if not modules.is_file():
+        return
+    for name in ST_FILES:
+        if (teacher_dir / name).is_file():
+            shutil.copy2(teacher_dir / name, stage / name)
+    for module in json.loads(modules.read_text()):
+        path = module.get("path") or ""
+        if path and (teacher_dir / path).is_dir():
+            shutil.copytree(teacher_dir / path, stage / path)

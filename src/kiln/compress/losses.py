@@ -1,0 +1,87 @@
+"""Distillation losses: what the student is trained to reproduce of its teacher.
+
+Embedding tasks: the sentence embedding (the task's pooling, normalised where the model normalises) by cosine,
+plus MSE between hidden states of matched layers (student layer j against the teacher layer it was copied from),
+which carries far more signal per step than one vector per sentence. Logit tasks: temperature-softened KL per
+output (every token of a sequence output, padding masked), mixed with cross-entropy on labels where given:
+``alpha * CE + (1 - alpha) * T^2 * KL``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from kiln.choices import Pooling
+from kiln.tasks.config import TaskConfig
+
+IGNORE = -100  # label of a position that carries none (padding, a word's later sub-tokens)
+
+
+@dataclass(frozen=True)
+class LossWeights:
+    alpha: float = 0.5  # share of cross-entropy on labels (logit tasks, labelled data only)
+    temperature: float = 2.0
+    hidden: float = 1.0  # hidden-state matching (embedding tasks)
+    embedding: float = 1.0  # cosine between sentence embeddings (embedding tasks)
+
+
+def pool(hidden: torch.Tensor, mask: torch.Tensor, config: TaskConfig) -> torch.Tensor:
+    """The sentence embedding as the task computes it (kiln/tasks/feature_extraction.py), in torch."""
+    weights = mask.unsqueeze(-1).to(hidden.dtype)
+    if config.pooling == Pooling.CLS:
+        pooled = hidden[:, 0]
+    elif config.pooling == Pooling.MAX:
+        pooled = hidden.masked_fill(weights == 0, float("-inf")).amax(dim=1)
+    else:
+        pooled = (hidden * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1e-9)
+    return F.normalize(pooled, dim=-1) if config.normalize else pooled
+
+
+def hidden_states_loss(student: Sequence[torch.Tensor], teacher: Sequence[torch.Tensor],
+                       pairs: Sequence[tuple[int, int]], mask: torch.Tensor) -> torch.Tensor:
+    """Mean over ``pairs`` (student index, teacher index) of the masked MSE between hidden states."""
+    weights = mask.unsqueeze(-1).to(student[0].dtype)
+    count = weights.sum() * student[0].shape[-1]
+    losses = [(((student[s] - teacher[t]) ** 2) * weights).sum() / count for s, t in pairs]
+    return torch.stack(losses).mean()
+
+
+def embedding_loss(student: torch.Tensor, teacher: torch.Tensor, mask: torch.Tensor,
+                   config: TaskConfig) -> torch.Tensor:
+    return (1 - F.cosine_similarity(pool(student, mask, config), pool(teacher, mask, config), dim=-1)).mean()
+
+
+def logits_loss(student: torch.Tensor, teacher: torch.Tensor, mask: torch.Tensor | None, weights: LossWeights,
+                labels: torch.Tensor | None = None) -> torch.Tensor:
+    """KL between softened distributions (per token where ``mask`` is given), plus CE on ``labels``."""
+    t = weights.temperature
+    classes = student.shape[-1]
+    s, te = student.reshape(-1, classes), teacher.reshape(-1, classes)
+    kl = F.kl_div(F.log_softmax(s / t, dim=-1), F.log_softmax(te / t, dim=-1), log_target=True,
+                  reduction="none").sum(-1)
+    if mask is not None:
+        keep = mask.reshape(-1).to(kl.dtype)
+        kl = (kl * keep).sum() / keep.sum().clamp(min=1)
+    else:
+        kl = kl.mean()
+    distill = t * t * kl
+    if labels is None or weights.alpha == 0:
+        return distill
+    ce = F.cross_entropy(s, labels.reshape(-1), ignore_index=IGNORE)
+    return weights.alpha * ce + (1 - weights.alpha) * distill
+
+
+def task_loss(student: Mapping[str, torch.Tensor], teacher: Mapping[str, torch.Tensor], mask: torch.Tensor, *,
+              embeds: bool, sequence_outputs: frozenset[str], config: TaskConfig, weights: LossWeights,
+              labels: Mapping[str, torch.Tensor] | None = None) -> torch.Tensor:
+    """The loss on the task's outputs (by name, as the task spec lists them)."""
+    if embeds:
+        (name,) = student
+        return weights.embedding * embedding_loss(student[name], teacher[name], mask, config)
+    parts = [logits_loss(student[n], teacher[n], mask if n in sequence_outputs else None, weights,
+                         (labels or {}).get(n)) for n in student]
+    return torch.stack(parts).mean()

@@ -1,0 +1,192 @@
+"""kiln distill: students of every architecture, training that improves agreement, output others load, resume."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from kiln.compress.distill import LINEAGE_FILE, DistillConfig, checkpoint_dir, run_distill
+from kiln.compress.student import build_student, evenly_spaced, parse_keep_layers
+from kiln.data import corpus
+from kiln.errors import UsageError
+from kiln.model.source import load_source
+from kiln.tasks import TaskName
+from tests.factory import ARCHITECTURES
+
+RECIPE = {"epochs": 2, "batch_size": 8, "lr": 5e-4, "max_length": 48}
+
+
+@pytest.fixture(scope="module")
+def texts(tmp_path_factory):
+    path = tmp_path_factory.mktemp("distill") / "texts.txt"
+    path.write_text("\n".join(corpus.sentences("calibration")[:160]) + "\n")
+    return path
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHITECTURES))
+def test_a_student_is_built_from_the_teachers_layers(tiny_model, arch):
+    """Keeping every layer reproduces the teacher exactly; keeping fewer keeps those layers' weights."""
+    teacher = load_source(str(tiny_model(arch)), TaskName.FEATURE_EXTRACTION).model
+    depth = teacher.config.num_hidden_layers
+    ids = torch.tensor([[1, 5, 9, 12, 7, 2]])
+    inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    with torch.no_grad():
+        want = teacher(**inputs).last_hidden_state
+        same = build_student(teacher, tuple(range(depth)))(**inputs).last_hidden_state
+        torch.testing.assert_close(same, want)
+        student = build_student(teacher, (depth - 1,))
+        assert student.config.num_hidden_layers == 1 and student(**inputs).last_hidden_state.shape == want.shape
+    if arch != "albert":  # ALBERT shares one layer's weights over its depth: a shallower student has as many
+        assert sum(p.numel() for p in student.parameters()) < sum(p.numel() for p in teacher.parameters())
+        last = {k.split(f".{depth - 1}.", 1)[1]: v for k, v in teacher.state_dict().items() if f".{depth - 1}." in k}
+        kept = {k.split(".0.", 1)[1]: v for k, v in student.state_dict().items() if ".0." in k}
+        assert kept.keys() <= last.keys() and all(torch.equal(kept[k], last[k]) for k in kept)
+        assert {k for k in last.keys() - kept.keys()} <= {"attn_norm.weight"}  # ModernBERT's first layer has none
+
+
+def test_layer_choices_and_their_errors():
+    assert evenly_spaced(6, 3) == (0, 2, 5) and evenly_spaced(6, 6) == tuple(range(6)) and evenly_spaced(6, 1) == (5,)
+    assert parse_keep_layers("0, 2,4", 6) == (0, 2, 4)
+    for bad, message in (("0,6", "between 0 and 5"), ("2,1", "distinct and increasing"), ("a", "comma-separated"),
+                         ("1,1", "distinct")):
+        with pytest.raises(UsageError, match=message):
+            parse_keep_layers(bad, 6)
+    for count in (0, 7):
+        with pytest.raises(UsageError, match="--layers must be between 1 and the teacher's depth 6"):
+            evenly_spaced(6, count)
+
+
+@pytest.fixture(scope="module")
+def distilled(tiny_model, texts, tmp_path_factory):
+    out = tmp_path_factory.mktemp("student") / "student"
+    events = []
+    result = run_distill(DistillConfig(str(tiny_model("bert")), TaskName.FEATURE_EXTRACTION, out, layers=1,
+                                       texts=texts, recipe=RECIPE, threads=1),
+                         lambda kind, data: events.append((kind, data)))
+    return result, events
+
+
+def test_distillation_moves_the_student_towards_the_teacher(distilled):
+    result, events = distilled
+    start = next(data for kind, data in events if kind == "start")
+    epochs = [data for kind, data in events if kind == "epoch"]
+    assert len(epochs) == 2 and start["held_out"] == 8 and start["train"] == 152
+    # the student starts as the teacher's last layer alone and ends closer to the teacher on held-out texts
+    assert result.agreement > start["agreement_before"] + 0.05
+    assert result.agreement == max(e["agreement"] for e in epochs)  # the best epoch's weights are kept
+    assert epochs[-1]["loss"] < epochs[0]["loss"]
+    assert not checkpoint_dir(result.path).exists()  # removed once the student is written
+
+
+def test_the_student_is_a_model_directory_everyone_loads(distilled, tiny_model, texts):
+    import transformers
+
+    import kiln
+    from kiln.choices import ExportFormat
+    from kiln.export.job import ExportConfig, run_export
+
+    result, _ = distilled
+    lineage = json.loads((result.path / LINEAGE_FILE).read_text())
+    teacher = load_source(str(tiny_model("bert")), TaskName.FEATURE_EXTRACTION)
+    assert lineage["teacher"]["content_sha256"] == teacher.content_sha256
+    assert lineage["student"]["keep_layers"] == [1] and lineage["recipe"]["lr"] == RECIPE["lr"]
+    assert lineage["data"]["texts"]["sha256"] and lineage["agreement"]["final"] == result.agreement
+    hf = transformers.AutoModel.from_pretrained(result.path)
+    assert hf.config.num_hidden_layers == 1
+    art = run_export(ExportConfig(model=str(result.path), task=TaskName.FEATURE_EXTRACTION,
+                                  format=ExportFormat.ONNX, output=result.path.parent / "art")).path
+    got = np.stack(kiln.load(art).predict(["A short sentence.", "Another one, a little longer than that."]))
+    assert got.shape == (2, hf.config.hidden_size) and np.isfinite(got).all()
+
+
+def test_sentence_transformers_loads_a_student_of_minilm(tmp_path, texts):
+    """The teacher's sentence-transformers modules (pooling, normalize) travel with the student."""
+    from sentence_transformers import SentenceTransformer
+
+    out = tmp_path / "minilm-1"
+    result = run_distill(DistillConfig(None, TaskName.FEATURE_EXTRACTION, out, keep_layers="5", texts=texts,
+                                       recipe={"epochs": 1, "batch_size": 16, "max_length": 32}, threads=2))
+    for name in ("modules.json", "sentence_bert_config.json", "1_Pooling/config.json"):
+        assert (out / name).is_file()
+    model = SentenceTransformer(str(out), device="cpu")
+    sentences = ["The cat sat on the mat.", "Python ships its documentation."]
+    theirs = model.encode(sentences, normalize_embeddings=False)
+    import kiln.model.reference as reference
+
+    ours = np.stack(reference.reference_predictor(load_source(str(out), TaskName.FEATURE_EXTRACTION)).predict(
+        sentences))
+    np.testing.assert_allclose(theirs, ours, atol=1e-5)
+    assert result.parameters < result.teacher_parameters
+
+
+def test_labelled_rows_train_a_classifier(tiny_model, tmp_path):
+    rows = [{"text": s, "label": "POSITIVE" if i % 2 else "NEGATIVE"}
+            for i, s in enumerate(corpus.sentences("calibration")[:64])]
+    train = tmp_path / "train.jsonl"
+    train.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    model = tiny_model("bert", TaskName.TEXT_CLASSIFICATION)
+    labels = set(json.loads((model / "config.json").read_text())["id2label"].values())
+    if labels != {"NEGATIVE", "POSITIVE"}:
+        rows = [{**r, "label": sorted(labels)[i % 2]} for i, r in enumerate(rows)]
+        train.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    result = run_distill(DistillConfig(str(model), TaskName.TEXT_CLASSIFICATION, tmp_path / "s", layers=1,
+                                       train=train, recipe=RECIPE, threads=1))
+    assert 0 <= result.agreement <= 1 and "label_agreement" in result.figures
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"text": "x", "label": "NOPE"}) + "\n" + json.dumps({"text": "y", "label": "NOPE"}))
+    with pytest.raises(UsageError, match="label 'NOPE' is not one of the model's labels"):
+        run_distill(DistillConfig(str(model), TaskName.TEXT_CLASSIFICATION, tmp_path / "s2", layers=1, train=bad,
+                                  recipe=RECIPE, threads=1))
+
+
+def _cli(*args: str, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "kiln", "distill", *args], capture_output=True, text=True,
+                          timeout=300, **kwargs)
+
+
+def test_bad_input_is_one_clear_error(tiny_model, texts, tmp_path):
+    model = str(tiny_model("bert"))
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n\n")
+    cases = [
+        ((model, "--layers", "1", "--texts", str(empty)), f"--texts file {empty} has no texts"),
+        ((model, "--layers", "1", "--texts", str(tmp_path / "missing.txt")), "does not exist"),
+        ((model, "--layers", "3", "--texts", str(texts)), "--layers must be between 1 and the teacher's depth 2"),
+        ((model, "--layers", "1"), "kiln distill needs data"),
+        ((model, "--texts", str(texts)), "give the student's layers"),
+        ((model, "--layers", "1", "--texts", str(texts), "--resume"), "--resume: no checkpoint"),
+    ]
+    for args, message in cases:
+        done = _cli(*args, "-o", str(tmp_path / "out"))
+        assert done.returncode != 0 and message in done.stderr and "Traceback" not in done.stderr, (args, done.stderr)
+
+
+def test_a_killed_run_resumes_to_the_same_weights(tiny_model, texts, tmp_path):
+    """Killed mid-epoch after the first epoch's checkpoint, then --resume: the weights of an uninterrupted run."""
+    from safetensors.numpy import load_file
+
+    args = [str(tiny_model("bert")), "--layers", "1", "--texts", str(texts), "--epochs", "3", "--batch-size", "4",
+            "--max-length", "48", "--threads", "1", "--log-every", "1"]
+    whole = _cli(*args, "-o", str(tmp_path / "whole"))
+    assert whole.returncode == 0, whole.stderr
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    process = subprocess.Popen([sys.executable, "-m", "kiln", "distill", *args, "-o", str(tmp_path / "cut")],
+                               stderr=subprocess.PIPE, text=True, env=env)
+    for line in process.stderr:  # progress lines: kill once epoch 2 is under way
+        if "epoch 2 step 5/" in line:
+            process.send_signal(signal.SIGKILL)
+            break
+    process.wait(timeout=60)
+    assert process.returncode == -signal.SIGKILL and not (tmp_path / "cut").exists()
+    assert (checkpoint_dir(tmp_path / "cut") / "last.pt").is_file()
+    resumed = _cli(*args, "-o", str(tmp_path / "cut"), "--resume")
+    assert resumed.returncode == 0 and "resumed after epoch 1" in resumed.stderr, resumed.stderr
+    want, got = load_file(tmp_path / "whole" / "model.safetensors"), load_file(tmp_path / "cut" / "model.safetensors")
+    assert want.keys() == got.keys() and all(np.array_equal(want[k], got[k]) for k in want)
