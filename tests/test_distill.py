@@ -190,3 +190,26 @@ def test_a_killed_run_resumes_to_the_same_weights(tiny_model, texts, tmp_path):
     assert resumed.returncode == 0 and "resumed after epoch 1" in resumed.stderr, resumed.stderr
     want, got = load_file(tmp_path / "whole" / "model.safetensors"), load_file(tmp_path / "cut" / "model.safetensors")
     assert want.keys() == got.keys() and all(np.array_equal(want[k], got[k]) for k in want)
+
+
+def test_optimize_judges_a_student_against_its_teacher(distilled, tiny_model, tmp_path):
+    """A student passes the gate against itself, and is rejected when judged against its teacher (--reference)."""
+    from kiln.artifact.directory import Artifact
+    from kiln.optimize.job import NothingPassed, OptimizeConfig, OptimizeJob
+
+    result, _ = distilled
+    student, teacher = str(result.path), str(tiny_model("bert"))
+    alone = OptimizeJob(OptimizeConfig(model=student, task=TaskName.FEATURE_EXTRACTION, output=tmp_path / "alone",
+                                       variants=("onnx-fp32",))).run()
+    assert alone.best == "onnx-fp32" and not alone.reference
+    with pytest.raises(NothingPassed, match="onnx-fp32 rejected: min_cosine"):
+        OptimizeJob(OptimizeConfig(model=student, task=TaskName.FEATURE_EXTRACTION, output=tmp_path / "judged",
+                                   variants=("onnx-fp32",), reference=teacher)).run()
+    # within a tolerance that admits the student's loss, it passes, and the artifact names its reference
+    loose = OptimizeJob(OptimizeConfig(model=student, task=TaskName.FEATURE_EXTRACTION, output=tmp_path / "loose",
+                                       variants=("onnx-fp32",), reference=teacher, tolerance=0.9)).run()
+    assert loose.reference == teacher and "Judged and timed against" in (tmp_path / "loose" / "summary.md").read_text()
+    assert Artifact.open(tmp_path / "loose").manifest.extra["reference"]["model"] == teacher
+    with pytest.raises(UsageError, match="its tokenizer differs"):
+        OptimizeJob(OptimizeConfig(model=student, task=TaskName.FEATURE_EXTRACTION, output=tmp_path / "other",
+                                   variants=("onnx-fp32",), reference=str(tiny_model("roberta")))).run()

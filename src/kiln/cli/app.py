@@ -113,6 +113,10 @@ def optimize(
     batch_size: Annotated[int, typer.Option(help="Batch size for validation and timing.", min=1)] = 32,
     sensitivity: Annotated[bool, typer.Option(help="When an int8 variant fails the gate, keep its most "
                                               "sensitive layers in fp32 until it passes (a few rebuilds).")] = True,
+    reference: Annotated[Optional[str], typer.Option(  # noqa: UP045
+        help="The original to judge and time every variant against, when MODEL was made from it (a student of "
+        "kiln distill: pass its teacher), so the student's own loss counts against the tolerance.",
+        show_default=False)] = None,
     allow_pickle: PickleOpt = False,
     force: ForceOpt = False,
 ) -> None:
@@ -129,7 +133,7 @@ def optimize(
         calibration_file=calibration, calibration_method=calibration_method, target=target,
         variants=tuple(v.strip() for v in variants.split(",") if v.strip()) if variants else None,
         threads=threads, batch_size=batch_size, allow_pickle=allow_pickle, overwrite=force,
-        sensitivity=sensitivity,
+        sensitivity=sensitivity, reference=reference,
     )
     summary = OptimizeJob(config, console.progress).run()
     console.print_table(summary)

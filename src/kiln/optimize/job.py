@@ -67,6 +67,8 @@ class OptimizeConfig:
     allow_pickle: bool = False
     overwrite: bool = False
     sensitivity: bool = True
+    # The model every variant is judged and timed against (a student's teacher); None: the model itself.
+    reference: str | None = None
 
     def __post_init__(self) -> None:
         if self.target not in TARGETS:
@@ -144,10 +146,17 @@ class OptimizeJob:
 
     # -- the original and what variants are measured on ----------------------------------------------------
     def _load(self) -> tuple[SourceModel, Predictor]:
+        """The model to build variants of, and the predictor of the original they are judged against: the model
+        itself, or with --reference the model it was made from, so a student's own loss is never hidden."""
         cfg = self.config
         self.progress(f"loading {cfg.model or 'the bundled default model'} for {self.spec.name}")
         source = load_source(cfg.model, cfg.task, allow_pickle=cfg.allow_pickle)
-        return source, reference_predictor(source, batch_size=cfg.batch_size, threads=self.threads)
+        self.original = source
+        if cfg.reference is not None:
+            self.progress(f"loading the reference {cfg.reference}: every variant is judged and timed against it")
+            self.original = load_source(cfg.reference, cfg.task, allow_pickle=cfg.allow_pickle)
+            _check_comparable(source, self.original)
+        return source, reference_predictor(self.original, batch_size=cfg.batch_size, threads=self.threads)
 
     def _workload(self) -> Workload:
         cfg, encoder = self.config, self.reference.encoder
@@ -261,7 +270,7 @@ class OptimizeJob:
 
     def _time_reference(self) -> tuple[Timing, str]:
         self.progress(f"timing the PyTorch fp32 reference on {len(self.work.timing)} sequences")
-        with vanilla_attention(self.source.model) as attention:
+        with vanilla_attention(self.original.model) as attention:
             return time_predictor(self.reference, self.work.timing), attention
 
     def _time(self, outcome: Outcome) -> Outcome:
@@ -282,6 +291,7 @@ class OptimizeJob:
             reference_metric=self.work.reference_metric, reference_timing=reference_timing,
             outcomes=tuple(outcomes), best=best.name if best else None, command=shlex.join(sys.argv),
             baseline_attention=attention, calibration=self.work.calibration_source,
+            reference=self.original.name if self.original is not self.source else "",
             environment={"cpu": self.cpu.to_dict(), "threads": self.threads, "versions": library_versions()},
         )
 
@@ -298,6 +308,7 @@ class OptimizeJob:
                    "reference_timing": {**to_jsonable(summary.reference_timing),
                                         "attention": summary.baseline_attention},
                    "eval": self.work.eval_set.source if self.work.eval_set else None,
+                   "reference": self.original.describe() if self.original is not self.source else None,
                    "reference_metric": self.work.reference_metric},
         )
 
@@ -307,6 +318,21 @@ class OptimizeJob:
         for child in self.ctx.stage.iterdir():
             if child.is_dir() and child.name not in used | {"tokenizer"}:
                 shutil.rmtree(child)
+
+
+def _check_comparable(model: SourceModel, reference: SourceModel) -> None:
+    """Variants of ``model`` are compared with ``reference`` on the same token ids and the same result shapes."""
+    if model.tokenizer.backend_tokenizer.to_str() != reference.tokenizer.backend_tokenizer.to_str():
+        raise UsageError(f"--reference {reference.name}: its tokenizer differs from {model.name}'s; kiln compares "
+                         "both on the same token ids (a student made by kiln distill keeps its teacher's)")
+    mine, theirs = model.task_config.to_dict(), reference.task_config.to_dict()
+    differ = [k for k in mine if k != "max_length" and mine[k] != theirs[k]]
+    if task_spec(model.task_config.task).embeds and model.model.config.hidden_size != \
+            reference.model.config.hidden_size:
+        differ.append("embedding size")
+    if differ:
+        raise UsageError(f"--reference {reference.name}: its task settings differ from {model.name}'s "
+                         f"({', '.join(differ)}), so their outputs cannot be compared")
 
 
 def _device_for(target: str, progress: Progress) -> str:

@@ -77,6 +77,7 @@ class RunSummary:
     command: str
     baseline_attention: str = "eager"  # attention implementation the PyTorch baseline was timed with
     calibration: str = ""  # where the int8 calibration inputs came from
+    reference: str = ""  # the original the variants were judged and timed against, when not the model itself
     environment: Mapping[str, Any] = field(default_factory=dict)
 
     def rows(self) -> list[list[str]]:
@@ -109,6 +110,8 @@ def markdown(summary: RunSummary) -> str:
              f"Tolerance {summary.tolerance:g}; task metric: {summary.primary_metric or 'none (no labelled data)'}; "
              f"timed on {timing.sequences} sequences, length-sorted batches of {timing.batch_size}, tokenization "
              "excluded.", "", f"Calibration: {summary.calibration or 'not recorded'}.", "",
+             *([f"Judged and timed against the reference {summary.reference} (the PyTorch fp32 row), not against "
+                "the model itself.", ""] if summary.reference else []),
              "| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
     lines += ["| " + " | ".join(cell.replace("|", "/") for cell in row) + " |" for row in summary.rows()]
     lines += ["", f"Best: **{summary.best or 'none'}**", "", f"Command: `{summary.command}`", ""]

@@ -14,6 +14,7 @@ def optimize_section(manifest) -> dict[str, Any] | None:
         "best": extra.get("best"), "tolerance": extra.get("tolerance"), "reference_timing":
         extra.get("reference_timing"), "reference_metric": extra.get("reference_metric"),
         "skipped": extra.get("skipped", {}), "calibration": extra.get("calibration"),
+        "reference": (extra.get("reference") or {}).get("model"),
         "variants": {name: {k: r.get(k) for k in ("status", "reason", "agreement", "task_metric", "timing",
                                                   "size_bytes")} for name, r in manifest.variants.items()},
     }

@@ -83,6 +83,9 @@ def render(data: dict[str, Any]) -> str:
         parts += ["<h2>Variants</h2>", _table(summary)]
         if calibration := (data.get("optimize") or {}).get("calibration"):
             parts.append(f"<p><strong>Calibration:</strong> {escape(calibration)}.</p>")
+        if reference := (data.get("optimize") or {}).get("reference"):
+            parts.append(f"<p><strong>Judged and timed against:</strong> {escape(reference)} (the reference, "
+                         "PyTorch fp32), not the model itself.</p>")
     if data.get("targets"):
         parts += ["<h2>Engines on the length mix</h2>", _table(tables.targets_table(data))]
     charts = _charts(data)
@@ -121,6 +124,9 @@ def markdown(data: dict[str, Any]) -> str:
     lines += md(tables.summary(data))
     if calibration := (data.get("optimize") or {}).get("calibration"):
         lines += [f"**Calibration:** {calibration}.", ""]
+    if reference := (data.get("optimize") or {}).get("reference"):
+        lines += [f"**Judged and timed against:** {reference} (the reference, PyTorch fp32), not the model itself.",
+                  ""]
     if data.get("targets"):
         lines += ["## Engines on the length mix", "", *md(tables.targets_table(data))]
     for t in data.get("targets") or []:
