@@ -19,7 +19,7 @@ Split = Literal["calibration", "held-out"]
 _CODE_MARKS = ("::=", ">>>", "...", "def ", "class ", "import ", "=", "(", "[", "{", "\\")
 
 
-def _is_prose(paragraph: str) -> bool:
+def is_prose(paragraph: str) -> bool:
     """A paragraph of sentences, not a code sample, grammar rule or table."""
     words = paragraph.split()
     if len(words) < 6 or not paragraph.rstrip().endswith((".", "?", "!", ":")):
@@ -39,7 +39,7 @@ def documentation_paragraphs() -> tuple[str, ...]:
     for name in sorted(topics):
         for block in re.split(r"\n\s*\n", topics[name]):
             text = " ".join(block.split())
-            if _is_prose(text):
+            if is_prose(text):
                 paragraphs.append(text)
     return tuple(paragraphs)
 
@@ -50,9 +50,14 @@ def paragraphs(split: Split) -> tuple[str, ...]:
     return every[0::2] if split == "calibration" else every[1::2]
 
 
+def split_sentences(paragraph: str) -> list[str]:
+    """A paragraph cut at sentence ends (a full stop, ! or ? before a capital or a quote)."""
+    return [s for s in re.split(r"(?<=[.!?])\s+(?=[A-Z\"'*])", paragraph) if s]
+
+
 def sentences(split: Split) -> tuple[str, ...]:
     """The split's paragraphs cut at sentence ends."""
-    return tuple(s for p in paragraphs(split) for s in re.split(r"(?<=[.!?])\s+(?=[A-Z\"'*])", p) if s)
+    return tuple(s for p in paragraphs(split) for s in split_sentences(p))
 
 
 def fingerprint() -> str:

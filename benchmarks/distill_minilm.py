@@ -1,0 +1,155 @@
+"""Students of the bundled MiniLM, trained on text nobody here wrote, judged against their teacher (issue 11).
+
+For each ``--layers K``, in one run:
+  * ``kiln distill --layers K`` on the sentences of the standard library's docstrings (about 12,700 with
+    Python 3.11, ``kiln.data.docstrings``; the reference manual's held-out half is removed from them), timed;
+  * fidelity on held-out text, never trained on: 1,000 sentences of the reference manual's held-out half,
+    cosine of the student's embedding to the teacher's, mean and min per token-length bucket; and STS Spearman
+    on kiln's built-in pairs, the student's against the teacher's;
+  * ``kiln optimize STUDENT --reference TEACHER --variants VARIANT --tolerance T``: the student's int8 variant,
+    gated against the teacher;
+  * end-to-end throughput (``kiln.load(...).predict``, tokenization included, serving defaults) of each student's
+    variant and of today's best (the teacher's own variant, built here or given with ``--baseline``) on 1,024
+    held-out texts of 10-200 tokens, each in a fresh process, rounds alternating, best of each.
+
+    python benchmarks/distill_minilm.py --layers 3,4 --work /tmp/distill-bench --json benchmarks/distill.minilm.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+
+def _kiln(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "kiln", *args], capture_output=True, text=True)
+
+
+def _texts(work: Path) -> tuple[Path, list[str]]:
+    """The training texts (docstring sentences minus held-out ones) and 1,000 held-out sentences."""
+    from kiln.data import corpus
+    from kiln.data.docstrings import docstring_sentences
+
+    held_out = list(corpus.sentences("held-out"))
+    held = set(held_out)
+    train = [s for s in docstring_sentences() if s not in held]
+    path = work / "train.txt"
+    path.write_text("\n".join(train) + "\n")
+    return path, held_out[:1000]
+
+
+def _fidelity(student: Path, held_out: list[str]) -> dict:
+    from kiln.model.reference import reference_predictor
+    from kiln.model.source import load_source
+    from kiln.tasks import task_spec
+    from kiln.validation.figures import bucket_index, bucket_label
+
+    spec = task_spec("feature-extraction")
+    teacher = reference_predictor(load_source(None, "feature-extraction"))
+    pupil = reference_predictor(load_source(str(student), "feature-extraction"))
+    a, b = np.stack(teacher.predict(held_out)), np.stack(pupil.predict(held_out))
+    cos = (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
+    lengths = [len(e.ids) for e in teacher.prepare(held_out).encodings]
+    index = np.array([bucket_index(n) for n in lengths])
+    buckets = [{"tokens": bucket_label(i), "count": int((index == i).sum()), "mean": float(cos[index == i].mean()),
+                "min": float(cos[index == i].min())} for i in sorted(set(index.tolist()))]
+    sts = spec.builtin_eval()
+    return {"texts": len(held_out), "mean_cosine": float(cos.mean()), "min_cosine": float(cos.min()),
+            "buckets": buckets, "sts_spearman": spec.evaluate(pupil, sts)["spearman"],
+            "teacher_sts_spearman": spec.evaluate(teacher, sts)["spearman"]}
+
+
+THROUGHPUT = """
+import json, sys, time
+import kiln
+from kiln.data import corpus
+from kiln.data.texts import length_mix
+predictor = kiln.load(sys.argv[1])
+texts = length_mix(1024, 10, 200, seed=5, token_count=predictor.encoder.token_count,
+                   source=corpus.sentences("held-out"))
+predictor.predict(texts[:64])
+begin = time.perf_counter()
+predictor.predict(texts)
+print(json.dumps({"texts_per_s": len(texts) / (time.perf_counter() - begin)}))
+"""
+
+
+def _throughput(artifacts: dict[str, Path], rounds: int) -> dict[str, list[float]]:
+    rates: dict[str, list[float]] = {name: [] for name in artifacts}
+    for _ in range(rounds):
+        for name, path in artifacts.items():
+            done = subprocess.run([sys.executable, "-c", THROUGHPUT, str(path)], capture_output=True, text=True)
+            if done.returncode:
+                raise SystemExit(f"timing {name} failed: {done.stderr[-2000:]}")
+            rates[name].append(json.loads(done.stdout.strip().splitlines()[-1])["texts_per_s"])
+    return rates
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--layers", default="3,4")
+    parser.add_argument("--work", type=Path, default=Path("distill-bench"))
+    parser.add_argument("--distill-args", default="", help="extra `kiln distill` options, e.g. '--epochs 4'")
+    parser.add_argument("--variant", default="onnx-int8-dynamic")
+    parser.add_argument("--tolerance", type=float, default=0.1, help="the students' gate against the teacher")
+    parser.add_argument("--baseline", type=Path, default=None, help="today's best: a kiln optimize output")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+    from kiln.model.source import bundled_model_dir
+
+    args.work.mkdir(parents=True, exist_ok=True)
+    train, held_out = _texts(args.work)
+    teacher = bundled_model_dir()
+    result: dict = {"train_texts": sum(1 for _ in train.open()), "held_out_texts": len(held_out),
+                    "variant": args.variant, "tolerance": args.tolerance, "students": {}}
+    artifacts: dict[str, Path] = {}
+    baseline = args.baseline
+    if baseline is None:
+        baseline = args.work / "opt-teacher"
+        done = _kiln("optimize", "--variants", args.variant, "-o", str(baseline), "--force")
+        if done.returncode:
+            raise SystemExit(f"kiln optimize of the teacher failed: {done.stderr[-2000:]}")
+    artifacts["teacher"] = baseline / "best"
+    for k in (int(x) for x in args.layers.split(",")):
+        out = args.work / f"student-{k}"
+        begin = time.perf_counter()
+        done = _kiln("distill", "--layers", str(k), "--texts", str(train), "-o", str(out), "--force",
+                     *args.distill_args.split())
+        if done.returncode:
+            raise SystemExit(f"kiln distill --layers {k} failed: {done.stderr[-2000:]}")
+        minutes = (time.perf_counter() - begin) / 60
+        lineage = json.loads((out / "kiln-distill.json").read_text())
+        entry = {"minutes": minutes, "keep_layers": lineage["student"]["keep_layers"],
+                 "parameters": lineage["student"]["parameters"], "epochs": lineage["history"],
+                 "held_out_agreement": lineage["agreement"], "fidelity": _fidelity(out, held_out)}
+        opt = args.work / f"opt-{k}"
+        done = _kiln("optimize", str(out), "--reference", str(teacher), "--variants", args.variant,
+                     "--tolerance", str(args.tolerance), "-o", str(opt), "--force")
+        entry["optimize_exit"] = done.returncode
+        entry["optimize_summary"] = (opt / "summary.md").read_text() if (opt / "summary.md").is_file() else \
+            done.stderr[-2000:]
+        if done.returncode == 0:
+            artifacts[f"{k} layers"] = opt / "best"
+        result["students"][str(k)] = entry
+        print(f"{k} layers: {minutes:.1f} min, held-out cosine mean {entry['fidelity']['mean_cosine']:.4f} min "
+              f"{entry['fidelity']['min_cosine']:.4f}, STS {entry['fidelity']['sts_spearman']:.4f} (teacher "
+              f"{entry['fidelity']['teacher_sts_spearman']:.4f}), optimize exit {done.returncode}", flush=True)
+    rates = _throughput(artifacts, args.rounds)
+    base = max(rates["teacher"])
+    result["throughput"] = {name: {"rounds": r, "best": max(r), "vs_teacher": max(r) / base}
+                            for name, r in rates.items()}
+    for name, r in result["throughput"].items():
+        print(f"{name}: {r['best']:.1f} texts/s ({r['vs_teacher']:.2f}x today's best)", flush=True)
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
