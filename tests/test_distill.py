@@ -213,3 +213,54 @@ def test_optimize_judges_a_student_against_its_teacher(distilled, tiny_model, tm
     with pytest.raises(UsageError, match="its tokenizer differs"):
         OptimizeJob(OptimizeConfig(model=student, task=TaskName.FEATURE_EXTRACTION, output=tmp_path / "other",
                                    variants=("onnx-fp32",), reference=str(tiny_model("roberta")))).run()
+
+
+def test_training_targets_of_tagged_words_and_answers(tiny_model):
+    """--train rows become targets where they belong: a word's tag on its first sub-token, an answer's span."""
+    from kiln.model.reference import source_encoder
+    from kiln.tasks import task_spec
+    from kiln.tasks.base import NO_LABEL
+    from kiln.validation.figures import EvalSet
+
+    source = load_source(str(tiny_model("bert", TaskName.TOKEN_CLASSIFICATION)), TaskName.TOKEN_CLASSIFICATION)
+    spec, encoder = task_spec(TaskName.TOKEN_CLASSIFICATION), source_encoder(source)
+    rows = EvalSet(spec.name, "test", (("Anna", "Schmidt", "visited", "antidisestablishmentarianism"),),
+                   (("B-PER", "I-PER", "O", "B-ORG"),))
+    inputs, labels = spec.training_rows(rows)
+    prepared = spec(source.task_config).features(inputs, encoder)
+    targets = spec.training_labels(prepared, labels, source.task_config, encoder)["logits"][0]
+    encoding, names = prepared.encodings[0], source.task_config.id2label
+    labelled = [(t, names[int(v)]) for t, v in enumerate(targets) if v != NO_LABEL]
+    assert [name for _, name in labelled] == ["B-PER", "I-PER", "O", "B-ORG"]  # one per word, on its first piece
+    words = [encoding.word_ids[t] for t, _ in labelled]
+    assert words == sorted(set(words)) and all(encoding.word_ids[t - 1] != encoding.word_ids[t] for t, _ in labelled)
+    assert (targets == NO_LABEL).sum() == len(encoding.ids) - 4
+
+    source = load_source(str(tiny_model("bert", TaskName.QUESTION_ANSWERING)), TaskName.QUESTION_ANSWERING)
+    spec, encoder = task_spec(TaskName.QUESTION_ANSWERING), source_encoder(source)
+    from kiln.tasks.question_answering import QAInput
+
+    context = "Jean Dupont visited Paris and Lyon in the spring."
+    prepared = spec(source.task_config).features([QAInput("Where did he go?", context)] * 2, encoder)
+    targets = spec.training_labels(prepared, [("Paris and Lyon",), ()], source.task_config, encoder)
+    first, second = prepared.encodings
+    start, end = int(targets["start_logits"][0]), int(targets["end_logits"][0])
+    assert context[first.offsets[start][0]:first.offsets[end][1]] == "Paris and Lyon"
+    assert int(targets["start_logits"][1]) == int(targets["end_logits"][1]) == 0  # no answer: the first token
+    with pytest.raises(UsageError, match="answer 'Berlin' is not in its context"):
+        spec.training_labels(prepared, [("Berlin",), ()], source.task_config, encoder)
+
+
+@pytest.mark.parametrize("task", [TaskName.TOKEN_CLASSIFICATION, TaskName.QUESTION_ANSWERING])
+def test_labelled_rows_train_taggers_and_readers(tiny_model, task, tmp_path):
+    sentences = corpus.sentences("calibration")[:40]
+    if task is TaskName.TOKEN_CLASSIFICATION:
+        rows = [{"tokens": s.split()[:12], "tags": ["B-PER" if w.istitle() else "O" for w in s.split()[:12]]}
+                for s in sentences]
+    else:
+        rows = [{"question": "What comes first?", "context": s, "answers": [s.split()[0]]} for s in sentences]
+    train = tmp_path / "train.jsonl"
+    train.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    result = run_distill(DistillConfig(str(tiny_model("bert", task)), task, tmp_path / "s", layers=1, train=train,
+                                       recipe={**RECIPE, "epochs": 1}, threads=1))
+    assert 0 <= result.agreement <= 1 and result.history[0].loss > 0

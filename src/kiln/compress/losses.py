@@ -16,9 +16,8 @@ import torch
 import torch.nn.functional as F
 
 from kiln.choices import Pooling
+from kiln.tasks.base import NO_LABEL as IGNORE
 from kiln.tasks.config import TaskConfig
-
-IGNORE = -100  # label of a position that carries none (padding, a word's later sub-tokens)
 
 
 @dataclass(frozen=True)
@@ -55,24 +54,26 @@ def embedding_loss(student: torch.Tensor, teacher: torch.Tensor, mask: torch.Ten
     return (1 - F.cosine_similarity(pool(student, mask, config), pool(teacher, mask, config), dim=-1)).mean()
 
 
-def logits_loss(student: torch.Tensor, teacher: torch.Tensor, mask: torch.Tensor | None, weights: LossWeights,
-                labels: torch.Tensor | None = None) -> torch.Tensor:
-    """KL between softened distributions (per token where ``mask`` is given), plus CE on ``labels``."""
+def logits_loss(student: torch.Tensor, teacher: torch.Tensor, weights: LossWeights, *,
+                token_mask: torch.Tensor | None = None, labels: torch.Tensor | None = None) -> torch.Tensor:
+    """KL between temperature-softened distributions over the last axis (rows where ``token_mask`` is 0 left
+    out), plus cross-entropy on ``labels`` (class per row, NO_LABEL for none) with weight ``alpha``."""
     t = weights.temperature
     classes = student.shape[-1]
     s, te = student.reshape(-1, classes), teacher.reshape(-1, classes)
     kl = F.kl_div(F.log_softmax(s / t, dim=-1), F.log_softmax(te / t, dim=-1), log_target=True,
                   reduction="none").sum(-1)
-    if mask is not None:
-        keep = mask.reshape(-1).to(kl.dtype)
-        kl = (kl * keep).sum() / keep.sum().clamp(min=1)
-    else:
-        kl = kl.mean()
-    distill = t * t * kl
-    if labels is None or weights.alpha == 0:
+    keep = token_mask.reshape(-1).to(kl.dtype) if token_mask is not None else torch.ones_like(kl)
+    distill = t * t * (kl * keep).sum() / keep.sum().clamp(min=1)
+    if labels is None or weights.alpha == 0 or not (labels != IGNORE).any():
         return distill
     ce = F.cross_entropy(s, labels.reshape(-1), ignore_index=IGNORE)
     return weights.alpha * ce + (1 - weights.alpha) * distill
+
+
+def _padded_positions_out(logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """A distribution over positions (QA start/end) must not put mass on padding."""
+    return logits.masked_fill(mask == 0, torch.finfo(logits.dtype).min / 2)
 
 
 def task_loss(student: Mapping[str, torch.Tensor], teacher: Mapping[str, torch.Tensor], mask: torch.Tensor, *,
@@ -82,6 +83,14 @@ def task_loss(student: Mapping[str, torch.Tensor], teacher: Mapping[str, torch.T
     if embeds:
         (name,) = student
         return weights.embedding * embedding_loss(student[name], teacher[name], mask, config)
-    parts = [logits_loss(student[n], teacher[n], mask if n in sequence_outputs else None, weights,
-                         (labels or {}).get(n)) for n in student]
+    parts = []
+    for name in student:
+        s, t, target = student[name], teacher[name], (labels or {}).get(name)
+        if s.dim() == 3:  # a distribution over classes at every token: padding tokens left out
+            parts.append(logits_loss(s, t, weights, token_mask=mask, labels=target))
+        elif name in sequence_outputs:  # one distribution over the positions of each sequence (QA start/end)
+            parts.append(logits_loss(_padded_positions_out(s, mask), _padded_positions_out(t, mask), weights,
+                                     labels=target))
+        else:  # one distribution over classes per sequence
+            parts.append(logits_loss(s, t, weights, labels=target))
     return torch.stack(parts).mean()

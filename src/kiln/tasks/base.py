@@ -32,6 +32,9 @@ if TYPE_CHECKING:
     from kiln.tasks.http import Route
 
 
+NO_LABEL = -100  # a training target's "no label here" (padding, special tokens, a word's later sub-tokens)
+
+
 @dataclass(frozen=True)
 class Prepared:
     """Model-ready features for a list of inputs; QA can map one input to several windows."""

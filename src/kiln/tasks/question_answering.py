@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from kiln.data.texts import builtin_sentences, joined
 from kiln.errors import UsageError
-from kiln.tasks.base import Prepared, TaskSpec, field, softmax, valid_rows
+from kiln.tasks.base import NO_LABEL, Prepared, TaskSpec, field, softmax, valid_rows
 from kiln.tasks.http import Count, FormField, NonBlank, RequestBody, ResponseModel, Route, listify, render_results
 from kiln.validation.figures import Agreement, AgreementInputs, EvalSet, Run
 from kiln.validation.metrics import squad_scores
@@ -229,6 +229,32 @@ class QuestionAnswering(TaskSpec):
     @classmethod
     def sample_input(cls, text: str) -> Any:
         return QAInput("What is this about?", text)
+
+    @classmethod
+    def training_labels(cls, prepared: Prepared, labels: Sequence[Any], config, encoder) -> dict[str, list[np.ndarray]]:
+        """Start and end token of each row's first answer (found in its context) in every window that holds it
+        whole; a window without it, or a row with no answer (SQuAD 2), points at the first token, as the
+        original SQuAD training does. Unlabelled rows: no target."""
+        starts, ends = [], []
+        for owner, encoding in zip(prepared.owners, prepared.encodings):
+            answers = labels[owner]
+            start = end = NO_LABEL
+            if answers is not None:
+                start = end = 0
+                if answers:
+                    context = prepared.inputs[owner].context
+                    begin = context.find(answers[0])
+                    if begin < 0:
+                        raise UsageError(f"--train row {owner + 1}: answer {answers[0]!r} is not in its context")
+                    tokens = [t for t, seq in enumerate(encoding.sequence_ids) if seq == 1]
+                    first = [t for t in tokens if encoding.offsets[t][0] <= begin < encoding.offsets[t][1]]
+                    last = [t for t in tokens if encoding.offsets[t][0] < begin + len(answers[0])
+                            <= encoding.offsets[t][1]]
+                    if first and last:
+                        start, end = first[0], last[-1]
+            starts.append(np.array(start))
+            ends.append(np.array(end))
+        return {"start_logits": starts, "end_logits": ends}
 
     @classmethod
     def agreement(cls, data: AgreementInputs, variant: Run) -> Agreement:

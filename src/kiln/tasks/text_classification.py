@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from kiln.data.texts import builtin_pairs, parity_texts
 from kiln.errors import UsageError
-from kiln.tasks.base import Prepared, TaskSpec, field, one_per_input, sigmoid, softmax
+from kiln.tasks.base import NO_LABEL, Prepared, TaskSpec, field, one_per_input, sigmoid, softmax
 from kiln.tasks.http import Count, FormField, NonBlank, RequestBody, ResponseModel, Route, listify, render_results
 from kiln.validation.figures import Agreement, AgreementInputs, EvalSet, Run
 
@@ -178,7 +178,7 @@ class TextClassification(TaskSpec):
 
         def index(label: Any, row: int) -> int:
             if label is None:
-                return -100  # unlabelled: the teacher alone is the target
+                return NO_LABEL  # unlabelled: the teacher alone is the target
             text = str(label)
             if text in by_name:
                 return by_name[text]

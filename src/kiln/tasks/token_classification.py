@@ -16,7 +16,8 @@ from pydantic import Field
 from tokenizers import Encoding, Tokenizer
 
 from kiln.choices import Aggregation, parse_choice
-from kiln.tasks.base import Prepared, TaskSpec, field, softmax, valid_rows
+from kiln.errors import UsageError
+from kiln.tasks.base import NO_LABEL, Prepared, TaskSpec, field, softmax, valid_rows
 from kiln.tasks.http import FormField, RequestBody, ResponseModel, Route, Texts, listify, render_results
 from kiln.validation.figures import Agreement, AgreementInputs, EvalSet, Run
 
@@ -122,10 +123,35 @@ class TokenClassification(TaskSpec):
     def parse_row(cls, row: Mapping[str, Any], where: str) -> tuple[Any, Any]:
         tokens, tags = field(row, "tokens", where, _word_list), field(row, "tags", where, _word_list)
         if len(tokens) != len(tags):
-            from kiln.errors import UsageError
 
             raise UsageError(f"{where}: {len(tokens)} tokens but {len(tags)} tags")
         return tuple(tokens), tuple(tags)
+
+    @classmethod
+    def training_rows(cls, data: EvalSet) -> tuple[list[Any], list[Any]]:
+        """Words joined by single spaces (as the task metric runs them), and their tags."""
+        return cls.eval_inputs(data), list(data.labels)
+
+    @classmethod
+    def training_labels(cls, prepared: Prepared, labels: Sequence[Any], config, encoder) -> dict[str, list[np.ndarray]]:
+        """Each word's tag on its first sub-token; later sub-tokens, special tokens and unlabelled rows: none."""
+        by_name = {name: i for i, name in config.id2label.items()}
+        rows = []
+        for owner, encoding in zip(prepared.owners, prepared.encodings):
+            row = np.full(len(encoding.ids), NO_LABEL, dtype=np.int64)
+            tags = labels[owner]
+            if tags is not None:
+                words = prepared.inputs[owner].split(" ")
+                first = {int(start): i for i, start in enumerate(np.cumsum([0] + [len(w) + 1 for w in words[:-1]]))}
+                for t, (special, (start, _)) in enumerate(zip(encoding.special_tokens_mask, encoding.offsets)):
+                    if not special and start in first:
+                        tag = tags[first.pop(start)]
+                        if tag not in by_name:
+                            raise UsageError(f"--train row {owner + 1}: tag {tag!r} is not one of the model's "
+                                             f"labels: {', '.join(by_name)}")
+                        row[t] = by_name[tag]
+            rows.append(row)
+        return {"logits": rows}
 
     @classmethod
     def evaluate(cls, predictor, data: EvalSet) -> dict[str, float]:
