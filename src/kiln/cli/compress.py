@@ -31,7 +31,7 @@ def distill(
     epochs: Annotated[int, typer.Option(help="Passes over the data (training stops early without progress).",
                                         min=1)] = 3,
     batch_size: Annotated[int, typer.Option(help="Features per step, grouped by length.", min=1)] = 32,
-    lr: Annotated[float, typer.Option(help="Peak learning rate (AdamW, linear warm-up and decay).")] = 1e-4,
+    lr: Annotated[float, typer.Option(help="Peak learning rate (AdamW, linear warm-up and decay).")] = 5e-4,
     max_length: Annotated[int, typer.Option(help="Tokens per feature while training (cheaper steps); the "
                                             "student still serves the teacher's maximum.", min=8)] = 128,
     alpha: Annotated[float, typer.Option(help="Weight of cross-entropy on labels against distillation (logit "

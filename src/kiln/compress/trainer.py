@@ -35,7 +35,7 @@ class Recipe:
     keep: tuple[int, ...]  # teacher layers the student starts from
     epochs: int = 3
     batch_size: int = 32
-    lr: float = 1e-4
+    lr: float = 5e-4  # on MiniLM, 1 epoch: mean cosine 0.892 at 1e-4, 0.925 at 5e-4, 0.927 at 1e-3
     max_length: int = 128  # features are cut here while training (the student serves the teacher's maximum)
     seed: int = 0
     warmup: float = 0.1  # share of the steps with a rising learning rate
