@@ -6,8 +6,9 @@ For each ``--layers K``, in one run:
   * fidelity on held-out text, never trained on: 1,000 sentences of the reference manual's held-out half,
     cosine of the student's embedding to the teacher's, mean and min per token-length bucket; and STS Spearman
     on kiln's built-in pairs, the student's against the teacher's;
-  * ``kiln optimize STUDENT --reference TEACHER --variants VARIANT --tolerance T``: the student's int8 variant,
-    gated against the teacher;
+  * ``kiln optimize STUDENT --reference TEACHER --variants VARIANT --tolerance T``: the gate's verdict on the
+    student's int8 variant against the teacher; and ``kiln optimize STUDENT --variants VARIANT`` (judged against
+    the student itself), whose variant is timed whatever that verdict, so the speed of each student is known;
   * end-to-end throughput (``kiln.load(...).predict``, tokenization included, serving defaults) of each student's
     variant and of today's best (the teacher's own variant, built here or given with ``--baseline``) on 1,024
     held-out texts of 10-200 tokens, each in a fresh process, rounds alternating, best of each.
@@ -21,7 +22,6 @@ import argparse
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -100,6 +100,8 @@ def main() -> None:
     parser.add_argument("--tolerance", type=float, default=0.1, help="the students' gate against the teacher")
     parser.add_argument("--baseline", type=Path, default=None, help="today's best: a kiln optimize output")
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--reuse", action="store_true", help="keep students already in --work (their lineage "
+                        "says how long they took)")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     from kiln.model.source import bundled_model_dir
@@ -113,34 +115,37 @@ def main() -> None:
     baseline = args.baseline
     if baseline is None:
         baseline = args.work / "opt-teacher"
+    if not (baseline / "best").is_dir():
         done = _kiln("optimize", "--variants", args.variant, "-o", str(baseline), "--force")
         if done.returncode:
             raise SystemExit(f"kiln optimize of the teacher failed: {done.stderr[-2000:]}")
     artifacts["teacher"] = baseline / "best"
     for k in (int(x) for x in args.layers.split(",")):
         out = args.work / f"student-{k}"
-        begin = time.perf_counter()
-        done = _kiln("distill", "--layers", str(k), "--texts", str(train), "-o", str(out), "--force",
-                     *args.distill_args.split())
-        if done.returncode:
-            raise SystemExit(f"kiln distill --layers {k} failed: {done.stderr[-2000:]}")
-        minutes = (time.perf_counter() - begin) / 60
+        if not (args.reuse and (out / "kiln-distill.json").is_file()):
+            done = _kiln("distill", "--layers", str(k), "--texts", str(train), "-o", str(out), "--force",
+                         *args.distill_args.split())
+            if done.returncode:
+                raise SystemExit(f"kiln distill --layers {k} failed: {done.stderr[-2000:]}")
         lineage = json.loads((out / "kiln-distill.json").read_text())
+        minutes = lineage["seconds"] / 60  # the distill run's own wall time (loading and evaluation included)
         entry = {"minutes": minutes, "keep_layers": lineage["student"]["keep_layers"],
                  "parameters": lineage["student"]["parameters"], "epochs": lineage["history"],
                  "held_out_agreement": lineage["agreement"], "fidelity": _fidelity(out, held_out)}
         opt = args.work / f"opt-{k}"
         done = _kiln("optimize", str(out), "--reference", str(teacher), "--variants", args.variant,
                      "--tolerance", str(args.tolerance), "-o", str(opt), "--force")
-        entry["optimize_exit"] = done.returncode
-        entry["optimize_summary"] = (opt / "summary.md").read_text() if (opt / "summary.md").is_file() else \
-            done.stderr[-2000:]
-        if done.returncode == 0:
-            artifacts[f"{k} layers"] = opt / "best"
+        entry["gate_against_teacher"] = {"exit": done.returncode, "output": (done.stdout + done.stderr)[-1500:]}
+        speed = args.work / f"speed-{k}"
+        done = _kiln("optimize", str(out), "--variants", args.variant, "-o", str(speed), "--force")
+        if done.returncode:
+            raise SystemExit(f"kiln optimize {out} failed: {done.stderr[-2000:]}")
+        artifacts[f"{k} layers"] = speed / "best"
         result["students"][str(k)] = entry
         print(f"{k} layers: {minutes:.1f} min, held-out cosine mean {entry['fidelity']['mean_cosine']:.4f} min "
               f"{entry['fidelity']['min_cosine']:.4f}, STS {entry['fidelity']['sts_spearman']:.4f} (teacher "
-              f"{entry['fidelity']['teacher_sts_spearman']:.4f}), optimize exit {done.returncode}", flush=True)
+              f"{entry['fidelity']['teacher_sts_spearman']:.4f}), gate against the teacher at --tolerance "
+              f"{args.tolerance}: exit {entry['gate_against_teacher']['exit']}", flush=True)
     rates = _throughput(artifacts, args.rounds)
     base = max(rates["teacher"])
     result["throughput"] = {name: {"rounds": r, "best": max(r), "vs_teacher": max(r) / base}

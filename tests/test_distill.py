@@ -51,6 +51,14 @@ def test_a_student_is_built_from_the_teachers_layers(tiny_model, arch):
         assert {k for k in last.keys() - kept.keys()} <= {"attn_norm.weight"}  # ModernBERT's first layer has none
 
 
+@pytest.mark.parametrize("arch", sorted(set(ARCHITECTURES) - {"bert"}))  # bert: the fixtures below
+def test_every_architecture_distills(tiny_model, texts, arch, tmp_path):
+    result = run_distill(DistillConfig(str(tiny_model(arch)), TaskName.FEATURE_EXTRACTION, tmp_path / "s", layers=1,
+                                       texts=texts, recipe={**RECIPE, "epochs": 1}, threads=1))
+    assert result.history and np.isfinite(result.history[0].loss) and -1 <= result.agreement <= 1
+    assert load_source(str(result.path), TaskName.FEATURE_EXTRACTION).model.config.num_hidden_layers == 1
+
+
 def test_layer_choices_and_their_errors():
     assert evenly_spaced(6, 3) == (0, 2, 5) and evenly_spaced(6, 6) == tuple(range(6)) and evenly_spaced(6, 1) == (5,)
     assert parse_keep_layers("0, 2,4", 6) == (0, 2, 4)
