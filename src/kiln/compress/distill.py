@@ -110,18 +110,12 @@ def split(count: int, share: float, cap: int, seed: int) -> tuple[np.ndarray, np
 
 def run_distill(config: DistillConfig, progress: Callable[[str, dict[str, Any]], None] = lambda kind, data: None
                 ) -> DistillResult:
-    import torch
-
-    from kiln.artifact.staging import staged_directory
     from kiln.engines.base import EngineOptions
-    from kiln.engines.torch_eager import TorchEngine, configure_torch_threads
-    from kiln.model.module import TaskModule
-    from kiln.model.reference import reference_predictor, source_encoder
+    from kiln.engines.torch_eager import configure_torch_threads
+    from kiln.model.reference import reference_predictor
     from kiln.model.source import load_source
-    from kiln.runtime.predictor import Predictor
-    from kiln.runtime.tokenization import TextEncoder
     from kiln.tasks import task_spec
-    from kiln.validation.agreement import agreement_inputs, measure_agreement
+    from kiln.validation.agreement import agreement_inputs
 
     begin = time.perf_counter()
     output = config.output.expanduser().resolve()
@@ -129,69 +123,99 @@ def run_distill(config: DistillConfig, progress: Callable[[str, dict[str, Any]],
         raise UsageError(f"{output} already exists; pass --force to replace it")
     inputs, labels, described = _data(config)
     source = load_source(config.teacher, config.task, allow_pickle=config.allow_pickle)
-    teacher = source.model
-    teacher_depth = depth(teacher)
-    if (config.layers is None) == (config.keep_layers is None):
-        raise UsageError("give the student's layers: --layers K (evenly spaced) or --keep-layers 0,2,5")
-    keep = (parse_keep_layers(config.keep_layers, teacher_depth) if config.keep_layers is not None
-            else evenly_spaced(teacher_depth, config.layers))  # type: ignore[arg-type]
+    keep = _keep_layers(config, depth(source.model))
     recipe = Recipe(keep=keep, **config.recipe)
     configure_torch_threads(EngineOptions(intra_op_threads=config.threads))
     spec = task_spec(config.task)
     train_idx, held_idx = split(len(inputs), config.held_out, config.max_held_out, recipe.seed)
-
-    # Training features are cut at the recipe's max_length; agreement is measured as the student will serve.
-    encoder = source_encoder(source)
-    train_encoder = TextEncoder(encoder.tokenizer, max_length=min(recipe.max_length, encoder.max_length),
-                                pad_id=encoder.pad_id, input_names=encoder.input_names)
-    handler = spec(source.task_config)
-    train_inputs = [inputs[i] for i in train_idx]
-    prepared = handler.features(train_inputs, train_encoder)
-    train_labels = ({} if labels is None else
-                    spec.training_labels(prepared, [labels[i] for i in train_idx], source.task_config,
-                                         train_encoder))
-    data = Features(prepared, train_labels)
-    reference = reference_predictor(source, threads=config.threads)
-    held_out = agreement_inputs(reference, [inputs[i] for i in held_idx])
-
-    def evaluate(student) -> tuple[float, dict[str, float]]:
-        engine = TorchEngine(TaskModule(student, source.input_names, spec.output_names),
-                             EngineOptions(intra_op_threads=config.threads))
-        agreement = measure_agreement(held_out, Predictor(source.task_config, encoder, engine))
-        student.eval()  # TorchEngine keeps the module in eval mode; training does too (no dropout)
-        return agreement.value, dict(agreement.figures)
-
+    data, train_encoder = _training_features(source, spec, recipe, [inputs[i] for i in train_idx],
+                                             None if labels is None else [labels[i] for i in train_idx])
+    held_out = agreement_inputs(reference_predictor(source, threads=config.threads), [inputs[i] for i in held_idx])
+    evaluate = _evaluator(source, spec, held_out, config.threads)
     fingerprint = hashlib.sha256(json.dumps({"recipe": asdict(recipe), "data": described, "teacher":
                                              source.content_sha256, "task": config.task,
                                              "held_out": [config.held_out, config.max_held_out]},
                                             sort_keys=True).encode()).hexdigest()
-    student = build_student(teacher, keep)
+    student = build_student(source.model, keep)
     before, _ = evaluate(student)
     progress("start", {"keep": keep, "train": len(train_idx), "features": len(data), "held_out": len(held_idx),
-                       "agreement_before": before, "primary": "agreement"})
+                       "agreement_before": before})
     checkpoints = checkpoint_dir(output)
-    distiller = Distiller(teacher, student, spec, source.task_config, train_encoder, source.input_names, recipe,
-                          checkpoints, evaluate, progress)
+    distiller = Distiller(source.model, student, spec, source.task_config, train_encoder, source.input_names,
+                          recipe, checkpoints, evaluate, progress)
     history = distiller.fit(data, fingerprint=fingerprint, resume=config.resume)
     final, figures = evaluate(student)
-    seconds = time.perf_counter() - begin
-    count = sum(p.numel() for p in student.parameters())
-    with staged_directory(output, overwrite=True if config.resume else config.overwrite) as stage:
+    result = DistillResult(output, keep, tuple(history), final, figures, time.perf_counter() - begin,
+                           int(sum(p.numel() for p in student.parameters())),
+                           int(sum(p.numel() for p in source.model.parameters())))
+    lineage = {
+        "teacher": source.describe(), "task": config.task,
+        "student": {"layers": len(keep), "keep_layers": list(keep), "parameters": result.parameters},
+        "recipe": asdict(recipe), "data": {**described, "held_out": int(len(held_idx)),
+                                           "train": int(len(train_idx)), "features": len(data)},
+        "agreement": {"before": before, "final": final, "figures": figures,
+                      "measured_on": f"{len(held_idx)} held-out inputs, against the teacher"},
+        "history": [asdict(h) for h in history], "seconds": result.seconds,
+    }
+    _write_student(output, source, student, lineage, overwrite=config.overwrite or config.resume)
+    shutil.rmtree(checkpoints, ignore_errors=True)
+    return result
+
+
+def _keep_layers(config: DistillConfig, teacher_depth: int) -> tuple[int, ...]:
+    if (config.layers is None) == (config.keep_layers is None):
+        raise UsageError("give the student's layers: --layers K (evenly spaced) or --keep-layers 0,2,5")
+    if config.keep_layers is not None:
+        return parse_keep_layers(config.keep_layers, teacher_depth)
+    return evenly_spaced(teacher_depth, config.layers)  # type: ignore[arg-type]
+
+
+def _training_features(source, spec, recipe: Recipe, inputs: list[Any], labels: list[Any] | None):
+    """(features cut at the recipe's max_length with their targets, the encoder that cut them); agreement is
+    measured at the teacher's full length, as the student will serve."""
+    from kiln.model.reference import source_encoder
+    from kiln.runtime.tokenization import TextEncoder
+
+    encoder = source_encoder(source)
+    train_encoder = TextEncoder(encoder.tokenizer, max_length=min(recipe.max_length, encoder.max_length),
+                                pad_id=encoder.pad_id, input_names=encoder.input_names)
+    prepared = spec(source.task_config).features(inputs, train_encoder)
+    targets = {} if labels is None else spec.training_labels(prepared, labels, source.task_config, train_encoder)
+    return Features(prepared, targets), train_encoder
+
+
+def _evaluator(source, spec, held_out, threads: int | None) -> Callable[[Any], tuple[float, dict[str, float]]]:
+    """The student's agreement with the teacher on the held-out inputs: the task's gated figure and the rest."""
+    from kiln.engines.base import EngineOptions
+    from kiln.engines.torch_eager import TorchEngine
+    from kiln.model.module import TaskModule
+    from kiln.model.reference import source_encoder
+    from kiln.runtime.predictor import Predictor
+    from kiln.validation.agreement import measure_agreement
+
+    encoder = source_encoder(source)
+
+    def evaluate(student) -> tuple[float, dict[str, float]]:
+        engine = TorchEngine(TaskModule(student, source.input_names, spec.output_names),
+                             EngineOptions(intra_op_threads=threads))
+        agreement = measure_agreement(held_out, Predictor(source.task_config, encoder, engine))
+        student.eval()  # TorchEngine keeps the module in eval mode; training does too (no dropout)
+        return agreement.value, dict(agreement.figures)
+
+    return evaluate
+
+
+def _write_student(output: Path, source, student, lineage: dict[str, Any], *, overwrite: bool) -> None:
+    """The student as an ordinary model directory, written atomically, with its lineage."""
+    import torch
+
+    from kiln.artifact.staging import staged_directory
+
+    with staged_directory(output, overwrite=overwrite) as stage:
         student.save_pretrained(stage, safe_serialization=True)
         source.tokenizer.save_pretrained(stage)
         _copy_sentence_transformers_files(source.path, stage)
-        write_json(stage / LINEAGE_FILE, LINEAGE_SCHEMA, {
-            "teacher": source.describe(), "task": config.task,
-            "student": {"layers": len(keep), "keep_layers": list(keep), "parameters": int(count)},
-            "recipe": asdict(recipe), "data": {**described, "held_out": int(len(held_idx)),
-                                               "train": int(len(train_idx)), "features": len(data)},
-            "agreement": {"before": before, "final": final, "figures": figures,
-                          "measured_on": f"{len(held_idx)} held-out inputs, against the teacher"},
-            "history": [asdict(h) for h in history], "seconds": seconds, "torch": torch.__version__,
-        })
-    shutil.rmtree(checkpoints, ignore_errors=True)
-    return DistillResult(output, keep, tuple(history), final, figures, seconds, int(count),
-                         int(sum(p.numel() for p in teacher.parameters())))
+        write_json(stage / LINEAGE_FILE, LINEAGE_SCHEMA, {**lineage, "torch": torch.__version__})
 
 
 def _copy_sentence_transformers_files(teacher_dir: Path, stage: Path) -> None:
