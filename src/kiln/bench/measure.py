@@ -136,7 +136,7 @@ def length_mix_throughput(predictor: Predictor, encodings: Sequence[Encoding], r
     warm(predictor, encodings)
     results = {sort: len(encodings) / best_seconds(predictor, encodings, rounds=rounds, sort=sort)
                for sort in (True, False)}
-    multiple = getattr(predictor.engine, "pad_multiple", 1)
+    multiple = predictor.pad_multiple
     return MixResult(len(encodings), results[True], results[False],
                      padding_efficiency(lengths, predictor.batch_size, True, multiple),
                      padding_efficiency(lengths, predictor.batch_size, False, multiple), predictor.batch_size)

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from kiln.artifact.hashing import sha256_file
 from kiln.compress.student import build_student, depth, evenly_spaced, parse_keep_layers
 from kiln.compress.trainer import Distiller, Epoch, Features, Recipe
 from kiln.errors import UsageError
@@ -66,10 +67,6 @@ def checkpoint_dir(output: Path) -> Path:
     return output.parent / f".{output.name}.distill-checkpoint"
 
 
-def file_sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
 def _data(config: DistillConfig) -> tuple[list[Any], list[Any] | None, dict[str, Any]]:
     """(inputs, labels or None per input, description with hashes)."""
     from kiln.optimize.datasets import read_inputs
@@ -86,13 +83,13 @@ def _data(config: DistillConfig) -> tuple[list[Any], list[Any] | None, dict[str,
         texts = read_inputs(config.texts, config.task, "--texts")
         inputs += texts
         labels += [None] * len(texts)
-        described["texts"] = {"path": str(config.texts), "sha256": file_sha256(config.texts.expanduser()),
+        described["texts"] = {"path": str(config.texts), "sha256": sha256_file(config.texts.expanduser()),
                               "count": len(texts)}
     if config.train is not None:
         rows, row_labels = task_spec(config.task).training_rows(load_eval_set(config.train, config.task))
         inputs += rows
         labels += row_labels
-        described["train"] = {"path": str(config.train), "sha256": file_sha256(config.train.expanduser()),
+        described["train"] = {"path": str(config.train), "sha256": sha256_file(config.train.expanduser()),
                               "count": len(rows)}
     if len(inputs) < 2:
         raise UsageError(f"kiln distill needs at least 2 inputs to train and hold some out (got {len(inputs)})")
@@ -128,10 +125,11 @@ def run_distill(config: DistillConfig, progress: Callable[[str, dict[str, Any]],
     configure_torch_threads(EngineOptions(intra_op_threads=config.threads))
     spec = task_spec(config.task)
     train_idx, held_idx = split(len(inputs), config.held_out, config.max_held_out, recipe.seed)
-    data, train_encoder = _training_features(source, spec, recipe, [inputs[i] for i in train_idx],
+    reference = reference_predictor(source, threads=config.threads)
+    data, train_encoder = _training_features(source, spec, recipe, reference.encoder, [inputs[i] for i in train_idx],
                                              None if labels is None else [labels[i] for i in train_idx])
-    held_out = agreement_inputs(reference_predictor(source, threads=config.threads), [inputs[i] for i in held_idx])
-    evaluate = _evaluator(source, spec, held_out, config.threads)
+    held_out = agreement_inputs(reference, [inputs[i] for i in held_idx])
+    evaluate = _evaluator(source, spec, reference.encoder, held_out, config.threads)
     fingerprint = hashlib.sha256(json.dumps({"recipe": asdict(recipe), "data": described, "teacher":
                                              source.content_sha256, "task": config.task,
                                              "held_out": [config.held_out, config.max_held_out]},
@@ -170,13 +168,11 @@ def _keep_layers(config: DistillConfig, teacher_depth: int) -> tuple[int, ...]:
     return evenly_spaced(teacher_depth, config.layers)  # type: ignore[arg-type]
 
 
-def _training_features(source, spec, recipe: Recipe, inputs: list[Any], labels: list[Any] | None):
+def _training_features(source, spec, recipe: Recipe, encoder, inputs: list[Any], labels: list[Any] | None):
     """(features cut at the recipe's max_length with their targets, the encoder that cut them); agreement is
-    measured at the teacher's full length, as the student will serve."""
-    from kiln.model.reference import source_encoder
+    measured with ``encoder`` at the teacher's full length, as the student will serve."""
     from kiln.runtime.tokenization import TextEncoder
 
-    encoder = source_encoder(source)
     train_encoder = TextEncoder(encoder.tokenizer, max_length=min(recipe.max_length, encoder.max_length),
                                 pad_id=encoder.pad_id, input_names=encoder.input_names)
     prepared = spec(source.task_config).features(inputs, train_encoder)
@@ -184,16 +180,14 @@ def _training_features(source, spec, recipe: Recipe, inputs: list[Any], labels: 
     return Features(prepared, targets), train_encoder
 
 
-def _evaluator(source, spec, held_out, threads: int | None) -> Callable[[Any], tuple[float, dict[str, float]]]:
+def _evaluator(source, spec, encoder, held_out, threads: int | None
+               ) -> Callable[[Any], tuple[float, dict[str, float]]]:
     """The student's agreement with the teacher on the held-out inputs: the task's gated figure and the rest."""
     from kiln.engines.base import EngineOptions
     from kiln.engines.torch_eager import TorchEngine
     from kiln.model.module import TaskModule
-    from kiln.model.reference import source_encoder
     from kiln.runtime.predictor import Predictor
     from kiln.validation.agreement import measure_agreement
-
-    encoder = source_encoder(source)
 
     def evaluate(student) -> tuple[float, dict[str, float]]:
         engine = TorchEngine(TaskModule(student, source.input_names, spec.output_names),

@@ -40,6 +40,11 @@ class BatchLimits:
     window: int = 256  # features sorted together when choosing the next batch
     call_overhead_tokens: int = 64  # an engine call's fixed cost, in padded tokens (measured: 30-90 on CPU)
 
+    @property
+    def batch_cap(self) -> int:
+        """The most inputs in one batch: ``max_batch_size``, else kiln's default."""
+        return self.max_batch_size or DEFAULT_MAX_BATCH
+
 
 def partition(lengths: Sequence[int], limits: BatchLimits) -> list[tuple[int, int]]:
     """Cut sorted ``lengths`` into contiguous [start, end) groups of least total cost (see the module doc)."""
@@ -48,7 +53,7 @@ def partition(lengths: Sequence[int], limits: BatchLimits) -> list[tuple[int, in
     cut = [0] * (n + 1)
     for j in range(1, n + 1):
         longest = lengths[j - 1]
-        for i in range(j - 1, max(0, j - (limits.max_batch_size or DEFAULT_MAX_BATCH)) - 1, -1):
+        for i in range(j - 1, max(0, j - limits.batch_cap) - 1, -1):
             padded = longest * (j - i)
             if padded > limits.max_batch_tokens and i < j - 1:
                 break  # a single feature always fits (the tokenizer truncated it to the model's maximum)
@@ -173,8 +178,7 @@ class Batcher:
     def _ready(self) -> bool:
         if not self._pending:
             return False
-        size = self.limits.max_batch_size or DEFAULT_MAX_BATCH
-        if self._closing or self._busy < len(self._sessions) or len(self._pending) >= size:
+        if self._closing or self._busy < len(self._sessions) or len(self._pending) >= self.limits.batch_cap:
             return True
         longest = max(i.length for i in self._pending)
         if longest * len(self._pending) >= self.limits.max_batch_tokens:

@@ -16,7 +16,7 @@ from typing import Any
 from kiln.artifact.directory import Artifact
 from kiln.errors import KilnError, UsageError
 from kiln.runtime.predictor import Predictor
-from kiln.serve.batcher import DEFAULT_MAX_BATCH, Batcher, BatchLimits, BatchStats
+from kiln.serve.batcher import Batcher, BatchLimits, BatchStats
 from kiln.serve.metrics import Metrics
 from kiln.tasks.http import RequestBody
 
@@ -50,7 +50,7 @@ def load_served(name: str, path: Path, limits: BatchLimits, metrics: Metrics, *,
     predictor = artifact.predictor(variant, plan)
     if limits.max_batch_size is None:  # the sweep's batch size where kiln bench measured one
         limits = replace(limits, max_batch_size=artifact.serving_default(variant).get("batch_size",
-                                                                                    DEFAULT_MAX_BATCH))
+                                                                                    limits.batch_cap))
 
     def observe(stats: BatchStats) -> None:
         metrics.batch_size.observe(stats.size)
