@@ -210,9 +210,14 @@ def test_optimize_judges_a_student_against_its_teacher(distilled, tiny_model, tm
     alone = OptimizeJob(OptimizeConfig(model=student, task=TaskName.FEATURE_EXTRACTION, output=tmp_path / "alone",
                                        variants=("onnx-fp32",))).run()
     assert alone.best == "onnx-fp32" and not alone.reference
+    said = []
     with pytest.raises(NothingPassed, match="onnx-fp32 rejected: min_cosine"):
         OptimizeJob(OptimizeConfig(model=student, task=TaskName.FEATURE_EXTRACTION, output=tmp_path / "judged",
-                                   variants=("onnx-fp32",), reference=teacher)).run()
+                                   variants=("onnx-fp32", "onnx-int8-dynamic"), reference=teacher),
+                    said.append).run()
+    # the exact export already fails against the teacher: no int8 layer search can recover the student's loss
+    assert any("no precision search: the exact onnx-fp32 export already fails" in s for s in said)
+    assert not any("ranking layers by int8 sensitivity" in s for s in said)
     # within a tolerance that admits the student's loss, it passes, and the artifact names its reference
     loose = OptimizeJob(OptimizeConfig(model=student, task=TaskName.FEATURE_EXTRACTION, output=tmp_path / "loose",
                                        variants=("onnx-fp32",), reference=teacher, tolerance=0.9)).run()

@@ -10,7 +10,7 @@ import typer
 
 from kiln.choices import ExportFormat, ExternalData
 from kiln.cli import console
-from kiln.cli.compress import distill
+from kiln.cli.compress import distill, prune
 from kiln.cli.options import DEFAULT_TASK_OPT, ForceOpt, ModelArg, PickleOpt, TaskOpt
 from kiln.errors import KilnError
 from kiln.tasks import TASKS
@@ -142,6 +142,7 @@ def optimize(
 
 
 app.command()(distill)
+app.command()(prune)
 
 
 def _int_list(value: str | None, flag: str) -> tuple[int, ...] | None:

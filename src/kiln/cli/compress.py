@@ -1,7 +1,8 @@
-"""`kiln distill`: the command that makes the model itself smaller (kiln/compress)."""
+"""`kiln distill` and `kiln prune`: the commands that make the model itself smaller (kiln/compress)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -9,6 +10,34 @@ import typer
 
 from kiln.cli import console
 from kiln.cli.options import DEFAULT_TASK_OPT, ForceOpt, ModelArg, PickleOpt, TaskOpt
+
+# Options kiln distill and kiln prune share: data, the training recipe, the run.
+TextsOpt = Annotated[Optional[Path], typer.Option(  # noqa: UP045
+    "--texts", help="Unlabelled inputs, .txt one per line (or .jsonl/.csv as for --eval): the teacher labels them.",
+    show_default=False)]
+TrainOpt = Annotated[Optional[Path], typer.Option(  # noqa: UP045
+    "--train", help="Labelled rows in the task's --eval format: cross-entropy on the labels (weight --alpha) beside "
+    "the teacher's outputs.", show_default=False)]
+BatchOpt = Annotated[int, typer.Option("--batch-size", help="Features per step, grouped by length.", min=1)]
+LrOpt = Annotated[float, typer.Option("--lr", help="Peak learning rate (AdamW, linear warm-up and decay).")]
+MaxLengthOpt = Annotated[int, typer.Option("--max-length", help="Tokens per feature while training (cheaper "
+                                           "steps); the student still serves the teacher's maximum.", min=8)]
+AlphaOpt = Annotated[float, typer.Option("--alpha", help="Weight of cross-entropy on labels against distillation "
+                                         "(logit tasks with --train).")]
+TemperatureOpt = Annotated[float, typer.Option("--temperature", help="Softmax temperature of the distillation KL.")]
+HiddenOpt = Annotated[float, typer.Option("--hidden-weight", help="Weight of matching each student layer's hidden "
+                                          "states to its teacher layer's (0 turns it off).")]
+HeldOutOpt = Annotated[float, typer.Option("--held-out", help="Share of the data held out (at most 256 inputs) for "
+                                           "the agreement with the teacher that picks the best epoch.")]
+PatienceOpt = Annotated[int, typer.Option("--patience", help="Epochs without better agreement before stopping.",
+                                          min=1)]
+SeedOpt = Annotated[int, typer.Option("--seed", help="Seed of the split, batch order and initialisation.")]
+ThreadsOpt = Annotated[Optional[int], typer.Option(  # noqa: UP045
+    "--threads", help="Torch threads (default: the cores this process may use).", show_default=False, min=1)]
+ResumeOpt = Annotated[bool, typer.Option("--resume", help="Go on from the last epoch checkpoint of an interrupted "
+                                         "run with the same recipe and data.")]
+LogEveryOpt = Annotated[int, typer.Option("--log-every", help="Without a terminal: a progress line every N steps.",
+                                          min=1)]
 
 
 def distill(
@@ -22,33 +51,22 @@ def distill(
         show_default=False)] = None,
     keep_layers: Annotated[Optional[str], typer.Option(  # noqa: UP045
         help="Keep exactly these teacher layers, e.g. 0,2,5 (instead of --layers).", show_default=False)] = None,
-    texts: Annotated[Optional[Path], typer.Option(  # noqa: UP045
-        help="Unlabelled inputs, .txt one per line (or .jsonl/.csv as for --eval): the teacher labels them.",
-        show_default=False)] = None,
-    train: Annotated[Optional[Path], typer.Option(  # noqa: UP045
-        help="Labelled rows in the task's --eval format: cross-entropy on the labels (weight --alpha) beside the "
-        "teacher's outputs.", show_default=False)] = None,
+    texts: TextsOpt = None,
+    train: TrainOpt = None,
     epochs: Annotated[int, typer.Option(help="Passes over the data (training stops early without progress).",
                                         min=1)] = 3,
-    batch_size: Annotated[int, typer.Option(help="Features per step, grouped by length.", min=1)] = 32,
-    lr: Annotated[float, typer.Option(help="Peak learning rate (AdamW, linear warm-up and decay).")] = 5e-4,
-    max_length: Annotated[int, typer.Option(help="Tokens per feature while training (cheaper steps); the "
-                                            "student still serves the teacher's maximum.", min=8)] = 128,
-    alpha: Annotated[float, typer.Option(help="Weight of cross-entropy on labels against distillation (logit "
-                                         "tasks with --train).")] = 0.5,
-    temperature: Annotated[float, typer.Option(help="Softmax temperature of the distillation KL.")] = 2.0,
-    hidden_weight: Annotated[float, typer.Option(help="Weight of matching each student layer's hidden states "
-                                                 "to its teacher layer's (0 turns it off).")] = 1.0,
-    held_out: Annotated[float, typer.Option(help="Share of the data held out (at most 256 inputs) for the "
-                                            "agreement with the teacher that picks the best epoch.")] = 0.05,
-    patience: Annotated[int, typer.Option(help="Epochs without better agreement before stopping.", min=1)] = 2,
-    seed: Annotated[int, typer.Option(help="Seed of the split, batch order and initialisation.")] = 0,
-    threads: Annotated[Optional[int], typer.Option(  # noqa: UP045
-        help="Torch threads (default: the cores this process may use).", show_default=False, min=1)] = None,
-    resume: Annotated[bool, typer.Option(help="Go on from the last epoch checkpoint of an interrupted run with "
-                                         "the same recipe and data.")] = False,
-    log_every: Annotated[int, typer.Option(help="Without a terminal: a progress line every N steps.",
-                                           min=1)] = 50,
+    batch_size: BatchOpt = 32,
+    lr: LrOpt = 5e-4,
+    max_length: MaxLengthOpt = 128,
+    alpha: AlphaOpt = 0.5,
+    temperature: TemperatureOpt = 2.0,
+    hidden_weight: HiddenOpt = 1.0,
+    held_out: HeldOutOpt = 0.05,
+    patience: PatienceOpt = 2,
+    seed: SeedOpt = 0,
+    threads: ThreadsOpt = None,
+    resume: ResumeOpt = False,
+    log_every: LogEveryOpt = 50,
     allow_pickle: PickleOpt = False,
     force: ForceOpt = False,
 ) -> None:
@@ -57,23 +75,83 @@ def distill(
     Then `kiln optimize STUDENT --reference TEACHER` builds its fast variants, judged against the teacher.
     """
     from kiln.compress.distill import DistillConfig, run_distill
+
+    config = DistillConfig(teacher, task.value, output, layers=layers, keep_layers=keep_layers, texts=texts,
+                           train=train, recipe=_recipe(epochs, batch_size, lr, max_length, seed, patience, alpha,
+                                                       temperature, hidden_weight),
+                           held_out=held_out, threads=threads, resume=resume, overwrite=force,
+                           allow_pickle=allow_pickle)
+    _run(lambda reporter: run_distill(config, reporter), log_every)
+
+
+def prune(
+    model: ModelArg = None,
+    task: TaskOpt = DEFAULT_TASK_OPT,
+    output: Annotated[Path, typer.Option("--output", "-o", help="Model directory to write the pruned model to "
+                                         "(kiln-prune.json holds its lineage).")] = Path("kiln-pruned"),
+    heads: Annotated[float, typer.Option(help="Share of all attention heads to remove (each layer keeps one).")
+                     ] = 0.0,
+    ffn: Annotated[float, typer.Option(help="Share of all FFN neurons to remove (each layer keeps one).")] = 0.0,
+    scope: Annotated[str, typer.Option(help="global: rank heads and neurons across layers (layers lose "
+                                       "different shares); layer: the same share in every layer (with --heads 0 "
+                                       "the result is a plain transformers model).")] = "global",
+    importance_samples: Annotated[int, typer.Option(help="Training inputs the importance is measured on.",
+                                                    min=1)] = 512,
+    texts: TextsOpt = None,
+    train: TrainOpt = None,
+    recover_epochs: Annotated[int, typer.Option(help="Epochs of distillation from the unpruned model after "
+                                                "pruning (0: write the pruned model as cut).", min=0)] = 1,
+    batch_size: BatchOpt = 32,
+    lr: LrOpt = 1e-4,
+    max_length: MaxLengthOpt = 128,
+    alpha: AlphaOpt = 0.5,
+    temperature: TemperatureOpt = 2.0,
+    hidden_weight: HiddenOpt = 1.0,
+    held_out: HeldOutOpt = 0.05,
+    patience: PatienceOpt = 2,
+    seed: SeedOpt = 0,
+    threads: ThreadsOpt = None,
+    resume: ResumeOpt = False,
+    log_every: LogEveryOpt = 50,
+    allow_pickle: PickleOpt = False,
+    force: ForceOpt = False,
+) -> None:
+    """Remove the least important attention heads and FFN neurons from the weight matrices, then recover.
+
+    Importance is measured on --texts/--train through per-head and per-neuron gates; the pruned model is
+    distilled from the unpruned one for --recover-epochs. Then `kiln optimize PRUNED --reference MODEL`.
+    """
+    from kiln.compress.distill import DistillConfig
+    from kiln.compress.prune import PruneSettings, run_prune
+
+    settings = PruneSettings(heads=heads, ffn=ffn, scope=scope, samples=importance_samples)
+    config = DistillConfig(model, task.value, output, texts=texts, train=train,
+                           recipe=_recipe(recover_epochs, batch_size, lr, max_length, seed, patience, alpha,
+                                          temperature, hidden_weight),
+                           held_out=held_out, threads=threads, resume=resume, overwrite=force,
+                           allow_pickle=allow_pickle)
+    _run(lambda reporter: run_prune(config, settings, reporter), log_every)
+
+
+def _recipe(epochs: int, batch_size: int, lr: float, max_length: int, seed: int, patience: int, alpha: float,
+            temperature: float, hidden_weight: float) -> dict[str, Any]:
     from kiln.compress.losses import LossWeights
 
-    recipe = {"epochs": epochs, "batch_size": batch_size, "lr": lr, "max_length": max_length, "seed": seed,
-              "patience": patience, "weights": LossWeights(alpha, temperature, hidden_weight)}
-    config = DistillConfig(teacher, task.value, output, layers=layers, keep_layers=keep_layers, texts=texts,
-                           train=train, recipe=recipe, held_out=held_out, threads=threads, resume=resume,
-                           overwrite=force, allow_pickle=allow_pickle)
+    return {"epochs": epochs, "batch_size": batch_size, "lr": lr, "max_length": max_length, "seed": seed,
+            "patience": patience, "weights": LossWeights(alpha, temperature, hidden_weight)}
+
+
+def _run(run: Callable[[_Reporter], Any], log_every: int) -> None:
     reporter = _Reporter(log_every)
     try:
-        result = run_distill(config, reporter)
+        result = run(reporter)
     finally:
         reporter.close()
-    console.out.print(f"student: {len(result.keep)} layers {list(result.keep)} of the teacher, "
-                      f"{result.parameters / 1e6:.1f}M parameters ({result.parameters / result.teacher_parameters:.0%}"
-                      f" of the teacher), agreement with the teacher {result.agreement:.4f} "
-                      f"({', '.join(f'{k} {v:.4f}' for k, v in result.figures.items())}), "
-                      f"{result.seconds / 60:.1f} min -> {result.path}")
+    layers = "" if "pruning" in reporter.student else f"{len(result.keep)} layers {list(result.keep)} of the teacher, "
+    console.out.print(f"student: {layers}{result.parameters / 1e6:.1f}M parameters "
+                      f"({result.parameters / result.teacher_parameters:.0%} of the teacher), agreement with the "
+                      f"teacher {result.agreement:.4f} ({', '.join(f'{k} {v:.4f}' for k, v in result.figures.items())}"
+                      f"), {result.seconds / 60:.1f} min -> {result.path}")
 
 
 class _Reporter:
@@ -81,12 +159,24 @@ class _Reporter:
 
     def __init__(self, every: int) -> None:
         self.every, self.bar, self.agreement = every, None, "-"
+        self.student: dict[str, Any] = {}
 
     def __call__(self, kind: str, data: dict[str, Any]) -> None:
         if kind == "start":
-            console.progress(f"student keeps layers {list(data['keep'])}; {data['train']} inputs "
-                             f"({data['features']} features) to train on, {data['held_out']} held out; agreement "
-                             f"with the teacher before training {data['agreement_before']:.4f}")
+            self.student = data["student"]
+            what = ("pruned model" if "pruning" in self.student
+                    else f"student keeps layers {list(data['keep'])}")
+            console.progress(f"{what}; {data['train']} inputs ({data['features']} features) to train on, "
+                             f"{data['held_out']} held out; agreement with the teacher before training "
+                             f"{data['agreement_before']:.4f}")
+        elif kind == "importance":
+            if data["done"] == data["total"] or data["done"] % self.every == 0:
+                console.progress(f"importance of heads and neurons: batch {data['done']}/{data['total']}")
+        elif kind == "pruned":
+            shape = data["shape"]
+            console.progress(f"pruned: heads per layer {[len(h) for h in shape.heads]}, FFN width per layer "
+                             f"{list(shape.ffn)}; {data['parameters'] / 1e6:.1f}M parameters "
+                             f"({data['parameters'] / data['teacher_parameters']:.0%} of the unpruned model)")
         elif kind == "resumed":
             console.progress(f"resumed after epoch {data['epoch']} from {data['path']}")
         elif kind == "step":

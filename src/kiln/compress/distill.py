@@ -25,8 +25,8 @@ from kiln.compress.trainer import Distiller, Epoch, Features, Recipe
 from kiln.errors import UsageError
 from kiln.records import write_json
 
-LINEAGE_FILE = "kiln-distill.json"
-LINEAGE_SCHEMA = "kiln.distill/1"
+LINEAGE_FILE = "kiln-distill.json"  # kiln prune writes kiln-prune.json
+LINEAGE_SCHEMA = "kiln.compress/1"
 # sentence-transformers' own files: a student with them loads in SentenceTransformer with the same pooling.
 ST_FILES = ("modules.json", "config_sentence_transformers.json", "sentence_bert_config.json")
 
@@ -105,8 +105,43 @@ def split(count: int, share: float, cap: int, seed: int) -> tuple[np.ndarray, np
     return np.sort(order[held:]), np.sort(order[:held])
 
 
+@dataclass(frozen=True)
+class Student:
+    """A student before training: the model, the teacher layer each of its layers starts from (their hidden
+    states are matched), and what to record about how it was made."""
+
+    model: Any
+    keep: tuple[int, ...]
+    lineage: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class StudentMaker:
+    """How a compression method makes its student: ``describe`` goes into the resume fingerprint, ``make`` gets
+    the teacher, the training features, the encoder that made them and a progress callback."""
+
+    method: str  # "distill" or "prune": the lineage file is kiln-<method>.json
+    describe: dict[str, Any]
+    make: Callable[[Any, Features, Any, Callable[[str, dict[str, Any]], None]], Student]
+
+
+def layer_student(config: DistillConfig) -> StudentMaker:
+    """kiln distill's student: K of the teacher's layers (--layers / --keep-layers)."""
+    def make(source, features: Features, encoder, progress) -> Student:
+        keep = _keep_layers(config, depth(source.model))
+        return Student(build_student(source.model, keep), keep, {"layers": len(keep), "keep_layers": list(keep)})
+
+    return StudentMaker("distill", {"layers": config.layers, "keep_layers": config.keep_layers}, make)
+
+
 def run_distill(config: DistillConfig, progress: Callable[[str, dict[str, Any]], None] = lambda kind, data: None
                 ) -> DistillResult:
+    return run_compression(config, layer_student(config), progress)
+
+
+def run_compression(config: DistillConfig, maker: StudentMaker,
+                    progress: Callable[[str, dict[str, Any]], None] = lambda kind, data: None) -> DistillResult:
+    """Data, teacher and held-out split; the maker's student; training against the teacher; the directory."""
     from kiln.engines.base import EngineOptions
     from kiln.engines.torch_eager import configure_torch_threads
     from kiln.model.reference import reference_predictor
@@ -120,42 +155,46 @@ def run_distill(config: DistillConfig, progress: Callable[[str, dict[str, Any]],
         raise UsageError(f"{output} already exists; pass --force to replace it")
     inputs, labels, described = _data(config)
     source = load_source(config.teacher, config.task, allow_pickle=config.allow_pickle)
-    keep = _keep_layers(config, depth(source.model))
-    recipe = Recipe(keep=keep, **config.recipe)
     configure_torch_threads(EngineOptions(intra_op_threads=config.threads))
     spec = task_spec(config.task)
-    train_idx, held_idx = split(len(inputs), config.held_out, config.max_held_out, recipe.seed)
+    seed = int(config.recipe.get("seed", 0))
+    train_idx, held_idx = split(len(inputs), config.held_out, config.max_held_out, seed)
     reference = reference_predictor(source, threads=config.threads)
-    data, train_encoder = _training_features(source, spec, recipe, reference.encoder, [inputs[i] for i in train_idx],
+    data, train_encoder = _training_features(source, spec, int(config.recipe.get("max_length", 128)),
+                                             reference.encoder, [inputs[i] for i in train_idx],
                                              None if labels is None else [labels[i] for i in train_idx])
     held_out = agreement_inputs(reference, [inputs[i] for i in held_idx])
     evaluate = _evaluator(source, spec, reference.encoder, held_out, config.threads)
+    made = maker.make(source, data, train_encoder, progress)
+    recipe = Recipe(keep=made.keep, **config.recipe)
     fingerprint = hashlib.sha256(json.dumps({"recipe": asdict(recipe), "data": described, "teacher":
-                                             source.content_sha256, "task": config.task,
+                                             source.content_sha256, "task": config.task, "method": maker.method,
+                                             "student": maker.describe,
                                              "held_out": [config.held_out, config.max_held_out]},
-                                            sort_keys=True).encode()).hexdigest()
-    student = build_student(source.model, keep)
+                                            sort_keys=True, default=str).encode()).hexdigest()
+    student = made.model
     before, _ = evaluate(student)
-    progress("start", {"keep": keep, "train": len(train_idx), "features": len(data), "held_out": len(held_idx),
-                       "agreement_before": before})
+    progress("start", {"keep": made.keep, "train": len(train_idx), "features": len(data), "held_out": len(held_idx),
+                       "agreement_before": before, "student": made.lineage})
     checkpoints = checkpoint_dir(output)
     distiller = Distiller(source.model, student, spec, source.task_config, train_encoder, source.input_names,
                           recipe, checkpoints, evaluate, progress)
-    history = distiller.fit(data, fingerprint=fingerprint, resume=config.resume)
+    history = distiller.fit(data, fingerprint=fingerprint, resume=config.resume) if recipe.epochs else []
     final, figures = evaluate(student)
-    result = DistillResult(output, keep, tuple(history), final, figures, time.perf_counter() - begin,
+    result = DistillResult(output, made.keep, tuple(history), final, figures, time.perf_counter() - begin,
                            int(sum(p.numel() for p in student.parameters())),
                            int(sum(p.numel() for p in source.model.parameters())))
     lineage = {
-        "teacher": source.describe(), "task": config.task,
-        "student": {"layers": len(keep), "keep_layers": list(keep), "parameters": result.parameters},
+        "method": maker.method, "teacher": source.describe(), "task": config.task,
+        "student": {**made.lineage, "parameters": result.parameters},
         "recipe": asdict(recipe), "data": {**described, "held_out": int(len(held_idx)),
                                            "train": int(len(train_idx)), "features": len(data)},
         "agreement": {"before": before, "final": final, "figures": figures,
                       "measured_on": f"{len(held_idx)} held-out inputs, against the teacher"},
         "history": [asdict(h) for h in history], "seconds": result.seconds,
     }
-    _write_student(output, source, student, lineage, overwrite=config.overwrite or config.resume)
+    _write_student(output, source, student, f"kiln-{maker.method}.json", lineage,
+                   overwrite=config.overwrite or config.resume)
     shutil.rmtree(checkpoints, ignore_errors=True)
     return result
 
@@ -168,12 +207,12 @@ def _keep_layers(config: DistillConfig, teacher_depth: int) -> tuple[int, ...]:
     return evenly_spaced(teacher_depth, config.layers)  # type: ignore[arg-type]
 
 
-def _training_features(source, spec, recipe: Recipe, encoder, inputs: list[Any], labels: list[Any] | None):
+def _training_features(source, spec, max_length: int, encoder, inputs: list[Any], labels: list[Any] | None):
     """(features cut at the recipe's max_length with their targets, the encoder that cut them); agreement is
     measured with ``encoder`` at the teacher's full length, as the student will serve."""
     from kiln.runtime.tokenization import TextEncoder
 
-    train_encoder = TextEncoder(encoder.tokenizer, max_length=min(recipe.max_length, encoder.max_length),
+    train_encoder = TextEncoder(encoder.tokenizer, max_length=min(max_length, encoder.max_length),
                                 pad_id=encoder.pad_id, input_names=encoder.input_names)
     prepared = spec(source.task_config).features(inputs, train_encoder)
     targets = {} if labels is None else spec.training_labels(prepared, labels, source.task_config, train_encoder)
@@ -199,7 +238,8 @@ def _evaluator(source, spec, encoder, held_out, threads: int | None
     return evaluate
 
 
-def _write_student(output: Path, source, student, lineage: dict[str, Any], *, overwrite: bool) -> None:
+def _write_student(output: Path, source, student, lineage_file: str, lineage: dict[str, Any], *,
+                   overwrite: bool) -> None:
     """The student as an ordinary model directory, written atomically, with its lineage."""
     import torch
 
@@ -209,7 +249,7 @@ def _write_student(output: Path, source, student, lineage: dict[str, Any], *, ov
         student.save_pretrained(stage, safe_serialization=True)
         source.tokenizer.save_pretrained(stage)
         _copy_sentence_transformers_files(source.path, stage)
-        write_json(stage / LINEAGE_FILE, LINEAGE_SCHEMA, {**lineage, "torch": torch.__version__})
+        write_json(stage / lineage_file, LINEAGE_SCHEMA, {**lineage, "torch": torch.__version__})
 
 
 def _copy_sentence_transformers_files(teacher_dir: Path, stage: Path) -> None:

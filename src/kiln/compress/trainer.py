@@ -44,7 +44,7 @@ class Recipe:
     weights: LossWeights = field(default_factory=LossWeights)
 
     def __post_init__(self) -> None:
-        for flag, value, low in (("--epochs", self.epochs, 1), ("--batch-size", self.batch_size, 1),
+        for flag, value, low in (("--epochs", self.epochs, 0), ("--batch-size", self.batch_size, 1),
                                  ("--max-length", self.max_length, 8), ("--patience", self.patience, 1)):
             if value < low:
                 raise UsageError(f"{flag} must be at least {low} (got {value})")

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from kiln.artifact.hashing import directory_hash, list_files
+from kiln.compress.layout import CONFIG_KEY as PRUNED_KEY
 from kiln.errors import ModelLoadError, UnsupportedModelError
 from kiln.model.architectures import arch_spec
 from kiln.tasks import TASKS, TaskSpec, task_spec
@@ -121,9 +122,14 @@ def load_source(model: str | None, task: str, *, allow_pickle: bool = False) -> 
     transformers.utils.logging.set_verbosity_error()  # load-time notices are not the user's concern
     auto_class = getattr(transformers, spec.auto_class)
     try:
-        hf_model, info = auto_class.from_pretrained(
-            model_dir, attn_implementation="eager", output_loading_info=True, use_safetensors=not allow_pickle
-        )
+        if PRUNED_KEY in config:  # heads or FFN widths its transformers config cannot describe
+            from kiln.compress.layout import load_pruned
+
+            hf_model, info = load_pruned(model_dir, spec.auto_class, attn_implementation="eager"), {}
+        else:
+            hf_model, info = auto_class.from_pretrained(
+                model_dir, attn_implementation="eager", output_loading_info=True, use_safetensors=not allow_pickle
+            )
         tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
     except (OSError, ValueError, KeyError) as err:
         raise ModelLoadError(f"could not load {name} for {spec.name}: {err}") from err

@@ -108,6 +108,9 @@ class Workload:
     timing: tuple[Encoding, ...]
 
 
+EXACT_VARIANT = "onnx-fp32"  # the export without any change of precision or graph: the others' ceiling
+
+
 class OptimizeJob:
     def __init__(self, config: OptimizeConfig, progress: Progress = lambda _: None) -> None:
         self.config = config
@@ -117,6 +120,9 @@ class OptimizeJob:
         self.device = _device_for(config.target, progress)
         self.spec = task_spec(config.task)
         self.tolerance = tolerance_for(config.task, config.tolerance)
+        # Why no precision search can help, once the exact export itself fails the gate: against --reference
+        # that is the student's own loss, which keeping layers in fp32 cannot recover.
+        self.exact_rejected: str | None = None
 
     def run(self) -> RunSummary:
         cfg = self.config
@@ -183,10 +189,16 @@ class OptimizeJob:
         try:
             checked = self._build_and_check(spec, ())
             sensitivity = None
-            if not checked.verdict.accepted and spec.alternatives and self.config.sensitivity:
+            if spec.name == EXACT_VARIANT and not checked.verdict.accepted:
+                self.exact_rejected = checked.verdict.reason
+            search = self.config.sensitivity and self.exact_rejected is None
+            if not checked.verdict.accepted and not search and self.exact_rejected and spec.name != EXACT_VARIANT:
+                self.progress(f"{spec.name}: {checked.verdict.reason}; no precision search: the exact "
+                              f"{EXACT_VARIANT} export already fails ({self.exact_rejected})")
+            if not checked.verdict.accepted and spec.alternatives and search:
                 self.progress(f"{spec.name}: {checked.verdict.reason}; trying its alternative parameters")
                 checked = self._alternatives(spec, checked)
-            if not checked.verdict.accepted and spec.rank is not None and self.config.sensitivity:
+            if not checked.verdict.accepted and spec.rank is not None and search:
                 self.progress(f"{spec.name}: {checked.verdict.reason}; ranking layers by int8 sensitivity")
                 checked, sensitivity = self._exclude(spec, checked)
         except KilnError as err:

@@ -35,7 +35,10 @@ _FUSED_OPS = ("Attention", "MultiHeadAttention", "SkipLayerNormalization", "Embe
 @dataclass(frozen=True)
 class FusionShape:
     num_heads: int
-    hidden_size: int
+    hidden_size: int  # of the attention (heads x head size), which pruning makes smaller than the model's
+    # False where layers have different head counts (kiln prune): the fusion takes one count for all layers
+    # and, given the wrong one, builds Attention nodes that compute something else.
+    attention: bool = True
 
 
 def fuse(src: Path, dst: Path, shape: FusionShape, *, gelu_approximation: bool = False) -> dict[str, Any]:
@@ -49,6 +52,7 @@ def fuse(src: Path, dst: Path, shape: FusionShape, *, gelu_approximation: bool =
 
     options = FusionOptions("bert")
     options.enable_gelu_approximation = gelu_approximation
+    options.enable_attention = shape.attention
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model = optimize_model(str(src), model_type="bert", num_heads=shape.num_heads,

@@ -43,8 +43,15 @@ def _fp32(ctx: BuildContext, exclude: Sequence[str] = ()) -> BuiltVariant:
 
 
 def _fusion_shape(ctx: BuildContext) -> onnx_passes.FusionShape:
-    config = ctx.source.model.config
-    return onnx_passes.FusionShape(int(config.num_attention_heads), int(config.hidden_size))
+    from kiln.compress import layout
+
+    model = ctx.source.model
+    if not hasattr(model.config, layout.CONFIG_KEY):
+        return onnx_passes.FusionShape(int(model.config.num_attention_heads), int(model.config.hidden_size))
+    heads = {len(h) for h in layout.current_shape(model).heads}
+    size = layout.head_dim(model, layout.layers(model)[0])
+    count = heads.pop() if len(heads) == 1 else 0
+    return onnx_passes.FusionShape(count, count * size, attention=count > 0)
 
 
 def _fused_path(ctx: BuildContext, gelu_approximation: bool = False) -> tuple[Path, dict]:
