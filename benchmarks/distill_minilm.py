@@ -13,7 +13,12 @@ For each ``--layers K``, in one run:
     variant and of today's best (the teacher's own variant, built here or given with ``--baseline``) on 1,024
     held-out texts of 10-200 tokens, each in a fresh process, rounds alternating, best of each.
 
-    python benchmarks/distill_minilm.py --layers 3,4 --work /tmp/distill-bench --json benchmarks/distill.minilm.json
+With ``--prune "OPTIONS;..."`` the same for ``kiln prune`` models, and with ``--classifier`` a 3-layer student of
+the suite's fine-tuned sentiment head (tests/finetune.py): its accuracy against the teacher's.
+
+    python benchmarks/distill_minilm.py --layers 3,4 --distill-args "--epochs 5" \
+        --prune "--ffn 0.5 --heads 0.25 --recover-epochs 2" --classifier --work /tmp/distill-bench \
+        --json benchmarks/distill.minilm.json
 """
 
 from __future__ import annotations
@@ -91,9 +96,83 @@ def _throughput(artifacts: dict[str, Path], rounds: int) -> dict[str, list[float
     return rates
 
 
+def _student(name: str, command: list[str], lineage_file: str, out: Path, args, teacher: Path, held_out: list[str],
+             artifacts: dict[str, Path]) -> dict:
+    """Make one student (distilled or pruned) of the teacher, measure its fidelity, gate it, build its variant."""
+    if not (args.reuse and (out / lineage_file).is_file()):
+        done = _kiln(*command, "-o", str(out), "--force")
+        if done.returncode:
+            raise SystemExit(f"kiln {' '.join(command)} failed: {done.stderr[-2000:]}")
+    lineage = json.loads((out / lineage_file).read_text())
+    minutes = lineage["seconds"] / 60  # the run's own wall time (loading and evaluation included)
+    entry = {"command": "kiln " + " ".join(command), "minutes": minutes, "student": lineage["student"],
+             "epochs": lineage["history"], "held_out_agreement": lineage["agreement"],
+             "fidelity": _fidelity(out, held_out)}
+    opt = args.work / f"opt-{out.name}"
+    done = _kiln("optimize", str(out), "--reference", str(teacher), "--variants", args.variant,
+                 "--tolerance", str(args.tolerance), "-o", str(opt), "--force")
+    entry["gate_against_teacher"] = {"exit": done.returncode, "output": (done.stdout + done.stderr)[-1500:]}
+    speed = args.work / f"speed-{out.name}"
+    done = _kiln("optimize", str(out), "--variants", args.variant, "-o", str(speed), "--force")
+    if done.returncode:
+        raise SystemExit(f"kiln optimize {out} failed: {done.stderr[-2000:]}")
+    artifacts[name] = speed / "best"
+    print(f"{name}: {minutes:.1f} min, held-out cosine mean {entry['fidelity']['mean_cosine']:.4f} min "
+          f"{entry['fidelity']['min_cosine']:.4f}, STS {entry['fidelity']['sts_spearman']:.4f} (teacher "
+          f"{entry['fidelity']['teacher_sts_spearman']:.4f}), gate against the teacher at --tolerance "
+          f"{args.tolerance}: exit {entry['gate_against_teacher']['exit']}", flush=True)
+    return entry
+
+
+def _classifier(args, train: Path) -> dict:
+    """A 3-layer student of the suite's fine-tuned MiniLM sentiment head (tests/finetune.py): accuracy on the
+    generated eval rows against the teacher's, and top-label agreement on real sentences it never saw."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from tests.finetune import sentiment_examples, sentiment_model, write_jsonl
+
+    from kiln.data import corpus
+    from kiln.model.reference import reference_predictor
+    from kiln.model.source import load_source
+    from kiln.tasks import task_spec
+    from kiln.validation.evalsets import load_eval_set
+
+    teacher = sentiment_model()
+    rows = write_jsonl(sentiment_examples(2000, seed=11), args.work / "sentiment-train.jsonl")
+    evaluation = write_jsonl(sentiment_examples(1000, seed=12), args.work / "sentiment-eval.jsonl")
+    texts = args.work / "classifier-texts.txt"
+    texts.write_text("".join(train.read_text().splitlines(keepends=True)[:4000]))
+    out = args.work / "student-classifier"
+    command = ["distill", str(teacher), "--task", "text-classification", "--layers", "3", "--texts", str(texts),
+               "--train", str(rows), *args.classifier_args.split()]
+    if not (args.reuse and (out / "kiln-distill.json").is_file()):
+        done = _kiln(*command, "-o", str(out), "--force")
+        if done.returncode:
+            raise SystemExit(f"kiln distill of the classifier failed: {done.stderr[-2000:]}")
+    spec = task_spec("text-classification")
+    data = load_eval_set(evaluation, "text-classification")
+    ours = reference_predictor(load_source(str(out), "text-classification"))
+    theirs = reference_predictor(load_source(str(teacher), "text-classification"))
+    sentences = list(corpus.sentences("held-out"))[:1000]
+    same = np.mean([np.argmax(a) == np.argmax(b) for a, b in zip(ours.predict(sentences), theirs.predict(sentences))])
+    lineage = json.loads((out / "kiln-distill.json").read_text())
+    result = {"command": "kiln " + " ".join(command), "minutes": lineage["seconds"] / 60,
+              "teacher": spec.evaluate(theirs, data), "student": spec.evaluate(ours, data),
+              "held_out_label_agreement": float(same), "held_out_texts": len(sentences)}
+    result["accuracy_kept"] = result["student"]["accuracy"] / result["teacher"]["accuracy"]
+    print(f"classifier, 3 layers: accuracy {result['student']['accuracy']:.4f} vs the teacher's "
+          f"{result['teacher']['accuracy']:.4f} ({result['accuracy_kept']:.1%} kept); same top label on "
+          f"{same:.1%} of {len(sentences)} held-out sentences; {result['minutes']:.1f} min", flush=True)
+    return result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--layers", default="3,4")
+    parser.add_argument("--layers", default="3,4", help="distilled students: layer counts ('' for none)")
+    parser.add_argument("--prune", default="", help="pruned models, ';'-separated `kiln prune` option sets, "
+                        "e.g. '--ffn 0.5 --heads 0.25;--ffn 0.25'")
+    parser.add_argument("--classifier", action="store_true", help="also a 3-layer student of the fine-tuned "
+                        "sentiment head (accuracy kept)")
+    parser.add_argument("--classifier-args", default="--epochs 2")
     parser.add_argument("--work", type=Path, default=Path("distill-bench"))
     parser.add_argument("--distill-args", default="", help="extra `kiln distill` options, e.g. '--epochs 4'")
     parser.add_argument("--variant", default="onnx-int8-dynamic")
@@ -120,32 +199,17 @@ def main() -> None:
         if done.returncode:
             raise SystemExit(f"kiln optimize of the teacher failed: {done.stderr[-2000:]}")
     artifacts["teacher"] = baseline / "best"
-    for k in (int(x) for x in args.layers.split(",")):
-        out = args.work / f"student-{k}"
-        if not (args.reuse and (out / "kiln-distill.json").is_file()):
-            done = _kiln("distill", "--layers", str(k), "--texts", str(train), "-o", str(out), "--force",
-                         *args.distill_args.split())
-            if done.returncode:
-                raise SystemExit(f"kiln distill --layers {k} failed: {done.stderr[-2000:]}")
-        lineage = json.loads((out / "kiln-distill.json").read_text())
-        minutes = lineage["seconds"] / 60  # the distill run's own wall time (loading and evaluation included)
-        entry = {"minutes": minutes, "keep_layers": lineage["student"]["keep_layers"],
-                 "parameters": lineage["student"]["parameters"], "epochs": lineage["history"],
-                 "held_out_agreement": lineage["agreement"], "fidelity": _fidelity(out, held_out)}
-        opt = args.work / f"opt-{k}"
-        done = _kiln("optimize", str(out), "--reference", str(teacher), "--variants", args.variant,
-                     "--tolerance", str(args.tolerance), "-o", str(opt), "--force")
-        entry["gate_against_teacher"] = {"exit": done.returncode, "output": (done.stdout + done.stderr)[-1500:]}
-        speed = args.work / f"speed-{k}"
-        done = _kiln("optimize", str(out), "--variants", args.variant, "-o", str(speed), "--force")
-        if done.returncode:
-            raise SystemExit(f"kiln optimize {out} failed: {done.stderr[-2000:]}")
-        artifacts[f"{k} layers"] = speed / "best"
-        result["students"][str(k)] = entry
-        print(f"{k} layers: {minutes:.1f} min, held-out cosine mean {entry['fidelity']['mean_cosine']:.4f} min "
-              f"{entry['fidelity']['min_cosine']:.4f}, STS {entry['fidelity']['sts_spearman']:.4f} (teacher "
-              f"{entry['fidelity']['teacher_sts_spearman']:.4f}), gate against the teacher at --tolerance "
-              f"{args.tolerance}: exit {entry['gate_against_teacher']['exit']}", flush=True)
+    for k in (int(x) for x in args.layers.split(",") if x.strip()):
+        command = ["distill", "--layers", str(k), "--texts", str(train), *args.distill_args.split()]
+        result["students"][f"{k} layers"] = _student(f"{k} layers", command, "kiln-distill.json",
+                                                     args.work / f"student-{k}", args, teacher, held_out, artifacts)
+    for i, options in enumerate(o for o in args.prune.split(";") if o.strip()):
+        name = f"pruned {options.strip()}"
+        command = ["prune", "--texts", str(train), *options.split()]
+        result["students"][name] = _student(name, command, "kiln-prune.json", args.work / f"pruned-{i}", args,
+                                            teacher, held_out, artifacts)
+    if args.classifier:
+        result["classifier"] = _classifier(args, train)
     rates = _throughput(artifacts, args.rounds)
     base = max(rates["teacher"])
     result["throughput"] = {name: {"rounds": r, "best": max(r), "vs_teacher": max(r) / base}

@@ -117,6 +117,17 @@ def optimize(
         help="The original to judge and time every variant against, when MODEL was made from it (a student of "
         "kiln distill: pass its teacher), so the student's own loss counts against the tolerance.",
         show_default=False)] = None,
+    distill_layers: Annotated[Optional[str], typer.Option(  # noqa: UP045
+        help="Also make students with this many layers (comma-separated, e.g. 3,4; kiln distill), optimize each "
+        "judged against MODEL, and plot every variant of every model in frontier.html.", show_default=False)] = None,
+    prune: Annotated[Optional[list[str]], typer.Option(  # noqa: UP045
+        help="Also make a pruned student (kiln prune), e.g. ffn=0.5,heads=0.25[,scope=layer]; repeatable.",
+        show_default=False)] = None,
+    student_texts: Annotated[Optional[Path], typer.Option(  # noqa: UP045
+        help="Unlabelled texts the students learn from (default: the ~12,700 sentences of Python's own "
+        "docstrings).", show_default=False)] = None,
+    student_epochs: Annotated[int, typer.Option(help="Training epochs per student (recovery epochs for pruned "
+                                                "ones).", min=1)] = 3,
     allow_pickle: PickleOpt = False,
     force: ForceOpt = False,
 ) -> None:
@@ -127,6 +138,7 @@ def optimize(
     Exits 4 when no variant passes the gate; rejected variants carry their measured reason.
     """
     from kiln.optimize.job import OptimizeConfig, OptimizeJob
+    from kiln.optimize.students import STUDENTS_DIR, build_students, parse_students, write_students_frontier
 
     config = OptimizeConfig(
         model=model, task=task.value, output=output, tolerance=tolerance, eval_file=eval_file,
@@ -135,10 +147,19 @@ def optimize(
         threads=threads, batch_size=batch_size, allow_pickle=allow_pickle, overwrite=force,
         sensitivity=sensitivity, reference=reference,
     )
+    students = parse_students(distill_layers, prune or ())  # before the long run: a typo fails at once
     summary = OptimizeJob(config, console.progress).run()
     console.print_table(summary)
     console.out.print(f"best variant: {summary.best} -> {output.expanduser().resolve() / 'best'}")
     console.out.print(f"summary: {output.expanduser().resolve() / 'summary.md'}")
+    if students:
+        runs = build_students(config, students, texts=student_texts, epochs=student_epochs,
+                              progress=console.progress)
+        for run in runs:
+            if run.summary is not None:
+                console.print_table(run.summary)
+        page = write_students_frontier(summary, runs, output)
+        console.out.print(f"students: {output.expanduser().resolve() / STUDENTS_DIR}; frontier: {page}")
 
 
 app.command()(distill)

@@ -102,7 +102,7 @@ def prune(
     recover_epochs: Annotated[int, typer.Option(help="Epochs of distillation from the unpruned model after "
                                                 "pruning (0: write the pruned model as cut).", min=0)] = 1,
     batch_size: BatchOpt = 32,
-    lr: LrOpt = 1e-4,
+    lr: LrOpt = 1e-4,  # kiln.compress.prune.RECOVERY_LR (a typer default must be a literal here)
     max_length: MaxLengthOpt = 128,
     alpha: AlphaOpt = 0.5,
     temperature: TemperatureOpt = 2.0,

@@ -24,6 +24,9 @@ from kiln.compress.trainer import Features
 from kiln.errors import UsageError
 
 SCOPES = ("global", "layer")
+# Recovery starts next to the unpruned model, so it takes smaller steps than a student built from layers
+# (kiln distill's 5e-4). Not swept; see benchmarks/RESULTS.md for what it reached.
+RECOVERY_LR = 1e-4
 
 
 @dataclass(frozen=True)

@@ -50,6 +50,10 @@ class NothingPassed(KilnError):
 
     exit_code = 4
 
+    def __init__(self, message: str, summary: RunSummary | None = None) -> None:
+        super().__init__(message)
+        self.summary = summary  # what each variant measured, for the frontier of kiln optimize's students
+
 
 @dataclass(frozen=True)
 class OptimizeConfig:
@@ -69,6 +73,8 @@ class OptimizeConfig:
     sensitivity: bool = True
     # The model every variant is judged and timed against (a student's teacher); None: the model itself.
     reference: str | None = None
+    # Time rejected variants too: a student's frontier shows what each variant would buy (kiln/optimize/students).
+    time_rejected: bool = False
 
     def __post_init__(self) -> None:
         if self.target not in TARGETS:
@@ -142,7 +148,7 @@ class OptimizeJob:
             write_summaries(stage, summary)
             manifest = self._manifest(summary, tokenizer)
             if best is None:
-                raise NothingPassed(_nothing_passed(outcomes))
+                raise NothingPassed(_nothing_passed(outcomes), summary)
             write_best(stage, manifest, best.name)
             write_report(stage, {"model": summary.model, "task": summary.task, "command": summary.command,
                                  "created": manifest.created, "environment": summary.environment,
@@ -286,7 +292,8 @@ class OptimizeJob:
             return time_predictor(self.reference, self.work.timing), attention
 
     def _time(self, outcome: Outcome) -> Outcome:
-        if outcome.status is not Status.ACCEPTED:
+        timed = (Status.ACCEPTED, Status.REJECTED) if self.config.time_rejected else (Status.ACCEPTED,)
+        if outcome.status not in timed or outcome.record is None:
             return outcome
         self.progress(f"timing {outcome.name}")
         try:

@@ -147,3 +147,36 @@ def scatter(points: dict[str, tuple[float, float, bool]], *, title: str, x_label
             parts.append(f'<text x="{frame.x(x) + 7:.1f}" y="{frame.y(y) + 4:.1f}" font-size="10">'
                          f'{escape(name)}</text>')
     return _svg(parts, title)
+
+
+def frontier_chart(groups: dict[str, list[tuple[float, float, bool, str]]], front: Sequence[tuple[float, float]], *,
+                   title: str, x_label: str, y_label: str, threshold: float, threshold_label: str) -> str:
+    """Points (x, y, accepted, label) in one colour per group (filled: accepted, hollow: rejected), the Pareto
+    frontier as a dashed line through ``front``, the gate as a red line; labels that would overprint an earlier
+    one are left to the hover title (the table beside the chart has every point)."""
+    everything = [p for pts in groups.values() for p in pts]
+    if not everything:
+        return f"<p>{escape(title)}: no data</p>"
+    frame = _Frame([p[0] for p in everything] + [0], [p[1] for p in everything] + [threshold], log_x=False,
+                   y_zero=False)
+    parts = _axes(frame, _ticks(frame.x0, frame.x1), title, x_label, y_label)
+    y = frame.y(threshold)
+    parts.append(f'<line x1="{LEFT}" x2="{W - RIGHT}" y1="{y:.1f}" y2="{y:.1f}" stroke="#d62728" '
+                 f'stroke-dasharray="6 4"/><text x="{LEFT + 4}" y="{y + 13:.1f}" font-size="10" '
+                 f'fill="#d62728">{escape(threshold_label)}</text>')
+    if len(front) > 1:
+        path = " ".join(f"{frame.x(x):.1f},{frame.y(v):.1f}" for x, v in sorted(front))
+        parts.append(f'<polyline points="{path}" fill="none" stroke="#888" stroke-dasharray="3 3"/>')
+    placed: list[tuple[float, float]] = []
+    for i, (group, pts) in enumerate(groups.items()):
+        color = PALETTE[i % len(PALETTE)]
+        for x, v, ok, label in pts:
+            cx, cy = frame.x(x), frame.y(v)
+            fill = color if ok else "#fff"
+            parts.append(f'<circle cx="{cx:.1f}" cy="{cy:.1f}" r="5" fill="{fill}" stroke="{color}" '
+                         f'stroke-width="2"><title>{escape(group)} / {escape(label)}: {x:.2f}x, {v:.4f}'
+                         f'{"" if ok else " (rejected)"}</title></circle>')
+            if (x, v) in front and all(abs(cx - px) > 70 or abs(cy - py) > 12 for px, py in placed):
+                placed.append((cx, cy))
+                parts.append(f'<text x="{cx + 7:.1f}" y="{cy - 6:.1f}" font-size="10">{escape(label)}</text>')
+    return _svg(parts + _legend(list(groups)), title)

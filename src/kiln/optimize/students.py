@@ -1,0 +1,184 @@
+"""kiln optimize --distill-layers / --prune: students of the model, each optimized and judged against it.
+
+After the model's own artifact is written, every requested student is made (kiln distill / kiln prune, on
+``--student-texts`` or the sentences of Python's own docstrings), then optimized with the same variants and
+tolerance, judged and timed against the model itself (``--reference``), never against the student. Every
+variant of every one becomes a point of the speed-fidelity frontier (kiln/report/frontier.py):
+
+    OUTPUT/                       the model's artifact, as without students
+    OUTPUT/students/<name>/model      the student (a model directory)
+    OUTPUT/students/<name>/artifact   its optimized variants (an artifact of its own, sealed on its own)
+    OUTPUT/frontier.html, .md, .json  every variant of every model: speed-up vs agreement, the gate line
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kiln.errors import KilnError, UsageError
+
+STUDENTS_DIR = "students"
+PRUNE_KEYS = ("ffn", "heads", "scope")
+
+
+@dataclass(frozen=True)
+class StudentRequest:
+    name: str  # as shown: "3 layers", "pruned ffn=0.5,heads=0.25"
+    slug: str  # its directory under students/
+    layers: int | None = None  # kiln distill --layers
+    prune: Any = None  # kiln.compress.prune.PruneSettings
+
+    @property
+    def method(self) -> str:
+        return "distill" if self.layers is not None else "prune"
+
+
+def parse_students(distill_layers: str | None, prune: Sequence[str]) -> tuple[StudentRequest, ...]:
+    """``--distill-layers 3,4`` and ``--prune ffn=0.5,heads=0.25`` (repeatable) as student requests."""
+    from kiln.compress.prune import PruneSettings
+
+    requests: list[StudentRequest] = []
+    for part in (distill_layers or "").split(","):
+        if not part.strip():
+            continue
+        try:
+            layers = int(part)
+        except ValueError as err:
+            raise UsageError(f"--distill-layers takes comma-separated layer counts, e.g. 3,4 (got "
+                             f"{distill_layers!r})") from err
+        if layers < 1:
+            raise UsageError(f"--distill-layers: a student needs at least 1 layer (got {layers})")
+        name = f"{layers} layer{'s' if layers > 1 else ''}"
+        requests.append(StudentRequest(name, name.replace(" ", "-"), layers=layers))
+    for text in prune:
+        settings: dict[str, Any] = {}
+        for item in text.split(","):
+            key, sep, value = item.partition("=")
+            key = key.strip()
+            if not sep or key not in PRUNE_KEYS:
+                raise UsageError(f"--prune takes key=value pairs with keys {', '.join(PRUNE_KEYS)}, e.g. "
+                                 f"ffn=0.5,heads=0.25 (got {text!r})")
+            try:
+                settings[key] = value.strip() if key == "scope" else float(value)
+            except ValueError as err:
+                raise UsageError(f"--prune {key} must be a number (got {value!r})") from err
+        slug = "pruned-" + "-".join(f"{k}{v}" for k, v in settings.items())
+        requests.append(StudentRequest(f"pruned {text.strip()}", slug, prune=PruneSettings(**settings)))
+    if len({r.slug for r in requests}) != len(requests):
+        raise UsageError("--distill-layers / --prune: the same student is asked for twice")
+    return tuple(requests)
+
+
+@dataclass(frozen=True)
+class StudentRun:
+    request: StudentRequest
+    model_dir: Path
+    artifact: Path
+    summary: Any  # RunSummary of its optimize run (also when no variant passed), None when making it failed
+    error: str = ""  # why it has no summary
+    parameters: int = 0
+    teacher_parameters: int = 0
+    agreement_before_optimize: float | None = None  # of the PyTorch student against the model, held out
+    minutes: float = 0.0  # making the student (training included)
+
+
+def build_students(config: Any, requests: Sequence[StudentRequest], *, texts: Path | None, epochs: int,
+                   progress: Callable[[str], None]) -> list[StudentRun]:
+    """Make, optimize and judge each student of ``config.model`` (the OptimizeConfig of the model's own run)."""
+    from kiln.compress.distill import DistillConfig, run_distill
+    from kiln.compress.prune import RECOVERY_LR, run_prune
+    from kiln.model.source import bundled_model_dir
+
+    teacher = config.reference or config.model or str(bundled_model_dir())
+    root = config.output.expanduser().resolve() / STUDENTS_DIR
+    runs = []
+    with tempfile.TemporaryDirectory(prefix="kiln-students-") as scratch:
+        data = texts or _default_texts(Path(scratch))
+        for request in requests:
+            model_dir, artifact = root / request.slug / "model", root / request.slug / "artifact"
+            progress(f"student {request.name}: making it from {teacher} on {data}")
+            recipe = {"epochs": epochs} if request.layers is not None else {"epochs": epochs, "lr": RECOVERY_LR}
+            distill = DistillConfig(config.model, config.task, model_dir, layers=request.layers, texts=data,
+                                    recipe=recipe, threads=config.threads, overwrite=True,
+                                    allow_pickle=config.allow_pickle)
+            report = _training_progress(request, progress)
+            try:
+                made = run_distill(distill, report) if request.layers is not None else \
+                    run_prune(distill, request.prune, report)
+            except UsageError:
+                raise  # the request itself is wrong (e.g. more layers than the model has)
+            except KilnError as err:
+                progress(f"student {request.name}: FAILED ({err})")
+                runs.append(StudentRun(request, model_dir, artifact, None, f"{type(err).__name__}: {err}"))
+                continue
+            progress(f"student {request.name}: {made.parameters / 1e6:.1f}M parameters, agreement with "
+                     f"{teacher} {made.agreement:.4f} (PyTorch, held out); optimizing it, judged against {teacher}")
+            summary, error = _optimize(config, model_dir, artifact, teacher, request, progress)
+            runs.append(StudentRun(request, model_dir, artifact, summary, error, made.parameters,
+                                   made.teacher_parameters, made.agreement, made.seconds / 60))
+    return runs
+
+
+def _optimize(config: Any, model_dir: Path, artifact: Path, teacher: str, request: StudentRequest,
+              progress: Callable[[str], None]) -> tuple[Any, str]:
+    from kiln.optimize.job import NothingPassed, OptimizeJob
+
+    student_config = dataclasses.replace(config, model=str(model_dir), reference=teacher, output=artifact,
+                                         overwrite=True, time_rejected=True)
+    try:
+        return OptimizeJob(student_config, lambda line: progress(f"student {request.name}: {line}")).run(), ""
+    except NothingPassed as err:  # the frontier still shows how far each variant fell short
+        return err.summary, str(err)
+
+
+def _default_texts(scratch: Path) -> Path:
+    """The sentences of the standard library's docstrings (kiln.data.docstrings): real English, no download."""
+    from kiln.data.docstrings import docstring_sentences
+
+    path = scratch / "docstring-sentences.txt"
+    path.write_text("\n".join(docstring_sentences()) + "\n")
+    return path
+
+
+def _training_progress(request: StudentRequest, progress: Callable[[str], None]
+                       ) -> Callable[[str, dict[str, Any]], None]:
+    """A line per epoch (and the pruned shape); per-step progress is left to kiln distill / kiln prune."""
+    def report(kind: str, data: dict[str, Any]) -> None:
+        if kind == "pruned":
+            progress(f"student {request.name}: heads per layer {[len(h) for h in data['shape'].heads]}, FFN width "
+                     f"per layer {list(data['shape'].ffn)}")
+        elif kind == "epoch":
+            progress(f"student {request.name}: epoch {data['epoch']}: loss {data['loss']:.4f}, agreement "
+                     f"{data['agreement']:.4f} on held-out inputs, {data['seconds']:.0f} s")
+
+    return report
+
+
+def write_students_frontier(summary: Any, runs: Sequence[StudentRun], output: Path) -> Path:
+    """frontier.html/.md/.json in ``output``: the model's variants and every student's; returns the page."""
+    from kiln.report.frontier import points, write_frontier
+
+    teacher_parameters = next((r.teacher_parameters for r in runs if r.teacher_parameters), None)
+    all_points = points("model", summary, teacher_parameters)
+    notes = []
+    for run in runs:
+        if run.summary is None:
+            notes.append(f"{run.request.name}: not made ({run.error})")
+            continue
+        all_points += points(run.request.name, run.summary, run.parameters)
+        notes.append(f"{run.request.name}: {run.parameters / 1e6:.3g}M parameters "
+                     f"({run.parameters / run.teacher_parameters:.0%} of the model), made in {run.minutes:.1f} min; "
+                     f"its PyTorch model agrees {run.agreement_before_optimize:.4f} with the model on held-out "
+                     f"training inputs; model {run.model_dir}, "
+                     + (f"artifact {run.artifact}" if run.summary.best else
+                        "no artifact: no variant passed the gate"))
+    primary = next((o.agreement.primary for o in summary.outcomes if o.agreement), "agreement")
+    output = output.expanduser().resolve()
+    write_frontier(output, all_points, model=summary.model, tolerance=summary.tolerance, primary=primary,
+                   command=summary.command, notes=notes)
+    return output / "frontier.html"
