@@ -36,14 +36,15 @@ def _kiln(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "kiln", *args], capture_output=True, text=True)
 
 
-def _texts(work: Path) -> tuple[Path, list[str]]:
-    """The training texts (docstring sentences minus held-out ones) and 1,000 held-out sentences."""
+def _texts(work: Path, packages: tuple[str, ...] = ()) -> tuple[Path, list[str]]:
+    """The training texts (docstring sentences of the standard library, and of ``packages``, minus held-out
+    ones) and 1,000 held-out sentences."""
     from kiln.data import corpus
     from kiln.data.docstrings import docstring_sentences
 
     held_out = list(corpus.sentences("held-out"))
     held = set(held_out)
-    train = [s for s in docstring_sentences() if s not in held]
+    train = [s for s in docstring_sentences(packages) if s not in held]
     path = work / "train.txt"
     path.write_text("\n".join(train) + "\n")
     return path, held_out[:1000]
@@ -174,6 +175,8 @@ def main() -> None:
                         "sentiment head (accuracy kept)")
     parser.add_argument("--classifier-args", default="--epochs 2")
     parser.add_argument("--work", type=Path, default=Path("distill-bench"))
+    parser.add_argument("--packages", default="", help="also train on the docstrings of these installed "
+                        "packages (import names, e.g. numpy,scipy,sklearn,sympy,networkx)")
     parser.add_argument("--distill-args", default="", help="extra `kiln distill` options, e.g. '--epochs 4'")
     parser.add_argument("--variant", default="onnx-int8-dynamic")
     parser.add_argument("--tolerance", type=float, default=0.1, help="the students' gate against the teacher")
@@ -186,7 +189,7 @@ def main() -> None:
     from kiln.model.source import bundled_model_dir
 
     args.work.mkdir(parents=True, exist_ok=True)
-    train, held_out = _texts(args.work)
+    train, held_out = _texts(args.work, tuple(p for p in args.packages.split(",") if p))
     teacher = bundled_model_dir()
     result: dict = {"train_texts": sum(1 for _ in train.open()), "held_out_texts": len(held_out),
                     "variant": args.variant, "tolerance": args.tolerance, "students": {}}
