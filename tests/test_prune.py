@@ -185,3 +185,31 @@ def test_the_command_prunes_and_reports(tiny_model, texts, tmp_path):
                           ((), "nothing to prune")):
         bad = cli(*args, "-o", str(tmp_path / "bad"))
         assert bad.returncode != 0 and message in bad.stderr and "Traceback" not in bad.stderr, bad.stderr
+
+
+@pytest.mark.parametrize("arch", sorted(set(ARCHITECTURES) - {"bert", "mpnet"}))  # those: the tests above
+def test_every_architecture_prunes_and_loads_back(tiny_model, texts, arch, tmp_path):
+    result = run_prune(DistillConfig(str(tiny_model(arch)), TaskName.FEATURE_EXTRACTION, tmp_path / "p", texts=texts,
+                                     recipe=RECIPE, threads=1), PruneSettings(heads=0.25, ffn=0.5))
+    shape = layout.Shape.from_json(json.loads((result.path / "kiln-prune.json").read_text())["student"]["pruning"]
+                                   ["shape"])
+    loaded = load_source(str(result.path), TaskName.FEATURE_EXTRACTION).model
+    assert layout.current_shape(loaded) == shape and result.parameters < result.teacher_parameters
+    assert np.isfinite(result.history[0].loss) and -1 <= result.agreement <= 1
+
+
+@pytest.mark.parametrize("task", [TaskName.TEXT_CLASSIFICATION, TaskName.TOKEN_CLASSIFICATION,
+                                  TaskName.QUESTION_ANSWERING])
+def test_task_heads_are_pruned_and_recovered(tiny_model, texts, task, tmp_path):
+    """The head stays whole; the encoder under it shrinks, and recovery distils the task's outputs."""
+    data = texts
+    if task == TaskName.QUESTION_ANSWERING:
+        data = tmp_path / "qa.jsonl"
+        lines = texts.read_text().splitlines()[:60]
+        rows = ({"question": "What is it?", "context": line, "answers": []} for line in lines)
+        data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    result = run_prune(DistillConfig(str(tiny_model("bert", task)), task, tmp_path / "p", texts=data, recipe=RECIPE,
+                                     threads=1), PruneSettings(ffn=0.5, heads=0.25))
+    assert result.parameters < result.teacher_parameters and np.isfinite(result.history[0].loss)
+    assert load_source(str(result.path), task).model.config.num_labels == \
+        load_source(str(tiny_model("bert", task)), task).model.config.num_labels

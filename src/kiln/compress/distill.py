@@ -8,6 +8,7 @@ the recipe and the data.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import shutil
@@ -153,20 +154,20 @@ def run_compression(config: DistillConfig, maker: StudentMaker,
     output = config.output.expanduser().resolve()
     if output.exists() and not config.overwrite and not config.resume:
         raise UsageError(f"{output} already exists; pass --force to replace it")
+    recipe = Recipe(keep=(), **config.recipe)  # checked before anything slow; the student's layers come below
     inputs, labels, described = _data(config)
     source = load_source(config.teacher, config.task, allow_pickle=config.allow_pickle)
     configure_torch_threads(EngineOptions(intra_op_threads=config.threads))
     spec = task_spec(config.task)
-    seed = int(config.recipe.get("seed", 0))
-    train_idx, held_idx = split(len(inputs), config.held_out, config.max_held_out, seed)
+    train_idx, held_idx = split(len(inputs), config.held_out, config.max_held_out, recipe.seed)
     reference = reference_predictor(source, threads=config.threads)
-    data, train_encoder = _training_features(source, spec, int(config.recipe.get("max_length", 128)),
-                                             reference.encoder, [inputs[i] for i in train_idx],
+    data, train_encoder = _training_features(source, spec, recipe.max_length, reference.encoder,
+                                             [inputs[i] for i in train_idx],
                                              None if labels is None else [labels[i] for i in train_idx])
     held_out = agreement_inputs(reference, [inputs[i] for i in held_idx])
     evaluate = _evaluator(source, spec, reference.encoder, held_out, config.threads)
     made = maker.make(source, data, train_encoder, progress)
-    recipe = Recipe(keep=made.keep, **config.recipe)
+    recipe = dataclasses.replace(recipe, keep=made.keep)
     fingerprint = hashlib.sha256(json.dumps({"recipe": asdict(recipe), "data": described, "teacher":
                                              source.content_sha256, "task": config.task, "method": maker.method,
                                              "student": maker.describe,

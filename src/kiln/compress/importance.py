@@ -65,21 +65,23 @@ class _Gates:
 
 
 def sensitivity(outputs: dict[str, torch.Tensor], mask: torch.Tensor, *, embeds: bool, config: TaskConfig,
-                generator: torch.Generator) -> torch.Tensor:
-    """Outputs the task compares, projected on a random direction (see the module doc)."""
+                generator: torch.Generator, sequence_outputs: frozenset[str] = frozenset()) -> torch.Tensor:
+    """Outputs the task compares, projected on a random direction (see the module doc); padding left out."""
     total = torch.zeros(())
-    for value in outputs.values():
+    for name, value in outputs.items():
         if embeds:
             value = pool(value, mask, config)
-        elif value.dim() == 3:  # per-token logits: padding tokens out
+        elif value.dim() == 3:  # per-token logits
             value = value * mask.unsqueeze(-1).to(value.dtype)
+        elif name in sequence_outputs:  # a score per position (QA start/end)
+            value = value * mask.to(value.dtype)
         direction = torch.randn(value.shape, generator=generator)
         total = total + (value * direction).sum()
     return total
 
 
 def measure(model: Any, batches: Iterable[dict[str, torch.Tensor]], *, output_names: tuple[str, ...],
-            embeds: bool, config: TaskConfig, seed: int = 0,
+            embeds: bool, config: TaskConfig, seed: int = 0, sequence_outputs: frozenset[str] = frozenset(),
             progress: Callable[[int], None] = lambda done: None) -> Importance:
     """Scores of every head and neuron of ``model`` over ``batches`` (model inputs), normalised per layer."""
     gates = _Gates(model)
@@ -94,7 +96,7 @@ def measure(model: Any, batches: Iterable[dict[str, torch.Tensor]], *, output_na
         for inputs in batches:
             out = model(**inputs, return_dict=True)
             loss = sensitivity({n: out[n] for n in output_names}, inputs["attention_mask"], embeds=embeds,
-                               config=config, generator=generator)
+                               config=config, generator=generator, sequence_outputs=sequence_outputs)
             grads = torch.autograd.grad(loss, [*gates.head, *gates.ffn], allow_unused=True)
             for score, grad in zip([*head_scores, *ffn_scores], grads, strict=True):
                 if grad is not None:

@@ -88,7 +88,7 @@ def prune(model: Any, source, features: Features, encoder, settings: PruneSettin
             yield {n: torch.from_numpy(arrays[n]).long() for n in source.input_names}
 
     importance = measure(model, tensors(), output_names=spec.output_names, embeds=spec.embeds,
-                         config=source.task_config, seed=seed,
+                         config=source.task_config, seed=seed, sequence_outputs=spec.sequence_outputs,
                          progress=lambda done: progress("importance", {"done": done, "total": len(batches)}))
     keep_heads = choose(importance.heads, settings.heads, scope=settings.scope)
     keep_ffn = choose(importance.ffn, settings.ffn, scope=settings.scope)
