@@ -154,11 +154,14 @@ def _classifier(args, train: Path) -> dict:
     ours = reference_predictor(load_source(str(out), "text-classification"))
     theirs = reference_predictor(load_source(str(teacher), "text-classification"))
     sentences = list(corpus.sentences("held-out"))[:1000]
-    same = np.mean([np.argmax(a) == np.argmax(b) for a, b in zip(ours.predict(sentences), theirs.predict(sentences))])
+    # each prediction is the top-1 list of LabelScore(label, score): compare the labels themselves
+    labels = [[top[0].label for top in p.predict(sentences)] for p in (ours, theirs)]
+    same = float(np.mean([a == b for a, b in zip(*labels, strict=True)]))
     lineage = json.loads((out / "kiln-distill.json").read_text())
     result = {"command": "kiln " + " ".join(command), "minutes": lineage["seconds"] / 60,
               "teacher": spec.evaluate(theirs, data), "student": spec.evaluate(ours, data),
-              "held_out_label_agreement": float(same), "held_out_texts": len(sentences)}
+              "held_out_label_agreement": same, "held_out_texts": len(sentences),
+              "held_out_teacher_labels": {label: labels[1].count(label) for label in sorted(set(labels[1]))}}
     result["accuracy_kept"] = result["student"]["accuracy"] / result["teacher"]["accuracy"]
     print(f"classifier, 3 layers: accuracy {result['student']['accuracy']:.4f} vs the teacher's "
           f"{result['teacher']['accuracy']:.4f} ({result['accuracy_kept']:.1%} kept); same top label on "

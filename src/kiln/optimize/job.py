@@ -114,9 +114,6 @@ class Workload:
     timing: tuple[Encoding, ...]
 
 
-EXACT_VARIANT = "onnx-fp32"  # the export without any change of precision or graph: the others' ceiling
-
-
 class OptimizeJob:
     def __init__(self, config: OptimizeConfig, progress: Progress = lambda _: None) -> None:
         self.config = config
@@ -126,14 +123,16 @@ class OptimizeJob:
         self.device = _device_for(config.target, progress)
         self.spec = task_spec(config.task)
         self.tolerance = tolerance_for(config.task, config.tolerance)
-        # Why no precision search can help, once the exact export itself fails the gate: against --reference
-        # that is the student's own loss, which keeping layers in fp32 cannot recover.
-        self.exact_rejected: str | None = None
+        # Why no precision search can help: against --reference, the model itself (PyTorch fp32) already fails
+        # the gate, and keeping layers in fp32 cannot recover a student's own loss.
+        self.own_loss: str | None = None
 
     def run(self) -> RunSummary:
         cfg = self.config
         self.source, self.reference = self._load()
         self.work = self._workload()
+        if cfg.reference is not None:
+            self._judge_the_model_itself()
         with staged_directory(cfg.output, overwrite=cfg.overwrite) as stage, \
                 tempfile.TemporaryDirectory(prefix="kiln-scratch-") as scratch:
             tokenizer = write_tokenizer(self.source, stage)
@@ -170,6 +169,15 @@ class OptimizeJob:
             _check_comparable(source, self.original)
         return source, reference_predictor(self.original, batch_size=cfg.batch_size, threads=self.threads)
 
+    def _judge_the_model_itself(self) -> None:
+        """The model's own PyTorch fp32 against the reference: the most any of its variants can agree."""
+        own = measure_agreement(self.work.agreement, reference_predictor(self.source, batch_size=self.config.batch_size,
+                                                                         threads=self.threads))
+        verdict = judge(self.config.task, own, self.tolerance, None, None)
+        self.progress(f"the model itself (PyTorch fp32) against the reference: {verdict.reason}")
+        if not verdict.accepted:
+            self.own_loss = f"the model itself (PyTorch fp32) already fails against the reference ({verdict.reason})"
+
     def _workload(self) -> Workload:
         cfg, encoder = self.config, self.reference.encoder
         eval_set = datasets.eval_set(cfg.task, cfg.eval_file)
@@ -195,12 +203,9 @@ class OptimizeJob:
         try:
             checked = self._build_and_check(spec, ())
             sensitivity = None
-            if spec.name == EXACT_VARIANT and not checked.verdict.accepted:
-                self.exact_rejected = checked.verdict.reason
-            search = self.config.sensitivity and self.exact_rejected is None
-            if not checked.verdict.accepted and not search and self.exact_rejected and spec.name != EXACT_VARIANT:
-                self.progress(f"{spec.name}: {checked.verdict.reason}; no precision search: the exact "
-                              f"{EXACT_VARIANT} export already fails ({self.exact_rejected})")
+            search = self.config.sensitivity and self.own_loss is None
+            if not checked.verdict.accepted and self.own_loss and (spec.alternatives or spec.rank):
+                self.progress(f"{spec.name}: {checked.verdict.reason}; no precision search: {self.own_loss}")
             if not checked.verdict.accepted and spec.alternatives and search:
                 self.progress(f"{spec.name}: {checked.verdict.reason}; trying its alternative parameters")
                 checked = self._alternatives(spec, checked)
