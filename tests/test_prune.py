@@ -213,3 +213,29 @@ def test_task_heads_are_pruned_and_recovered(tiny_model, texts, task, tmp_path):
     assert result.parameters < result.teacher_parameters and np.isfinite(result.history[0].loss)
     assert load_source(str(result.path), task).model.config.num_labels == \
         load_source(str(tiny_model("bert", task)), task).model.config.num_labels
+
+
+def test_an_interrupted_prune_resumes_to_the_same_weights(tiny_model, texts, tmp_path):
+    """Stopped in epoch 2 after epoch 1's checkpoint, then --resume: the importance is measured again (seeded,
+    the same cut) and training goes on to the weights of an uninterrupted run."""
+    from safetensors.numpy import load_file
+
+    class Stop(Exception):
+        pass
+
+    def stop_in_epoch_two(kind, data):
+        if kind == "step" and data["epoch"] == 2 and data["step"] == 3:
+            raise Stop
+
+    def config(out, resume=False):
+        return DistillConfig(str(tiny_model("bert")), TaskName.FEATURE_EXTRACTION, out, texts=texts,
+                             recipe={**RECIPE, "epochs": 2}, threads=1, resume=resume)
+
+    settings = PruneSettings(heads=0.25, ffn=0.5)
+    run_prune(config(tmp_path / "whole"), settings)
+    with pytest.raises(Stop):
+        run_prune(config(tmp_path / "cut"), settings, stop_in_epoch_two)
+    assert not (tmp_path / "cut").exists()
+    run_prune(config(tmp_path / "cut", resume=True), settings)
+    want, got = load_file(tmp_path / "whole" / "model.safetensors"), load_file(tmp_path / "cut" / "model.safetensors")
+    assert want.keys() == got.keys() and all(np.array_equal(want[k], got[k]) for k in want)
