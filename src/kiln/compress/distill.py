@@ -146,7 +146,7 @@ def run_compression(config: DistillConfig, maker: StudentMaker,
     from kiln.engines.base import EngineOptions
     from kiln.engines.torch_eager import configure_torch_threads
     from kiln.model.reference import reference_predictor
-    from kiln.model.source import load_source
+    from kiln.model.source import load_source, parameter_count
     from kiln.tasks import task_spec
     from kiln.validation.agreement import agreement_inputs
 
@@ -183,8 +183,7 @@ def run_compression(config: DistillConfig, maker: StudentMaker,
     history = distiller.fit(data, fingerprint=fingerprint, resume=config.resume) if recipe.epochs else []
     final, figures = evaluate(student)
     result = DistillResult(output, made.keep, tuple(history), final, figures, time.perf_counter() - begin,
-                           int(sum(p.numel() for p in student.parameters())),
-                           int(sum(p.numel() for p in source.model.parameters())))
+                           parameter_count(student), parameter_count(source.model))
     lineage = {
         "method": maker.method, "teacher": source.describe(), "task": config.task,
         "student": {**made.lineage, "parameters": result.parameters},

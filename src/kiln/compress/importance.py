@@ -46,8 +46,8 @@ class _Gates:
         self.dims = [shapes.head_dim(model, layer) for layer in self.layers]
         self.handles = []
         for i, layer in enumerate(self.layers):
-            self.handles.append(shapes._get(layer, lay.attention_out).register_forward_pre_hook(self._heads(i)))
-            self.handles.append(shapes._get(layer, lay.ffn_out).register_forward_pre_hook(self._neurons(i)))
+            self.handles.append(shapes.module_at(layer, lay.attention_out).register_forward_pre_hook(self._heads(i)))
+            self.handles.append(shapes.module_at(layer, lay.ffn_out).register_forward_pre_hook(self._neurons(i)))
 
     def _heads(self, i: int) -> Callable:
         def hook(module, args):

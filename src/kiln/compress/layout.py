@@ -92,7 +92,8 @@ def layout(model: Any) -> Layout:
     return LAYOUTS[model_type]
 
 
-def _get(module: Any, path: str) -> Any:
+def module_at(module: Any, path: str) -> Any:
+    """The submodule at a dotted ``path`` (None where it is absent, e.g. DeBERTa's optional projections)."""
     for part in path.split("."):
         module = getattr(module, part, None)
         if module is None:
@@ -101,19 +102,19 @@ def _get(module: Any, path: str) -> Any:
 
 
 def layers(model: Any) -> list[Any]:
-    return list(_get(model.base_model, layout(model).layers))
+    return list(module_at(model.base_model, layout(model).layers))
 
 
 def head_dim(model: Any, layer: Any) -> int:
-    return int(getattr(_get(layer, layout(model).attention), layout(model).head_dim))
+    return int(getattr(module_at(layer, layout(model).attention), layout(model).head_dim))
 
 
 def heads_of(model: Any, layer: Any) -> int:
-    return _get(layer, layout(model).attention_out).in_features // head_dim(model, layer)
+    return module_at(layer, layout(model).attention_out).in_features // head_dim(model, layer)
 
 
 def ffn_of(model: Any, layer: Any) -> int:
-    return _get(layer, layout(model).ffn_out).in_features
+    return module_at(layer, layout(model).ffn_out).in_features
 
 
 def current_shape(model: Any) -> Shape:
@@ -147,7 +148,7 @@ def cut_heads(model: Any, layer: Any, keep: Sequence[int]) -> None:
     count = heads_of(model, layer)
     rows = torch.tensor([h * dim + i for h in keep for i in range(dim)], dtype=torch.long)
     for path in lay.projections:
-        linear = _get(layer, path)
+        linear = module_at(layer, path)
         if linear is None:
             continue
         if lay.fused_qkv:  # [q | k | v]: the same heads in each third
@@ -155,8 +156,8 @@ def cut_heads(model: Any, layer: Any, keep: Sequence[int]) -> None:
             _cut_linear(linear, torch.cat([rows + part * width for part in range(3)]), 0)
         else:
             _cut_linear(linear, rows, 0)
-    _cut_linear(_get(layer, lay.attention_out), rows, 1)
-    attention = _get(layer, lay.attention)
+    _cut_linear(module_at(layer, lay.attention_out), rows, 1)
+    attention = module_at(layer, lay.attention)
     for name in lay.head_count:
         setattr(attention, name, len(keep))
     if lay.all_head_size:
@@ -172,8 +173,8 @@ def cut_ffn(model: Any, layer: Any, keep: Sequence[int]) -> None:
     lay = layout(model)
     index = torch.tensor(list(keep), dtype=torch.long)
     width = ffn_of(model, layer)
-    _cut_linear(_get(layer, lay.ffn_in), torch.cat([index, index + width]) if lay.gated_ffn else index, 0)
-    _cut_linear(_get(layer, lay.ffn_out), index, 1)
+    _cut_linear(module_at(layer, lay.ffn_in), torch.cat([index, index + width]) if lay.gated_ffn else index, 0)
+    _cut_linear(module_at(layer, lay.ffn_out), index, 1)
 
 
 def _slice_position_bias(attention: Any, keep: Sequence[int]) -> None:
@@ -213,8 +214,7 @@ def apply_shape(model: Any, shape: Shape) -> None:
 
 def record(model: Any, shape: Shape) -> None:
     """Write ``shape`` into the model's config so that save_pretrained carries it (see the module doc)."""
-    full_heads = int(model.config.num_attention_heads if hasattr(model.config, "num_attention_heads")
-                     else model.config.n_heads)
+    full_heads = int(model.config.num_attention_heads)  # DistilBERT's n_heads answers to this name too
     if all(len(h) == full_heads for h in shape.heads) and len(set(shape.ffn)) == 1:
         # expressible: a plain transformers config (DistilBERT calls the FFN width hidden_dim)
         name = "hidden_dim" if hasattr(model.config, "hidden_dim") else "intermediate_size"

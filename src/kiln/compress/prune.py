@@ -20,7 +20,7 @@ import numpy as np
 from kiln.compress import layout as shapes
 from kiln.compress.distill import DistillConfig, DistillResult, Student, StudentMaker, run_compression
 from kiln.compress.importance import choose, measure
-from kiln.compress.trainer import Features
+from kiln.compress.trainer import Features, Recipe, model_inputs
 from kiln.errors import UsageError
 
 SCOPES = ("global", "layer")
@@ -51,9 +51,11 @@ class PruneSettings:
 
 def pruned_student(settings: PruneSettings, seed: int) -> StudentMaker:
     def make(source, features: Features, encoder, progress: Callable[[str, dict[str, Any]], None]) -> Student:
+        from kiln.model.source import parameter_count
+
         model = copy.deepcopy(source.model)
         shape, kept_ffn, scores = prune(model, source, features, encoder, settings, seed, progress)
-        params = int(sum(p.numel() for p in model.parameters()))
+        params = parameter_count(model)
         lineage = {"layers": len(shape.heads), "keep_layers": list(range(len(shape.heads))),
                    "pruning": {"heads": settings.heads, "ffn": settings.ffn, "scope": settings.scope,
                                "importance_samples": scores, "shape": shape.to_json(),
@@ -61,7 +63,7 @@ def pruned_student(settings: PruneSettings, seed: int) -> StudentMaker:
                                "stored_as": shapes.CONFIG_KEY if hasattr(model.config, shapes.CONFIG_KEY)
                                else "transformers config"}}
         progress("pruned", {"shape": shape, "parameters": params,
-                            "teacher_parameters": int(sum(p.numel() for p in source.model.parameters()))})
+                            "teacher_parameters": parameter_count(source.model)})
         return Student(model, tuple(range(len(shape.heads))), lineage)
 
     return StudentMaker("prune", {"heads": settings.heads, "ffn": settings.ffn, "scope": settings.scope,
@@ -73,8 +75,6 @@ def prune(model: Any, source, features: Features, encoder, settings: PruneSettin
           ) -> tuple[shapes.Shape, tuple[tuple[int, ...], ...], int]:
     """Measure importance on up to ``settings.samples`` features and cut ``model`` in place: (its shape, the
     teacher's FFN neurons kept per layer, the number of features measured)."""
-    import torch
-
     from kiln.tasks import task_spec
 
     spec = task_spec(source.task_config.task)
@@ -82,12 +82,8 @@ def prune(model: Any, source, features: Features, encoder, settings: PruneSettin
     chosen = np.sort(np.random.default_rng(seed).permutation(len(encodings))[: settings.samples])
     chosen = chosen[np.argsort([len(encodings[i].ids) for i in chosen], kind="stable")]  # cheap batches
     batches = [chosen[i : i + settings.batch_size] for i in range(0, len(chosen), settings.batch_size)]
-    def tensors():
-        for index in batches:
-            arrays = encoder.collate([encodings[i] for i in index])
-            yield {n: torch.from_numpy(arrays[n]).long() for n in source.input_names}
-
-    importance = measure(model, tensors(), output_names=spec.output_names, embeds=spec.embeds,
+    tensors = (model_inputs(encoder, [encodings[i] for i in index], source.input_names)[0] for index in batches)
+    importance = measure(model, tensors, output_names=spec.output_names, embeds=spec.embeds,
                          config=source.task_config, seed=seed, sequence_outputs=spec.sequence_outputs,
                          progress=lambda done: progress("importance", {"done": done, "total": len(batches)}))
     keep_heads = choose(importance.heads, settings.heads, scope=settings.scope)
@@ -107,4 +103,5 @@ def prune(model: Any, source, features: Features, encoder, settings: PruneSettin
 
 def run_prune(config: DistillConfig, settings: PruneSettings,
               progress: Callable[[str, dict[str, Any]], None] = lambda kind, data: None) -> DistillResult:
-    return run_compression(config, pruned_student(settings, int(config.recipe.get("seed", 0))), progress)
+    seed = Recipe(keep=(), **config.recipe).seed  # the recipe's own default when none is given
+    return run_compression(config, pruned_student(settings, seed), progress)

@@ -77,6 +77,13 @@ class Features:
         return len(self.prepared.encodings)
 
 
+def model_inputs(encoder: Any, encodings: Sequence[Any], input_names: Sequence[str]
+                 ) -> tuple[dict[str, torch.Tensor], int]:
+    """A padded batch of features as the model's keyword tensors, and its width in tokens."""
+    arrays = encoder.collate(list(encodings))
+    return {n: torch.from_numpy(arrays[n]).long() for n in input_names}, arrays["input_ids"].shape[1]
+
+
 def batch_order(lengths: Sequence[int], batch_size: int, seed: int, epoch: int) -> list[np.ndarray]:
     """Batches of similar length (cut from the length-sorted order), in an order fixed by (seed, epoch)."""
     order = np.argsort(np.asarray(lengths), kind="stable")
@@ -100,9 +107,7 @@ class Distiller:
         self.pairs = [(j + 1, t + 1) for j, t in enumerate(recipe.keep)]
 
     def _tensors(self, data: Features, index: np.ndarray) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-        arrays = self.encoder.collate([data.prepared.encodings[i] for i in index])
-        inputs = {n: torch.from_numpy(arrays[n]).long() for n in self.input_names}
-        width = arrays["input_ids"].shape[1]
+        inputs, width = model_inputs(self.encoder, [data.prepared.encodings[i] for i in index], self.input_names)
         labels = {}
         for name, per_feature in data.labels.items():
             rows = [per_feature[i] for i in index]

@@ -48,8 +48,12 @@ class SourceModel:
             "content_sha256": self.content_sha256,
             "model_type": self.model_type,
             "architecture": type(self.model).__name__,
-            "parameters": int(sum(p.numel() for p in self.model.parameters())),
+            "parameters": parameter_count(self.model),
         }
+
+
+def parameter_count(model: Any) -> int:
+    return int(sum(p.numel() for p in model.parameters()))
 
 
 def bundled_model_dir() -> Path:

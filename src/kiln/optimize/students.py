@@ -33,10 +33,6 @@ class StudentRequest:
     layers: int | None = None  # kiln distill --layers
     prune: Any = None  # kiln.compress.prune.PruneSettings
 
-    @property
-    def method(self) -> str:
-        return "distill" if self.layers is not None else "prune"
-
 
 def parse_students(distill_layers: str | None, prune: Sequence[str]) -> tuple[StudentRequest, ...]:
     """``--distill-layers 3,4`` and ``--prune ffn=0.5,heads=0.25`` (repeatable) as student requests."""
