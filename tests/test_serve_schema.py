@@ -8,9 +8,11 @@ import sys
 import threading
 from pathlib import Path
 
+import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
+from kiln.artifact.directory import Artifact
 from kiln.serve import process
 from kiln.serve.app import ServeConfig, create_app
 from kiln.tasks import TaskName
@@ -60,12 +62,24 @@ def test_too_many_inputs_is_413_and_declared(tiny_artifact):
     assert {"type": "array", "maxItems": 3}.items() <= next(v for v in inputs if v.get("type") == "array").items()
 
 
-def test_openai_dimensions_is_refused_not_ignored(tiny_artifact):
+def test_matryoshka_dimensions_cut_the_vector_and_the_schema_says_the_maximum(tiny_artifact):
+    full = Artifact.open(tiny_artifact).predictor().predict(["hello world"])[0]
     with _client(tiny_artifact) as client:
-        asked = client.post("/v1/embeddings", json={"input": "hello", "model": "m", "dimensions": 8})
-        plain = client.post("/v1/embeddings", json={"input": "hello", "model": "m"})
-    assert asked.status_code == 422 and "dimensions" in asked.json()["error"]["message"]
-    assert plain.status_code == 200 and len(plain.json()["data"][0]["embedding"]) == 32
+        cut = client.post("/v1/embeddings", json={"input": "hello world", "model": "m", "dimensions": 8})
+        embed = client.post("/embed", json={"inputs": ["hello world"], "dimensions": 8})
+        too_large = client.post("/v1/embeddings", json={"input": "hello", "model": "m", "dimensions": 33})
+        zero = client.post("/embed", json={"inputs": "hello", "dimensions": 0})
+        schema = client.get("/openapi.json").json()
+    assert cut.status_code == 200 and embed.status_code == 200
+    # The tiny model does not normalise: the first 8 values as they are.
+    np.testing.assert_allclose(cut.json()["data"][0]["embedding"], full[:8], atol=1e-5)
+    np.testing.assert_allclose(embed.json()["embeddings"][0], full[:8], atol=1e-5)
+    assert too_large.status_code == 422
+    assert "dimensions must be between 1 and the model's size 32 (got 33)" in too_large.json()["error"]["message"]
+    assert zero.status_code == 422 and "dimensions" in zero.json()["error"]["message"]
+    for request in ("EmbedRequest", "OpenAIEmbeddingRequest"):
+        allowed = schema["components"]["schemas"][request]["properties"]["dimensions"]["anyOf"]
+        assert {"type": "integer", "minimum": 1, "maximum": 32}.items() <= allowed[0].items()
 
 
 def test_only_the_served_tasks_routes_exist(task_artifacts):

@@ -128,6 +128,9 @@ def optimize(
         "docstrings).", show_default=False)] = None,
     student_epochs: Annotated[int, typer.Option(help="Training epochs per student (recovery epochs for pruned "
                                                 "ones).", min=1)] = 3,
+    matryoshka_dims: Annotated[Optional[str], typer.Option(  # noqa: UP045
+        help="Embedding sizes the model was trained to be cut to (Matryoshka), e.g. 256,128: validation reports "
+        "and gates agreement at each, and the artifact records them.", show_default=False)] = None,
     allow_pickle: PickleOpt = False,
     force: ForceOpt = False,
 ) -> None:
@@ -146,6 +149,7 @@ def optimize(
         variants=tuple(v.strip() for v in variants.split(",") if v.strip()) if variants else None,
         threads=threads, batch_size=batch_size, allow_pickle=allow_pickle, overwrite=force,
         sensitivity=sensitivity, reference=reference,
+        matryoshka_dims=_int_list(matryoshka_dims, "--matryoshka-dims") or (),
     )
     students = parse_students(distill_layers, prune or ())  # before the long run: a typo fails at once
     summary = OptimizeJob(config, console.progress).run()

@@ -75,6 +75,7 @@ class OptimizeConfig:
     reference: str | None = None
     # Time rejected variants too: a student's frontier shows what each variant would buy (kiln/optimize/students).
     time_rejected: bool = False
+    matryoshka_dims: tuple[int, ...] = ()  # embedding sizes validated and recorded besides the full one
 
     def __post_init__(self) -> None:
         if self.target not in TARGETS:
@@ -86,6 +87,8 @@ class OptimizeConfig:
         if unknown:
             raise UsageError(f"--variants must be from: {', '.join(VARIANTS)} (got {', '.join(unknown)})")
         tolerance_for(self.task, self.tolerance)
+        if self.matryoshka_dims and not task_spec(self.task).embeds:
+            raise UsageError(f"--matryoshka-dims applies to embedding tasks; this run is --task {self.task}")
 
     def variant_names(self) -> list[str]:
         return list(self.variants) if self.variants else default_variants(self.target)
@@ -161,11 +164,12 @@ class OptimizeJob:
         itself, or with --reference the model it was made from, so a student's own loss is never hidden."""
         cfg = self.config
         self.progress(f"loading {cfg.model or 'the bundled default model'} for {self.spec.name}")
-        source = load_source(cfg.model, cfg.task, allow_pickle=cfg.allow_pickle)
+        source = _with_matryoshka(load_source(cfg.model, cfg.task, allow_pickle=cfg.allow_pickle), cfg.matryoshka_dims)
         self.original = source
         if cfg.reference is not None:
             self.progress(f"loading the reference {cfg.reference}: every variant is judged and timed against it")
-            self.original = load_source(cfg.reference, cfg.task, allow_pickle=cfg.allow_pickle)
+            self.original = _with_matryoshka(load_source(cfg.reference, cfg.task, allow_pickle=cfg.allow_pickle),
+                                             cfg.matryoshka_dims)
             _check_comparable(source, self.original)
         return source, reference_predictor(self.original, batch_size=cfg.batch_size, threads=self.threads)
 
@@ -389,3 +393,16 @@ def _nothing_passed(outcomes: list[Outcome]) -> str:
 def write_best(stage: Path, manifest: Manifest, name: str) -> None:
     """A self-contained artifact of the chosen variant in ``best/`` (servable on its own)."""
     copy_variant(stage, manifest, name, stage / BEST_DIR)
+
+
+def _with_matryoshka(source: SourceModel, dims: tuple[int, ...]) -> SourceModel:
+    """``source`` with its task settings declaring the Matryoshka sizes (checked against its embedding size)."""
+    if not dims:
+        return source
+    size = source.task_config.dimension
+    if size is not None and max(dims) > size:
+        raise UsageError(f"--matryoshka-dims must be at most the embedding size {size} of {source.name} "
+                         f"(got {','.join(map(str, dims))})")
+    source.task_config = dataclasses.replace(source.task_config, matryoshka_dims=tuple(sorted(set(dims),
+                                                                                              reverse=True)))
+    return source

@@ -50,6 +50,8 @@ def encode(
     vectors = _embed(predictor.with_batch_size(batch_size), [prompt + t for t in texts] if prompt else texts,
                      show_progress_bar)
     if truncate_dim is not None:
+        if len(vectors) and truncate_dim > vectors.shape[1]:
+            raise UsageError(f"truncate_dim must be at most the model's size {vectors.shape[1]} (got {truncate_dim})")
         vectors = vectors[:, :truncate_dim]
     if normalize_embeddings:
         vectors = vectors / np.clip(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12, None)

@@ -63,11 +63,13 @@ class ServeConfig:
 
 def create_app(config: ServeConfig) -> FastAPI:
     """The server for ``config.models``: routes of their tasks, probes, metrics, errors as JSON."""
-    tasks = {name: TaskConfig.from_dict(read_manifest(Path(path).expanduser()).task).task
-             for name, path in config.models.items()}
+    configs = {name: TaskConfig.from_dict(read_manifest(Path(path).expanduser()).task)
+               for name, path in config.models.items()}
+    tasks = {name: c.task for name, c in configs.items()}
     app = FastAPI(title="kiln", lifespan=_lifespan, description="Dynamic-batching inference for a kiln artifact.",
                   default_response_class=JSONBody)
     app.state.config, app.state.tasks, app.state.models, app.state.metrics = config, tasks, {}, Metrics()
+    app.state.task_configs = configs
     app.state.pool = ThreadPoolExecutor(max_workers=config.tokenizer_threads, thread_name_prefix="kiln-tokenize")
     app.state.playground = playground.page(tasks)
     routes = _served_routes(tasks)
@@ -245,6 +247,11 @@ def _exact_openapi(app: FastAPI, routes: list[Route]) -> dict[str, Any]:
             if variant.get("type") == "array":
                 variant["maxItems"] = limit
         doing = app.state.route_models[route.path]
+        sizes = [app.state.task_configs[n].dimension for n in doing]
+        if "dimensions" in properties and sizes and None not in sizes:  # Matryoshka: at most the served size
+            for variant in properties["dimensions"].get("anyOf", []):
+                if variant.get("type") == "integer":
+                    variant["maximum"] = max(sizes)
         if "model" in properties and not (route.any_model_name and len(app.state.tasks) == 1):
             named = {"type": "string", "enum": doing}
             optional = "model" not in model.get("required", [])

@@ -17,11 +17,15 @@ class TaskConfig:
     normalize: bool = False
     id2label: Mapping[int, str] = field(default_factory=dict)
     problem_type: str | None = None
+    dimension: int | None = None  # an embedding's size (None: not an embedding task, or an older artifact)
+    # Sizes an embedding may be cut to (Matryoshka-trained models); validation reports agreement at each.
+    matryoshka_dims: tuple[int, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {"task": self.task, "max_length": self.max_length, "pooling": self.pooling.value,
                 "normalize": self.normalize, "id2label": {str(k): v for k, v in self.id2label.items()},
-                "problem_type": self.problem_type}
+                "problem_type": self.problem_type, "dimension": self.dimension,
+                "matryoshka_dims": list(self.matryoshka_dims)}
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> TaskConfig:
@@ -32,4 +36,6 @@ class TaskConfig:
             normalize=bool(raw.get("normalize", False)),
             id2label={int(k): v for k, v in raw.get("id2label", {}).items()},
             problem_type=raw.get("problem_type"),
+            dimension=int(raw["dimension"]) if raw.get("dimension") is not None else None,
+            matryoshka_dims=tuple(int(d) for d in raw.get("matryoshka_dims", ())),
         )

@@ -19,9 +19,9 @@ import numpy as np
 from pydantic import Field
 
 from kiln.choices import Pooling
-from kiln.errors import UnsupportedModelError
+from kiln.errors import UnsupportedModelError, UsageError
 from kiln.tasks.base import Prepared, TaskSpec, field, read_json
-from kiln.tasks.http import FormField, NonBlank, RequestBody, ResponseModel, Route, Texts, listify
+from kiln.tasks.http import Count, FormField, NonBlank, RequestBody, ResponseModel, Route, Texts, listify
 from kiln.validation.figures import Agreement, AgreementInputs, EvalSet, Floor, Run
 from kiln.validation.metrics import spearman
 
@@ -29,6 +29,7 @@ from kiln.validation.metrics import spearman
 @dataclass(frozen=True)
 class EmbedOptions:
     truncate: bool = True
+    dimensions: int | None = None  # cut each vector to its first ``dimensions`` values (Matryoshka)
 
 
 def _pool_mean(hidden: np.ndarray, mask: np.ndarray) -> np.ndarray:
@@ -49,11 +50,19 @@ POOLERS = {Pooling.MEAN: _pool_mean, Pooling.CLS: _pool_cls, Pooling.MAX: _pool_
 ST_MODULES = {"Transformer", "Pooling", "Normalize"}
 
 
+DIMENSIONS_HELP = ("Keep the first `dimensions` values of each embedding (Matryoshka), re-normalised when the "
+                   "model normalises; at most the model's size (422 above it).")
+
+
 class EmbedRequest(RequestBody):
     inputs: Texts = Field(description="A text or a list of texts.")
+    dimensions: Count | None = Field(None, description=DIMENSIONS_HELP)
 
     def items(self) -> list[Any]:
         return listify(self.inputs)
+
+    def options(self) -> dict[str, Any]:
+        return {"dimensions": self.dimensions}
 
 
 class EmbedResponse(ResponseModel):
@@ -68,13 +77,15 @@ class OpenAIEmbeddingRequest(RequestBody):
     input: Texts
     model: str  # type: ignore[assignment]  # OpenAI clients always name one
     encoding_format: Literal["float", "base64"] = "float"
-    dimensions: None = Field(None, description="Not supported: kiln returns the model's full size; a value is "
-                             "refused with 422 rather than ignored.")
+    dimensions: Count | None = Field(None, description=DIMENSIONS_HELP)
     user: NonBlank | None = None
     truncate: bool = True
 
     def items(self) -> list[Any]:
         return listify(self.input)
+
+    def options(self) -> dict[str, Any]:
+        return {"dimensions": self.dimensions}
 
 
 class OpenAIEmbedding(ResponseModel):
@@ -131,8 +142,8 @@ class FeatureExtraction(TaskSpec):
         super().__init__(config)
         self._pool = POOLERS[config.pooling]
 
-    @classmethod
-    def settings(cls, model_dir: Path, hf_config: Any) -> dict[str, Any]:
+    @staticmethod
+    def _pooling_settings(model_dir: Path) -> dict[str, Any]:
         """Pooling and normalization from modules.json / 1_Pooling/config.json; mean without them."""
         modules_file = model_dir / "modules.json"
         if not modules_file.is_file():
@@ -150,8 +161,16 @@ class FeatureExtraction(TaskSpec):
             pooling = _pooling_mode(pool_config, model_dir)
         return {"pooling": pooling, "normalize": "Normalize" in kinds}
 
-    def options(self, truncate: bool = True) -> EmbedOptions:
-        return EmbedOptions(truncate=truncate)
+    @classmethod
+    def settings(cls, model_dir: Path, hf_config: Any) -> dict[str, Any]:
+        return {**cls._pooling_settings(model_dir), "dimension": int(hf_config.hidden_size)}
+
+    def options(self, truncate: bool = True, dimensions: int | None = None) -> EmbedOptions:
+        size = self.config.dimension
+        if dimensions is not None and (dimensions < 1 or (size is not None and dimensions > size)):
+            raise UsageError(f"dimensions must be between 1 and the model's size {size} (got {dimensions})"
+                             if size else f"dimensions must be at least 1 (got {dimensions})")
+        return EmbedOptions(truncate=truncate, dimensions=dimensions)
 
     def reduce(self, outputs: dict[str, np.ndarray], attention_mask: np.ndarray) -> list[np.ndarray]:
         pooled = self._pool(outputs["last_hidden_state"].astype(np.float32), attention_mask)
@@ -160,7 +179,17 @@ class FeatureExtraction(TaskSpec):
         return list(pooled)
 
     def finalize(self, prepared: Prepared, reduced: Sequence[Any], options: EmbedOptions, encoder) -> list[np.ndarray]:
-        return list(reduced)
+        vectors = list(reduced)
+        if options.dimensions is not None:
+            vectors = [self.truncated(v, options.dimensions) for v in vectors]
+        return vectors
+
+    def truncated(self, vector: np.ndarray, dimensions: int) -> np.ndarray:
+        """The first ``dimensions`` values, re-normalised when the model normalises (a unit vector stays one)."""
+        if dimensions > len(vector):  # an artifact that does not record its size learns it here
+            raise UsageError(f"dimensions must be between 1 and the model's size {len(vector)} (got {dimensions})")
+        cut = vector[:dimensions]
+        return cut / max(float(np.linalg.norm(cut)), 1e-12) if self.config.normalize else cut
 
     def triton_arrays(self, results: Sequence[Any]) -> dict[str, np.ndarray]:
         return {"EMBEDDING": np.stack(results).astype(np.float32)}
@@ -181,12 +210,17 @@ class FeatureExtraction(TaskSpec):
         figures = {"mean_cosine": float(cos.mean()), "min_cosine": float(cos.min()),
                    "pairwise_spearman": spearman(sim_ref[upper], sim_got[upper]),
                    f"top{k}_neighbour_recall": float(recall)}
+        for dims in data.config.matryoshka_dims if data.config else ():
+            cut = (_unit(ref[:, :dims]) * _unit(got[:, :dims])).sum(1)
+            figures |= {f"mean_cosine@{dims}": float(cut.mean()), f"min_cosine@{dims}": float(cut.min())}
         return Agreement.of("min_cosine", figures, data.lengths(), cos, "cosine")
 
     @classmethod
     def floors(cls, agreement: Agreement, tolerance: float) -> list[Floor]:
-        return [Floor("min_cosine", agreement.figures["min_cosine"], 1.0 - tolerance),
-                Floor("mean_cosine", agreement.figures["mean_cosine"], 1.0 - tolerance / 2)]
+        """Min and mean cosine, at the full size and at every declared Matryoshka size (all are served)."""
+        floors = {"min_cosine": 1.0 - tolerance, "mean_cosine": 1.0 - tolerance / 2}
+        return [Floor(name, value, floors[name.split("@")[0]]) for name, value in agreement.figures.items()
+                if name.split("@")[0] in floors]
 
     @classmethod
     def parse_row(cls, row: Mapping[str, Any], where: str) -> tuple[Any, Any]:

@@ -20,7 +20,7 @@ def run(predictor: Predictor, prepared: Prepared) -> Run:
 
 def agreement_inputs(reference: Predictor, inputs: Sequence[Any]) -> AgreementInputs:
     prepared = reference.prepare(inputs)
-    return AgreementInputs(prepared, run(reference, prepared))
+    return AgreementInputs(prepared, run(reference, prepared), reference.config)
 
 
 def measure_agreement(data: AgreementInputs, candidate: Predictor) -> Agreement:

@@ -10,6 +10,7 @@ import numpy as np
 
 if TYPE_CHECKING:  # tasks import these records; the type alone is needed here
     from kiln.tasks.base import Prepared
+    from kiln.tasks.config import TaskConfig
 
 # Token-count buckets for per-length breakdowns (upper bounds, inclusive); parity uses the same.
 LENGTH_BUCKETS = (16, 64, 128, 256, 512, 1 << 30)
@@ -39,6 +40,7 @@ class AgreementInputs:
 
     prepared: Prepared
     reference: Run
+    config: TaskConfig | None = None  # the judged model's task settings (Matryoshka sizes to report, …)
 
     def lengths(self) -> list[int]:
         """Token length of each input (its longest feature)."""
