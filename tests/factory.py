@@ -146,7 +146,7 @@ def build_tiny_model(arch: str, task: TaskName, directory: Path, seed: int = 0) 
         sep_token=family.sep, mask_token=family.mask, model_input_names=names,
         model_max_length=MAX_POSITIONS,
     )
-    labels = LABELS.get(task, [])
+    labels = LABELS.get(task, ["relevance"] if task == TaskName.TEXT_RANKING else [])
     special_ids = {"cls_token_id": tok.token_to_id(family.cls), "sep_token_id": tok.token_to_id(family.sep),
                    "bos_token_id": tok.token_to_id(family.cls), "eos_token_id": tok.token_to_id(family.sep)} \
         if arch == "modernbert" else {}
@@ -160,6 +160,7 @@ def build_tiny_model(arch: str, task: TaskName, directory: Path, seed: int = 0) 
         TaskName.TEXT_CLASSIFICATION: transformers.AutoModelForSequenceClassification,
         TaskName.TOKEN_CLASSIFICATION: transformers.AutoModelForTokenClassification,
         TaskName.QUESTION_ANSWERING: transformers.AutoModelForQuestionAnswering,
+        TaskName.TEXT_RANKING: transformers.AutoModelForSequenceClassification,  # one logit: a cross-encoder
     }[task]
     model = auto.from_config(config).eval()
     with torch.no_grad():  # larger random weights so outputs are not all near-uniform

@@ -14,7 +14,18 @@ from kiln.errors import (
     UsageError,
 )
 from kiln.runtime.predictor import Predictor
-from kiln.tasks import Answer, Entity, LabelScore, QAInput, TaskConfig, TaskName, TaskSpec, TextPair
+from kiln.tasks import (
+    Answer,
+    Entity,
+    LabelScore,
+    QAInput,
+    Ranked,
+    RerankQuery,
+    TaskConfig,
+    TaskName,
+    TaskSpec,
+    TextPair,
+)
 
 __version__ = "0.1.0"
 
@@ -46,10 +57,10 @@ __all__ = [
     "Precision",
     "Predictor",
     "QAInput",
+    "Ranked",
+    "RerankQuery",
     "TaskConfig",
     "TaskName",
-    "TaskSpec",
-    "TextPair",
     "TaskSpec",
     "TextPair",
     "UnsupportedModelError",

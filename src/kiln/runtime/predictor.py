@@ -58,6 +58,19 @@ class Predictor:
 
         return encode(self, sentences, **kwargs)
 
+    def rerank(self, query: str, texts: Sequence[str], **options: Any) -> list[Any]:
+        """The texts ranked for ``query``, best first, as :class:`kiln.Ranked` (index into ``texts``, score, and
+        the text with ``return_documents=True``); ``top_n``, ``raw_scores`` as the /rerank route takes them."""
+        from kiln.tasks import TASKS, RerankQuery, task_spec
+
+        if not task_spec(self.config.task).ranks:
+            ranking = ", ".join(name for name, spec in TASKS.items() if spec.ranks)
+            raise UsageError(f"rerank() needs a reranker artifact (kiln optimize --task {ranking}); this one does "
+                             f"{self.config.task}: use predict()")
+        if isinstance(texts, str):
+            raise UsageError("rerank() takes the texts as a list of strings (got one string)")
+        return self.predict([RerankQuery(query, tuple(texts))], **options)[0]
+
     def with_batch_size(self, batch_size: int) -> Predictor:
         """The same tokenizer and engine, batching ``batch_size`` features at a time."""
         return Predictor(self.config, self.encoder, self.engine, batch_size=batch_size, sessions=self.sessions[1:],

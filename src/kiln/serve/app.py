@@ -243,7 +243,8 @@ def _exact_openapi(app: FastAPI, routes: list[Route]) -> dict[str, Any]:
     for route in routes:
         model = components.get(route.request.__name__, {})
         properties = model.get("properties", {})
-        for variant in properties.get(route.inputs_field, {}).get("anyOf", []):
+        inputs = properties.get(route.inputs_field, {})
+        for variant in inputs.get("anyOf", [inputs]):
             if variant.get("type") == "array":
                 variant["maxItems"] = limit
         doing = app.state.route_models[route.path]

@@ -71,9 +71,9 @@ def load_served(name: str, path: Path, limits: BatchLimits, metrics: Metrics, *,
 async def infer(served: Served, body: RequestBody, pool: ThreadPoolExecutor, metrics: Metrics,
                 max_inputs: int) -> tuple[Any, list[Any]]:
     """(prepared inputs, task results) for one request; errors are HTTPErrors with the right status."""
-    items = body.items()
-    if len(items) > max_inputs:
-        raise HTTPError(413, "too_many_inputs", f"{len(items)} inputs in one request; the limit is {max_inputs} "
+    items, count = body.items(), body.input_count()
+    if count > max_inputs:
+        raise HTTPError(413, "too_many_inputs", f"{count} inputs in one request; the limit is {max_inputs} "
                         "(--max-inputs-per-request)")
     handler = served.predictor.handler
     loop = asyncio.get_running_loop()

@@ -9,6 +9,7 @@ from kiln.tasks.base import Prepared, TaskSpec
 from kiln.tasks.config import TaskConfig
 from kiln.tasks.feature_extraction import FeatureExtraction
 from kiln.tasks.question_answering import Answer, QAInput, QuestionAnswering
+from kiln.tasks.rerank import Ranked, Rerank, RerankQuery
 from kiln.tasks.text_classification import LabelScore, TextClassification, TextPair
 from kiln.tasks.token_classification import Entity, TokenClassification
 
@@ -17,6 +18,7 @@ TASKS: dict[str, type[TaskSpec]] = {spec.name: spec for spec in (
     TextClassification,
     TokenClassification,
     QuestionAnswering,
+    Rerank,
 )}
 DEFAULT_TASK = FeatureExtraction.name  # what the bundled sentence-embedding model does
 
@@ -37,5 +39,5 @@ def task_handler(config: TaskConfig) -> TaskSpec:
     return task_spec(config.task)(config)
 
 
-__all__ = ["DEFAULT_TASK", "TASKS", "Answer", "Entity", "LabelScore", "Prepared", "QAInput", "TaskConfig", "TaskName",
-           "TaskSpec", "TextPair", "task_handler", "task_spec"]
+__all__ = ["DEFAULT_TASK", "TASKS", "Answer", "Entity", "LabelScore", "Prepared", "QAInput", "Ranked", "RerankQuery",
+           "TaskConfig", "TaskName", "TaskSpec", "TextPair", "task_handler", "task_spec"]

@@ -59,6 +59,7 @@ class TaskSpec:
     sequence_outputs: ClassVar[frozenset[str]]  # outputs with a sequence axis (dynamic axes for export)
     needs_trained_head: ClassVar[bool] = True  # refuse a checkpoint whose head weights are missing
     embeds: ClassVar[bool] = False  # results are one vector per input (Predictor.encode works)
+    ranks: ClassVar[bool] = False  # inputs are a query and texts, results the texts best first (Predictor.rerank)
     default_tolerance: ClassVar[float]
     tolerance_help: ClassVar[str]  # what the tolerance bounds, for `kiln optimize --help`
     metric: ClassVar[str]  # the task metric's primary score (higher is better)

@@ -40,6 +40,10 @@ class RequestBody(BaseModel):
         """Per-request options for the task's ``options()``."""
         return {}
 
+    def input_count(self) -> int:
+        """What --max-inputs-per-request counts: the inputs (a reranker counts its texts)."""
+        return len(self.items())
+
 
 class ResponseModel(BaseModel):
     model_config = ConfigDict(extra="forbid")

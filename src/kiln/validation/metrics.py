@@ -56,3 +56,34 @@ def spearman(x: Sequence[float], y: Sequence[float]) -> float:
     if rx.std() == 0 or ry.std() == 0:
         return 0.0
     return float(spearmanr(rx, ry).statistic)
+
+
+def ranking(scores: Sequence[float]) -> list[int]:
+    """Indices from the highest score to the lowest (ties keep input order)."""
+    return [int(i) for i in np.argsort(-np.asarray(scores, dtype=np.float64), kind="stable")]
+
+
+def ndcg_at_k(scores: Sequence[float], relevance: Sequence[float], k: int = 10) -> float:
+    """NDCG@k with graded gains ``2**rel - 1`` (the TREC/BEIR definition); 0 when nothing is relevant."""
+    gains = np.power(2.0, np.asarray(relevance, dtype=np.float64)) - 1.0
+    discounts = 1.0 / np.log2(np.arange(2, k + 2))
+    found = gains[ranking(scores)[:k]]
+    ideal = np.sort(gains)[::-1][:k]
+    best = float((ideal * discounts[: len(ideal)]).sum())
+    return float((found * discounts[: len(found)]).sum()) / best if best > 0 else 0.0
+
+
+def reciprocal_rank(scores: Sequence[float], relevance: Sequence[float]) -> float:
+    """1 / the rank of the first relevant (relevance > 0) text; 0 when none is."""
+    relevant = np.asarray(relevance, dtype=np.float64) > 0
+    return next((1.0 / (rank + 1) for rank, i in enumerate(ranking(scores)) if relevant[i]), 0.0)
+
+
+def kendall_tau(a: Sequence[float], b: Sequence[float]) -> float:
+    """Kendall's tau-b between two score lists (1: the same order); 1 for fewer than two items or no variance."""
+    from scipy.stats import kendalltau
+
+    if len(a) < 2:
+        return 1.0
+    tau = kendalltau(a, b).statistic
+    return 1.0 if np.isnan(tau) else float(tau)
