@@ -173,3 +173,19 @@ def test_concurrent_requests_are_batched(served):
     stats = http.InferenceServerClient(f"127.0.0.1:{running.http_port}").get_inference_statistics(f"{model}_model")
     entry = stats["model_stats"][0]
     assert entry["inference_count"] > entry["execution_count"], entry  # batches larger than 1
+
+
+def test_triton_scores_query_text_pairs_like_kiln_rerank(served, task_artifacts):
+    import tritonclient.http as http
+
+    running, names = served
+    query, texts = builtin_sentences()[3], list(builtin_sentences()[10:14])
+    client = http.InferenceServerClient(f"127.0.0.1:{running.http_port}")
+    inputs = []
+    for name, column in (("QUERY", [query] * len(texts)), ("TEXT", texts)):
+        tensor = http.InferInput(name, [len(texts), 1], "BYTES")
+        tensor.set_data_from_numpy(np.array([[t.encode()] for t in column], dtype=object))
+        inputs.append(tensor)
+    got = client.infer(names[TaskName.TEXT_RANKING], inputs).as_numpy("SCORE")[:, 0]
+    want = {r.index: r.score for r in kiln.load(task_artifacts[TaskName.TEXT_RANKING]).rerank(query, texts)}
+    np.testing.assert_allclose(got, [want[i] for i in range(len(texts))], atol=1e-5)
