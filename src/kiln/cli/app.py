@@ -11,6 +11,7 @@ import typer
 from kiln.choices import ExportFormat, ExternalData
 from kiln.cli import console
 from kiln.cli.compress import distill, prune
+from kiln.cli.embed import embed
 from kiln.cli.options import DEFAULT_TASK_OPT, ForceOpt, ModelArg, PickleOpt, TaskOpt
 from kiln.errors import KilnError
 from kiln.tasks import TASKS
@@ -168,6 +169,7 @@ def optimize(
 
 app.command()(distill)
 app.command()(prune)
+app.command()(embed)
 
 
 def _int_list(value: str | None, flag: str) -> tuple[int, ...] | None:
