@@ -161,6 +161,7 @@ def build_tiny_model(arch: str, task: TaskName, directory: Path, seed: int = 0) 
         TaskName.TOKEN_CLASSIFICATION: transformers.AutoModelForTokenClassification,
         TaskName.QUESTION_ANSWERING: transformers.AutoModelForQuestionAnswering,
         TaskName.TEXT_RANKING: transformers.AutoModelForSequenceClassification,  # one logit: a cross-encoder
+        TaskName.SPARSE_EMBEDDING: transformers.AutoModelForMaskedLM,  # SPLADE: the MLM head's logits are terms
     }[task]
     model = auto.from_config(config).eval()
     with torch.no_grad():  # larger random weights so outputs are not all near-uniform

@@ -11,6 +11,7 @@ from fastapi.testclient import TestClient
 
 import kiln
 from kiln.artifact.directory import Artifact
+from kiln.data.texts import builtin_sentences
 from kiln.errors import UsageError
 from kiln.optimize.job import OptimizeConfig, OptimizeJob
 from kiln.serve.app import ServeConfig, create_app
@@ -137,3 +138,134 @@ def test_optimize_a_reranker_reports_rank_agreement_and_ndcg(tiny_model, tmp_pat
     data = Rerank.read_eval(eval_file)
     assert len(data) == 3 and data.labels[0] == (1, 0, 0, 0, 0)
     assert Rerank.evaluate(predictor, data) == pytest.approx(fp32.metric)
+
+
+# -- sparse embeddings ---------------------------------------------------------------------------------------------
+def _torch_splade(model_dir, texts: list[str]) -> np.ndarray:
+    """SPLADE from transformers directly: max over tokens of log(1 + relu(logits)), padding masked, specials 0."""
+    import torch
+    import transformers
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
+    model = transformers.AutoModelForMaskedLM.from_pretrained(model_dir).eval()
+    with torch.no_grad():
+        batch = tokenizer(texts, padding=True, truncation=True, return_tensors="pt")
+        logits = model(**batch).logits
+        weights = torch.log1p(torch.relu(logits)) * batch["attention_mask"].unsqueeze(-1)
+        out = weights.amax(dim=1).numpy()
+    out[:, tokenizer.all_special_ids] = 0
+    return out
+
+
+def test_sparse_embeddings_match_splade_computed_by_hand(tiny_model, task_artifacts):
+    texts = ["hello world", DOCS[0], " ".join(DOCS)]
+    want = _torch_splade(tiny_model("bert", TaskName.SPARSE_EMBEDDING), texts)
+    predictor = kiln.load(task_artifacts[TaskName.SPARSE_EMBEDDING])
+    got = predictor.predict(texts)
+    size = predictor.config.dimension
+    assert size == want.shape[1]
+    np.testing.assert_allclose(np.stack([v.dense(size) for v in got]), want, atol=1e-4)
+    assert all(list(v.indices) == sorted(v.indices) and min(v.values) > 0 for v in got)
+    assert not set(predictor.config.special_ids) & {i for v in got for i in v.indices}
+    top = predictor.predict(texts[:1], top_k=3, threshold=0.0)[0]
+    assert len(top.indices) == 3 and set(top.indices) == set(np.argsort(-want[0])[:3])
+
+
+def test_embed_sparse_route(task_artifacts):
+    art = task_artifacts[TaskName.SPARSE_EMBEDDING]
+    offline = kiln.load(art).predict(["hello world", DOCS[1]], threshold=0.5)
+    with TestClient(create_app(ServeConfig(models={"splade": art}))) as c:
+        body = c.post("/embed_sparse", json={"inputs": ["hello world", DOCS[1]], "threshold": 0.5}).json()
+        top = c.post("/embed_sparse", json={"inputs": "hello world", "top_k": 2}).json()
+        bad = {k: c.post("/embed_sparse", json={"inputs": "x", **v}).status_code
+               for k, v in {"top_k": {"top_k": 0}, "threshold": {"threshold": -1}, "dims": {"dimensions": 8}}.items()}
+    for terms, want in zip(body["embeddings"], offline):
+        assert [t["index"] for t in terms] == list(want.indices)
+        np.testing.assert_allclose([t["value"] for t in terms], want.values, atol=1e-5)
+    assert len(top["embeddings"][0]) == 2 and body["truncated"] == [False, False]
+    assert bad == {"top_k": 422, "threshold": 422, "dims": 422}
+
+
+def test_optimize_sparse_reports_cosine_and_term_overlap(tiny_model, tmp_path):
+    task = TaskName.SPARSE_EMBEDDING
+    summary = OptimizeJob(OptimizeConfig(model=str(tiny_model("bert", task)), task=task, output=tmp_path / "o",
+                                         variants=("onnx-fp32", "onnx-int8-dynamic"))).run()
+    fp32, int8 = summary.outcomes
+    assert fp32.agreement.figures["min_cosine"] == pytest.approx(1.0, abs=1e-5)
+    assert fp32.agreement.figures["top10_term_overlap"] == pytest.approx(1.0)
+    assert 0 < int8.agreement.figures["mean_cosine"] <= 1 + 1e-6 and "mean_terms_variant" in int8.agreement.figures
+    assert "spearman" in fp32.metric  # the built-in STS pairs, scored by sparse dot products
+
+
+# -- long documents ------------------------------------------------------------------------------------------------
+LONG = " ".join(builtin_sentences()[:30])
+
+
+def test_windows_are_cut_on_token_offsets_and_nothing_is_lost_or_repeated_beyond_the_overlap(task_artifacts,
+                                                                                              tiny_model):
+    import torch
+    import transformers
+
+    predictor = kiln.load(task_artifacts[TaskName.FEATURE_EXTRACTION])
+    full = predictor.encoder.encode([LONG], truncate=False)[0]
+    text_ids = [i for i, special in zip(full.ids, full.special_tokens_mask) if not special]
+    size, overlap = 40, 8
+    prepared = predictor.prepare([LONG], predictor.handler.options(chunking={"size": size, "overlap": overlap}))
+    windows = [[i for i, sp in zip(e.ids, e.special_tokens_mask) if not sp] for e in prepared.encodings]
+    assert len(text_ids) > 3 * size and len(windows) == -(-(len(text_ids) - overlap) // (size - overlap))
+    step = size - overlap
+    for k, ids in enumerate(windows):  # window k is exactly text tokens [k*step, k*step + size)
+        assert ids == text_ids[k * step : k * step + size]
+    rebuilt = windows[0] + [i for w in windows[1:] for i in w[overlap:]]
+    assert rebuilt == text_ids  # every token once, beyond the overlap
+
+    result = predictor.predict([LONG], chunking=kiln.Chunking(size, overlap, "windows"))[0]
+    starts = [w.start for w in result.windows]
+    assert starts[0] == 0 and result.windows[-1].end == len(LONG) and starts == sorted(starts)
+    assert all(LONG[w.start : w.end].strip() == LONG[w.start : w.end] for w in result.windows)
+    # Each window's embedding is the model's on [CLS] + that window's tokens + [SEP].
+    model = transformers.AutoModel.from_pretrained(tiny_model("bert")).eval()
+    cls, sep = full.ids[0], full.ids[-1]
+    with torch.no_grad():
+        for ids, window in zip(windows, result.windows):
+            hidden = model(input_ids=torch.tensor([[cls, *ids, sep]])).last_hidden_state[0]
+            np.testing.assert_allclose(window.embedding, hidden.mean(0).numpy(), atol=1e-4)
+    mean = predictor.predict([LONG], chunking={"size": size, "overlap": overlap})[0]
+    np.testing.assert_allclose(mean, np.mean([w.embedding for w in result.windows], axis=0), atol=1e-6)
+    np.testing.assert_allclose(result.embedding, mean, atol=1e-6)
+    short = predictor.predict(["hello world"], chunking={"size": size, "overlap": overlap})[0]
+    np.testing.assert_allclose(short, predictor.predict(["hello world"])[0], atol=1e-6)  # one window: no change
+
+
+def test_chunking_over_http_and_its_errors(task_artifacts):
+    models = {"emb": task_artifacts[TaskName.FEATURE_EXTRACTION], "cls": task_artifacts[TaskName.TEXT_CLASSIFICATION]}
+    classifier = kiln.load(models["cls"])
+    logits = classifier.run_features(classifier.prepare([LONG], classifier.handler.options(
+        chunking={"size": 30, "overlap": 5})).encodings)
+    with TestClient(create_app(ServeConfig(models=models))) as c:
+        windows = c.post("/embed", json={"inputs": [LONG, "short text"], "truncate": False,
+                                         "chunking": {"size": 30, "overlap": 5, "mode": "windows"}}).json()
+        labels = {mode: c.post("/classify", json={"inputs": LONG, "model": "cls", "top_k": None,
+                                                  "chunking": {"size": 30, "overlap": 5, "mode": mode}}).json()
+                  for mode in ("max", "mean")}
+        errors = {name: c.post(path, json=body) for name, (path, body) in {
+            "overlap": ("/embed", {"inputs": LONG, "chunking": {"size": 30, "overlap": 30}}),
+            "size": ("/embed", {"inputs": LONG, "chunking": {"size": 1000}}),
+            "mode": ("/embed", {"inputs": LONG, "chunking": {"size": 30, "mode": "max"}}),
+            "pair": ("/classify", {"inputs": {"text": "a", "text_pair": "b"}, "model": "cls",
+                                   "chunking": {"size": 30}})}.items()}
+    assert len(windows["chunks"][0]) > 3 and len(windows["chunks"][1]) == 1
+    assert windows["truncated"] == [False, False] and len(windows["embeddings"]) == 2
+    np.testing.assert_allclose(windows["embeddings"][0], np.mean([w["embedding"] for w in windows["chunks"][0]], 0),
+                               atol=1e-5)
+    for mode, combine in (("max", np.max), ("mean", np.mean)):
+        probabilities = np.exp(combine(np.stack(logits), 0))
+        probabilities /= probabilities.sum()
+        got = {r["label"]: r["score"] for r in labels[mode]["results"][0]}
+        np.testing.assert_allclose([got[name] for name in ("negative", "neutral", "positive")], probabilities,
+                                   atol=1e-5)
+    assert {k: r.status_code for k, r in errors.items()} == dict.fromkeys(errors, 422)
+    assert "chunking overlap must be at least 0 and less than size 30 (got 30)" in errors["overlap"].text
+    assert "chunking size must be at most 126" in errors["size"].text
+    assert "chunking.mode" in errors["mode"].text
+    assert "chunking splits single texts" in errors["pair"].text

@@ -42,7 +42,7 @@ def test_fuzzing_the_served_schema_finds_no_failure(task_artifacts, tmp_path):
     report = run.stdout[-8000:]
     assert run.returncode == 0, report
     operations = [line for line in report.splitlines() if "Tested:" in line]
-    assert operations and operations[-1].split()[-1] == "11", report  # every route: 7 task routes + 4 probes
+    assert operations and operations[-1].split()[-1] == "12", report  # every route: 8 task routes + 4 probes
     generated = [line for line in report.splitlines() if "generated" in line]
     assert generated and int(generated[-1].split()[0]) >= 100, report
 

@@ -14,6 +14,7 @@ from kiln.errors import (
     UsageError,
 )
 from kiln.runtime.predictor import Predictor
+from kiln.tasks.chunking import Chunking
 from kiln.tasks import (
     Answer,
     Entity,
@@ -21,6 +22,7 @@ from kiln.tasks import (
     QAInput,
     Ranked,
     RerankQuery,
+    SparseVector,
     TaskConfig,
     TaskName,
     TaskSpec,
@@ -45,6 +47,7 @@ __all__ = [
     "Answer",
     "Artifact",
     "ArtifactError",
+    "Chunking",
     "Engine",
     "EngineOptions",
     "Entity",
@@ -59,6 +62,7 @@ __all__ = [
     "QAInput",
     "Ranked",
     "RerankQuery",
+    "SparseVector",
     "TaskConfig",
     "TaskName",
     "TaskSpec",

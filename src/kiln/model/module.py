@@ -8,6 +8,7 @@ same function.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,11 +22,15 @@ IO_FILE = "kiln_io.json"
 
 class TaskModule(torch.nn.Module):
     def __init__(self, model: Any, input_names: tuple[str, ...], output_names: tuple[str, ...],
-                 cast_inputs: bool = False) -> None:
+                 cast_inputs: bool = False, head: Callable[[Any, dict[str, Any]], tuple[Any, ...]] | None = None,
+                 ) -> None:
+        """``head(model outputs, inputs)`` computes the graph's outputs (a task's ``graph_outputs``); without it
+        the outputs named ``output_names`` are returned as the model gives them."""
         super().__init__()
         self.model = model
         self.input_names = tuple(input_names)
         self.output_names = tuple(output_names)
+        self.head = head
         # int32 graph inputs are cast to int64 inside the graph: embeddings and masks then see what they expect.
         self.cast_inputs = cast_inputs
         self.eval()  # exporters restore the training flag they found; it must be False
@@ -33,6 +38,8 @@ class TaskModule(torch.nn.Module):
     def forward(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
         kwargs = {n: (x.long() if self.cast_inputs else x) for n, x in zip(self.input_names, inputs)}
         outputs = self.model(**kwargs, return_dict=True)
+        if self.head is not None:
+            return self.head(outputs, kwargs)
         return tuple(outputs[n] for n in self.output_names)
 
 
@@ -51,7 +58,8 @@ def load_task_module(directory: Path) -> TaskModule:
 
     try:
         io = json.loads((directory / IO_FILE).read_text())
-        model = getattr(transformers, task_spec(io["task"]).auto_class).from_pretrained(directory)
+        spec = task_spec(io["task"])
+        model = getattr(transformers, spec.auto_class).from_pretrained(directory)
     except (OSError, ValueError, KeyError) as err:
         raise ArtifactError(f"cannot load the PyTorch variant in {directory}: {err}") from err
-    return TaskModule(model.eval(), tuple(io["inputs"]), tuple(io["outputs"]))
+    return TaskModule(model.eval(), tuple(io["inputs"]), tuple(io["outputs"]), head=spec.graph_outputs)

@@ -27,8 +27,9 @@ def source_encoder(source: SourceModel) -> TextEncoder:
 
 
 def task_module(source: SourceModel, *, cast_inputs: bool = False) -> TaskModule:
-    output_names = task_spec(source.task_config.task).output_names
-    return TaskModule(source.model, source.input_names, output_names, cast_inputs=cast_inputs)
+    spec = task_spec(source.task_config.task)
+    return TaskModule(source.model, source.input_names, spec.output_names, cast_inputs=cast_inputs,
+                      head=spec.graph_outputs)
 
 
 def reference_predictor(

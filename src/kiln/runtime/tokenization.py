@@ -26,6 +26,7 @@ class TextEncoder:
         self._plain = _configured(tokenizer, max_length)
         self._untruncated = _configured(tokenizer, None)
         self._windowed: dict[tuple[int, int], Tokenizer] = {}
+        self._chunkers: dict[tuple[int, int], Tokenizer] = {}
 
     @classmethod
     def from_file(cls, path: Path, *, max_length: int, pad_id: int, input_names: Sequence[str]) -> TextEncoder:
@@ -71,6 +72,23 @@ class TextEncoder:
             tok.enable_truncation(max_length, stride=stride, strategy="only_second")
             self._windowed[key] = tok
         encoding = self._windowed[key].encode(first, second, add_special_tokens=True)
+        return [encoding, *encoding.overflowing]
+
+    @property
+    def room(self) -> int:
+        """Tokens of one text that fit the model's window besides its special tokens."""
+        return self.max_length - self._plain.num_special_tokens_to_add(is_pair=False)
+
+    def encode_chunks(self, text: str, *, size: int, overlap: int) -> list[Encoding]:
+        """``text`` as windows of ``size`` text tokens (plus special tokens), each repeating ``overlap`` tokens of
+        the previous one: the tokenizer's own truncation with a stride, so windows are cut from one encoding."""
+        key = (size + self._plain.num_special_tokens_to_add(is_pair=False), overlap)
+        if key not in self._chunkers:
+            tok = Tokenizer.from_str(self._plain.to_str())
+            tok.no_padding()
+            tok.enable_truncation(key[0], stride=overlap)
+            self._chunkers[key] = tok
+        encoding = self._chunkers[key].encode(text, add_special_tokens=True)
         return [encoding, *encoding.overflowing]
 
     def collate(

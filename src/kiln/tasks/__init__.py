@@ -10,6 +10,7 @@ from kiln.tasks.config import TaskConfig
 from kiln.tasks.feature_extraction import FeatureExtraction
 from kiln.tasks.question_answering import Answer, QAInput, QuestionAnswering
 from kiln.tasks.rerank import Ranked, Rerank, RerankQuery
+from kiln.tasks.sparse_embedding import SparseEmbedding, SparseVector
 from kiln.tasks.text_classification import LabelScore, TextClassification, TextPair
 from kiln.tasks.token_classification import Entity, TokenClassification
 
@@ -19,6 +20,7 @@ TASKS: dict[str, type[TaskSpec]] = {spec.name: spec for spec in (
     TokenClassification,
     QuestionAnswering,
     Rerank,
+    SparseEmbedding,
 )}
 DEFAULT_TASK = FeatureExtraction.name  # what the bundled sentence-embedding model does
 
@@ -40,4 +42,4 @@ def task_handler(config: TaskConfig) -> TaskSpec:
 
 
 __all__ = ["DEFAULT_TASK", "TASKS", "Answer", "Entity", "LabelScore", "Prepared", "QAInput", "Ranked", "RerankQuery",
-           "TaskConfig", "TaskName", "TaskSpec", "TextPair", "task_handler", "task_spec"]
+           "SparseVector", "TaskConfig", "TaskName", "TaskSpec", "TextPair", "task_handler", "task_spec"]

@@ -85,6 +85,13 @@ class TaskSpec:
         """Extra TaskConfig fields read from the model directory (pooling, labels)."""
         return {}
 
+    @classmethod
+    def graph_outputs(cls, outputs: Mapping[str, Any], inputs: Mapping[str, Any]) -> tuple[Any, ...]:
+        """The exported graph's outputs (``output_names``), from the transformers model's outputs and the graph's
+        inputs (torch tensors). By default the model's own; a task that pools inside the graph computes them here
+        (sparse embeddings: one vocabulary-sized vector per text instead of one per token)."""
+        return tuple(outputs[n] for n in cls.output_names)
+
     # -- per call -----------------------------------------------------------------------------------------
     def options(self, **kwargs: Any) -> Any:
         """Validate per-call options (top_k, aggregation, …) into a frozen options object."""

@@ -20,12 +20,13 @@ class TaskConfig:
     dimension: int | None = None  # an embedding's size (None: not an embedding task, or an older artifact)
     # Sizes an embedding may be cut to (Matryoshka-trained models); validation reports agreement at each.
     matryoshka_dims: tuple[int, ...] = ()
+    special_ids: tuple[int, ...] = ()  # the tokenizer's special tokens (sparse embeddings never weight them)
 
     def to_dict(self) -> dict[str, Any]:
         return {"task": self.task, "max_length": self.max_length, "pooling": self.pooling.value,
                 "normalize": self.normalize, "id2label": {str(k): v for k, v in self.id2label.items()},
                 "problem_type": self.problem_type, "dimension": self.dimension,
-                "matryoshka_dims": list(self.matryoshka_dims)}
+                "matryoshka_dims": list(self.matryoshka_dims), "special_ids": list(self.special_ids)}
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> TaskConfig:
@@ -38,4 +39,5 @@ class TaskConfig:
             problem_type=raw.get("problem_type"),
             dimension=int(raw["dimension"]) if raw.get("dimension") is not None else None,
             matryoshka_dims=tuple(int(d) for d in raw.get("matryoshka_dims", ())),
+            special_ids=tuple(int(i) for i in raw.get("special_ids", ())),
         )

@@ -21,6 +21,7 @@ from pydantic import Field
 from kiln.choices import Pooling
 from kiln.errors import UnsupportedModelError, UsageError
 from kiln.tasks.base import Prepared, TaskSpec, field, read_json
+from kiln.tasks.chunking import Chunking, ChunkingModel, as_chunking, by_owner, chunked, span
 from kiln.tasks.http import Count, FormField, NonBlank, RequestBody, ResponseModel, Route, Texts, listify
 from kiln.validation.figures import Agreement, AgreementInputs, EvalSet, Floor, Run
 from kiln.validation.metrics import spearman
@@ -30,6 +31,25 @@ from kiln.validation.metrics import spearman
 class EmbedOptions:
     truncate: bool = True
     dimensions: int | None = None  # cut each vector to its first ``dimensions`` values (Matryoshka)
+    chunking: Chunking | None = None  # long texts as windows: their mean, or every window
+
+
+@dataclass(frozen=True)
+class Window:
+    start: int  # character span of the window's text
+    end: int
+    embedding: np.ndarray
+
+
+@dataclass(frozen=True)
+class Chunked:
+    """A long text's embedding (the mean of its windows') and every window's (chunking mode "windows")."""
+
+    embedding: np.ndarray
+    windows: tuple[Window, ...]
+
+
+CHUNK_MODES = ("mean", "windows")
 
 
 def _pool_mean(hidden: np.ndarray, mask: np.ndarray) -> np.ndarray:
@@ -54,21 +74,37 @@ DIMENSIONS_HELP = ("Keep the first `dimensions` values of each embedding (Matryo
                    "model normalises; at most the model's size (422 above it).")
 
 
+class EmbedChunking(ChunkingModel):
+    mode: Literal["mean", "windows"] = Field("mean", description="mean: one embedding per input, the mean of its "
+                                             "windows' (re-normalised when the model normalises); windows: also "
+                                             "every window's embedding with its character span (in `chunks`).")
+
+
 class EmbedRequest(RequestBody):
     inputs: Texts = Field(description="A text or a list of texts.")
     dimensions: Count | None = Field(None, description=DIMENSIONS_HELP)
+    chunking: EmbedChunking | None = Field(None, description="Embed inputs longer than a window as overlapping "
+                                           "token windows instead of truncating them.")
 
     def items(self) -> list[Any]:
         return listify(self.inputs)
 
     def options(self) -> dict[str, Any]:
-        return {"dimensions": self.dimensions}
+        return {"dimensions": self.dimensions, "chunking": self.chunking}
+
+
+class WindowModel(ResponseModel):
+    start: int = Field(description="Character offset of the window's first token in the input.")
+    end: int
+    embedding: list[float]
 
 
 class EmbedResponse(ResponseModel):
     model: str
     embeddings: list[list[float]]
     truncated: list[bool] = Field(description="Per input: whether it was cut to the model's maximum length.")
+    chunks: list[list[WindowModel]] | None = Field(None, description="Per input, its windows (chunking mode "
+                                                   "windows only).")
 
 
 class OpenAIEmbeddingRequest(RequestBody):
@@ -107,6 +143,9 @@ class OpenAIEmbeddingResponse(ResponseModel):
 
 
 def _embed(body: EmbedRequest, model: str, prepared: Prepared, results: list[Any]) -> dict[str, Any]:
+    if results and isinstance(results[0], Chunked):
+        return {"model": model, "embeddings": np.stack([r.embedding for r in results]),
+                "truncated": list(prepared.truncated), "chunks": [r.windows for r in results]}
     return {"model": model, "embeddings": np.stack(results), "truncated": list(prepared.truncated)}
 
 
@@ -165,12 +204,17 @@ class FeatureExtraction(TaskSpec):
     def settings(cls, model_dir: Path, hf_config: Any) -> dict[str, Any]:
         return {**cls._pooling_settings(model_dir), "dimension": int(hf_config.hidden_size)}
 
-    def options(self, truncate: bool = True, dimensions: int | None = None) -> EmbedOptions:
+    def options(self, truncate: bool = True, dimensions: int | None = None, chunking: Any = None) -> EmbedOptions:
         size = self.config.dimension
         if dimensions is not None and (dimensions < 1 or (size is not None and dimensions > size)):
             raise UsageError(f"dimensions must be between 1 and the model's size {size} (got {dimensions})"
                              if size else f"dimensions must be at least 1 (got {dimensions})")
-        return EmbedOptions(truncate=truncate, dimensions=dimensions)
+        return EmbedOptions(truncate=truncate, dimensions=dimensions, chunking=as_chunking(chunking, CHUNK_MODES))
+
+    def prepare(self, inputs: Sequence[Any], encoder, options: EmbedOptions) -> Prepared:
+        if options.chunking is not None:
+            return chunked(inputs, encoder, options.chunking)
+        return super().prepare(inputs, encoder, options)
 
     def reduce(self, outputs: dict[str, np.ndarray], attention_mask: np.ndarray) -> list[np.ndarray]:
         pooled = self._pool(outputs["last_hidden_state"].astype(np.float32), attention_mask)
@@ -178,11 +222,21 @@ class FeatureExtraction(TaskSpec):
             pooled = pooled / np.clip(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12, None)
         return list(pooled)
 
-    def finalize(self, prepared: Prepared, reduced: Sequence[Any], options: EmbedOptions, encoder) -> list[np.ndarray]:
-        vectors = list(reduced)
-        if options.dimensions is not None:
-            vectors = [self.truncated(v, options.dimensions) for v in vectors]
-        return vectors
+    def finalize(self, prepared: Prepared, reduced: Sequence[Any], options: EmbedOptions, encoder) -> list[Any]:
+        cut = (lambda v: self.truncated(v, options.dimensions)) if options.dimensions is not None else (lambda v: v)
+        if options.chunking is None:
+            return [cut(v) for v in reduced]
+        results: list[Any] = []
+        spans = by_owner(prepared, [span(e) for e in prepared.encodings])
+        for windows, where in zip(by_owner(prepared, reduced), spans):
+            mean = np.mean(windows, axis=0)
+            if self.config.normalize:
+                mean = mean / max(float(np.linalg.norm(mean)), 1e-12)
+            if options.chunking.mode == "windows":
+                results.append(Chunked(cut(mean), tuple(Window(s, e, cut(v)) for (s, e), v in zip(where, windows))))
+            else:
+                results.append(cut(mean))
+        return results
 
     def truncated(self, vector: np.ndarray, dimensions: int) -> np.ndarray:
         """The first ``dimensions`` values, re-normalised when the model normalises (a unit vector stays one)."""

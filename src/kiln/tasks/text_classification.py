@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from kiln.data.texts import builtin_pairs, parity_texts
 from kiln.errors import UsageError
 from kiln.tasks.base import NO_LABEL, Prepared, TaskSpec, field, one_per_input, sigmoid, softmax
+from kiln.tasks.chunking import Chunking, ChunkingModel, as_chunking, by_owner, chunked
 from kiln.tasks.http import Count, FormField, NonBlank, RequestBody, ResponseModel, Route, listify, render_results
 from kiln.validation.figures import Agreement, AgreementInputs, EvalSet, Run
 
@@ -41,6 +42,11 @@ class LabelScore:
 class ClassifyOptions:
     top_k: int | None = 1  # None: every label
     truncate: bool = True
+    chunking: Chunking | None = None  # long texts as windows; their logits combined by max or mean
+
+
+CHUNK_MODES = ("max", "mean")
+COMBINE = {"max": np.max, "mean": np.mean}
 
 
 def as_text_input(item: Any, index: int) -> str | TextPair:
@@ -74,16 +80,24 @@ class PairItem(BaseModel):
 ClassifyItem = NonBlank | PairItem
 
 
+class ClassifyChunking(ChunkingModel):
+    mode: Literal["max", "mean"] = Field("max", description="How the windows' logits combine: max (a label "
+                                         "anywhere in the text counts) or mean.")
+
+
 class ClassifyRequest(RequestBody):
     inputs: ClassifyItem | Annotated[list[ClassifyItem], Field(min_length=1)] = Field(
         description="A text, a {text, text_pair} pair, or a list of them.")
     top_k: Count | None = Field(1, description="Labels per input; null for every label.")
+    chunking: ClassifyChunking | None = Field(None, description="Classify texts longer than a window as "
+                                              "overlapping token windows instead of truncating them (single texts "
+                                              "only).")
 
     def items(self) -> list[Any]:
         return [x if isinstance(x, str) else TextPair(x.text, x.text_pair) for x in listify(self.inputs)]
 
     def options(self) -> dict[str, Any]:
-        return {"top_k": self.top_k}
+        return {"top_k": self.top_k, "chunking": self.chunking}
 
 
 class LabelScoreModel(ResponseModel):
@@ -116,15 +130,17 @@ class TextClassification(TaskSpec):
         return {"id2label": {int(k): str(v) for k, v in (hf_config.id2label or {}).items()},
                 "problem_type": getattr(hf_config, "problem_type", None)}
 
-    def options(self, top_k: int | None = 1, truncate: bool = True) -> ClassifyOptions:
+    def options(self, top_k: int | None = 1, truncate: bool = True, chunking: Any = None) -> ClassifyOptions:
         if top_k is not None and top_k < 1:
             raise UsageError(f"top_k must be at least 1, or None for every label (got {top_k})")
-        return ClassifyOptions(top_k=top_k, truncate=truncate)
+        return ClassifyOptions(top_k=top_k, truncate=truncate, chunking=as_chunking(chunking, CHUNK_MODES))
 
     def check_inputs(self, inputs: Sequence[Any]) -> list[Any]:
         return [as_text_input(item, i) for i, item in enumerate(inputs)]
 
     def prepare(self, inputs: Sequence[Any], encoder, options: ClassifyOptions) -> Prepared:
+        if options.chunking is not None:
+            return chunked(inputs, encoder, options.chunking)
         texts = [(x.text, x.text_pair) if isinstance(x, TextPair) else x for x in inputs]
         return one_per_input(inputs, encoder.encode(texts, truncate=options.truncate))
 
@@ -135,6 +151,9 @@ class TextClassification(TaskSpec):
                  encoder) -> list[list[LabelScore]]:
         results = []
         id2label = self.config.id2label
+        if options.chunking is not None:  # one row of logits per input: the windows' combined
+            combine = COMBINE[options.chunking.mode]
+            reduced = [combine(np.stack(windows), axis=0) for windows in by_owner(prepared, reduced)]
         for logits in reduced:
             scores = score_function(self.config, logits.shape[-1])(logits)
             order = np.argsort(-scores, kind="stable")[: options.top_k]
