@@ -14,7 +14,6 @@ from kiln.errors import (
     UsageError,
 )
 from kiln.runtime.predictor import Predictor
-from kiln.tasks.chunking import Chunking
 from kiln.tasks import (
     Answer,
     Entity,
@@ -28,6 +27,7 @@ from kiln.tasks import (
     TaskSpec,
     TextPair,
 )
+from kiln.tasks.chunking import Chunking
 
 __version__ = "0.1.0"
 

@@ -272,9 +272,10 @@ class FeatureExtraction(TaskSpec):
     @classmethod
     def floors(cls, agreement: Agreement, tolerance: float) -> list[Floor]:
         """Min and mean cosine, at the full size and at every declared Matryoshka size (all are served)."""
-        floors = {"min_cosine": 1.0 - tolerance, "mean_cosine": 1.0 - tolerance / 2}
-        return [Floor(name, value, floors[name.split("@")[0]]) for name, value in agreement.figures.items()
-                if name.split("@")[0] in floors]
+        suffixes = ["", *sorted({n[n.index("@"):] for n in agreement.figures if "@" in n},
+                                key=lambda s: -int(s[1:]))]  # the full size first, then 256, 128, …
+        return [Floor(name + suffix, agreement.figures[name + suffix], floor) for suffix in suffixes
+                for name, floor in (("min_cosine", 1.0 - tolerance), ("mean_cosine", 1.0 - tolerance / 2))]
 
     @classmethod
     def parse_row(cls, row: Mapping[str, Any], where: str) -> tuple[Any, Any]:

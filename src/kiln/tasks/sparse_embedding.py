@@ -24,7 +24,7 @@ from pydantic import Field
 from kiln.errors import UsageError
 from kiln.tasks.base import Prepared, TaskSpec
 from kiln.tasks.feature_extraction import FeatureExtraction
-from kiln.tasks.http import Count, RequestBody, ResponseModel, Route, Texts, listify
+from kiln.tasks.http import Count, FormField, RequestBody, ResponseModel, Route, Texts, listify
 from kiln.validation.figures import Agreement, AgreementInputs, EvalSet, Floor, Run
 from kiln.validation.metrics import spearman
 
@@ -89,7 +89,8 @@ class SparseEmbedding(TaskSpec):
     metric = "spearman"
     eval_fields = FeatureExtraction.eval_fields
     has_builtin_eval = True
-    routes = (Route("/embed_sparse", "Sparse (SPLADE) embeddings", SparseRequest, SparseResponse, _render),)
+    routes = (Route("/embed_sparse", "Sparse (SPLADE) embeddings", SparseRequest, SparseResponse, _render,
+                    form=(FormField("text", "Text", multiline=True),)),)
 
     @classmethod
     def settings(cls, model_dir: Path, hf_config: Any) -> dict[str, Any]:
