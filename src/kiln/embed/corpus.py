@@ -6,13 +6,12 @@ resumed job cut its parts exactly where the first one did.
 
 from __future__ import annotations
 
-import csv
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from kiln.errors import UsageError
+from kiln.tasks.base import rows_csv, rows_jsonl
 
 FORMATS = (".jsonl", ".csv", ".parquet")
 
@@ -68,7 +67,7 @@ def _read(path: Path, suffix: str, pa: Any) -> Any:
             import pyarrow.parquet as pq
 
             return pq.read_table(path)
-        rows = _jsonl(path) if suffix == ".jsonl" else _csv(path)
+        rows = [row for _, row in (rows_jsonl(path) if suffix == ".jsonl" else rows_csv(path))]
     except UnicodeDecodeError as err:
         raise UsageError(f"INPUT {path} is not UTF-8 text ({err})") from err
     except pa.ArrowInvalid as err:
@@ -79,24 +78,3 @@ def _read(path: Path, suffix: str, pa: Any) -> Any:
         return pa.Table.from_pylist(rows)
     except pa.ArrowException as err:  # e.g. an id column that mixes numbers and strings
         raise UsageError(f"INPUT {path}: rows do not form one table ({err})") from err
-
-
-def _jsonl(path: Path) -> list[dict[str, Any]]:
-    rows = []
-    with path.open(encoding="utf-8") as fh:
-        for number, line in enumerate(fh, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise UsageError(f"INPUT {path} line {number}: not valid JSON ({err.msg})") from err
-            if not isinstance(row, dict):
-                raise UsageError(f"INPUT {path} line {number}: expected a JSON object, got {type(row).__name__}")
-            rows.append(row)
-    return rows
-
-
-def _csv(path: Path) -> list[dict[str, Any]]:
-    with path.open(newline="", encoding="utf-8") as fh:
-        return list(csv.DictReader(fh))

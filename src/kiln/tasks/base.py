@@ -208,7 +208,7 @@ class TaskSpec:
         if suffix not in (".jsonl", ".csv"):
             raise UsageError(f"--eval file {path}: unsupported format {suffix or '(none)'} for {cls.name} "
                              f"(use {', '.join(cls.eval_formats)} with fields {', '.join(cls.eval_fields)})")
-        rows = _rows_jsonl(path) if suffix == ".jsonl" else _rows_csv(path)
+        rows = rows_jsonl(path) if suffix == ".jsonl" else rows_csv(path)
         parsed = [cls.parse_row(row, f"{path} line {number}") for number, row in rows]
         return EvalSet(cls.name, str(path), tuple(p[0] for p in parsed), tuple(p[1] for p in parsed))
 
@@ -250,7 +250,8 @@ def read_json(path: Path) -> Any:
         raise ModelLoadError(f"{path} is not valid JSON: {err}") from err
 
 
-def _rows_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+def rows_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line number, object) per non-blank line of a JSONL file; a UsageError names a bad line."""
     for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
         if not line.strip():
             continue
@@ -263,7 +264,8 @@ def _rows_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
         yield number, row
 
 
-def _rows_csv(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+def rows_csv(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line number, row by header) per row of a CSV file; a UsageError names a row with more values than columns."""
     with path.open(newline="", encoding="utf-8") as fh:
         reader = csv.DictReader(fh)
         for row in reader:
