@@ -27,7 +27,8 @@ expected-statuses = [400, 401, 403, 404, 405, 406, 409, 413, 415, 422, 428, 429]
 
 [[operations]]
 include-path-regex = "^/(embed|classify)$"
-checks.positive_data_acceptance.expected-statuses = ["2xx", "3xx", 401, 403, 404, 409, 422, 429, "5xx"]  # the default + 422
+# schemathesis's default for positive data, plus 422
+checks.positive_data_acceptance.expected-statuses = ["2xx", "3xx", 401, 403, 404, 409, 422, 429, "5xx"]
 """
 
 

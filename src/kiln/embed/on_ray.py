@@ -86,7 +86,8 @@ def _run(ray: Any, config: Any, artifact: Artifact, variant: str, corpus: Corpus
     blocks = [pa.table({"text": corpus.texts[w.start : w.stop]}) for w in windows]
     dataset = ray.data.from_arrow(blocks).map_batches(
         Embedder, fn_constructor_kwargs={"path": str(artifact.path), "variant": variant, "threads": threads},
-        batch_size=config.window, batch_format="numpy", concurrency=actors, num_cpus=threads)
+        batch_size=config.window, batch_format="numpy", compute=ray.data.ActorPoolStrategy(size=actors),
+        num_cpus=threads)
     pending = iter(parts)
     index, part_windows = next(pending)
     need, got = sum(len(w) for w in part_windows), []
