@@ -74,8 +74,9 @@ def _run(ray: Any, config: Any, artifact: Artifact, variant: str, corpus: Corpus
     threads = config.threads or artifact.serving_default(variant).get("threads") or 1
     cpus = int(ray.cluster_resources().get("CPU", 1))
     actors = config.actors or max(1, cpus // threads)
-    if threads > cpus:
-        raise UsageError(f"--threads {threads} is more than the Ray cluster's {cpus} CPUs: an actor could never start")
+    if actors * threads > cpus:  # Ray would wait for CPUs that never come: refuse instead of hanging
+        raise UsageError(f"--actors {actors} x --threads {threads} needs {actors * threads} CPUs; the Ray cluster has "
+                         f"{cpus}")
     windows = [w for _, ws in parts for w in ws]
     if not windows:
         return
