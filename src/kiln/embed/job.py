@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -101,7 +101,7 @@ def run_embed(config: EmbedConfig, progress: Progress = lambda done, total: None
         embedded += len(rows)
         if dimension is None:
             dimension = vectors.shape[1]
-            write_record(config.output, JobRecord(**{**record.__dict__, "dimension": dimension}))
+            write_record(config.output, replace(record, dimension=dimension))
     return EmbedSummary(len(corpus), record.parts, len(done), embedded, time.perf_counter() - start, dimension)
 
 

@@ -105,6 +105,13 @@ def _render(body: RerankRequest, model: str, prepared: Prepared, results: list[A
     return {"model": model, "results": results[0], "truncated": any(prepared.truncated)}
 
 
+def _queries_over(texts: list[str], per_query: int = 8) -> list[RerankQuery]:
+    """Built-in sentences as queries, each over the next ``per_query`` of ``texts``."""
+    queries = builtin_sentences()
+    return [RerankQuery(queries[i % len(queries)], tuple(texts[i : i + per_query]))
+            for i in range(0, len(texts), per_query)]
+
+
 def relevant_index(id2label: Mapping[int, str]) -> int:
     """Which logit means "relevant": the only one, or the label with a relevant name, else the second."""
     if len(id2label) <= 1:
@@ -179,9 +186,6 @@ class Rerank(TaskSpec):
                             for j in order])
         return results
 
-    def comparable(self, reduced: Any) -> np.ndarray:
-        return np.asarray(reduced, dtype=np.float32).reshape(-1)
-
     @classmethod
     def triton_items(cls, columns: Mapping[str, list[str]]) -> list[Any]:
         return [RerankQuery(q, (t,)) for q, t in zip(columns["QUERY"], columns["TEXT"])]
@@ -205,16 +209,13 @@ class Rerank(TaskSpec):
 
     @classmethod
     def calibration_inputs(cls, encoder, count: int = 128) -> list[Any]:
-        texts = length_mix(count, 10, encoder.max_length, seed=1, token_count=encoder.token_count,
-                           source=corpus.sentences("calibration"))
-        queries = builtin_sentences()
-        return [RerankQuery(queries[i % len(queries)], tuple(texts[i : i + 8])) for i in range(0, count, 8)]
+        return _queries_over(length_mix(count, 10, encoder.max_length, seed=1, token_count=encoder.token_count,
+                                        source=corpus.sentences("calibration")))
 
     @classmethod
     def timing_inputs(cls, encoder, count: int = 256) -> list[Any]:
-        texts = length_mix(count, 10, min(200, encoder.max_length), seed=3, token_count=encoder.token_count)
-        queries = builtin_sentences()
-        return [RerankQuery(queries[i % len(queries)], tuple(texts[i : i + 8])) for i in range(0, count, 8)]
+        return _queries_over(length_mix(count, 10, min(200, encoder.max_length), seed=3,
+                                        token_count=encoder.token_count))
 
     @classmethod
     def inputs_from_lines(cls, lines: list[str], flag: str) -> list[Any]:
