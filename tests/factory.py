@@ -37,6 +37,7 @@ class Family:
     mask: str
     pair_separator: str  # RoBERTa-style pairs put two separators between the texts
     type_ids: bool  # whether the tokenizer returns token_type_ids
+    template: bool = True  # False: no special tokens around a text (GPT-2's tokenizer adds none)
 
 
 BERT_WORDPIECE = Family("wordpiece", ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"), "[CLS]", "[SEP]", "[PAD]",
@@ -53,6 +54,10 @@ MODERNBERT_BPE = Family("bpe", ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"), "
                         "[MASK]", "[SEP]", False)
 DISTIL_WORDPIECE = Family("wordpiece", BERT_WORDPIECE.specials, "[CLS]", "[SEP]", "[PAD]", "[UNK]", "[MASK]",
                           "[SEP]", False)
+
+# GPT-2's byte-level BPE: one special token, <|endoftext|>, that is its BOS, EOS and unknown token; no padding token.
+GPT_BPE = Family("bpe", ("<|endoftext|>",), "<|endoftext|>", "<|endoftext|>", "<|endoftext|>", "<|endoftext|>",
+                 "<|endoftext|>", "", False, template=False)
 
 _SMALL = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64)
 ARCHITECTURES: dict[str, tuple[Family, type, dict]] = {
@@ -74,6 +79,11 @@ ARCHITECTURES: dict[str, tuple[Family, type, dict]] = {
                    dict(_SMALL, num_hidden_layers=3, global_attn_every_n_layers=2, local_attention=16,
                         max_position_embeddings=MAX_POSITIONS, layer_types=["full_attention", "sliding_attention",
                                                                              "full_attention"])),
+    "gpt2": (GPT_BPE, transformers.GPT2Config, dict(n_embd=32, n_layer=2, n_head=2, n_positions=MAX_POSITIONS)),
+    # global then local attention with an 8-token window: texts past 8 tokens exercise the local mask.
+    "gpt_neo": (GPT_BPE, transformers.GPTNeoConfig,
+                dict(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, window_size=8,
+                     attention_types=[[["global", "local"], 1]], max_position_embeddings=MAX_POSITIONS)),
     "deberta-v2": (SPM_UNIGRAM, transformers.DebertaV2Config,
                    dict(_SMALL, max_position_embeddings=MAX_POSITIONS, relative_attention=True, position_buckets=32,
                         pos_att_type=["p2c", "c2p"], type_vocab_size=0)),
@@ -104,6 +114,8 @@ def train_tokenizer(family: Family) -> Tokenizer:
         tok = _train(family)
         cached.parent.mkdir(parents=True, exist_ok=True)
         tok.save(str(cached))
+    if not family.template:
+        return tok
     cls, sep = family.cls, family.sep
     second = "$B:1" if family.type_ids else "$B"
     sep2 = f"{sep}:1" if family.type_ids else sep
@@ -141,16 +153,25 @@ def build_tiny_model(arch: str, task: TaskName, directory: Path, seed: int = 0) 
     family, config_class, kwargs = ARCHITECTURES[arch]
     tok = train_tokenizer(family)
     names = ["input_ids", "token_type_ids", "attention_mask"] if family.type_ids else ["input_ids", "attention_mask"]
-    fast = transformers.PreTrainedTokenizerFast(
-        tokenizer_object=tok, pad_token=family.pad, unk_token=family.unk, cls_token=family.cls,
-        sep_token=family.sep, mask_token=family.mask, model_input_names=names,
-        model_max_length=MAX_POSITIONS,
-    )
+    if family.template:
+        fast = transformers.PreTrainedTokenizerFast(
+            tokenizer_object=tok, pad_token=family.pad, unk_token=family.unk, cls_token=family.cls,
+            sep_token=family.sep, mask_token=family.mask, model_input_names=names,
+            model_max_length=MAX_POSITIONS,
+        )
+    else:  # GPT-2's: bos = eos = unk = <|endoftext|>, no padding token
+        fast = transformers.PreTrainedTokenizerFast(
+            tokenizer_object=tok, bos_token=family.cls, eos_token=family.sep, unk_token=family.unk,
+            model_input_names=names, model_max_length=MAX_POSITIONS)
     labels = LABELS.get(task, ["relevance"] if task == TaskName.TEXT_RANKING else [])
     special_ids = {"cls_token_id": tok.token_to_id(family.cls), "sep_token_id": tok.token_to_id(family.sep),
                    "bos_token_id": tok.token_to_id(family.cls), "eos_token_id": tok.token_to_id(family.sep)} \
         if arch == "modernbert" else {}
-    config = config_class(vocab_size=tok.get_vocab_size(), pad_token_id=tok.token_to_id(family.pad), **kwargs,
+    if not family.template:  # a decoder: no padding token; begins and ends texts with <|endoftext|>
+        eos = tok.token_to_id(family.sep)
+        special_ids = {"bos_token_id": eos, "eos_token_id": eos}
+    pad = tok.token_to_id(family.pad) if family.template else None
+    config = config_class(vocab_size=tok.get_vocab_size(), pad_token_id=pad, **kwargs,
                           **special_ids,
                           **({"id2label": dict(enumerate(labels)), "label2id": {v: i for i, v in enumerate(labels)}}
                              if labels else {}))
@@ -162,6 +183,7 @@ def build_tiny_model(arch: str, task: TaskName, directory: Path, seed: int = 0) 
         TaskName.QUESTION_ANSWERING: transformers.AutoModelForQuestionAnswering,
         TaskName.TEXT_RANKING: transformers.AutoModelForSequenceClassification,  # one logit: a cross-encoder
         TaskName.SPARSE_EMBEDDING: transformers.AutoModelForMaskedLM,  # SPLADE: the MLM head's logits are terms
+        TaskName.TEXT_GENERATION: transformers.AutoModelForCausalLM,
     }[task]
     model = auto.from_config(config).eval()
     with torch.no_grad():  # larger random weights so outputs are not all near-uniform

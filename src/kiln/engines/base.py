@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -75,10 +75,17 @@ def warm_every_length(engine: Engine, max_length: int, multiple: int | None = No
     return 1 + len(lengths)
 
 
-def warmup_inputs(input_names: tuple[str, ...], length: int = 8) -> dict[str, np.ndarray]:
+def warmup_inputs(input_names: tuple[str, ...], length: int = 8,
+                  float_shapes: dict[str, Any] | None = None) -> dict[str, np.ndarray]:
+    """One row of ``length`` tokens; float inputs (a decoder's past keys/values) get their declared shape with each
+    dynamic axis 1 for the batch and 0 elsewhere (an empty past)."""
     arrays = {
         "input_ids": np.ones((1, length), dtype=np.int64),
         "attention_mask": np.ones((1, length), dtype=np.int64),
         "token_type_ids": np.zeros((1, length), dtype=np.int64),
+        "position_ids": np.arange(length, dtype=np.int64)[None],
     }
+    for name, dims in (float_shapes or {}).items():
+        shape = [d if isinstance(d, int) else (1 if axis == 0 else 0) for axis, d in enumerate(dims)]
+        arrays[name] = np.zeros(shape, dtype=np.float32)
     return {n: arrays[n] for n in input_names}

@@ -14,7 +14,7 @@ PROVIDERS: dict[str, tuple[str, ...]] = {
     "cuda": ("CUDAExecutionProvider", "CPUExecutionProvider"),
     "tensorrt": ("TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"),
 }
-_NUMPY_TYPES = {"tensor(int64)": np.int64, "tensor(int32)": np.int32}
+_NUMPY_TYPES = {"tensor(int64)": np.int64, "tensor(int32)": np.int32, "tensor(float)": np.float32}
 
 
 def session_options(options: EngineOptions):
@@ -78,4 +78,5 @@ class OnnxRuntimeEngine:
         return {n: np.asarray(o, dtype=np.float32) for n, o in zip(self.output_names, outputs)}
 
     def warmup(self) -> None:
-        self.run(warmup_inputs(self.input_names))
+        self.run(warmup_inputs(self.input_names, float_shapes={
+            i.name: i.shape for i in self.session.get_inputs() if i.type == "tensor(float)"}))

@@ -41,13 +41,16 @@ class OpenVinoEngine:
         self.input_names = tuple(i.get_any_name() for i in self._compiled.inputs)
         self.output_names = tuple(o.get_any_name() for o in self._compiled.outputs)
         self.providers = (f"openvino-cpu-{options.precision.value}",)
+        # Token inputs are int64; a decoder's past keys/values are float.
+        self._types = {i.get_any_name(): (np.float32 if i.get_element_type().is_real() else np.int64)
+                       for i in self._compiled.inputs}
 
     def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         # share_inputs=False (InferRequest's default, kept explicit): with shared zero-copy inputs, the default of
         # CompiledModel.__call__, OpenVINO 2026.4 was seen writing into the caller's arrays once a second infer
         # request of the model had run (MiniLM, sorted batches up to 208 tokens): that batch's next use read other
         # token ids and gave cosine 0.24. Copying the ids costs nothing measurable.
-        result = self._request.infer({n: np.ascontiguousarray(inputs[n], dtype=np.int64) for n in self.input_names},
+        result = self._request.infer({n: np.ascontiguousarray(inputs[n], dtype=t) for n, t in self._types.items()},
                                      share_inputs=False)
         return {n: np.asarray(result[o], dtype=np.float32) for n, o in zip(self.output_names, self._compiled.outputs)}
 
@@ -65,4 +68,6 @@ class OpenVinoEngine:
         return views
 
     def warmup(self) -> None:
-        self.run(warmup_inputs(self.input_names))
+        shapes = {i.get_any_name(): [d.get_length() if d.is_static else "dynamic" for d in i.get_partial_shape()]
+                  for i in self._compiled.inputs if i.get_element_type().is_real()}
+        self.run(warmup_inputs(self.input_names, float_shapes=shapes))

@@ -10,11 +10,11 @@ from typing import Any
 from kiln.artifact.manifest import Manifest, seal
 from kiln.choices import ExportFormat, ExternalData
 from kiln.engines import EngineOptions, create_engine
-from kiln.errors import ParityError
+from kiln.errors import ParityError, UsageError
 from kiln.export.onnx import DEFAULT_OPSET, export_onnx
 from kiln.export.torchscript import export_torchscript
 from kiln.model.reference import example_inputs, reference_predictor, task_module
-from kiln.model.source import SourceModel, load_source
+from kiln.model.source import SourceModel, load_source, pad_token_id
 from kiln.runtime.predictor import Predictor
 from kiln.tasks import task_spec
 from kiln.validation.parity import ParityReport, ParityTolerance, measure_parity
@@ -52,8 +52,7 @@ class ExportResult:
 def write_tokenizer(source: SourceModel, directory: Path) -> dict[str, Any]:
     """Save the tokenizer files; return the manifest's ``tokenizer`` section."""
     source.tokenizer.save_pretrained(directory / TOKENIZER_DIR)
-    pad_id = source.tokenizer.pad_token_id
-    return {"path": f"{TOKENIZER_DIR}/tokenizer.json", "pad_id": int(pad_id if pad_id is not None else 0),
+    return {"path": f"{TOKENIZER_DIR}/tokenizer.json", "pad_id": pad_token_id(source),
             "input_names": list(source.input_names)}
 
 
@@ -61,13 +60,17 @@ def export_variant(source: SourceModel, config: ExportConfig, directory: Path) -
     """Write one format into ``directory/<variant>/``; return its manifest record (without parity)."""
     name, engine, filename = FORMATS[config.format]
     (directory / name).mkdir()
-    module = task_module(source, cast_inputs=config.int32_inputs)
+    spec = task_spec(source.task_config.task)
     example = example_inputs(source, int32=config.int32_inputs)
+    graph = spec.graph(source, example)
+    if graph is not None and (config.format is not ExportFormat.ONNX or config.int32_inputs):
+        raise UsageError(f"{spec.name} exports to ONNX with int64 inputs only (its KV-cache step graph)")
+    module = graph.module if graph else task_module(source, cast_inputs=config.int32_inputs)
     path = directory / name / filename
     if config.format is ExportFormat.ONNX:
-        sequence_outputs = task_spec(source.task_config.task).sequence_outputs
-        files = export_onnx(module, example, path, sequence_outputs=sequence_outputs, opset=config.opset,
-                            external_data=config.external_data)
+        files = export_onnx(module, graph.example if graph else example, path,
+                            sequence_outputs=spec.sequence_outputs, opset=config.opset,
+                            external_data=config.external_data, axes=graph.axes if graph else None)
         recipe = [{"pass": "export-onnx", "opset": config.opset, "int32_inputs": config.int32_inputs,
                    "external_data": len(files) > 1, "exporter": "torch.onnx (dynamo=False)"}]
     else:

@@ -25,6 +25,7 @@ def export_onnx(
     sequence_outputs: frozenset[str],
     opset: int = DEFAULT_OPSET,
     external_data: ExternalData = ExternalData.AUTO,
+    axes: dict[str, dict[int, str]] | None = None,
 ) -> list[Path]:
     """Export ``module`` to ``path``; returns the files written (the model, and its weights file if any).
 
@@ -33,9 +34,9 @@ def export_onnx(
     one ``model.onnx.data``. The legacy exporter (``dynamo=False``) with eager attention yields the attention
     pattern that ONNX Runtime's transformer fusions recognise; the dynamo exporter's SDPA graph is not fused.
     """
-    # Every input, and the outputs the task spec says are per token, have batch and sequence axes.
-    axes = {name: {0: "batch", 1: "sequence"} for name in (*module.input_names, *sequence_outputs)}
-    axes.update({name: {0: "batch"} for name in module.output_names if name not in sequence_outputs})
+    if axes is None:  # every input, and the outputs the task spec says are per token, have batch and sequence axes
+        axes = {name: {0: "batch", 1: "sequence"} for name in (*module.input_names, *sequence_outputs)}
+        axes.update({name: {0: "batch"} for name in module.output_names if name not in sequence_outputs})
     path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".onnx-export-", dir=path.parent) as scratch:
         raw = Path(scratch) / "model.onnx"

@@ -1,4 +1,5 @@
-"""Which encoder architectures kiln exports and verifies, and why others are refused."""
+"""Which architectures kiln exports and verifies (bidirectional encoders, and GPT-style decoders for the tasks
+their heads serve), and why others are refused."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ class ArchSpec:
 
     # RoBERTa-style embeddings number positions from padding_idx + 1, so two slots are never usable.
     position_offset: int = 0
+    # A causal (decoder-only) language model: it generates, and does the tasks whose spec says ``decoders``.
+    decoder: bool = False
 
 
 SUPPORTED: dict[str, ArchSpec] = {
@@ -27,17 +30,33 @@ SUPPORTED: dict[str, ArchSpec] = {
     "deberta-v2": ArchSpec(),
     # Rotary positions, alternating global and sliding-window attention; exported with eager attention.
     "modernbert": ArchSpec(),
+    "gpt2": ArchSpec(decoder=True),
+    # Alternating global and local (windowed) attention, as in its transformers implementation.
+    "gpt_neo": ArchSpec(decoder=True),
 }
 
 # Families people try that kiln knowingly refuses, with the reason it gives.
 REFUSED: dict[str, str] = {
-    "gpt2": "it is a decoder-only causal language model; kiln optimizes bidirectional encoders",
-    "llama": "it is a decoder-only causal language model; kiln optimizes bidirectional encoders",
+    "llama": "kiln's decoder support (KV-cache export, generation) is verified for GPT-2 and GPT-Neo only",
     "t5": "it is an encoder-decoder model; kiln exports encoder-only models",
     "bart": "it is an encoder-decoder model; kiln exports encoder-only models",
     "deberta": "DeBERTa v1's relative-position attention is not verified by kiln; use DeBERTa-v2/v3",
     "longformer": "its sliding-window attention exports with sequence-dependent control flow kiln cannot verify",
 }
+
+
+def check_task(model_type: str, arch: ArchSpec, task: str) -> None:
+    """Refuse a task the family cannot do: generation needs a decoder; a decoder does only its tasks."""
+    from kiln.tasks import TASKS
+
+    spec = TASKS[task]
+    if spec.generates and not arch.decoder:
+        decoders = ", ".join(sorted(n for n, a in SUPPORTED.items() if a.decoder))
+        raise UnsupportedModelError(f"--task {task} needs a decoder-only language model ({decoders}); "
+                                    f"{model_type!r} is a bidirectional encoder")
+    if arch.decoder and not spec.decoders:
+        tasks = ", ".join(n for n, s in TASKS.items() if s.decoders)
+        raise UnsupportedModelError(f"--task {task} is not verified for the decoder {model_type!r}; it does: {tasks}")
 
 
 def arch_spec(model_type: str) -> ArchSpec:

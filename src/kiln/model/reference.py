@@ -12,17 +12,16 @@ from kiln.data.texts import builtin_sentences
 from kiln.engines.base import EngineOptions
 from kiln.engines.torch_eager import TorchEngine
 from kiln.model.module import TaskModule
-from kiln.model.source import SourceModel
+from kiln.model.source import SourceModel, pad_token_id
 from kiln.runtime.predictor import Predictor
 from kiln.runtime.tokenization import TextEncoder
 from kiln.tasks import task_spec
 
 
 def source_encoder(source: SourceModel) -> TextEncoder:
-    pad_id = source.tokenizer.pad_token_id
     return TextEncoder(
         source.tokenizer.backend_tokenizer, max_length=source.task_config.max_length,
-        pad_id=int(pad_id if pad_id is not None else 0), input_names=source.input_names,
+        pad_id=pad_token_id(source), input_names=source.input_names,
     )
 
 

@@ -12,7 +12,7 @@ from typing import Any
 from kiln.artifact.hashing import directory_hash, list_files
 from kiln.compress.layout import CONFIG_KEY as PRUNED_KEY
 from kiln.errors import ModelLoadError, UnsupportedModelError
-from kiln.model.architectures import arch_spec
+from kiln.model.architectures import arch_spec, check_task
 from kiln.tasks import TASKS, TaskSpec, task_spec
 from kiln.tasks.base import read_json
 from kiln.tasks.config import TaskConfig
@@ -50,6 +50,14 @@ class SourceModel:
             "architecture": type(self.model).__name__,
             "parameters": parameter_count(self.model),
         }
+
+
+def pad_token_id(source: SourceModel) -> int:
+    """The id batches are padded with: the tokenizer's, else the model's (a decoder's may be its end-of-text)."""
+    for value in (source.tokenizer.pad_token_id, source.model.config.pad_token_id, source.model.config.eos_token_id):
+        if isinstance(value, int):
+            return value
+    return 0
 
 
 def parameter_count(model: Any) -> int:
@@ -118,6 +126,7 @@ def load_source(model: str | None, task: str, *, allow_pickle: bool = False) -> 
         raise ModelLoadError(f"{model_dir} has no config.json; is it a Hugging Face model directory?")
     config = read_json(model_dir / "config.json")
     arch = arch_spec(str(config.get("model_type", "unknown")))
+    check_task(str(config.get("model_type")), arch, spec.name)
     check_weights(model_dir, allow_pickle)
 
     import transformers
@@ -143,6 +152,10 @@ def load_source(model: str | None, task: str, *, allow_pickle: bool = False) -> 
             f"{name} has no fast (tokenizers-library) tokenizer; kiln needs tokenizer.json to serve without torch"
         )
     hf_model.eval()
+    if arch.decoder and hf_model.config.pad_token_id is None and not spec.generates:
+        # GPT-2 has no padding token; its sequence classifier finds each row's last token by the pad id, so batches
+        # are padded with end-of-text, as transformers' documentation does it.
+        hf_model.config.pad_token_id = hf_model.config.eos_token_id
     accepted = set(inspect.signature(hf_model.forward).parameters)
     input_names = tuple(
         n for n in MODEL_INPUTS if n in accepted and (n in tokenizer.model_input_names or n == "attention_mask")

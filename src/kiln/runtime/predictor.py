@@ -30,9 +30,10 @@ class Predictor:
             raise UsageError(f"pad_multiple must be at least 1 (got {pad_multiple})")
         self.config = config
         self.encoder = encoder
-        self.engine = engine
-        self.sessions = (engine, *sessions)
         self.handler: TaskSpec = task_handler(config)
+        self.raw_engine = engine  # as given; ``engine`` is the task's view of it (a decoder's, teacher-forced)
+        self.engine = self.handler.adapt_engine(engine, config)
+        self.sessions = (self.engine, *(self.handler.adapt_engine(s, config) for s in sessions))
         self.batch_size = batch_size
         self._pad_multiple = pad_multiple
 
@@ -43,6 +44,8 @@ class Predictor:
 
     def predict(self, inputs: Sequence[Any], **options: Any) -> list[Any]:
         """One result per input, in input order (see the task modules for result types)."""
+        if self.handler.generates:
+            return self.generate(inputs, **options)
         opts = self.handler.options(**options)
         prepared = self.prepare(inputs, opts)
         return self.handler.finalize(prepared, self.run_features(prepared.encodings), opts, self.encoder)
@@ -71,9 +74,27 @@ class Predictor:
             raise UsageError("rerank() takes the texts as a list of strings (got one string)")
         return self.predict([RerankQuery(query, tuple(texts))], **options)[0]
 
+    def generate(self, prompts: str | Sequence[str], **options: Any) -> Any:
+        """Continuations of ``prompts`` (a decoder artifact): :class:`kiln.Generated` per prompt (one for a string).
+        Options: ``max_new_tokens`` (32), ``temperature`` (0: greedy), ``top_k``, ``top_p``, ``seed``, ``stop``.
+        Up to ``batch_size`` prompts decode together; a finished one's place goes to the next."""
+        from kiln.decoder.generate import collect, prompt_ids, stream
+
+        if not self.handler.generates:
+            raise UsageError(f"generate() needs a text-generation artifact; this one does {self.config.task}: use "
+                             "predict()")
+        single = isinstance(prompts, str)
+        opts = self.handler.options(**options)
+        ids = prompt_ids(self, [prompts] if single else prompts, opts.stops.max_new_tokens)
+        events = stream(self.engine.steps, self.encoder.pad_id, ids, opts.sampling, opts.stops, self.encoder.decode,
+                        batch_size=self.batch_size)
+        results = collect(events, [len(i) for i in ids])
+        return results[0] if single else results
+
     def with_batch_size(self, batch_size: int) -> Predictor:
         """The same tokenizer and engine, batching ``batch_size`` features at a time."""
-        return Predictor(self.config, self.encoder, self.engine, batch_size=batch_size, sessions=self.sessions[1:],
+        return Predictor(self.config, self.encoder, self.raw_engine, batch_size=batch_size,
+                         sessions=[getattr(s, "step_engine", s) for s in self.sessions[1:]],
                          pad_multiple=self._pad_multiple)
 
     def run_features(self, encodings: Sequence[Encoding], *, sort: bool = True) -> list[Any]:

@@ -49,6 +49,10 @@ class TextEncoder:
         tokenizer = self._plain if truncate else self._untruncated
         return tokenizer.encode_batch(list(texts), add_special_tokens=True)
 
+    def decode(self, ids: Sequence[int]) -> str:
+        """Text of generated token ids, special tokens left out."""
+        return self._plain.decode(list(ids), skip_special_tokens=True)
+
     def token_count(self, text: str) -> int:
         """Tokens ``text`` encodes to, special tokens included, without truncation."""
         return len(self._untruncated.encode(text, add_special_tokens=True).ids)

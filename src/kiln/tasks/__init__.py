@@ -12,6 +12,7 @@ from kiln.tasks.question_answering import Answer, QAInput, QuestionAnswering
 from kiln.tasks.rerank import Ranked, Rerank, RerankQuery
 from kiln.tasks.sparse_embedding import SparseEmbedding, SparseVector
 from kiln.tasks.text_classification import LabelScore, TextClassification, TextPair
+from kiln.tasks.text_generation import TextGeneration
 from kiln.tasks.token_classification import Entity, TokenClassification
 
 TASKS: dict[str, type[TaskSpec]] = {spec.name: spec for spec in (
@@ -21,6 +22,7 @@ TASKS: dict[str, type[TaskSpec]] = {spec.name: spec for spec in (
     QuestionAnswering,
     Rerank,
     SparseEmbedding,
+    TextGeneration,
 )}
 DEFAULT_TASK = FeatureExtraction.name  # what the bundled sentence-embedding model does
 

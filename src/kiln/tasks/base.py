@@ -60,9 +60,12 @@ class TaskSpec:
     needs_trained_head: ClassVar[bool] = True  # refuse a checkpoint whose head weights are missing
     embeds: ClassVar[bool] = False  # results are one vector per input (Predictor.encode works)
     ranks: ClassVar[bool] = False  # inputs are a query and texts, results the texts best first (Predictor.rerank)
+    generates: ClassVar[bool] = False  # a decoder continuing prompts token by token (Predictor.generate)
+    decoders: ClassVar[bool] = False  # decoder-only families (GPT-2, GPT-Neo) are verified for this task
     default_tolerance: ClassVar[float]
     tolerance_help: ClassVar[str]  # what the tolerance bounds, for `kiln optimize --help`
-    metric: ClassVar[str]  # the task metric's primary score (higher is better)
+    metric: ClassVar[str]  # the task metric's primary score
+    metric_higher_is_better: ClassVar[bool] = True
     eval_fields: ClassVar[tuple[str, ...]]  # JSONL keys / CSV columns of an eval file
     eval_formats: ClassVar[tuple[str, ...]] = (".jsonl", ".csv")
     has_builtin_eval: ClassVar[bool] = False  # whether builtin_eval() returns data (read only when used)
@@ -91,6 +94,17 @@ class TaskSpec:
         inputs (torch tensors). By default the model's own; a task that pools inside the graph computes them here
         (sparse embeddings: one vocabulary-sized vector per text instead of one per token)."""
         return tuple(outputs[n] for n in cls.output_names)
+
+    @classmethod
+    def graph(cls, source: Any, example: tuple[Any, ...]) -> Any:
+        """The export graph when it is not the model's forward pass (a decoder's step with a KV cache): an object
+        with ``module``, ``example`` and ``axes``; None exports the task module over ``example`` (the default)."""
+        return None
+
+    @classmethod
+    def adapt_engine(cls, engine: Any, config: TaskConfig) -> Any:
+        """The engine as the predictor runs batches on it (a decoder's cache graph is teacher-forced)."""
+        return engine
 
     # -- per call -----------------------------------------------------------------------------------------
     def options(self, **kwargs: Any) -> Any:
@@ -195,6 +209,11 @@ class TaskSpec:
     def floors(cls, agreement: Agreement, tolerance: float) -> list[Floor]:
         """Figures the gate checks: by default the primary agreement figure >= 1 - tolerance."""
         return [Floor(agreement.primary, agreement.value, 1.0 - tolerance)]
+
+    @classmethod
+    def metric_loss(cls, metric: float, reference: float) -> float:
+        """How much worse a variant's task metric is than the original's (the gate allows up to the tolerance)."""
+        return reference - metric
 
     @classmethod
     def parse_row(cls, row: Mapping[str, Any], where: str) -> tuple[Any, Any]:

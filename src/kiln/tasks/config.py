@@ -21,12 +21,15 @@ class TaskConfig:
     # Sizes an embedding may be cut to (Matryoshka-trained models); validation reports agreement at each.
     matryoshka_dims: tuple[int, ...] = ()
     special_ids: tuple[int, ...] = ()  # the tokenizer's special tokens (sparse embeddings never weight them)
+    eos_ids: tuple[int, ...] = ()  # a decoder's end-of-sequence tokens (generation stops at them)
+    cache: Mapping[str, int] = field(default_factory=dict)  # a decoder's KV cache: layers, heads, head_size
 
     def to_dict(self) -> dict[str, Any]:
         return {"task": self.task, "max_length": self.max_length, "pooling": self.pooling.value,
                 "normalize": self.normalize, "id2label": {str(k): v for k, v in self.id2label.items()},
                 "problem_type": self.problem_type, "dimension": self.dimension,
-                "matryoshka_dims": list(self.matryoshka_dims), "special_ids": list(self.special_ids)}
+                "matryoshka_dims": list(self.matryoshka_dims), "special_ids": list(self.special_ids),
+                "eos_ids": list(self.eos_ids), "cache": dict(self.cache)}
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> TaskConfig:
@@ -40,4 +43,6 @@ class TaskConfig:
             dimension=int(raw["dimension"]) if raw.get("dimension") is not None else None,
             matryoshka_dims=tuple(int(d) for d in raw.get("matryoshka_dims", ())),
             special_ids=tuple(int(i) for i in raw.get("special_ids", ())),
+            eos_ids=tuple(int(i) for i in raw.get("eos_ids", ())),
+            cache={str(k): int(v) for k, v in raw.get("cache", {}).items()},
         )

@@ -158,6 +158,7 @@ def _openai(body: OpenAIEmbeddingRequest, model: str, prepared: Prepared, result
 
 
 class FeatureExtraction(TaskSpec):
+    decoders = True
     name = "feature-extraction"
     auto_class = "AutoModel"
     output_names = ("last_hidden_state",)

@@ -112,6 +112,7 @@ class ClassifyResponse(ResponseModel):
 
 
 class TextClassification(TaskSpec):
+    decoders = True  # GPT-2 and GPT-Neo verified (sequence classification pools the last non-pad token)
     name = "text-classification"
     auto_class = "AutoModelForSequenceClassification"
     output_names = ("logits",)

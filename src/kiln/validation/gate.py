@@ -38,7 +38,12 @@ def judge(task: str, agreement: Agreement, tolerance: float,
     for floor in floors:
         if not floor.met:
             return Verdict(False, f"{floor.figure} {f(floor.value)} < {f(floor.floor)}")
-    if metric is not None and reference_metric is not None and reference_metric - metric > tolerance:
-        return Verdict(False, f"task metric {f(metric)} is {f(reference_metric - metric)} below the original's "
-                       f"{f(reference_metric)} (allowed {tolerance:g})")
+    spec = task_spec(task)
+    if metric is not None and reference_metric is not None and spec.metric_loss(metric, reference_metric) > tolerance:
+        loss = spec.metric_loss(metric, reference_metric)
+        if spec.metric_higher_is_better:
+            return Verdict(False, f"task metric {f(metric)} is {f(loss)} below the original's "
+                           f"{f(reference_metric)} (allowed {tolerance:g})")
+        return Verdict(False, f"{spec.metric} {f(metric)} is {loss:.2%} above the original's {f(reference_metric)} "
+                       f"(allowed {tolerance:.0%})")
     return Verdict(True, f"{floors[0].figure} {f(floors[0].value)} >= {f(floors[0].floor)}")

@@ -1,0 +1,109 @@
+"""The decoding step as one graph: token ids, the attention mask over past + new tokens, their positions and the
+past keys/values in; logits and the grown keys/values out.
+
+One graph serves every step: on the first the past is empty (length 0), afterwards it holds what the previous step
+returned, so export, validation and generation all run the same function (what Optimum's single decoder model
+does). The 4-D attention mask is built inside the graph from the 2-D one with tensor arithmetic only: transformers'
+own mask helpers read the cache length as a Python int, which the tracer would freeze at the example's length.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+INPUT_IDS, ATTENTION_MASK, POSITION_IDS = "input_ids", "attention_mask", "position_ids"
+LOGITS = "logits"
+
+
+@dataclass(frozen=True)
+class CacheShape:
+    """What one sequence's KV cache looks like: per layer a key and a value of [heads, length, head size]."""
+
+    layers: int
+    heads: int
+    head_size: int
+
+    @classmethod
+    def of(cls, config: Any) -> CacheShape:
+        heads = int(config.num_attention_heads)
+        return cls(int(config.num_hidden_layers), heads, int(config.hidden_size) // heads)
+
+    def past_names(self) -> tuple[str, ...]:
+        return tuple(f"past_key_values.{i}.{kind}" for i in range(self.layers) for kind in ("key", "value"))
+
+    def present_names(self) -> tuple[str, ...]:
+        return tuple(f"present.{i}.{kind}" for i in range(self.layers) for kind in ("key", "value"))
+
+    def empty(self, batch: int) -> dict[str, np.ndarray]:
+        """The first step's past: zero tokens long."""
+        return {n: np.zeros((batch, self.heads, 0, self.head_size), np.float32) for n in self.past_names()}
+
+    def to_dict(self) -> dict[str, int]:
+        return {"layers": self.layers, "heads": self.heads, "head_size": self.head_size}
+
+
+def graph_inputs(shape: CacheShape) -> tuple[str, ...]:
+    return (INPUT_IDS, ATTENTION_MASK, POSITION_IDS, *shape.past_names())
+
+
+def graph_outputs(shape: CacheShape) -> tuple[str, ...]:
+    return (LOGITS, *shape.present_names())
+
+
+def dynamic_axes(shape: CacheShape) -> dict[str, dict[int, str]]:
+    axes = {INPUT_IDS: {0: "batch", 1: "sequence"}, POSITION_IDS: {0: "batch", 1: "sequence"},
+            ATTENTION_MASK: {0: "batch", 1: "total_sequence"}, LOGITS: {0: "batch", 1: "sequence"}}
+    axes.update({n: {0: "batch", 2: "past_sequence"} for n in shape.past_names()})
+    axes.update({n: {0: "batch", 2: "total_sequence"} for n in shape.present_names()})
+    return axes
+
+
+def positions(attention_mask: np.ndarray, new: int) -> np.ndarray:
+    """Position ids of the last ``new`` columns: real tokens count from 0 (left padding does not shift them);
+    padding gets 1, as transformers' generate gives it."""
+    pos = np.cumsum(attention_mask, axis=1) - 1
+    pos[attention_mask == 0] = 1
+    return np.ascontiguousarray(pos[:, attention_mask.shape[1] - new:], dtype=np.int64)
+
+
+def make_decoder_module(model: Any):
+    """A torch module over ``model`` (a transformers causal LM) with positional inputs ``graph_inputs``."""
+    import torch
+    from transformers import DynamicCache
+
+    shape = CacheShape.of(model.config)
+
+    class DecoderModule(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+            self.input_names = graph_inputs(shape)
+            self.output_names = graph_outputs(shape)
+            self.eval()  # exporters restore the training flag they found; False keeps dropout off afterwards
+
+        def forward(self, input_ids, attention_mask, position_ids, *past):
+            cache = DynamicCache(ddp_cache_data=[(past[2 * i], past[2 * i + 1]) for i in range(shape.layers)])
+            out = self.model(input_ids=input_ids, attention_mask=causal_mask(input_ids, attention_mask),
+                             position_ids=position_ids, past_key_values=cache, use_cache=True, return_dict=True)
+            present = []
+            for layer in out.past_key_values.layers:
+                present += [layer.keys, layer.values]
+            return (out.logits, *present)
+
+    return DecoderModule()
+
+
+def causal_mask(input_ids, attention_mask):
+    """[batch, 1, new, past + new] additive mask: a new token sees real tokens up to its own position."""
+    import torch
+
+    total = torch.ones_like(attention_mask[0]).sum()
+    new = torch.ones_like(input_ids[0]).sum()
+    key_at = torch.ones_like(attention_mask[:1]).cumsum(-1) - 1  # [1, total]
+    query_at = torch.ones_like(input_ids[:1]).cumsum(-1) - 1 + (total - new)  # [1, new]
+    allowed = (key_at[:, None, :] <= query_at[:, :, None])[:, None] & attention_mask[:, None, None, :].bool()
+    zeros = torch.zeros(allowed.shape, dtype=torch.float32, device=input_ids.device)
+    return zeros.masked_fill(~allowed, torch.finfo(torch.float32).min)

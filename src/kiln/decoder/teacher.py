@@ -1,0 +1,48 @@
+"""Teacher forcing through the cache path: a whole padded batch's logits, computed the way generation computes them.
+
+Validation compares variants on the logits of every position of real text. Running the graph once on the whole
+text would never use the cache; here the first half (of the shortest row) is one prefill and every later
+position is a single-token step on the cache the previous step returned, so the figures cover both halves of
+what generation does.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from kiln.decoder.graph import ATTENTION_MASK, INPUT_IDS, LOGITS, CacheShape, positions
+from kiln.decoder.steps import empty_past, stepper
+
+
+class TeacherForced:
+    """An Engine view of a KV-cache graph: ``run`` takes right-padded ``input_ids`` and ``attention_mask`` and
+    returns ``logits`` [batch, sequence, vocab] like a plain forward pass."""
+
+    output_names = (LOGITS,)
+    is_padded = True
+    pad_multiple = 1
+
+    def __init__(self, engine: Any, shape: CacheShape) -> None:
+        self.step_engine = engine
+        self.steps = stepper(engine, shape)
+        self.name, self.providers = engine.name, engine.providers
+        self.input_names = (INPUT_IDS, ATTENTION_MASK)
+        self.shape = shape
+
+    def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        ids = np.ascontiguousarray(inputs[INPUT_IDS], np.int64)
+        mask = np.ascontiguousarray(inputs[ATTENTION_MASK], np.int64)
+        first = max(1, int(mask.sum(axis=1).min()) // 2)
+        logits, past = self.steps.step(ids[:, :first], mask[:, :first], positions(mask[:, :first], first),
+                                       empty_past(self.shape, ids.shape[0]))
+        parts = [logits]
+        for column in range(first, ids.shape[1]):
+            seen = mask[:, : column + 1]
+            logits, past = self.steps.step(ids[:, column : column + 1], seen, positions(seen, 1), past)
+            parts.append(logits)
+        return {LOGITS: np.concatenate(parts, axis=1).astype(np.float32, copy=False)}
+
+    def warmup(self) -> None:
+        self.run({INPUT_IDS: np.ones((1, 4), np.int64), ATTENTION_MASK: np.ones((1, 4), np.int64)})

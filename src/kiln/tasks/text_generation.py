@@ -1,0 +1,314 @@
+"""Text generation with a decoder-only model (GPT-2, GPT-Neo) and its KV cache.
+
+The exported graph is one decoding step (:mod:`kiln.decoder.graph`): token ids, mask, positions and the past
+keys/values in, logits and the grown keys/values out. Validation runs real text teacher-forced through that step
+(a prefill, then one token at a time on the returned cache) and compares every position's logits with the
+original's plain forward pass. Agreement: next-token (argmax) agreement (gate >= 1 - t) and logit cosine (mean
+gate >= 1 - t/2); task metric: perplexity on held-out text (lower is better: the gate allows a relative rise
+of t). Routes: POST /generate and the OpenAI-compatible POST /v1/completions, both with optional streaming,
+served by a continuous-batching step loop (:mod:`kiln.serve.generation`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from kiln.data import corpus
+from kiln.data.texts import length_mix
+from kiln.decoder.graph import CacheShape, dynamic_axes, make_decoder_module
+from kiln.decoder.sampling import Sampling
+from kiln.decoder.stopping import Stops
+from kiln.decoder.teacher import TeacherForced
+from kiln.errors import UsageError
+from kiln.tasks.base import Prepared, TaskSpec, field, one_per_input
+from kiln.tasks.http import NonBlank, ResponseModel, Route
+from kiln.validation.figures import Agreement, AgreementInputs, EvalSet, Floor, Run
+
+MAX_STOPS = 4  # stop strings per request, as OpenAI allows
+
+
+@dataclass(frozen=True)
+class GenerationOptions:
+    sampling: Sampling
+    stops: Stops
+    truncate: bool = True  # text is cut to the window for validation; prompts never are (generate refuses them)
+
+
+@dataclass(frozen=True)
+class Graph:
+    """A task's own export graph: the torch module, example inputs, and dynamic axes by input/output name."""
+
+    module: Any
+    example: tuple[Any, ...]
+    axes: dict[str, dict[int, str]]
+
+
+# -- HTTP ---------------------------------------------------------------------------------------------------
+Stop = NonBlank | list[NonBlank]
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    model: str | None = Field(None, description="Which served model; default: the only (or first) one.")
+    temperature: float = Field(0.0, ge=0, le=100, description="0: greedy; above 0: sampling at that temperature.")
+    top_k: int | None = Field(None, ge=1, le=1_000_000, description="Sample among the k most likely tokens.")
+    top_p: float = Field(1.0, gt=0, le=1, description="Sample among the most likely tokens holding this mass.")
+    seed: int | None = Field(None, ge=0, le=2**63 - 1, description="Same seed, prompt and model: same tokens.")
+    stop: Stop | None = Field(None, description=f"Up to {MAX_STOPS} strings; the text ends before the first.")
+    stream: bool = Field(False, description="Server-sent events, one per generated piece of text.")
+
+    def stops(self) -> tuple[str, ...]:
+        stops = () if self.stop is None else (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+        if len(stops) > MAX_STOPS:
+            raise UsageError(f"stop: at most {MAX_STOPS} strings (got {len(stops)})")
+        return stops
+
+    def prompts(self) -> list[str]:
+        raise NotImplementedError
+
+    def new_tokens(self) -> int:
+        raise NotImplementedError
+
+    def options(self) -> dict[str, Any]:
+        return {"max_new_tokens": self.new_tokens(), "temperature": self.temperature, "top_k": self.top_k,
+                "top_p": self.top_p, "seed": self.seed, "stop": self.stops()}
+
+    def input_count(self) -> int:
+        return len(self.prompts())
+
+
+class GenerateRequest(_Body):
+    inputs: NonBlank = Field(description="The prompt.")
+    max_new_tokens: int = Field(32, ge=1, le=1_000_000, description="At most this many tokens (prompt + these "
+                                "must fit the model's window; 422 otherwise).")
+
+    def prompts(self) -> list[str]:
+        return [self.inputs]
+
+    def new_tokens(self) -> int:
+        return self.max_new_tokens
+
+
+class CompletionRequest(_Body):
+    """OpenAI's /v1/completions body (the fields kiln honours; others are refused, not ignored)."""
+
+    model: str = Field(description="The served model's name (any name when one model is served).")
+    prompt: NonBlank | list[NonBlank] = Field(description="A prompt or a list of prompts.")
+    max_tokens: int = Field(16, ge=1, le=1_000_000, description="At most this many tokens per prompt.")
+    temperature: float = Field(1.0, ge=0, le=2, description="0: greedy; above 0: sampling at that temperature.")
+
+    def prompts(self) -> list[str]:
+        return [self.prompt] if isinstance(self.prompt, str) else list(self.prompt)
+
+    def new_tokens(self) -> int:
+        return self.max_tokens
+
+
+class Usage(ResponseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class GenerateResponse(ResponseModel):
+    model: str
+    generated_text: str
+    finish_reason: Literal["length", "stop", "cancelled"]
+    usage: Usage
+
+
+class CompletionChoice(ResponseModel):
+    text: str
+    index: int
+    logprobs: None = None
+    finish_reason: Literal["length", "stop"] | None
+
+
+class CompletionResponse(ResponseModel):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
+
+
+def _no_render(body: Any, model: str, prepared: Any, results: list[Any]) -> dict[str, Any]:
+    raise NotImplementedError("generation routes are answered by kiln.serve.generation")
+
+
+class TextGeneration(TaskSpec):
+    decoders = True
+    name = "text-generation"
+    auto_class = "AutoModelForCausalLM"
+    output_names = ("logits",)
+    sequence_outputs = frozenset({"logits"})
+    generates = True
+    default_tolerance = 0.05
+    tolerance_help = ("next-token agreement >= 1 - t and mean logit cosine >= 1 - t/2 against the original over "
+                      "held-out text, and perplexity at most (1 + t) x the original's")
+    metric = "perplexity"
+    metric_higher_is_better = False
+    eval_fields = ("text",)
+    has_builtin_eval = True
+    routes = (
+        Route("/generate", "Generate a continuation (optionally streamed as server-sent events)", GenerateRequest,
+              GenerateResponse, _no_render, inputs_field="inputs", kind="generate"),
+        Route("/v1/completions", "OpenAI-compatible completions (optionally streamed)", CompletionRequest,
+              CompletionResponse, _no_render, any_model_name=True, inputs_field="prompt", kind="generate"),
+    )
+
+    # -- loading and export -------------------------------------------------------------------------------
+    @classmethod
+    def settings(cls, model_dir: Path, hf_config: Any) -> dict[str, Any]:
+        eos = getattr(hf_config, "eos_token_id", None)
+        generation = model_dir / "generation_config.json"
+        if generation.is_file():
+            from kiln.tasks.base import read_json
+
+            eos = read_json(generation).get("eos_token_id", eos)
+        eos_ids = tuple(int(e) for e in (eos if isinstance(eos, list) else [eos] if eos is not None else []))
+        return {"eos_ids": eos_ids, "cache": CacheShape.of(hf_config).to_dict()}
+
+    @classmethod
+    def graph(cls, source: Any, example: tuple[Any, ...]) -> Graph:
+        """The decoding step over the model; the example is a two-row batch with a 3-token past."""
+        import torch
+
+        shape = CacheShape.of(source.model.config)
+        ids, mask = example[0], example[1]
+        past_length = 3
+        past = tuple(torch.randn(ids.shape[0], shape.heads, past_length, shape.head_size)
+                     for _ in range(2 * shape.layers))
+        full_mask = torch.cat([torch.ones(ids.shape[0], past_length, dtype=mask.dtype), mask], dim=1)
+        position_ids = (full_mask.cumsum(-1) - 1).clamp(min=0)[:, past_length:]
+        return Graph(make_decoder_module(source.model), (ids, full_mask, position_ids, *past), dynamic_axes(shape))
+
+    @classmethod
+    def adapt_engine(cls, engine: Any, config: Any) -> Any:
+        """A KV-cache graph's engine, seen as a plain forward pass for validation (see kiln.decoder.teacher)."""
+        shape = cache_shape(config)
+        if shape.past_names()[0] in engine.input_names:
+            return TeacherForced(engine, shape)
+        return engine
+
+    # -- per call -----------------------------------------------------------------------------------------
+    def options(self, max_new_tokens: int = 32, temperature: float = 0.0, top_k: int | None = None,
+                top_p: float = 1.0, seed: int | None = None, stop: Sequence[str] = (), truncate: bool = True,
+                **unknown: Any) -> GenerationOptions:
+        if unknown:
+            raise UsageError(f"unknown generation option(s) {', '.join(sorted(unknown))}; use max_new_tokens, "
+                             "temperature, top_k, top_p, seed, stop")
+        if isinstance(stop, str):
+            stop = (stop,)
+        return GenerationOptions(Sampling(temperature, top_k, top_p, seed),
+                                 Stops(max_new_tokens, frozenset(self.config.eos_ids), tuple(stop)), truncate)
+
+    def prepare(self, inputs: Sequence[Any], encoder, options: Any) -> Prepared:
+        """Prompts are never truncated (the window check refuses one too long); teacher-forced text is."""
+        return one_per_input(inputs, encoder.encode(inputs, truncate=options.truncate))
+
+    def reduce(self, outputs: dict[str, np.ndarray], attention_mask: np.ndarray) -> list[Any]:
+        """Per row: the logits of its real positions (fp32: parity needs them exact; a 50k vocabulary x 128 tokens
+        is 26 MB a row, which is why agreement and perplexity run on a few dozen texts)."""
+        logits = outputs["logits"]
+        lengths = attention_mask.sum(axis=1).astype(int)
+        return [np.array(logits[i, : lengths[i]], dtype=np.float32) for i in range(logits.shape[0])]
+
+    def finalize(self, prepared, reduced, options, encoder) -> list[Any]:
+        return list(reduced)
+
+    def comparable(self, reduced: Any) -> np.ndarray:
+        return np.asarray(reduced, dtype=np.float32).reshape(-1)
+
+    # -- inputs -------------------------------------------------------------------------------------------
+    @classmethod
+    def agreement_inputs(cls, encoder, count: int = 32) -> list[Any]:
+        """Held-out documentation text of 16 tokens up to 128 (or the window): teacher-forced logits at every
+        position are compared, a few thousand next-token decisions."""
+        return length_mix(count, 16, min(128, encoder.max_length), seed=2, token_count=encoder.token_count,
+                          source=corpus.sentences("held-out"))
+
+    @classmethod
+    def calibration_inputs(cls, encoder, count: int = 64) -> list[Any]:
+        return length_mix(count, 16, min(256, encoder.max_length), seed=1, token_count=encoder.token_count,
+                          source=corpus.sentences("calibration"))
+
+    @classmethod
+    def timing_inputs(cls, encoder, count: int = 64) -> list[Any]:
+        return length_mix(count, 16, min(128, encoder.max_length), seed=3, token_count=encoder.token_count)
+
+    # -- validation ---------------------------------------------------------------------------------------
+    @classmethod
+    def agreement(cls, data: AgreementInputs, variant: Run) -> Agreement:
+        per_text, top1, cosines = [], [], []
+        for ref, got in zip(data.reference.reduced, variant.reduced):
+            a, b = np.asarray(ref, np.float32), np.asarray(got, np.float32)
+            same = a.argmax(-1) == b.argmax(-1)
+            cos = (a * b).sum(-1) / np.clip(np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1), 1e-12, None)
+            per_text.append(float(same.mean()))
+            top1.append(same)
+            cosines.append(cos)
+        same, cos = np.concatenate(top1), np.concatenate(cosines)
+        figures = {"next_token_agreement": float(same.mean()), "mean_logit_cosine": float(cos.mean()),
+                   "min_logit_cosine": float(cos.min()), "positions": float(same.size)}
+        return Agreement.of("next_token_agreement", figures, data.lengths(), np.array(per_text),
+                            "next-token agreement")
+
+    @classmethod
+    def floors(cls, agreement: Agreement, tolerance: float) -> list[Floor]:
+        return [Floor("next_token_agreement", agreement.figures["next_token_agreement"], 1.0 - tolerance),
+                Floor("mean_logit_cosine", agreement.figures["mean_logit_cosine"], 1.0 - tolerance / 2)]
+
+    @classmethod
+    def metric_loss(cls, metric: float, reference: float) -> float:
+        """Perplexity's relative rise over the original's."""
+        return metric / reference - 1.0
+
+    @classmethod
+    def parse_row(cls, row: Mapping[str, Any], where: str) -> tuple[Any, Any]:
+        return field(row, "text", where), None
+
+    @classmethod
+    def read_eval(cls, path: Path) -> EvalSet:
+        if path.suffix.lower() == ".txt":  # plain text: one passage per non-blank line
+            lines = [ln.strip() for ln in path.read_text(encoding="utf-8").splitlines() if ln.strip()]
+            if not lines:
+                raise UsageError(f"--eval file {path} holds no text")
+            return EvalSet(cls.name, str(path), tuple(lines), (None,) * len(lines))
+        return super().read_eval(path)
+
+    eval_formats = (".jsonl", ".csv", ".txt")
+
+    @classmethod
+    def builtin_eval(cls) -> EvalSet:
+        """64 passages of held-out Python documentation (never calibrated on), 32-200 tokens by a rough count."""
+        texts = length_mix(64, 32, 200, seed=4, token_count=lambda t: len(t.split()) * 4 // 3,
+                           source=corpus.sentences("held-out"))
+        return EvalSet(cls.name, "held-out Python documentation", tuple(texts), (None,) * len(texts), builtin=True)
+
+    @classmethod
+    def evaluate(cls, predictor, data: EvalSet) -> dict[str, float]:
+        """Perplexity: exp of the mean negative log-likelihood of every next token, teacher-forced."""
+        prepared = predictor.prepare(list(data.inputs), predictor.handler.options(truncate=True))
+        nll, count = 0.0, 0
+        for start in range(0, len(prepared.encodings), 16):  # bounded memory: 16 rows of logits at a time
+            encodings = prepared.encodings[start : start + 16]
+            for enc, logits in zip(encodings, predictor.run_features(encodings)):
+                if len(enc.ids) < 2:
+                    continue
+                x = np.asarray(logits[:-1], np.float64)
+                log_z = x.max(-1) + np.log(np.exp(x - x.max(-1, keepdims=True)).sum(-1))
+                nll += float((log_z - x[np.arange(len(x)), enc.ids[1:]]).sum())
+                count += len(x)
+        return {"perplexity": float(np.exp(nll / max(count, 1))), "tokens": float(count)}
+
+
+def cache_shape(config: Any) -> CacheShape:
+    return CacheShape(int(config.cache["layers"]), int(config.cache["heads"]), int(config.cache["head_size"]))
