@@ -71,7 +71,8 @@ class BuildContext:
             handler = task_handler(self.source.task_config)
             prepared = handler.features(self.calibration, self.encoder)
             encs = prepared.encodings
-            return [self.encoder.collate(encs[i : i + batch_size]) for i in range(0, len(encs), batch_size)]
+            return [handler.graph_feed(self.encoder.collate(encs[i : i + batch_size]))
+                    for i in range(0, len(encs), batch_size)]
         return self.once(f"calibration-{batch_size}", build)
 
     def module(self):
@@ -83,3 +84,9 @@ class BuildContext:
     @property
     def task(self) -> str:
         return self.source.task_config.task
+
+    @property
+    def spec(self):
+        from kiln.tasks import task_spec
+
+        return task_spec(self.task)

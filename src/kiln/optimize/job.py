@@ -22,7 +22,7 @@ from kiln.bench.measure import Timing, time_predictor
 from kiln.engines import EngineOptions, create_engine
 from kiln.errors import KilnError, UsageError
 from kiln.export.job import write_tokenizer
-from kiln.model.reference import reference_predictor, vanilla_attention
+from kiln.model.reference import reference_predictor, timing_predictor, vanilla_attention
 from kiln.model.source import SourceModel, load_source
 from kiln.optimize import datasets
 from kiln.optimize.context import BuildContext, BuiltVariant
@@ -83,15 +83,17 @@ class OptimizeConfig:
         if self.calibration_method not in CALIBRATION_METHODS:
             raise UsageError(f"--calibration-method must be one of: {', '.join(CALIBRATION_METHODS)} "
                              f"(got {self.calibration_method!r})")
-        unknown = [v for v in self.variants or () if v not in VARIANTS]
+        allowed = task_spec(self.task).variants or tuple(VARIANTS)
+        unknown = [v for v in self.variants or () if v not in allowed]
         if unknown:
-            raise UsageError(f"--variants must be from: {', '.join(VARIANTS)} (got {', '.join(unknown)})")
+            raise UsageError(f"--variants must be from: {', '.join(allowed)} for --task {self.task} "
+                             f"(got {', '.join(unknown)})")
         tolerance_for(self.task, self.tolerance)
         if self.matryoshka_dims and not task_spec(self.task).embeds:
             raise UsageError(f"--matryoshka-dims applies to embedding tasks; this run is --task {self.task}")
 
     def variant_names(self) -> list[str]:
-        return list(self.variants) if self.variants else default_variants(self.target)
+        return list(self.variants) if self.variants else default_variants(self.target, self.task)
 
 
 @dataclass(frozen=True)
@@ -297,8 +299,9 @@ class OptimizeJob:
 
     def _time_reference(self) -> tuple[Timing, str]:
         self.progress(f"timing the PyTorch fp32 reference on {len(self.work.timing)} sequences")
+        reference = timing_predictor(self.original, batch_size=self.config.batch_size, threads=self.threads)
         with vanilla_attention(self.original.model) as attention:
-            return time_predictor(self.reference, self.work.timing), attention
+            return time_predictor(reference, self.work.timing), attention
 
     def _time(self, outcome: Outcome) -> Outcome:
         timed = (Status.ACCEPTED, Status.REJECTED) if self.config.time_rejected else (Status.ACCEPTED,)

@@ -30,6 +30,24 @@ def convert(src: Path, dst: Path) -> dict[str, Any]:
     return {"pass": "openvino-convert", "from": "onnx", "weights": "fp32"}
 
 
+def compress_weights_int8(src: Path, dst: Path, *, ignored: Sequence[str] = ()) -> dict[str, Any]:
+    """NNCF weight compression: MatMul and embedding weights stored in int8 (asymmetric, per output channel),
+    activations stay float. No calibration; it pays where decoding is memory-bound (one token per step reads every
+    weight), unlike an encoder's compute-bound batches."""
+    ov = _openvino()
+    try:
+        import nncf
+    except ImportError as err:
+        raise missing_dependency("nncf", "openvino", err) from err
+    logging.getLogger("nncf").setLevel(logging.ERROR)
+    model = ov.Core().read_model(str(src))
+    scope = {"ignored_scope": nncf.IgnoredScope(names=list(ignored), validate=True)} if ignored else {}
+    with contextlib.redirect_stdout(io.StringIO()):
+        compressed = nncf.compress_weights(model, mode=nncf.CompressWeightsMode.INT8_ASYM, **scope)
+    ov.save_model(compressed, str(dst), compress_to_fp16=False)
+    return {"pass": "nncf-compress-weights", "mode": "int8_asym", "ignored": list(ignored)}
+
+
 def quantize_int8(
     src: Path, dst: Path, batches: Sequence[dict[str, np.ndarray]], *, ignored: Sequence[str] = (),
     subset_size: int = 300, smooth_quant_alpha: float | None = None,

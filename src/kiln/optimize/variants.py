@@ -70,11 +70,20 @@ def _fused(ctx: BuildContext, exclude: Sequence[str] = (), gelu: bool = False) -
     return _onnx_file(ctx, path.parent.name, [*_fp32(ctx).recipe, step], path)
 
 
-def _int8_dynamic(ctx: BuildContext, exclude: Sequence[str] = ()) -> BuiltVariant:
+def _int8_source(ctx: BuildContext) -> tuple[Path, list[dict]]:
+    """What dynamic int8 quantizes: the fused graph, or the plain export for a task the BERT fusions do not fit
+    (a decoder's step graph)."""
+    if not ctx.spec.fuses:
+        return ctx.stage / _fp32(ctx).path, []
     fused, fuse_step = _fused_path(ctx)
+    return fused, [fuse_step]
+
+
+def _int8_dynamic(ctx: BuildContext, exclude: Sequence[str] = ()) -> BuiltVariant:
+    source, steps = _int8_source(ctx)
     path = ctx.variant_dir("onnx-int8-dynamic") / "model.onnx"
-    step = onnx_passes.quantize_dynamic_int8(fused, path, ctx.scheme, per_channel=True, exclude=exclude)
-    return _onnx_file(ctx, "onnx-int8-dynamic", [*_fp32(ctx).recipe, fuse_step, step], path)
+    step = onnx_passes.quantize_dynamic_int8(source, path, ctx.scheme, per_channel=True, exclude=exclude)
+    return _onnx_file(ctx, "onnx-int8-dynamic", [*_fp32(ctx).recipe, *steps, step], path)
 
 
 def _int8_static(ctx: BuildContext, exclude: Sequence[str] = ()) -> BuiltVariant:
@@ -130,6 +139,21 @@ def _openvino_int8(ctx: BuildContext, exclude: Sequence[str] = (), smooth_quant_
         recipe.append({"pass": "runtime-hint", "inference_precision": "bf16"})
         options["precision"] = Precision.BF16.value
     return BuiltVariant("openvino-int8-static", "openvino", rel, _ov_files(rel), recipe, options)
+
+
+def _openvino_int8_weights(ctx: BuildContext, exclude: Sequence[str] = ()) -> BuiltVariant:
+    ir = _openvino_fp32_ir(ctx)
+    path = ctx.variant_dir("openvino-int8-weights") / "model.xml"
+    step = openvino_passes.compress_weights_int8(ctx.stage / ir.path, path, ignored=exclude)
+    rel = path.relative_to(ctx.stage).as_posix()
+    return BuiltVariant("openvino-int8-weights", "openvino", rel, _ov_files(rel), [*ir.recipe, step])
+
+
+def _weights_only_pays(ctx: BuildContext) -> str | None:
+    if ctx.spec.generates:
+        return None
+    return ("weight-only int8 pays where decoding reads every weight per token; an encoder's batches are "
+            "compute-bound (openvino-int8-static quantizes activations too); name it in --variants to build it")
 
 
 def _torchscript(ctx: BuildContext, exclude: Sequence[str] = ()) -> BuiltVariant:
@@ -207,7 +231,7 @@ VARIANTS: dict[str, VariantSpec] = {spec.name: spec for spec in (
     VariantSpec("onnx-fused", _fused, ALL),
     VariantSpec("onnx-fused-gelu-approx", lambda ctx, ex=(): _fused(ctx, ex, gelu=True), ALL),
     VariantSpec("onnx-int8-dynamic", _int8_dynamic, CPU,
-                rank=lambda ctx, batches: rank_layers(_fused_path(ctx)[0], batches, static=False)),
+                rank=lambda ctx, batches: rank_layers(_int8_source(ctx)[0], batches, static=False)),
     VariantSpec("onnx-int8-static", _int8_static, CPU,
                 rank=lambda ctx, batches: rank_layers(ctx.stage / _fp32(ctx).path, batches, static=True)),
     VariantSpec("openvino-fp32", _openvino_fp32, CPU, _needs_openvino),
@@ -216,6 +240,10 @@ VARIANTS: dict[str, VariantSpec] = {spec.name: spec for spec in (
                 rank=lambda ctx, batches: openvino_passes.rank_ir_layers(ctx.stage / _openvino_fp32_ir(ctx).path,
                                                                          batches, static=True),
                 alternatives=tuple({"smooth_quant_alpha": a} for a in (0.8, 0.7, 0.6, 0.5))),
+    VariantSpec("openvino-int8-weights", _openvino_int8_weights, CPU, _needs_openvino,
+                not_by_default=_weights_only_pays,
+                rank=lambda ctx, batches: openvino_passes.rank_ir_layers(ctx.stage / _openvino_fp32_ir(ctx).path,
+                                                                         batches, static=False)),
     VariantSpec("onnx-fp16", _fp16, frozenset({"cuda"})),
     VariantSpec("torchscript", _torchscript, ALL),
     VariantSpec("torch-bf16", _torch_autocast(Precision.BF16), CPU, _needs_bf16),
@@ -224,8 +252,11 @@ VARIANTS: dict[str, VariantSpec] = {spec.name: spec for spec in (
 )}
 
 
-def default_variants(target: str) -> list[str]:
-    return [name for name, spec in VARIANTS.items() if target in spec.targets]
+def default_variants(target: str, task: str | None = None) -> list[str]:
+    from kiln.tasks import task_spec
+
+    allowed = task_spec(task).variants if task else None
+    return [name for name, spec in VARIANTS.items() if target in spec.targets and (allowed is None or name in allowed)]
 
 
 def remove_variant_files(ctx: BuildContext, name: str) -> None:

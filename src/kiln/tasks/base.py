@@ -62,6 +62,10 @@ class TaskSpec:
     ranks: ClassVar[bool] = False  # inputs are a query and texts, results the texts best first (Predictor.rerank)
     generates: ClassVar[bool] = False  # a decoder continuing prompts token by token (Predictor.generate)
     decoders: ClassVar[bool] = False  # decoder-only families (GPT-2, GPT-Neo) are verified for this task
+    # The variants kiln optimize builds for this task (None: every variant of the target); ``fuses``: whether ONNX
+    # Runtime's BERT fusions apply to its graph before int8.
+    variants: ClassVar[tuple[str, ...] | None] = None
+    fuses: ClassVar[bool] = True
     default_tolerance: ClassVar[float]
     tolerance_help: ClassVar[str]  # what the tolerance bounds, for `kiln optimize --help`
     metric: ClassVar[str]  # the task metric's primary score
@@ -105,6 +109,10 @@ class TaskSpec:
     def adapt_engine(cls, engine: Any, config: TaskConfig) -> Any:
         """The engine as the predictor runs batches on it (a decoder's cache graph is teacher-forced)."""
         return engine
+
+    def graph_feed(self, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Every input of the exported graph from a collated batch (a decoder adds positions and an empty past)."""
+        return arrays
 
     # -- per call -----------------------------------------------------------------------------------------
     def options(self, **kwargs: Any) -> Any:
