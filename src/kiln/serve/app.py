@@ -76,7 +76,7 @@ def create_app(config: ServeConfig) -> FastAPI:
     # Which served models answer each route: fixed once the artifacts are known, read on every request.
     app.state.route_models = {r.path: [n for n, t in tasks.items() if r in task_spec(t).routes] for r in routes}
     for route in routes:
-        _mount_route(app, route)
+        MOUNTS[route.kind](app, route)
     _mount_probes(app)
     _install_error_handlers(app)
     app.add_middleware(Guard, routes={r.path for r in routes}, metrics=app.state.metrics, api_key=config.api_key,
@@ -149,6 +149,16 @@ def _mount_route(app: FastAPI, route: Route) -> None:
     endpoint.__name__ = route.path.strip("/").replace("/", "_")
     app.post(route.path, summary=route.summary, response_model=route.response,
              responses=INFERENCE_ERRORS)(endpoint)
+
+
+def _mount_generation(app: FastAPI, route: Route) -> None:
+    from kiln.serve.generation import mount_route
+
+    mount_route(app, route)
+
+
+# Route kind (tasks.http.Route.kind) -> how it is mounted.
+MOUNTS = {"infer": _mount_route, "generate": _mount_generation}
 
 
 def _mount_probes(app: FastAPI) -> None:

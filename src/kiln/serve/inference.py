@@ -64,6 +64,12 @@ def load_served(name: str, path: Path, limits: BatchLimits, metrics: Metrics, *,
             "validation": {k: record.get(k) for k in ("status", "agreement", "task_metric", "parity") if k in record},
             "threads": plan.options.intra_op_threads, "sessions": len(predictor.sessions),
             "max_batch_size": limits.max_batch_size, "pad_multiple": predictor.pad_multiple}
+    if predictor.handler.generates:  # a decoder: continuous batching per decoding step instead of the batcher
+        from kiln.serve.generation import DecodeLoop
+
+        loop = DecodeLoop(predictor, limits)
+        info["max_batch_size"] = loop.slots
+        return Served(name, artifact, predictor, loop, variant, task, info=info)  # type: ignore[arg-type]
     return Served(name, artifact, predictor, Batcher(predictor, limits, observe, predictor.sessions[1:]), variant,
                   task, info=info)
 
