@@ -46,8 +46,10 @@ def task_artifacts(tiny_model, tiny_artifact, tmp_path_factory) -> dict:
     from kiln.export.job import ExportConfig, run_export
 
     out = {TaskName.FEATURE_EXTRACTION: tiny_artifact}
+    from kiln.tasks import task_spec
+
     for task in TaskName:
-        if task not in out:
+        if task not in out and not task_spec(task).generates:  # BERT does not generate (tests/test_generation.py)
             path = tmp_path_factory.mktemp(task.value) / "art"
             run_export(ExportConfig(model=str(tiny_model("bert", task)), task=task, format=ExportFormat.ONNX,
                                     output=path))

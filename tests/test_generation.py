@@ -1,0 +1,319 @@
+"""Decoders (GPT-2, GPT-Neo): the KV-cache step graph against transformers at every step, generation against
+``model.generate``, sampling and stops, continuous batching, kiln optimize, and a real server streaming to the
+openai client."""
+
+from __future__ import annotations
+
+import threading
+
+import httpx
+import numpy as np
+import onnxruntime as ort
+import pytest
+import torch
+import transformers
+
+import kiln
+from kiln.artifact.directory import Artifact
+from kiln.choices import ExportFormat
+from kiln.decoder.batch import DecodeBatch, new_sequence
+from kiln.decoder.graph import positions
+from kiln.decoder.sampling import Sampling, next_token
+from kiln.decoder.steps import ArraySteps, BoundSteps, empty_past
+from kiln.decoder.stopping import Detokenizer, Stops
+from kiln.errors import UnsupportedModelError, UsageError
+from kiln.export.job import ExportConfig, run_export
+from kiln.tasks import TaskName
+from tests.test_serve_process import start_server
+from tests.waiting import wait_until
+
+DECODERS = ("gpt2", "gpt_neo")
+PROMPTS = ["Return the number of items in a container, and then", "The quick", "A"]
+
+
+@pytest.fixture(scope="module")
+def decoder_artifacts(tiny_model, tmp_path_factory) -> dict[str, object]:
+    out = {}
+    for arch in DECODERS:
+        path = tmp_path_factory.mktemp(f"{arch}-generation") / "art"
+        run_export(ExportConfig(model=str(tiny_model(arch, TaskName.TEXT_GENERATION)),
+                                task=TaskName.TEXT_GENERATION, format=ExportFormat.ONNX, output=path))
+        out[arch] = path
+    return out
+
+
+def _hf(directory) -> tuple[object, object]:
+    model = transformers.AutoModelForCausalLM.from_pretrained(directory, attn_implementation="eager").eval()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(directory)
+    tokenizer.padding_side, tokenizer.pad_token = "left", tokenizer.eos_token
+    return model, tokenizer
+
+
+@pytest.mark.parametrize("arch", DECODERS)
+@pytest.mark.parametrize("rows", [1, 3], ids=["batch-1", "left-padded-batch"])
+def test_every_cached_step_matches_transformers(arch, rows, tiny_model, decoder_artifacts):
+    """Prefill 4 columns, then one token per step on the returned cache: each step's logits equal transformers'
+    full forward pass (no cache) over the same left-padded ids, at every position."""
+    model, tokenizer = _hf(tiny_model(arch, TaskName.TEXT_GENERATION))
+    texts = ["Return the number of items in a container, and then the rest of it", "The quick brown fox jumps",
+             "A short one"][:rows]
+    enc = tokenizer(texts, return_tensors="pt", padding=True)
+    ids, mask = enc.input_ids.numpy(), enc.attention_mask.numpy()
+    with torch.no_grad():
+        want = model(input_ids=enc.input_ids, attention_mask=enc.attention_mask,
+                     position_ids=torch.from_numpy(positions(mask, mask.shape[1]))).logits.numpy()
+    engine = Artifact.open(decoder_artifacts[arch]).engine()
+    steps = BoundSteps(engine, Artifact.open(decoder_artifacts[arch]).predictor().engine.shape)
+    first = 4
+    logits, past = steps.step(ids[:, :first], mask[:, :first], positions(mask[:, :first], first),
+                              empty_past(steps.shape, rows))
+    real = mask.astype(bool)
+    np.testing.assert_allclose(logits[real[:, :first]], want[:, :first][real[:, :first]], atol=1e-4)
+    for col in range(first, ids.shape[1]):
+        logits, past = steps.step(ids[:, col:col + 1], mask[:, :col + 1], positions(mask[:, :col + 1], 1), past)
+        assert all(isinstance(v, ort.OrtValue) for v in past.values.values())  # the cache stayed in ORT
+        # Left padding: a row's pad columns have no real token to compare (their outputs are never used).
+        np.testing.assert_allclose(logits[:, 0][real[:, col]], want[:, col][real[:, col]], atol=1e-4,
+                                   err_msg=f"step at column {col}")
+    assert past.length == ids.shape[1]
+
+
+@pytest.mark.parametrize("arch", DECODERS)
+def test_greedy_generation_equals_model_generate(arch, tiny_model, decoder_artifacts):
+    model, tokenizer = _hf(tiny_model(arch, TaskName.TEXT_GENERATION))
+    enc = tokenizer(PROMPTS, return_tensors="pt", padding=True)
+    want = model.generate(**enc, max_new_tokens=24, do_sample=False, pad_token_id=tokenizer.eos_token_id)
+    predictor = kiln.load(decoder_artifacts[arch])
+    for batch_size in (1, 2, 8):  # alone, continuous batching (one joins as another leaves), all together
+        got = predictor.with_batch_size(batch_size).generate(PROMPTS, max_new_tokens=24)
+        for i, result in enumerate(got):
+            ref = want[i, enc.input_ids.shape[1]:].tolist()
+            assert list(result.token_ids) == ref[:len(result.token_ids)], (batch_size, i)
+            assert result.finish_reason == ("length" if len(result.token_ids) == 24 else "stop")
+            assert result.prompt_tokens == int(enc.attention_mask[i].sum())
+
+
+def test_sampling_is_seeded_and_reduces_to_greedy(decoder_artifacts):
+    predictor = kiln.load(decoder_artifacts["gpt2"])
+    prompt = PROMPTS[0]
+    greedy = predictor.generate(prompt, max_new_tokens=16).token_ids
+    a = predictor.generate(prompt, max_new_tokens=16, temperature=1.0, seed=7).token_ids
+    assert a == predictor.generate(prompt, max_new_tokens=16, temperature=1.0, seed=7).token_ids
+    others = {predictor.generate(prompt, max_new_tokens=16, temperature=1.0, seed=s).token_ids for s in range(4)}
+    assert len(others) > 1  # different seeds, different draws
+    assert predictor.generate(prompt, max_new_tokens=16, temperature=1.0, top_k=1, seed=3).token_ids == greedy
+    assert predictor.generate(prompt, max_new_tokens=16, temperature=1.0, top_p=1e-6, seed=3).token_ids == greedy
+
+
+def test_top_k_and_top_p_only_draw_from_the_kept_tokens():
+    logits = np.array([5.0, 4.0, 3.0, 0.0, -1.0])
+    rng = np.random.default_rng(0)
+    assert {next_token(logits, Sampling(1.0, top_k=2), rng) for _ in range(300)} == {0, 1}
+    # probabilities ~ .66 .24 .09 ...: top_p 0.8 keeps the first two (mass before the third is 0.90 >= 0.8)
+    assert {next_token(logits, Sampling(1.0, top_p=0.8), rng) for _ in range(300)} == {0, 1}
+    with pytest.raises(UsageError, match="top_p"):
+        Sampling(1.0, top_p=0)
+
+
+def test_stop_strings_and_eos_end_the_text():
+    pieces = {1: "Hel", 2: "lo wo", 3: "rld", 4: "!", 9: "<eos>"}
+
+    def decode(ids):
+        return "".join(pieces[i] for i in ids)
+
+    text = Detokenizer(decode, Stops(10, frozenset({9}), ("o w",)))
+    assert text.add(1) == "Hel"
+    assert text.add(2) == "l"  # "lo wo" holds the stop string "o w": only the text before it is shown
+    assert (text.text, text.finish_reason) == ("Hell", "stop")
+    held = Detokenizer(decode, Stops(10, frozenset(), ("!!",)))
+    assert held.add(1) + held.add(2) + held.add(3) == "Hello world"
+    assert held.add(4) == ""  # "!" may start "!!": held back
+    eos = Detokenizer(decode, Stops(10, frozenset({9}), ()))
+    assert eos.add(1) == "Hel" and eos.add(9) == "" and (eos.finish_reason, eos.eos, eos.ids) == ("stop", 9, [1])
+    short = Detokenizer(decode, Stops(2, frozenset(), ()))
+    assert short.add(1) + short.add(2) == "Hello wo" and short.finish_reason == "length"
+
+
+def test_stop_string_through_the_predictor(decoder_artifacts):
+    predictor = kiln.load(decoder_artifacts["gpt2"])
+    full = predictor.generate(PROMPTS[1], max_new_tokens=24).text
+    stop = full[len(full) // 2: len(full) // 2 + 2]
+    cut = predictor.generate(PROMPTS[1], max_new_tokens=24, stop=[stop])
+    assert cut.finish_reason == "stop" and cut.text == full[:full.index(stop)]
+
+
+def test_window_and_option_errors(decoder_artifacts):
+    predictor = kiln.load(decoder_artifacts["gpt2"])
+    with pytest.raises(UsageError, match="max_new_tokens must be below the model's window of 128"):
+        predictor.generate("hi", max_new_tokens=500)
+    with pytest.raises(UsageError, match="passes the model's window"):
+        predictor.generate("word " * 120, max_new_tokens=20)
+    with pytest.raises(UsageError, match="unknown generation option"):
+        predictor.generate("hi", beams=2)
+
+
+def test_sequences_join_and_leave_a_running_batch(decoder_artifacts):
+    """A sequence that joins a running batch (its cache padded on the left to the batch's width) and one left
+    alone after the others finished decode exactly as they do by themselves."""
+    predictor = kiln.load(decoder_artifacts["gpt2"])
+    shape = predictor.engine.shape
+    prompts = [predictor.encoder.encode([p])[0].ids for p in PROMPTS]
+    alone = [predictor.generate(p, max_new_tokens=12).token_ids for p in PROMPTS]
+    batch = DecodeBatch(ArraySteps(predictor.raw_engine, shape), predictor.encoder.pad_id)
+
+    def seq(i, n):
+        return new_sequence(prompts[i], Sampling(), Stops(n, frozenset(), ()), predictor.encoder.decode)
+
+    a = seq(0, 12)
+    batch.add([a])
+    for _ in range(5):
+        batch.step()
+    b, c = seq(1, 12), seq(2, 3)
+    batch.add([b, c])  # b and c join a batch whose rows are already 5 steps in
+    while len(batch):
+        batch.remove([e.sequence for e in batch.step() if e.finished])
+        assert batch.mask.shape[1] == max(len(s.prompt) + len(s.text.ids) for s in batch.sequences) - 1 \
+            if len(batch) else True  # no column is kept that no row uses
+    assert tuple(a.text.ids) == alone[0] and tuple(b.text.ids) == alone[1] and tuple(c.text.ids) == alone[2][:3]
+
+
+def test_decoders_refuse_tasks_they_are_not_verified_for(tiny_model):
+    from kiln.model.source import load_source
+
+    with pytest.raises(UnsupportedModelError, match="needs a decoder-only language model"):
+        load_source(str(tiny_model("bert")), "text-generation")
+    with pytest.raises(UnsupportedModelError, match="not verified for the decoder 'gpt2'"):
+        load_source(str(tiny_model("gpt2", TaskName.TEXT_GENERATION)), "token-classification")
+
+
+@pytest.mark.parametrize("task", [TaskName.TEXT_CLASSIFICATION, TaskName.FEATURE_EXTRACTION])
+def test_gpt2_classifies_and_embeds(task, tiny_model, tmp_path):
+    """GPT-2 with a sequence-classification head (last non-pad token, padded with end-of-text) and as a mean-pooled
+    encoder: exported and parity-checked like an encoder, and equal to transformers on a padded batch."""
+    directory = tiny_model("gpt2", task)
+    result = run_export(ExportConfig(model=str(directory), task=task, format=ExportFormat.ONNX, output=tmp_path / "a"))
+    assert result.parity.passed
+    texts = ["a short text", "a somewhat longer text than the first one"]
+    got = kiln.load(tmp_path / "a").predict(texts)
+    if task is TaskName.TEXT_CLASSIFICATION:
+        model = transformers.AutoModelForSequenceClassification.from_pretrained(directory).eval()
+        tokenizer = transformers.AutoTokenizer.from_pretrained(directory)
+        tokenizer.pad_token = tokenizer.eos_token
+        model.config.pad_token_id = tokenizer.eos_token_id
+        with torch.no_grad():
+            logits = model(**tokenizer(texts, return_tensors="pt", padding=True)).logits.softmax(-1).numpy()
+        for row, scores in zip(logits, got):
+            assert scores[0].label == model.config.id2label[int(row.argmax())]
+            assert scores[0].score == pytest.approx(float(row.max()), abs=1e-5)
+    else:
+        assert np.stack(got).shape == (2, 32)
+
+
+def test_optimize_builds_validates_and_picks_a_decoder_variant(tiny_model, tmp_path):
+    from kiln.optimize.job import OptimizeConfig, OptimizeJob
+
+    summary = OptimizeJob(OptimizeConfig(model=str(tiny_model("gpt2", TaskName.TEXT_GENERATION)),
+                                         task="text-generation", output=tmp_path / "opt",
+                                         variants=("onnx-fp32", "onnx-int8-dynamic"))).run()
+    outcomes = {o.name: o for o in summary.outcomes}
+    fp32 = outcomes["onnx-fp32"]
+    assert fp32.agreement.figures["next_token_agreement"] == 1.0
+    assert fp32.agreement.figures["mean_logit_cosine"] > 0.99999
+    assert fp32.metric["perplexity"] == pytest.approx(summary.reference_metric["perplexity"], rel=1e-4)
+    int8 = outcomes["onnx-int8-dynamic"]
+    assert int8.record["recipe"][-1]["pass"] == "ort-int8-dynamic" and int8.record["recipe"][-1]["per_channel"]
+    assert 0.5 < int8.agreement.figures["next_token_agreement"] <= 1.0
+    assert summary.best in outcomes and summary.reference_timing.ms_per_sequence > 0
+    best = kiln.load(tmp_path / "opt")
+    assert best.generate("The quick", max_new_tokens=4).finish_reason in ("length", "stop")
+    with pytest.raises(UsageError, match="--variants must be from: onnx-fp32, onnx-int8-dynamic"):
+        OptimizeConfig(model=None, task="text-generation", output=tmp_path / "x", variants=("torchscript",))
+
+
+def test_openai_client_streams_completions_from_a_real_server(decoder_artifacts):
+    import openai
+
+    art = decoder_artifacts["gpt2"]
+    want = kiln.load(art).generate(PROMPTS[:2], max_new_tokens=10)
+    proc, port = start_server(art)
+    try:
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0)
+        chunks = list(client.completions.create(model="art", prompt=PROMPTS[0], max_tokens=10, temperature=0,
+                                                stream=True))
+        assert "".join(c.choices[0].text for c in chunks) == want[0].text
+        assert chunks[-1].choices[0].finish_reason == want[0].finish_reason and len(chunks) > 2
+        whole = client.completions.create(model="art", prompt=PROMPTS[:2], max_tokens=10, temperature=0)
+        assert [c.text for c in whole.choices] == [w.text for w in want]
+        assert whole.usage.completion_tokens == sum(len(w.token_ids) for w in want)
+        with pytest.raises(openai.UnprocessableEntityError, match="window of 128"):
+            client.completions.create(model="art", prompt="hi", max_tokens=500)
+        plain = httpx.post(f"http://127.0.0.1:{port}/generate", json={"inputs": PROMPTS[0], "max_new_tokens": 10},
+                           timeout=30).json()
+        assert plain["generated_text"] == want[0].text and plain["usage"]["completion_tokens"] == 10
+        with httpx.stream("POST", f"http://127.0.0.1:{port}/generate", timeout=30,
+                          json={"inputs": PROMPTS[0], "max_new_tokens": 10, "stream": True}) as response:
+            assert response.headers["content-type"].startswith("text/event-stream")
+            events = [line for line in response.iter_lines() if line.startswith("data: ")]
+        assert len(events) == 10 and '"finish_reason":"length"' in events[-1]
+    finally:
+        proc.terminate()
+        assert proc.wait(timeout=60) == 0
+
+
+def test_continuous_batching_and_a_vanished_client_frees_its_slot(decoder_artifacts, tmp_path):
+    """In a real uvicorn server: 6 concurrent streams share decoding steps (more than one sequence per step), and a
+    client that hangs up mid-stream leaves the batch before the next step."""
+    import uvicorn
+
+    from kiln.serve import process
+    from kiln.serve.app import ServeConfig, create_app
+
+    app = create_app(ServeConfig(models={"m": decoder_artifacts["gpt2"]}))
+    port = process.free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_until(lambda: server.started, "the in-thread server to start")
+        loop = app.state.models["m"].batcher
+        results: list[str] = [""] * 6
+
+        def call(k: int) -> None:
+            results[k] = httpx.post(f"{base}/generate", json={"inputs": PROMPTS[k % 3], "max_new_tokens": 40},
+                                    timeout=60).json()["generated_text"]
+
+        threads = [threading.Thread(target=call, args=(k,)) for k in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+        want = kiln.load(decoder_artifacts["gpt2"]).generate(PROMPTS, max_new_tokens=40)
+        assert results == [want[k % 3].text for k in range(6)]
+        assert loop.widest > 1  # steps were shared
+        with httpx.stream("POST", f"{base}/generate", timeout=30,
+                          json={"inputs": PROMPTS[0], "max_new_tokens": 100, "stream": True}) as response:
+            next(response.iter_lines())  # the first token arrived: the sequence is in the batch
+            assert len(loop.batch) == 1
+        wait_until(lambda: len(loop.batch) == 0, "the abandoned sequence to leave the batch")
+        steps = loop.steps
+        assert steps < 100 + 6 * 41  # it did not decode its 100 tokens
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+
+
+def test_generation_routes_are_exact_in_the_schema(decoder_artifacts):
+    from fastapi.testclient import TestClient
+
+    from kiln.serve.app import ServeConfig, create_app
+
+    with TestClient(create_app(ServeConfig(models={"m": decoder_artifacts["gpt2"]}))) as client:
+        schema = client.get("/openapi.json").json()
+        assert {"/generate", "/v1/completions"} <= set(schema["paths"])
+        body = schema["components"]["schemas"]["CompletionRequest"]["properties"]
+        assert body["max_tokens"]["minimum"] == 1 and "prompt" in body
+        bad = client.post("/generate", json={"inputs": "hi", "max_new_tokens": 0})
+        assert bad.status_code == 422 and "max_new_tokens" in bad.json()["error"]["message"]
+        assert client.post("/generate", json={"inputs": "hi", "beams": 2}).status_code == 422
+        assert client.post("/embed", json={"inputs": "hi"}).status_code == 404
