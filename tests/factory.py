@@ -90,6 +90,10 @@ ARCHITECTURES: dict[str, tuple[Family, type, dict]] = {
 }
 
 
+# The bidirectional encoders (distillation and pruning apply to them; GPT-2 and GPT-Neo are decoders).
+ENCODERS = tuple(a for a, (family, _, _) in ARCHITECTURES.items() if family.template)
+
+
 def _corpus() -> list[str]:
     extra = ["Anna Schmidt works for Acme Corporation in Berlin.", "Jean Dupont visited Paris and Lyon.",
              "unbelievably tokenization antidisestablishmentarianism"]

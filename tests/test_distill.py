@@ -18,7 +18,7 @@ from kiln.data import corpus
 from kiln.errors import UsageError
 from kiln.model.source import load_source
 from kiln.tasks import TaskName
-from tests.factory import ARCHITECTURES
+from tests.factory import ENCODERS
 
 RECIPE = {"epochs": 2, "batch_size": 8, "lr": 5e-4, "max_length": 48}
 
@@ -30,7 +30,7 @@ def texts(tmp_path_factory):
     return path
 
 
-@pytest.mark.parametrize("arch", sorted(ARCHITECTURES))
+@pytest.mark.parametrize("arch", sorted(ENCODERS))
 def test_a_student_is_built_from_the_teachers_layers(tiny_model, arch):
     """Keeping every layer reproduces the teacher exactly; keeping fewer keeps those layers' weights."""
     teacher = load_source(str(tiny_model(arch)), TaskName.FEATURE_EXTRACTION).model
@@ -51,7 +51,7 @@ def test_a_student_is_built_from_the_teachers_layers(tiny_model, arch):
         assert {k for k in last.keys() - kept.keys()} <= {"attn_norm.weight"}  # ModernBERT's first layer has none
 
 
-@pytest.mark.parametrize("arch", sorted(set(ARCHITECTURES) - {"bert"}))  # bert: the fixtures below
+@pytest.mark.parametrize("arch", sorted(set(ENCODERS) - {"bert"}))  # bert: the fixtures below
 def test_every_architecture_distills(tiny_model, texts, arch, tmp_path):
     result = run_distill(DistillConfig(str(tiny_model(arch)), TaskName.FEATURE_EXTRACTION, tmp_path / "s", layers=1,
                                        texts=texts, recipe={**RECIPE, "epochs": 1}, threads=1))

@@ -317,3 +317,15 @@ def test_generation_routes_are_exact_in_the_schema(decoder_artifacts):
         assert bad.status_code == 422 and "max_new_tokens" in bad.json()["error"]["message"]
         assert client.post("/generate", json={"inputs": "hi", "beams": 2}).status_code == 422
         assert client.post("/embed", json={"inputs": "hi"}).status_code == 404
+
+
+@pytest.mark.parametrize("command", [["bench"], ["triton", "-o", "{tmp}/repo"]])
+def test_one_pass_tools_refuse_a_decoder_by_name(command, decoder_artifacts, tmp_path):
+    import subprocess
+    import sys
+
+    args = [a.format(tmp=tmp_path) for a in command]
+    run = subprocess.run([sys.executable, "-m", "kiln", args[0], str(decoder_artifacts["gpt2"]), *args[1:]],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode != 0 and "Traceback" not in run.stderr
+    assert ("time to first token" if args[0] == "bench" else "kiln serve") in run.stderr + run.stdout

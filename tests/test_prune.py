@@ -18,7 +18,7 @@ from kiln.data import corpus
 from kiln.errors import UsageError
 from kiln.model.source import load_source
 from kiln.tasks import TaskName
-from tests.factory import ARCHITECTURES
+from tests.factory import ENCODERS
 
 RECIPE = {"epochs": 1, "batch_size": 8, "lr": 5e-4, "max_length": 48}
 INPUTS = {"input_ids": torch.tensor([[1, 5, 9, 12, 7, 2, 3, 4], [1, 8, 6, 2, 0, 0, 0, 0]]),
@@ -45,7 +45,7 @@ def _gated(model, heads, neurons):
         gates.remove()
 
 
-@pytest.mark.parametrize("arch", sorted(ARCHITECTURES))
+@pytest.mark.parametrize("arch", sorted(ENCODERS))
 def test_cutting_heads_and_neurons_equals_closing_their_gates(tiny_model, arch):
     """Each layer loses a different head and half its neurons; the smaller matrices compute what the full model
     computes with those gates at zero (MPNet's shared position bias and ModernBERT's fused QKV and GLU too)."""
@@ -187,7 +187,7 @@ def test_the_command_prunes_and_reports(tiny_model, texts, tmp_path):
         assert bad.returncode != 0 and message in bad.stderr and "Traceback" not in bad.stderr, bad.stderr
 
 
-@pytest.mark.parametrize("arch", sorted(set(ARCHITECTURES) - {"bert", "mpnet"}))  # those: the tests above
+@pytest.mark.parametrize("arch", sorted(set(ENCODERS) - {"bert", "mpnet"}))  # those: the tests above
 def test_every_architecture_prunes_and_loads_back(tiny_model, texts, arch, tmp_path):
     result = run_prune(DistillConfig(str(tiny_model(arch)), TaskName.FEATURE_EXTRACTION, tmp_path / "p", texts=texts,
                                      recipe=RECIPE, threads=1), PruneSettings(heads=0.25, ffn=0.5))

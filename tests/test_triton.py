@@ -94,14 +94,14 @@ def served(triton_install, task_artifacts, tmp_path_factory):
     root = tmp_path_factory.mktemp("triton")
     repo = root / "repo"
     repo.mkdir()
-    for task in TaskName:
+    for task in task_artifacts:
         part = _repo(task_artifacts[task], root / task.value.replace("-", "_"), python_model=True,
                      max_queue_delay_us=20_000)
         for model in part.iterdir():
             if model.is_dir():
                 model.rename(repo / model.name)
     running = start_triton(triton_install, repo, root / "tritonserver.log")
-    yield running, {t: t.value.replace("-", "_") for t in TaskName}
+    yield running, {t: t.value.replace("-", "_") for t in task_artifacts}
     running.stop()
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from kiln.artifact.directory import Artifact, load
 from kiln.choices import Aggregation, ExportFormat, Pooling, Precision
+from kiln.decoder.generate import Generated
 from kiln.engines import ENGINES, Engine, EngineOptions, create_engine
 from kiln.errors import (
     ArtifactError,
@@ -52,6 +53,7 @@ __all__ = [
     "EngineOptions",
     "Entity",
     "ExportFormat",
+    "Generated",
     "KilnError",
     "LabelScore",
     "ModelLoadError",

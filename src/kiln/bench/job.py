@@ -101,6 +101,7 @@ class BenchJob:
             from kiln.artifact.directory import Artifact
 
             art = Artifact.open(path)
+            _refuse_decoder(art.task_config.task)
             names = list(cfg.variants) if cfg.variants else [art.variant_name()]
             if names == ["all"]:
                 names = [n for n, r in art.manifest.variants.items() if r.get("status", "accepted") == "accepted"]
@@ -116,6 +117,7 @@ class BenchJob:
             return targets, art, art.manifest
         if cfg.variants:
             raise UsageError("--variants needs an artifact directory (written by kiln optimize or kiln export)")
+        _refuse_decoder(cfg.task)
         return [Target(PYTORCH, None, cfg.target, cfg.task)], None, None
 
     def run(self) -> dict[str, Any]:
@@ -219,3 +221,12 @@ def _source_encoder(config: BenchConfig):
     from kiln.model.source import load_source
 
     return source_encoder(load_source(config.target, config.task))
+
+
+def _refuse_decoder(task: str) -> None:
+    from kiln.tasks import task_spec
+
+    if task_spec(task).generates:
+        raise UsageError("kiln bench times batch x length grids of encoders; a decoder's figures are time to first "
+                         "token and per-token latency (benchmarks/decoder_latency.py in kiln's repository); kiln "
+                         "optimize's summary times each variant teacher-forced")

@@ -157,6 +157,13 @@ def run_compression(config: DistillConfig, maker: StudentMaker,
     recipe = Recipe(keep=(), **config.recipe)  # checked before anything slow; the student's layers come below
     inputs, labels, described = _data(config)
     source = load_source(config.teacher, config.task, allow_pickle=config.allow_pickle)
+    from kiln.model.architectures import arch_spec
+
+    if arch_spec(source.model_type).decoder:
+        from kiln.errors import UnsupportedModelError
+
+        raise UnsupportedModelError(f"kiln distill and kiln prune change encoder layers; {source.model_type!r} is a "
+                                    "decoder (its variants come from kiln optimize: int8 with a KV cache)")
     configure_torch_threads(EngineOptions(intra_op_threads=config.threads))
     spec = task_spec(config.task)
     train_idx, held_idx = split(len(inputs), config.held_out, config.max_held_out, recipe.seed)

@@ -81,7 +81,11 @@ class Predictor:
         from kiln.decoder.generate import collect, prompt_ids, stream
 
         if not self.handler.generates:
-            raise UsageError(f"generate() needs a text-generation artifact; this one does {self.config.task}: use "
+            from kiln.tasks import TASKS
+
+            generating = ", ".join(name for name, spec in TASKS.items() if spec.generates)
+            raise UsageError(f"generate() needs a decoder artifact (kiln optimize --task {generating}); this one does "
+                             f"{self.config.task}: use "
                              "predict()")
         single = isinstance(prompts, str)
         opts = self.handler.options(**options)

@@ -47,7 +47,7 @@ class Stream:
 
 
 class DecodeLoop:
-    """Continuous batching for one decoder model (the text-generation counterpart of the Batcher)."""
+    """Continuous batching for one decoder model (what the Batcher is for one-pass tasks)."""
 
     def __init__(self, predictor: Predictor, limits: BatchLimits) -> None:
         self.predictor = predictor
@@ -138,6 +138,14 @@ async def events_of(stream: Stream) -> AsyncIterator[Emitted]:
         stream.cancelled = True  # no-op for a finished sequence (already out of the batch)
 
 
+async def finished(stream: Stream) -> Any:
+    """The stream's text once it has finished (its Detokenizer: text, ids, finish_reason)."""
+    final = None
+    async for event in events_of(stream):
+        final = event
+    return final.sequence.text
+
+
 # -- HTTP ---------------------------------------------------------------------------------------------------------
 def _sse(payload: Any) -> bytes:
     return b"data: " + (payload if isinstance(payload, bytes) else orjson.dumps(payload)) + b"\n\n"
@@ -169,10 +177,7 @@ async def _generate(app: FastAPI, served: Any, body: Any) -> Any:
                 yield _sse({"token": {"id": e.token, "text": e.text}, "generated_text": text.text if e.finished
                             else None, "finish_reason": text.finish_reason})
         return StreamingResponse(events(), media_type="text/event-stream")
-    last = None
-    async for last in events_of(stream):
-        pass
-    text = last.sequence.text
+    text = await finished(stream)
     generated = len(text.ids) + (text.eos is not None)
     return {"model": served.name, "generated_text": text.text, "finish_reason": text.finish_reason,
             "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": generated,
@@ -215,10 +220,7 @@ async def _completions(app: FastAPI, served: Any, body: Any) -> Any:
     choices, completion = [], 0
     try:
         for index, stream in enumerate(streams):
-            last = None
-            async for last in events_of(stream):
-                pass
-            text = last.sequence.text
+            text = await finished(stream)
             completion += len(text.ids) + (text.eos is not None)
             choices.append({"text": text.text, "index": index, "logprobs": None, "finish_reason": text.finish_reason})
     finally:
