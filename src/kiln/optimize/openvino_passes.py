@@ -30,16 +30,21 @@ def convert(src: Path, dst: Path) -> dict[str, Any]:
     return {"pass": "openvino-convert", "from": "onnx", "weights": "fp32"}
 
 
-def compress_weights_int8(src: Path, dst: Path, *, ignored: Sequence[str] = ()) -> dict[str, Any]:
-    """NNCF weight compression: MatMul and embedding weights stored in int8 (asymmetric, per output channel),
-    activations stay float. No calibration; it pays where decoding is memory-bound (one token per step reads every
-    weight), unlike an encoder's compute-bound batches."""
-    ov = _openvino()
+def _nncf():
+    """NNCF, quiet (kiln reports its own progress), or the install hint."""
     try:
         import nncf
     except ImportError as err:
         raise missing_dependency("nncf", "openvino", err) from err
     logging.getLogger("nncf").setLevel(logging.ERROR)
+    return nncf
+
+
+def compress_weights_int8(src: Path, dst: Path, *, ignored: Sequence[str] = ()) -> dict[str, Any]:
+    """NNCF weight compression: MatMul and embedding weights stored in int8 (asymmetric, per output channel),
+    activations stay float. No calibration; it pays where decoding is memory-bound (one token per step reads every
+    weight), unlike an encoder's compute-bound batches."""
+    ov, nncf = _openvino(), _nncf()
     model = ov.Core().read_model(str(src))
     scope = {"ignored_scope": nncf.IgnoredScope(names=list(ignored), validate=True)} if ignored else {}
     with contextlib.redirect_stdout(io.StringIO()):
@@ -57,12 +62,7 @@ def quantize_int8(
     ``smooth_quant_alpha`` overrides NNCF's SmoothQuant strength for MatMuls (how much activation range
     moves into the weights); on all-MiniLM-L6-v2 0.7 kept min cosine 0.9915 where the default gave 0.9753.
     """
-    ov = _openvino()
-    try:
-        import nncf
-    except ImportError as err:
-        raise missing_dependency("nncf", "openvino", err) from err
-    logging.getLogger("nncf").setLevel(logging.ERROR)
+    ov, nncf = _openvino(), _nncf()
     model = ov.Core().read_model(str(src))
     names = [i.get_any_name() for i in model.inputs]
     dataset = nncf.Dataset([{n: b[n] for n in names} for b in batches])
