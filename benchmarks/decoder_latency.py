@@ -115,20 +115,13 @@ def agreement(variants, artifact: Path) -> dict[str, dict[str, float]]:
 
 def serve_throughput(artifact: Path, concurrency: list[int], prompt: str) -> list[dict[str, float]]:
     import httpx
-    import uvicorn
 
     from kiln.serve import process
     from kiln.serve.app import ServeConfig, create_app
 
     app = create_app(ServeConfig(models={"gpt2": artifact}, max_concurrent=1024))
-    port = process.free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.05)
     rows = []
-    try:
+    with process.serve_in_thread(app) as base:
         for streams in concurrency:
             loop = app.state.models["gpt2"].batcher
             loop.widest = 0
@@ -137,7 +130,7 @@ def serve_throughput(artifact: Path, concurrency: list[int], prompt: str) -> lis
             def client(k: int, tokens: list[int] = tokens) -> None:
                 for _ in range(2):
                     body = {"inputs": prompt, "max_new_tokens": NEW_TOKENS, "temperature": 1.0, "seed": k}
-                    r = httpx.post(f"http://127.0.0.1:{port}/generate", json=body, timeout=600).json()
+                    r = httpx.post(f"{base}/generate", json=body, timeout=600).json()
                     tokens[k] += r["usage"]["completion_tokens"]
 
             threads = [threading.Thread(target=client, args=(k,)) for k in range(streams)]
@@ -150,9 +143,6 @@ def serve_throughput(artifact: Path, concurrency: list[int], prompt: str) -> lis
             rows.append({"streams": streams, "requests": 2 * streams, "tokens": sum(tokens), "seconds": round(wall, 2),
                          "tokens_per_s": round(sum(tokens) / wall, 1), "widest_step": loop.widest})
             print(rows[-1], flush=True)
-    finally:
-        server.should_exit = True
-        thread.join(timeout=60)
     return rows
 
 

@@ -260,22 +260,14 @@ def test_openai_client_streams_completions_from_a_real_server(decoder_artifacts)
         assert proc.wait(timeout=60) == 0
 
 
-def test_continuous_batching_and_a_vanished_client_frees_its_slot(decoder_artifacts, tmp_path):
+def test_continuous_batching_and_a_vanished_client_frees_its_slot(decoder_artifacts):
     """In a real uvicorn server: 6 concurrent streams share decoding steps (more than one sequence per step), and a
     client that hangs up mid-stream leaves the batch before the next step."""
-    import uvicorn
-
     from kiln.serve import process
     from kiln.serve.app import ServeConfig, create_app
 
     app = create_app(ServeConfig(models={"m": decoder_artifacts["gpt2"]}))
-    port = process.free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    base = f"http://127.0.0.1:{port}"
-    try:
-        wait_until(lambda: server.started, "the in-thread server to start")
+    with process.serve_in_thread(app) as base:
         loop = app.state.models["m"].batcher
         results: list[str] = [""] * 6
 
@@ -298,9 +290,6 @@ def test_continuous_batching_and_a_vanished_client_frees_its_slot(decoder_artifa
         wait_until(lambda: len(loop.batch) == 0, "the abandoned sequence to leave the batch")
         steps = loop.steps
         assert steps < 100 + 6 * 41  # it did not decode its 100 tokens
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)
 
 
 def test_generation_routes_are_exact_in_the_schema(decoder_artifacts):

@@ -97,19 +97,12 @@ def test_serve_cli_errors(tmp_path):
 
 def test_a_request_whose_client_went_away_costs_no_compute(tiny_artifact):
     """A real uvicorn server (in a thread, so the engine can be gated): the vanished client's input never runs."""
-    import uvicorn
-
     from kiln.serve.app import ServeConfig, create_app
     from kiln.serve.batcher import BatchLimits
 
     app = create_app(ServeConfig(models={"m": tiny_artifact}, limits=BatchLimits(max_delay_s=0.001)))
-    port = process.free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    base = f"http://127.0.0.1:{port}"
-    try:
-        wait_until(lambda: server.started, "the in-thread server to start")
+    with process.serve_in_thread(app) as base:
+        port = int(base.rsplit(":", 1)[1])
         predictor = app.state.models["m"].predictor
         release = threading.Event()
         engine = predictor.engine
@@ -144,6 +137,4 @@ def test_a_request_whose_client_went_away_costs_no_compute(tiny_artifact):
         first.join(timeout=60)
         assert metric("kiln_batch_size_count") == 1  # only the first request's batch ran
         assert metric('kiln_requests_total{route="/embed",status="499"}') == 1
-    finally:
-        server.should_exit = True
-        thread.join(timeout=60)
+

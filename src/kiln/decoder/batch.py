@@ -28,7 +28,7 @@ class Decoding:
     sampling: Sampling
     text: Detokenizer
     rng: np.random.Generator
-    owner: Any = None  # whoever waits for it (serving: the request's stream)
+    owner: Any = None  # whoever waits for it (offline: the prompt's index; serving: the request's stream)
 
     @property
     def finished(self) -> bool:

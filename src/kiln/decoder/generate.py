@@ -57,18 +57,15 @@ def stream(steps: Stepper, pad_id: int, prompts: Sequence[Sequence[int]], sampli
         raise UsageError(f"batch_size must be at least 1 (got {batch_size})")
     batch = DecodeBatch(steps, pad_id)
     waiting = list(enumerate(prompts))
-    index: dict[int, int] = {}
     while waiting or len(batch):
         room = batch_size - len(batch)
         if waiting and room > 0:  # joiners prefill in one call and get their first token; the others wait a round
             joining, waiting = waiting[:room], waiting[room:]
-            sequences = [new_sequence(p, sampling, stops, decode) for _, p in joining]
-            index.update({id(s): i for (i, _), s in zip(joining, sequences)})
-            emitted = batch.add(sequences)
+            emitted = batch.add([new_sequence(p, sampling, stops, decode, owner=i) for i, p in joining])
         else:
             emitted = batch.step()
         for e in emitted:
-            yield index[id(e.sequence)], e
+            yield e.sequence.owner, e
         batch.remove([e.sequence for e in emitted if e.finished])
 
 

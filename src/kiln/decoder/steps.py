@@ -61,6 +61,7 @@ class BoundSteps:
         self._session = engine.session
         self._device = "cuda" if getattr(engine, "_on_gpu", False) else "cpu"
         self._pairs = tuple(zip(shape.past_names(), shape.present_names()))
+        self._outputs = (LOGITS, *shape.present_names())  # the order the outputs are bound in, below
         self._types = engine._input_types
 
     def _value(self, array: Any) -> Any:
@@ -75,15 +76,12 @@ class BoundSteps:
         for name, value in past.values.items():
             binding.bind_ortvalue_input(name, self._value(value))
         binding.bind_output(LOGITS, "cpu")  # the logits are read on the host every step
-        for _, present in self._pairs:
+        for present in self._outputs[1:]:
             binding.bind_output(present, self._device)
         self._session.run_with_iobinding(binding)
-        outputs = dict(zip(self._session_output_names(), binding.get_outputs()))
+        outputs = dict(zip(self._outputs, binding.get_outputs()))
         grown = {p: outputs[q] for p, q in self._pairs}
         return outputs[LOGITS].numpy(), Past(grown, past.length + input_ids.shape[1], _ort_numpy)
-
-    def _session_output_names(self) -> list[str]:
-        return [LOGITS, *(q for _, q in self._pairs)]
 
 
 def _ort_numpy(value: Any) -> np.ndarray:

@@ -31,7 +31,8 @@ class Predictor:
         self.config = config
         self.encoder = encoder
         self.handler: TaskSpec = task_handler(config)
-        self.raw_engine = engine  # as given; ``engine`` is the task's view of it (a decoder's, teacher-forced)
+        # As given; ``engine`` and ``sessions`` are the task's view of them (a decoder's graph, teacher-forced).
+        self.raw_engine, self._raw_sessions = engine, tuple(sessions)
         self.engine = self.handler.adapt_engine(engine, config)
         self.sessions = (self.engine, *(self.handler.adapt_engine(s, config) for s in sessions))
         self.batch_size = batch_size
@@ -85,8 +86,7 @@ class Predictor:
 
             generating = ", ".join(name for name, spec in TASKS.items() if spec.generates)
             raise UsageError(f"generate() needs a decoder artifact (kiln optimize --task {generating}); this one does "
-                             f"{self.config.task}: use "
-                             "predict()")
+                             f"{self.config.task}: use predict()")
         single = isinstance(prompts, str)
         opts = self.handler.options(**options)
         ids = prompt_ids(self, [prompts] if single else prompts, opts.stops.max_new_tokens)
@@ -97,8 +97,7 @@ class Predictor:
 
     def with_batch_size(self, batch_size: int) -> Predictor:
         """The same tokenizer and engine, batching ``batch_size`` features at a time."""
-        return Predictor(self.config, self.encoder, self.raw_engine, batch_size=batch_size,
-                         sessions=[getattr(s, "step_engine", s) for s in self.sessions[1:]],
+        return Predictor(self.config, self.encoder, self.raw_engine, batch_size=batch_size, sessions=self._raw_sessions,
                          pad_multiple=self._pad_multiple)
 
     def run_features(self, encodings: Sequence[Encoding], *, sort: bool = True) -> list[Any]:

@@ -143,12 +143,16 @@ def _mount_route(app: FastAPI, route: Route) -> None:
         latency = {LATENCY_HEADER: f"{1000 * (time.perf_counter() - start):.2f}"}
         return JSONBody(route.render(body, served.name, prepared, results), headers=latency)
 
-    # FastAPI reads the body type from the signature: each route gets its own task's request model.
+    post_endpoint(app, route, endpoint, INFERENCE_ERRORS)
+
+
+def post_endpoint(app: FastAPI, route: Route, endpoint: Any, responses: dict[int | str, Any]) -> None:
+    """Mount ``endpoint(body)`` as POST ``route.path``. FastAPI reads the body type from the signature: each route
+    gets its own task's request model."""
     endpoint.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
         [inspect.Parameter("body", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=route.request)])
     endpoint.__name__ = route.path.strip("/").replace("/", "_")
-    app.post(route.path, summary=route.summary, response_model=route.response,
-             responses=INFERENCE_ERRORS)(endpoint)
+    app.post(route.path, summary=route.summary, response_model=route.response, responses=responses)(endpoint)
 
 
 def _mount_generation(app: FastAPI, route: Route) -> None:

@@ -11,7 +11,6 @@ when it asked to stream.
 from __future__ import annotations
 
 import asyncio
-import inspect
 import time
 import uuid
 from collections import deque
@@ -240,7 +239,7 @@ STREAM_DOC = {200: {"content": {"text/event-stream": {"schema": {"type": "string
 
 def mount_route(app: FastAPI, route: Route) -> None:
     """POST ``route.path``: JSON, or server-sent events with ``stream: true``."""
-    from kiln.serve.app import JSONBody, _pick
+    from kiln.serve.app import JSONBody, _pick, post_endpoint
 
     answer = ANSWERS[route.path]
 
@@ -249,10 +248,6 @@ def mount_route(app: FastAPI, route: Route) -> None:
         result = await answer(app, served, body)
         return result if isinstance(result, StreamingResponse) else JSONBody(result)
 
-    endpoint.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
-        [inspect.Parameter("body", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=route.request)])
-    endpoint.__name__ = route.path.strip("/").replace("/", "_")
-    app.post(route.path, summary=route.summary, response_model=route.response,
-             responses={**INFERENCE_ERRORS, **STREAM_DOC})(endpoint)
+    post_endpoint(app, route, endpoint, {**INFERENCE_ERRORS, **STREAM_DOC})
 
 

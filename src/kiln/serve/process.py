@@ -6,12 +6,15 @@ kiln.serve.app logs after its drain, so its format lives in one place.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
 import subprocess
 import threading
 import time
+from collections.abc import Iterator
+from typing import Any
 
 from kiln.serve.metrics import STOPPED
 
@@ -26,6 +29,29 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def serve_in_thread(app: Any, timeout_s: float = 60) -> Iterator[str]:
+    """Run ``app`` under uvicorn in a daemon thread on a free loopback port; yields its base URL once it listens
+    (ServerStartError after ``timeout_s``), and stops it on exit. For tests and benchmarks that need a real socket
+    and the app's state in the same process."""
+    import uvicorn
+
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + timeout_s
+        while not server.started:
+            if not thread.is_alive() or time.monotonic() > deadline:
+                raise ServerStartError(f"the in-thread server did not start within {timeout_s:g} s")
+            time.sleep(0.01)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=timeout_s)
 
 
 def start_server(command: list[str], timeout_s: float = 120) -> tuple[subprocess.Popen, int]:

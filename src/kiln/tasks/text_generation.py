@@ -26,7 +26,7 @@ from kiln.decoder.sampling import Sampling
 from kiln.decoder.stopping import Stops
 from kiln.decoder.teacher import TeacherForced
 from kiln.errors import UsageError
-from kiln.tasks.base import Prepared, TaskSpec, field, one_per_input
+from kiln.tasks.base import Prepared, TaskSpec, field, one_per_input, read_json
 from kiln.tasks.http import NonBlank, ResponseModel, Route
 from kiln.validation.figures import Agreement, AgreementInputs, EvalSet, Floor, Run
 
@@ -174,8 +174,6 @@ class TextGeneration(TaskSpec):
         eos = getattr(hf_config, "eos_token_id", None)
         generation = model_dir / "generation_config.json"
         if generation.is_file():
-            from kiln.tasks.base import read_json
-
             eos = read_json(generation).get("eos_token_id", eos)
         eos_ids = tuple(int(e) for e in (eos if isinstance(eos, list) else [eos] if eos is not None else []))
         return {"eos_ids": eos_ids, "cache": CacheShape.of(hf_config).to_dict()}
@@ -191,7 +189,7 @@ class TextGeneration(TaskSpec):
         past = tuple(torch.randn(ids.shape[0], shape.heads, past_length, shape.head_size)
                      for _ in range(2 * shape.layers))
         full_mask = torch.cat([torch.ones(ids.shape[0], past_length, dtype=mask.dtype), mask], dim=1)
-        position_ids = (full_mask.cumsum(-1) - 1).clamp(min=0)[:, past_length:]
+        position_ids = torch.from_numpy(positions(full_mask.numpy(), ids.shape[1]))
         return Graph(make_decoder_module(source.model), (ids, full_mask, position_ids, *past), dynamic_axes(shape))
 
     @classmethod
@@ -232,9 +230,6 @@ class TextGeneration(TaskSpec):
 
     def finalize(self, prepared, reduced, options, encoder) -> list[Any]:
         return list(reduced)
-
-    def comparable(self, reduced: Any) -> np.ndarray:
-        return np.asarray(reduced, dtype=np.float32).reshape(-1)
 
     # -- inputs -------------------------------------------------------------------------------------------
     @classmethod

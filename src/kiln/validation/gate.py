@@ -39,8 +39,8 @@ def judge(task: str, agreement: Agreement, tolerance: float,
         if not floor.met:
             return Verdict(False, f"{floor.figure} {f(floor.value)} < {f(floor.floor)}")
     spec = task_spec(task)
-    if metric is not None and reference_metric is not None and spec.metric_loss(metric, reference_metric) > tolerance:
-        loss = spec.metric_loss(metric, reference_metric)
+    loss = spec.metric_loss(metric, reference_metric) if metric is not None and reference_metric is not None else 0.0
+    if loss > tolerance:
         if spec.metric_higher_is_better:
             return Verdict(False, f"task metric {f(metric)} is {f(loss)} below the original's "
                            f"{f(reference_metric)} (allowed {tolerance:g})")
