@@ -209,12 +209,22 @@ def test_gpt2_classifies_and_embeds(task, tiny_model, tmp_path):
         assert np.stack(got).shape == (2, 32)
 
 
-def test_optimize_builds_validates_and_picks_a_decoder_variant(tiny_model, tmp_path):
+@pytest.fixture(scope="module")
+def optimized_gpt2(tiny_model, tmp_path_factory):
+    """``kiln optimize`` of the tiny GPT-2 with fp32 and int8: (summary, artifact directory)."""
     from kiln.optimize.job import OptimizeConfig, OptimizeJob
 
+    out = tmp_path_factory.mktemp("gpt2-optimized") / "opt"
     summary = OptimizeJob(OptimizeConfig(model=str(tiny_model("gpt2", TaskName.TEXT_GENERATION)),
-                                         task="text-generation", output=tmp_path / "opt",
+                                         task="text-generation", output=out,
                                          variants=("onnx-fp32", "onnx-int8-dynamic"))).run()
+    return summary, out
+
+
+def test_optimize_builds_validates_and_picks_a_decoder_variant(optimized_gpt2, tmp_path):
+    from kiln.optimize.job import OptimizeConfig
+
+    summary, artifact = optimized_gpt2
     outcomes = {o.name: o for o in summary.outcomes}
     fp32 = outcomes["onnx-fp32"]
     assert fp32.agreement.figures["next_token_agreement"] == 1.0
@@ -224,7 +234,7 @@ def test_optimize_builds_validates_and_picks_a_decoder_variant(tiny_model, tmp_p
     assert int8.record["recipe"][-1]["pass"] == "ort-int8-dynamic" and int8.record["recipe"][-1]["per_channel"]
     assert 0.5 < int8.agreement.figures["next_token_agreement"] <= 1.0
     assert summary.best in outcomes and summary.reference_timing.ms_per_sequence > 0
-    best = kiln.load(tmp_path / "opt")
+    best = kiln.load(artifact)
     assert best.generate("The quick", max_new_tokens=4).finish_reason in ("length", "stop")
     with pytest.raises(UsageError, match="--variants must be from: onnx-fp32, onnx-int8-dynamic"):
         OptimizeConfig(model=None, task="text-generation", output=tmp_path / "x", variants=("torchscript",))
@@ -308,13 +318,49 @@ def test_generation_routes_are_exact_in_the_schema(decoder_artifacts):
         assert client.post("/embed", json={"inputs": "hi"}).status_code == 404
 
 
-@pytest.mark.parametrize("command", [["bench"], ["triton", "-o", "{tmp}/repo"]])
-def test_one_pass_tools_refuse_a_decoder_by_name(command, decoder_artifacts, tmp_path):
+def test_triton_refuses_a_decoder_by_name(decoder_artifacts, tmp_path):
     import subprocess
     import sys
 
-    args = [a.format(tmp=tmp_path) for a in command]
-    run = subprocess.run([sys.executable, "-m", "kiln", args[0], str(decoder_artifacts["gpt2"]), *args[1:]],
-                         capture_output=True, text=True, timeout=120)
+    run = subprocess.run([sys.executable, "-m", "kiln", "triton", str(decoder_artifacts["gpt2"]), "-o",
+                          str(tmp_path / "repo")], capture_output=True, text=True, timeout=120)
     assert run.returncode != 0 and "Traceback" not in run.stderr
-    assert ("time to first token" if args[0] == "bench" else "kiln serve") in run.stderr + run.stdout
+    assert "kiln serve" in run.stderr + run.stdout
+
+
+def test_bench_times_first_token_and_per_token_latency_in_the_report(optimized_gpt2, tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from kiln.bench.compare import compare
+    from kiln.cli.app import app
+
+    _, artifact = optimized_gpt2
+    result = CliRunner().invoke(app, ["bench", str(artifact), "-o", str(tmp_path / "b"), "--batch-sizes", "1,2",
+                                      "--seq-lens", "4,8,200", "--quick"])
+    assert result.exit_code == 0, result.output
+    assert "first token" in result.output and "ms per token" in result.output
+    results = json.loads((tmp_path / "b" / "results.json").read_text())
+    # Every variant built (fp32 and the int8 the gate rejected or accepted) beside the PyTorch step graph.
+    assert [t["name"] for t in results["targets"]] == ["pytorch-fp32", "onnx-fp32", "onnx-int8-dynamic"]
+    for target in results["targets"]:
+        assert target.get("error") is None
+        cells = {(c["batch_size"], c["prompt_tokens"]): c for c in target["generation"]}
+        assert set(cells) == {(1, 4), (2, 4), (1, 8), (2, 8)}
+        assert all(c["new_tokens"] == 32 and c["ttft_ms"] > 0 and c["per_token_ms"] > 0 for c in cells.values())
+        assert {s["seq_len"] for s in target["skipped_cells"]} == {200}
+        assert "window of 128" in target["skipped_cells"][0]["reason"]
+    assert results["environment"]["int8_kernels"]
+    html = (tmp_path / "b" / "report.html").read_text()
+    status = {o.name: o.status.value for o in optimized_gpt2[0].outcomes}
+    for text in ("Generation: time to first token / per-token latency", "speed-up over PyTorch fp32 (first token",
+                 "int8 kernels on this CPU", f"onnx-int8-dynamic ({status['onnx-int8-dynamic']})",
+                 "200 prompt tokens + 32 new pass the model&#x27;s window of 128"):
+        assert text in html
+    assert html.count("<svg") >= 4  # first token and per token vs prompt length, per batch size
+    assert compare(results, results) == []
+    slower = json.loads(json.dumps(results))
+    slower["targets"][1]["generation"][0]["per_token_ms"] *= 2
+    [change] = compare(results, slower)
+    assert change.target == "onnx-fp32" and "per token" in change.what and not change.better

@@ -59,6 +59,14 @@ def compare(old: dict[str, Any], new: dict[str, Any], noise: float = 0.10) -> li
                             prev["median_ms"], cell["median_ms"], True)
             if abs(change.ratio - 1) > max(noise, spread):
                 changes.append(change)
+        generated = {(c["batch_size"], c["prompt_tokens"]): c for c in before.get("generation") or []}
+        for cell in target.get("generation") or []:  # a decoder's cells: first token and per-token latency
+            prev = generated.get((cell["batch_size"], cell["prompt_tokens"]))
+            for key, what in (("ttft_ms", "first token"), ("per_token_ms", "per token")) if prev else ():
+                change = Change(target["name"], f"batch {cell['batch_size']} x {cell['prompt_tokens']} prompt tokens, "
+                                f"{what}", prev[key], cell[key], True)
+                if abs(change.ratio - 1) > noise:
+                    changes.append(change)
         if target.get("mix") and before.get("mix"):
             for key in ("sorted_per_s", "unsorted_per_s"):
                 change = Change(target["name"], f"length mix {key.split('_')[0]}", before["mix"][key],

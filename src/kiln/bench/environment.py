@@ -8,7 +8,7 @@ import subprocess
 from typing import Any
 
 from kiln.artifact.manifest import library_versions
-from kiln.system.cpu import cpu_info
+from kiln.system.cpu import cpu_info, int8_scheme
 
 
 def _gpus() -> list[str]:
@@ -32,6 +32,7 @@ def fingerprint() -> dict[str, Any]:
     except ImportError:
         providers = []
     cpu = cpu_info()
-    return {"cpu": cpu.to_dict(), "memory_gb": round(psutil.virtual_memory().total / 1024**3, 1),
+    return {"cpu": cpu.to_dict(), "int8_kernels": int8_scheme(cpu).reason,
+            "memory_gb": round(psutil.virtual_memory().total / 1024**3, 1),
             "gpus": _gpus(), "platform": platform.platform(), "versions": library_versions(),
             "execution_providers": providers}

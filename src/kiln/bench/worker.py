@@ -6,6 +6,7 @@ import time
 from dataclasses import dataclass
 
 from kiln.bench.gemm import ROWS, GemmBound, gemm_bound
+from kiln.bench.generation import NEW_TOKENS, GenerationCell, generation_cell
 from kiln.bench.measure import (
     LatencyStats,
     MixResult,
@@ -15,6 +16,7 @@ from kiln.bench.measure import (
     peak_rss_mb,
     synthetic_batch,
 )
+from kiln.tasks import task_spec
 
 PYTORCH = "pytorch-fp32"
 
@@ -39,6 +41,8 @@ class BenchSettings:
     pad_multiples: tuple[int, ...] = ()  # then tried at the best sweep point, besides the engine's own
     min_runs: int = 5
     mix_rounds: int = 2  # best of this many passes over the length mix
+    new_tokens: int = NEW_TOKENS  # decoders: tokens generated per cell (seq_lens are then prompt lengths)
+    generation_runs: int = 3  # decoders: median of this many timed generations per cell
 
 
 @dataclass(frozen=True)
@@ -71,6 +75,7 @@ class TargetResult:
     mix: MixResult | None = None
     sweep: tuple[SweepPoint, ...] = ()
     gemm: GemmBound | None = None
+    generation: tuple[GenerationCell, ...] = ()  # decoders: time to first token and per-token latency
     error: str | None = None
 
 
@@ -79,6 +84,15 @@ def _build(target: Target, threads: int):
     from kiln.engines import EngineOptions
 
     options = EngineOptions(intra_op_threads=threads)
+    if target.name == PYTORCH and task_spec(target.task).generates:
+        from kiln.model.reference import set_vanilla_attention, timing_predictor
+        from kiln.model.source import load_source
+
+        source = load_source(target.model, target.task)
+        set_vanilla_attention(source.model)
+        # The step graph with the KV cache run eagerly: the same work per token as the exported variants.
+        reference = timing_predictor(source, threads=threads)
+        return reference.encoder, reference.config, reference.raw_engine
     if target.name == PYTORCH:
         from kiln.engines.torch_eager import TorchEngine
         from kiln.model.reference import set_vanilla_attention, source_encoder, task_module
@@ -94,14 +108,42 @@ def _build(target: Target, threads: int):
     return art.encoder(), art.task_config, engine
 
 
-def run_target(target: Target, settings: BenchSettings, report=lambda kind, detail: None) -> TargetResult:
+def run_generation_target(target: Target, settings: BenchSettings, report=lambda kind, detail: None
+                          ) -> TargetResult:
+    """A decoder: time to first token and per-token latency per batch size x prompt length (bench/generation.py)."""
     from kiln.runtime.predictor import Predictor
 
     start = time.perf_counter()
     encoder, config, engine = _build(target, settings.threads)
-    predictor = Predictor(config, encoder, engine, batch_size=settings.batch_size)
-    from kiln.tasks import task_spec
+    steps = Predictor(config, encoder, engine).engine.steps  # the task's view of the graph: a stepper
+    warm_prompt = synthetic_batch(encoder, 1, 4)["input_ids"]
+    generation_cell(steps, encoder.pad_id, warm_prompt, new_tokens=2, runs=1, decode=encoder.decode, warmup=0)
+    load_seconds = time.perf_counter() - start
+    report("loaded", load_seconds)
+    cells: list[GenerationCell] = []
+    skipped: list[SkippedCell] = []
+    for length in settings.seq_lens:
+        for batch_size in settings.batch_sizes:
+            if length + settings.new_tokens > encoder.max_length:
+                skipped.append(SkippedCell(batch_size, length, f"{length} prompt tokens + {settings.new_tokens} new "
+                                           f"pass the model's window of {encoder.max_length}"))
+            else:
+                prompts = synthetic_batch(encoder, batch_size, length)["input_ids"]
+                cells.append(generation_cell(steps, encoder.pad_id, prompts, new_tokens=settings.new_tokens,
+                                             runs=settings.generation_runs, decode=encoder.decode))
+            report("cell", None)
+    return TargetResult(target.name, load_seconds, peak_rss_mb(), skipped_cells=tuple(skipped),
+                        generation=tuple(cells))
 
+
+def run_target(target: Target, settings: BenchSettings, report=lambda kind, detail: None) -> TargetResult:
+    from kiln.runtime.predictor import Predictor
+
+    if task_spec(target.task).generates:
+        return run_generation_target(target, settings, report)
+    start = time.perf_counter()
+    encoder, config, engine = _build(target, settings.threads)
+    predictor = Predictor(config, encoder, engine, batch_size=settings.batch_size)
     predictor.predict([task_spec(config.task).sample_input(settings.mix[0])])
     load_seconds = time.perf_counter() - start
     report("loaded", load_seconds)

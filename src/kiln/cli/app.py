@@ -14,7 +14,7 @@ from kiln.cli.compress import distill, prune
 from kiln.cli.embed import embed
 from kiln.cli.options import DEFAULT_TASK_OPT, ForceOpt, ModelArg, PickleOpt, TaskOpt
 from kiln.errors import KilnError
-from kiln.tasks import TASKS
+from kiln.tasks import TASKS, TaskName
 
 app = typer.Typer(
     name="kiln",
@@ -191,16 +191,20 @@ def bench(
     target: Annotated[Optional[str], typer.Argument(  # noqa: UP045
         help="Artifact directory (from kiln optimize/export), or a model directory to time PyTorch alone. "
         "Omit it for the bundled MiniLM.", show_default=False)] = None,
+    task: Annotated[TaskName, typer.Option("--task", "-t", help="For a model directory: the task to time it for "
+                                           "(an artifact knows its own).")] = DEFAULT_TASK_OPT,
     output: Annotated[Path, typer.Option("--output", "-o", help="Where results.json, report.html and report.md "
                                          "go.")] = Path("kiln-bench"),
     variants: Annotated[Optional[str], typer.Option(  # noqa: UP045
-        help="Comma-separated variants of the artifact to time, or 'all' (every accepted one). Default: best.",
-        show_default=False)] = None,
+        help="Comma-separated variants of the artifact to time, or 'all' (every accepted one). Default: best; "
+        "for a decoder every variant built (fp32 against int8, accepted or not).", show_default=False)] = None,
     batch_sizes: Annotated[Optional[str], typer.Option(  # noqa: UP045
-        help="Batch sizes of the latency grid [default: 1,2,4,8,16,32,64].", show_default=False)] = None,
+        help="Batch sizes of the latency grid [default: 1,2,4,8,16,32,64; decoders: 1,4].",
+        show_default=False)] = None,
     seq_lens: Annotated[Optional[str], typer.Option(  # noqa: UP045
         help="Sequence lengths of the grid [default: 16,32,64,128,256,512]; longer than the model's maximum "
-        "are skipped.", show_default=False)] = None,
+        "are skipped. Decoders: prompt lengths [default: 4,16,64,128,256,512], each generating 32 tokens; "
+        "a prompt that leaves no room for them in the window is skipped.", show_default=False)] = None,
     texts: Annotated[Optional[Path], typer.Option(  # noqa: UP045
         help="Your texts, one per line, for the length-mix throughput (sorted and unsorted).",
         show_default=False)] = None,
@@ -221,7 +225,8 @@ def bench(
         "then exit.", show_default=False)] = None,
 ) -> None:
     """Latency grid (batch sizes x lengths), length-mix throughput, memory, load time and a thread sweep,
-    for the chosen variants and the PyTorch fp32 baseline, each in its own process, in one run."""
+    for the chosen variants and the PyTorch fp32 baseline, each in its own process, in one run. For a decoder:
+    time to first token and per-token latency (32 new tokens) per batch size x prompt length."""
     if compare is not None:
         from kiln.bench.compare import compare as diff
         from kiln.bench.compare import load
@@ -237,12 +242,17 @@ def bench(
     config = BenchConfig(
         target=target, output=output, variants=tuple(v.strip() for v in variants.split(",")) if variants else None,
         batch_sizes=_int_list(batch_sizes, "--batch-sizes"), seq_lens=_int_list(seq_lens, "--seq-lens"),
-        texts_file=texts, lengths_file=lengths, threads=threads, quick=quick, sweep=sweep,
+        texts_file=texts, lengths_file=lengths, threads=threads, quick=quick, sweep=sweep, task=task.value,
     )
     results = BenchJob(config, console.progress, console.progress_bar).run()
     out = output.expanduser().resolve()
     for t in results["targets"]:
-        if t.get("mix"):
+        if t.get("generation"):
+            first = t["generation"][0]
+            console.out.print(f"{t['name']:<28} load {t['load_seconds']:.2f}s  peak RSS {t['peak_rss_mb']:.0f} MB  "
+                              f"batch {first['batch_size']} x {first['prompt_tokens']} prompt tokens: first token "
+                              f"{first['ttft_ms']:.1f} ms, then {first['per_token_ms']:.1f} ms per token")
+        elif t.get("mix"):
             console.out.print(f"{t['name']:<28} load {t['load_seconds']:.2f}s  peak RSS {t['peak_rss_mb']:.0f} MB  "
                               f"mix sorted {t['mix']['sorted_per_s']:.1f} seq/s, unsorted "
                               f"{t['mix']['unsorted_per_s']:.1f} seq/s")

@@ -19,6 +19,9 @@ td:first-child,th:first-child{text-align:left}.bad{color:#b00}.good{color:#070}
 pre{background:#fff;border:1px solid #ddd;padding:8px;font-size:12px;overflow-x:auto}
 """
 
+GENERATION_TITLE = "Generation: time to first token / per-token latency, ms (batch x prompt tokens)"
+GENERATION_SPEEDUP_TITLE = "Generation: speed-up over PyTorch fp32 (first token / per token)"
+
 
 def _table(table: tables.Table | None) -> str:
     if table is None or not table[1]:
@@ -38,7 +41,7 @@ def _table(table: tables.Table | None) -> str:
 
 def _charts(data: dict[str, Any]) -> list[str]:
     charts = []
-    targets = [t for t in data.get("targets") or [] if not t.get("error")]
+    targets = [t for t in data.get("targets") or [] if not t.get("error") and t.get("grid")]
     for t in targets:
         by_len: dict[str, list[tuple[float, float]]] = {}
         for c in t["grid"]:
@@ -73,6 +76,19 @@ def _charts(data: dict[str, Any]) -> list[str]:
     return charts
 
 
+def _generation_charts(data: dict[str, Any]) -> list[str]:
+    """Per batch size: time to first token, and per-token latency, against prompt length, one line per target."""
+    targets = [t for t in data.get("targets") or [] if not t.get("error") and t.get("generation")]
+    charts = []
+    for batch in sorted({c["batch_size"] for t in targets for c in t["generation"]}):
+        for key, what in (("ttft_ms", "time to first token"), ("per_token_ms", "per-token latency")):
+            series = {t["name"]: [(c["prompt_tokens"], c[key]) for c in t["generation"] if c["batch_size"] == batch]
+                      for t in targets}
+            charts.append(svg.line_chart(series, title=f"batch {batch}: {what} vs prompt length",
+                                         x_label="prompt tokens", y_label="ms (median)"))
+    return charts
+
+
 def render(data: dict[str, Any]) -> str:
     title = f"kiln report: {data.get('model')} ({data.get('task')})"
     command = escape(data.get("command", ""))
@@ -87,12 +103,21 @@ def render(data: dict[str, Any]) -> str:
             parts.append(f"<p><strong>Judged and timed against:</strong> {escape(reference)} (the reference, "
                          "PyTorch fp32), not the model itself.</p>")
     if data.get("targets"):
-        parts += ["<h2>Engines on the length mix</h2>", _table(tables.targets_table(data))]
+        parts += [f"<h2>{tables.targets_title(data)}</h2>", _table(tables.targets_table(data))]
+    generation = tables.generation_table(data)
+    if generation:
+        parts += [f"<h2>{GENERATION_TITLE}</h2>", _table(generation), f"<p>{escape(tables.generation_note(data))}</p>"]
+        if kernels := (data.get("environment") or {}).get("int8_kernels"):
+            parts.append(f"<p><strong>int8 kernels on this CPU:</strong> {escape(kernels)}.</p>")
+        speedup = tables.generation_speedup(data)
+        if speedup:
+            parts += [f"<h3>{GENERATION_SPEEDUP_TITLE}</h3>", _table(speedup)]
+        parts += ['<div class="charts">', *_generation_charts(data), "</div>"]
     charts = _charts(data)
     if charts:
         parts += ["<h2>Charts</h2>", '<div class="charts">', *charts, "</div>"]
     for t in data.get("targets") or []:
-        if t.get("error"):
+        if t.get("error") or not t.get("grid"):
             continue
         parts += [f"<h2>{escape(t['name'])}: ms per sequence (batch size x tokens)</h2>",
                   _table(tables.latency_grid(data, t["name"]))]
@@ -128,9 +153,17 @@ def markdown(data: dict[str, Any]) -> str:
         lines += [f"**Judged and timed against:** {reference} (the reference, PyTorch fp32), not the model itself.",
                   ""]
     if data.get("targets"):
-        lines += ["## Engines on the length mix", "", *md(tables.targets_table(data))]
+        lines += [f"## {tables.targets_title(data)}", "", *md(tables.targets_table(data))]
+    generation = md(tables.generation_table(data))
+    if generation:
+        lines += [f"## {GENERATION_TITLE}", "", *generation, tables.generation_note(data), ""]
+        if kernels := (data.get("environment") or {}).get("int8_kernels"):
+            lines += [f"**int8 kernels on this CPU:** {kernels}.", ""]
+        speedup = md(tables.generation_speedup(data))
+        if speedup:
+            lines += [f"### {GENERATION_SPEEDUP_TITLE}", "", *speedup]
     for t in data.get("targets") or []:
-        if not t.get("error"):
+        if not t.get("error") and t.get("grid"):
             lines += [f"## {t['name']}: ms per sequence", "", *md(tables.latency_grid(data, t["name"]))]
             speedup = md(tables.speedup_grid(data, t["name"]))
             if speedup:

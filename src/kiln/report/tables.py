@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 Table = tuple[list[str], list[list[str]]]
@@ -64,21 +65,29 @@ def speedup_grid(data: dict[str, Any], name: str) -> Table | None:
     return header, rows
 
 
+def targets_title(data: dict[str, Any]) -> str:
+    return "Engines on the length mix" if any(t.get("mix") for t in data.get("targets") or []) else "Engines"
+
+
 def targets_table(data: dict[str, Any]) -> Table:
-    header = ["engine", "load s", "peak RSS MB", "mix sorted seq/s", "mix unsorted seq/s", "padding eff. sorted",
-              "padding eff. unsorted", "speed-up sorted vs PyTorch"]
+    """Load time and memory per engine, then its length-mix figures (a decoder's bench has no mix: status)."""
     targets = data.get("targets") or []
+    has_mix = any(t.get("mix") for t in targets)
+    header = ["engine", "load s", "peak RSS MB"]
+    header += ["mix sorted seq/s", "mix unsorted seq/s", "padding eff. sorted", "padding eff. unsorted",
+               "speed-up sorted vs PyTorch"] if has_mix else ["status"]
     base = next((t["mix"]["sorted_per_s"] for t in targets if t["name"] == PYTORCH and t.get("mix")), None)
     rows = []
     for t in targets:
         if t.get("error"):
-            rows.append([t["name"], *["-"] * 6, f"failed: {t['error']}"])
+            rows.append([t["name"], *["-"] * (len(header) - 2), f"failed: {t['error']}"])
             continue
-        mix = t["mix"]
-        rows.append([t["name"], f"{t['load_seconds']:.2f}", f"{t['peak_rss_mb']:.0f}", f"{mix['sorted_per_s']:.1f}",
-                     f"{mix['unsorted_per_s']:.1f}", f"{mix['sorted_padding_efficiency']:.2f}",
-                     f"{mix['unsorted_padding_efficiency']:.2f}",
-                     f"{mix['sorted_per_s'] / base:.2f}x" if base else "-"])
+        mix = t.get("mix")
+        figures = [f"{mix['sorted_per_s']:.1f}", f"{mix['unsorted_per_s']:.1f}",
+                   f"{mix['sorted_padding_efficiency']:.2f}", f"{mix['unsorted_padding_efficiency']:.2f}",
+                   f"{mix['sorted_per_s'] / base:.2f}x" if base else "-"] if mix else ["-"] * 5
+        rows.append([t["name"], f"{t['load_seconds']:.2f}", f"{t['peak_rss_mb']:.0f}",
+                     *(figures if has_mix else ["timed"])])
     return header, rows
 
 
@@ -120,3 +129,58 @@ def serving_sentence(default: dict[str, Any]) -> str:
 
 def _num(value: float | None, digits: int = 4) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
+
+
+def _generation_targets(data: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {name: t for name, t in _targets(data).items() if t.get("generation")}
+
+
+def _gated_name(data: dict[str, Any], name: str) -> str:
+    """A variant's name with its gate status from kiln optimize (a decoder's bench times rejected ones too)."""
+    status = (((data.get("optimize") or {}).get("variants") or {}).get(name) or {}).get("status")
+    return f"{name} ({status})" if status else name
+
+
+def generation_table(data: dict[str, Any]) -> Table | None:
+    """Per batch size x prompt length, each target's "time to first token / per-token" latency in ms."""
+    targets = _generation_targets(data)
+    if not targets:
+        return None
+    cells = {name: {(c["batch_size"], c["prompt_tokens"]): c for c in t["generation"]} for name, t in targets.items()}
+    keys = sorted({k for by_key in cells.values() for k in by_key})
+    rows = [[str(b), str(n), *[f"{_ms(c['ttft_ms'])} / {_ms(c['per_token_ms'])}" if (c := cells[name].get((b, n)))
+                               else "-" for name in targets]] for b, n in keys]
+    return ["batch", "prompt tokens", *[_gated_name(data, name) for name in targets]], rows
+
+
+def generation_speedup(data: dict[str, Any]) -> Table | None:
+    """Each variant's "first token / per token" speed-up over the PyTorch fp32 step graph, cell by cell."""
+    targets = _generation_targets(data)
+    if PYTORCH not in targets or len(targets) < 2:
+        return None
+    cells = {name: {(c["batch_size"], c["prompt_tokens"]): c for c in t["generation"]} for name, t in targets.items()}
+    base = cells.pop(PYTORCH)
+    rows = [[str(b), str(n), *[f"{ref['ttft_ms'] / c['ttft_ms']:.2f}x / {ref['per_token_ms'] / c['per_token_ms']:.2f}x"
+                               if (c := cells[name].get((b, n))) else "-" for name in cells]]
+            for (b, n), ref in sorted(base.items())]
+    return ["batch", "prompt tokens", *[_gated_name(data, name) for name in cells]], rows
+
+
+def generation_note(data: dict[str, Any]) -> str:
+    """How the decoder cells were measured, and which int8 kernels this CPU has (plain text)."""
+    settings = data.get("settings") or {}
+    skipped = sorted({(s["seq_len"], s["reason"]) for t in data.get("targets") or [] for s in
+                      t.get("skipped_cells") or []})
+    return " ".join(filter(None, [
+        f"Each cell: time to first token (the prefill of the whole batch and its first token) / per-token latency "
+        f"(the mean of the next {settings.get('new_tokens', 32) - 1} single-token steps), ms, median of "
+        f"{settings.get('generation_runs', '?')} greedy runs making {settings.get('new_tokens', 32)} new tokens per "
+        "row (EOS ignored) on prompts of real text; kiln's own decoding loop, the KV cache kept in the runtime "
+        "(ONNX Runtime IOBinding). PyTorch fp32 runs the same step graph eagerly.",
+        "Skipped: " + "; ".join(reason for _, reason in skipped) + "." if skipped else ""]))
+
+
+def _ms(value: float) -> str:
+    """Three significant figures, trailing zeros kept: 0.300, 22.3, 836 (whole milliseconds from 100 on)."""
+    digits = max(0, 2 - math.floor(math.log10(value))) if value > 0 else 2
+    return f"{value:.{digits}f}"
