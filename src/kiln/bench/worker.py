@@ -84,22 +84,17 @@ def _build(target: Target, threads: int):
     from kiln.engines import EngineOptions
 
     options = EngineOptions(intra_op_threads=threads)
-    if target.name == PYTORCH and task_spec(target.task).generates:
-        from kiln.model.reference import set_vanilla_attention, timing_predictor
-        from kiln.model.source import load_source
-
-        source = load_source(target.model, target.task)
-        set_vanilla_attention(source.model)
-        # The step graph with the KV cache run eagerly: the same work per token as the exported variants.
-        reference = timing_predictor(source, threads=threads)
-        return reference.encoder, reference.config, reference.raw_engine
     if target.name == PYTORCH:
         from kiln.engines.torch_eager import TorchEngine
-        from kiln.model.reference import set_vanilla_attention, source_encoder, task_module
+        from kiln.model.reference import set_vanilla_attention, source_encoder, task_module, timing_predictor
         from kiln.model.source import load_source
 
         source = load_source(target.model, target.task)
         set_vanilla_attention(source.model)  # the vanilla model, as users run it
+        if task_spec(target.task).generates:
+            # The step graph with the KV cache run eagerly: the same work per token as the exported variants.
+            reference = timing_predictor(source, threads=threads)
+            return reference.encoder, reference.config, reference.raw_engine
         return source_encoder(source), source.task_config, TorchEngine(task_module(source), options)
     from kiln.artifact.directory import Artifact
 

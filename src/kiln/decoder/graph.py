@@ -16,6 +16,7 @@ import numpy as np
 
 INPUT_IDS, ATTENTION_MASK, POSITION_IDS = "input_ids", "attention_mask", "position_ids"
 LOGITS = "logits"
+PAST_PREFIX = "past_key_values."  # + layer + ".key" or ".value": one input per layer and kind
 
 
 @dataclass(frozen=True)
@@ -32,7 +33,7 @@ class CacheShape:
         return cls(int(config.num_hidden_layers), heads, int(config.hidden_size) // heads)
 
     def past_names(self) -> tuple[str, ...]:
-        return tuple(f"past_key_values.{i}.{kind}" for i in range(self.layers) for kind in ("key", "value"))
+        return tuple(f"{PAST_PREFIX}{i}.{kind}" for i in range(self.layers) for kind in ("key", "value"))
 
     def present_names(self) -> tuple[str, ...]:
         return tuple(f"present.{i}.{kind}" for i in range(self.layers) for kind in ("key", "value"))

@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 
 from kiln.choices import Precision
+from kiln.decoder.graph import PAST_PREFIX
 from kiln.engines.base import EngineOptions, warmup_inputs
 from kiln.errors import ArtifactError, UsageError, missing_dependency
 
@@ -34,7 +35,14 @@ class OpenVinoEngine:
             config["NUM_STREAMS"] = options.streams
         core = ov.Core()
         try:
-            self._compiled = core.compile_model(core.read_model(str(path)), "CPU", config)
+            model = core.read_model(str(path))
+            if any(i.get_any_name().startswith(PAST_PREFIX) for i in model.inputs):
+                # A decoding step's shapes almost never repeat (the past grows by one each step), so the CPU
+                # plugin's per-shape kernel cache only grows: GPT-2 small, batch 8, past lengths 0-259 in a row
+                # ended at 4.84 GB RSS and 42.4 s with the default cache against 2.66 GB and 29.7 s without it,
+                # and kiln optimize's validation passed 24 GB with it (killed).
+                config["CPU_RUNTIME_CACHE_CAPACITY"] = 0
+            self._compiled = core.compile_model(model, "CPU", config)
         except RuntimeError as err:
             raise ArtifactError(f"OpenVINO cannot load {path}: {err}") from err
         self._request = self._compiled.create_infer_request()
