@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import multiprocessing as mp
-import shlex
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +19,7 @@ from kiln.errors import UsageError
 from kiln.records import to_jsonable, write_json
 from kiln.report.data import optimize_section
 from kiln.system.cpu import cpu_info
+from kiln.system.invocation import invocation
 from kiln.tasks import DEFAULT_TASK, task_spec
 
 DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64)
@@ -141,7 +140,7 @@ class BenchJob:
             bar.close()
         serving = self._serving_default(measured, artifact)
         out = results_file.build(
-            shlex.join(sys.argv), fingerprint(), settings, measured, artifact=str(artifact.path) if artifact else None,
+            invocation(), fingerprint(), settings, measured, artifact=str(artifact.path) if artifact else None,
             model=manifest.source.get("model") if manifest else (cfg.target or "bundled all-MiniLM-L6-v2"),
             task=task, optimize=optimize_section(manifest) if manifest else None, serving_default=serving)
         cfg.output.mkdir(parents=True, exist_ok=True)

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-import shlex
 import shutil
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -34,6 +32,7 @@ from kiln.report.data import optimize_section
 from kiln.report.html import write_report
 from kiln.runtime.predictor import Predictor
 from kiln.system.cpu import cpu_info, int8_scheme
+from kiln.system.invocation import invocation
 from kiln.tasks import task_spec
 from kiln.validation.agreement import agreement_inputs, measure_agreement
 from kiln.validation.figures import Agreement, AgreementInputs, EvalSet
@@ -320,7 +319,7 @@ class OptimizeJob:
             model=self.source.name, task=self.spec.name, tolerance=self.tolerance,
             primary_metric=self.spec.metric if self.work.eval_set else None,
             reference_metric=self.work.reference_metric, reference_timing=reference_timing,
-            outcomes=tuple(outcomes), best=best.name if best else None, command=shlex.join(sys.argv),
+            outcomes=tuple(outcomes), best=best.name if best else None, command=invocation(),
             baseline_attention=attention, calibration=self.work.calibration_source,
             reference=self.original.name if self.original is not self.source else "",
             environment={"cpu": self.cpu.to_dict(), "threads": self.threads, "versions": library_versions()},
