@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from kiln.bench.gemm import ROWS, GemmBound, gemm_bound
 from kiln.bench.generation import NEW_TOKENS, GenerationCell, generation_cell
@@ -19,6 +21,7 @@ from kiln.bench.measure import (
 from kiln.tasks import task_spec
 
 PYTORCH = "pytorch-fp32"
+Cell = TypeVar("Cell")
 
 
 @dataclass(frozen=True)
@@ -103,6 +106,22 @@ def _build(target: Target, threads: int):
     return art.encoder(), art.task_config, engine
 
 
+
+def _walk_grid(settings: BenchSettings, too_long: Callable[[int], str | None], measure: Callable[[int, int], Cell],
+               report) -> tuple[list[Cell], list[SkippedCell]]:
+    """Every sequence length x batch size in settings' order: a cell measured, or skipped with too_long's reason."""
+    cells: list[Cell] = []
+    skipped: list[SkippedCell] = []
+    for length in settings.seq_lens:
+        for batch_size in settings.batch_sizes:
+            reason = too_long(length)
+            if reason is None:
+                cells.append(measure(batch_size, length))
+            else:
+                skipped.append(SkippedCell(batch_size, length, reason))
+            report("cell", None)
+    return cells, skipped
+
 def run_generation_target(target: Target, settings: BenchSettings, report=lambda kind, detail: None
                           ) -> TargetResult:
     """A decoder: time to first token and per-token latency per batch size x prompt length (bench/generation.py)."""
@@ -115,18 +134,18 @@ def run_generation_target(target: Target, settings: BenchSettings, report=lambda
     generation_cell(steps, encoder.pad_id, warm_prompt, new_tokens=2, runs=1, decode=encoder.decode, warmup=0)
     load_seconds = time.perf_counter() - start
     report("loaded", load_seconds)
-    cells: list[GenerationCell] = []
-    skipped: list[SkippedCell] = []
-    for length in settings.seq_lens:
-        for batch_size in settings.batch_sizes:
-            if length + settings.new_tokens > encoder.max_length:
-                skipped.append(SkippedCell(batch_size, length, f"{length} prompt tokens + {settings.new_tokens} new "
-                                           f"pass the model's window of {encoder.max_length}"))
-            else:
-                prompts = synthetic_batch(encoder, batch_size, length)["input_ids"]
-                cells.append(generation_cell(steps, encoder.pad_id, prompts, new_tokens=settings.new_tokens,
-                                             runs=settings.generation_runs, decode=encoder.decode))
-            report("cell", None)
+
+    def too_long(length: int) -> str | None:
+        if length + settings.new_tokens <= encoder.max_length:
+            return None
+        return f"{length} prompt tokens + {settings.new_tokens} new pass the model's window of {encoder.max_length}"
+
+    def measure(batch_size: int, length: int) -> GenerationCell:
+        prompts = synthetic_batch(encoder, batch_size, length)["input_ids"]
+        return generation_cell(steps, encoder.pad_id, prompts, new_tokens=settings.new_tokens,
+                               runs=settings.generation_runs, decode=encoder.decode)
+
+    cells, skipped = _walk_grid(settings, too_long, measure, report)
     return TargetResult(target.name, load_seconds, peak_rss_mb(), skipped_cells=tuple(skipped),
                         generation=tuple(cells))
 
@@ -142,16 +161,15 @@ def run_target(target: Target, settings: BenchSettings, report=lambda kind, deta
     predictor.predict([task_spec(config.task).sample_input(settings.mix[0])])
     load_seconds = time.perf_counter() - start
     report("loaded", load_seconds)
-    grid: list[LatencyStats] = []
-    skipped: list[SkippedCell] = []
-    for seq_len in settings.seq_lens:
-        for batch_size in settings.batch_sizes:
-            if seq_len > encoder.max_length:
-                skipped.append(SkippedCell(batch_size, seq_len, f"longer than the model's {encoder.max_length} tokens"))
-            else:
-                batch = synthetic_batch(encoder, batch_size, seq_len)
-                grid.append(latency_cell(engine.run, batch, budget_s=settings.budget_s, min_runs=settings.min_runs))
-            report("cell", None)
+
+    def too_long(seq_len: int) -> str | None:
+        return f"longer than the model's {encoder.max_length} tokens" if seq_len > encoder.max_length else None
+
+    def measure(batch_size: int, seq_len: int) -> LatencyStats:
+        batch = synthetic_batch(encoder, batch_size, seq_len)
+        return latency_cell(engine.run, batch, budget_s=settings.budget_s, min_runs=settings.min_runs)
+
+    grid, skipped = _walk_grid(settings, too_long, measure, report)
     spec = task_spec(config.task)
     encodings = predictor.prepare([spec.sample_input(text) for text in settings.mix]).encodings
     mix = length_mix_throughput(predictor, encodings, rounds=settings.mix_rounds)
