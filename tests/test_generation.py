@@ -93,6 +93,22 @@ def test_greedy_generation_equals_model_generate(arch, tiny_model, decoder_artif
             assert result.prompt_tokens == int(enc.attention_mask[i].sum())
 
 
+def test_kiln_pipeline_answers_as_transformers_text_generation_pipeline(tiny_model, decoder_artifacts):
+    directory = tiny_model("gpt2", TaskName.TEXT_GENERATION)
+    theirs = transformers.pipeline("text-generation", model=str(directory), tokenizer=str(directory))
+    ours = kiln.pipeline("text-generation", decoder_artifacts["gpt2"])
+    want = theirs(PROMPTS[0], max_new_tokens=12, do_sample=False)
+    assert ours(PROMPTS[0], max_new_tokens=12) == want and want[0]["generated_text"].startswith(PROMPTS[0])
+    listed = ours(PROMPTS[:2], max_new_tokens=12, return_full_text=False)
+    assert listed[0] == [{"generated_text": want[0]["generated_text"][len(PROMPTS[0]):]}] and len(listed) == 2
+    sampled = [ours(PROMPTS[1], max_new_tokens=12, do_sample=True, seed=s) for s in (3, 3, 4)]
+    assert sampled[0] == sampled[1] != sampled[2]
+    with pytest.raises(UsageError, match="num_return_sequences"):
+        ours(PROMPTS[0], num_return_sequences=2)
+    with pytest.raises(UsageError, match="unknown generation option.*num_beams"):
+        ours(PROMPTS[0], num_beams=2)
+
+
 def test_sampling_is_seeded_and_reduces_to_greedy(decoder_artifacts):
     predictor = kiln.load(decoder_artifacts["gpt2"])
     prompt = PROMPTS[0]

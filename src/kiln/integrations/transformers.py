@@ -113,7 +113,8 @@ def hf_model(path: str | Path, variant: str | None = None, *, threads: int | Non
     predictor = load(path, variant, threads=threads)
     spec = task_spec(predictor.config.task)
     if spec.auto_class not in MODEL_CLASSES:
-        raise UsageError(f"{spec.name} artifacts have no transformers model class; use kiln.pipeline or predict()")
+        raise UsageError(f"{spec.name} artifacts have no transformers model class; use kiln.pipeline(task, path), "
+                         "predict() or generate()")
     id2label = {int(k): v for k, v in predictor.config.id2label.items()}
     config = KilnConfig(id2label=id2label or None, label2id={v: k for k, v in id2label.items()} or None,
                         problem_type=predictor.config.problem_type,
@@ -132,17 +133,18 @@ def hf_tokenizer(path: str | Path) -> Any:
 
 def pipeline(task: str, path: str | Path, variant: str | None = None, *, threads: int | None = None,
              **kwargs: Any) -> Any:
-    """``transformers.pipeline(task, ...)`` on the artifact, or kiln's own for a task transformers 5 dropped."""
+    """kiln's own pipeline where the task has one (a task transformers 5 dropped, or text generation, whose loop is
+    kiln's), else ``transformers.pipeline(task, ...)`` on the artifact."""
     artifact_task = Artifact.open(path).task_config.task
     if task_spec(task).name != artifact_task:
         raise UsageError(f"{path} is a {artifact_task} artifact; asked for a {task} pipeline")
     spec = task_spec(task)
+    if spec.pipeline is not None:
+        return spec.pipeline(load(path, variant, threads=threads), **kwargs)
     if task in transformers.pipelines.SUPPORTED_TASKS:
         return transformers.pipeline(task, model=hf_model(path, variant, threads=threads),
                                      tokenizer=hf_tokenizer(path), **kwargs)
-    if spec.pipeline is None:
-        raise UsageError(f"transformers has no {task} pipeline and kiln offers none; use predict()")
-    return spec.pipeline(load(path, variant, threads=threads), **kwargs)
+    raise UsageError(f"transformers has no {task} pipeline and kiln offers none; use predict()")
 
 
 __all__ = ["KilnConfig", "hf_model", "hf_tokenizer", "pipeline"]

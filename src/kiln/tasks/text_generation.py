@@ -143,6 +143,45 @@ def _no_render(body: Any, model: str, prepared: Any, results: list[Any]) -> dict
     raise NotImplementedError("generation routes are answered by kiln.serve.generation")
 
 
+class TextGenerationPipeline:
+    """transformers' text-generation pipeline call, on a kiln predictor: ``pipe("Once upon", max_new_tokens=20)``
+    -> ``[{"generated_text": "Once upon a time..."}]``; a list of prompts gives one such list per prompt.
+
+    As in transformers: greedy unless ``do_sample=True`` (then ``temperature`` 1.0, ``top_k`` 50, ``top_p`` 1.0 unless
+    given), ``return_full_text`` (default True) puts the prompt in front, ``stop_strings`` end the text. kiln adds
+    ``seed`` (transformers draws from torch's global generator). transformers' build-the-model wrapper (chat
+    templates, beams, several sequences per prompt) is not offered: those options are refused by name.
+    """
+
+    task = "text-generation"
+    _SAMPLING_DEFAULTS = {"temperature": 1.0, "top_k": 50, "top_p": 1.0}  # transformers' GenerationConfig defaults
+
+    def __init__(self, predictor, **defaults: Any) -> None:
+        self.predictor = predictor
+        self.defaults = defaults
+
+    def __call__(self, text_inputs: str | Sequence[str], **kwargs: Any) -> Any:
+        options = {**self.defaults, **kwargs}
+        full = options.pop("return_full_text", True)
+        sample = options.pop("do_sample", False)
+        if options.pop("num_return_sequences", 1) != 1:
+            raise UsageError("num_return_sequences: kiln makes one continuation per prompt; repeat the prompt")
+        if "stop_strings" in options:
+            options["stop"] = options.pop("stop_strings")
+        if sample:
+            options = {**self._SAMPLING_DEFAULTS, **options}
+        else:
+            options = {k: v for k, v in options.items() if k not in self._SAMPLING_DEFAULTS}
+        single = isinstance(text_inputs, str)
+        prompts = [text_inputs] if single else list(text_inputs)
+        if not all(isinstance(p, str) for p in prompts):
+            raise UsageError("text-generation takes a prompt string or a list of them (chat messages are not "
+                             "supported)")
+        results = self.predictor.generate(prompts, **options)
+        shaped = [[{"generated_text": (p + r.text) if full else r.text}] for p, r in zip(prompts, results)]
+        return shaped[0] if single else shaped
+
+
 class TextGeneration(TaskSpec):
     decoders = True
     name = "text-generation"
@@ -167,6 +206,7 @@ class TextGeneration(TaskSpec):
         Route("/v1/completions", "OpenAI-compatible completions (optionally streamed)", CompletionRequest,
               CompletionResponse, _no_render, any_model_name=True, inputs_field="prompt", kind="generate"),
     )
+    pipeline = TextGenerationPipeline
 
     # -- loading and export -------------------------------------------------------------------------------
     @classmethod
