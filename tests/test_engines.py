@@ -150,10 +150,10 @@ def test_openvino_sessions_are_streams_of_one_compiled_model(artifacts, tmp_path
     art = Artifact.open(artifacts[ExportFormat.ONNX])
     convert(art.path / art.variant()["path"], tmp_path / "model.xml")
     sessions = open_sessions("openvino", tmp_path / "model.xml", EngineOptions(intra_op_threads=1), 2)
-    compiled = {id(s._compiled) for s in sessions}
+    compiled = {id(s.compiled_model) for s in sessions}
     assert len(sessions) == 2 and len(compiled) == 1 and len({id(s._request) for s in sessions}) == 2
-    assert int(sessions[0]._compiled.get_property("NUM_STREAMS")) == 2
-    assert int(sessions[0]._compiled.get_property("INFERENCE_NUM_THREADS")) == 2  # 1 thread per stream
+    assert int(sessions[0].compiled_model.get_property("NUM_STREAMS")) == 2
+    assert int(sessions[0].compiled_model.get_property("INFERENCE_NUM_THREADS")) == 2  # 1 thread per stream
     texts = [SHORT, *LONG] * 6
     encoder = art.encoder()
     single = create_engine("openvino", tmp_path / "model.xml", EngineOptions(intra_op_threads=1))

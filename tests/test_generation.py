@@ -19,7 +19,7 @@ from kiln.choices import ExportFormat
 from kiln.decoder.batch import DecodeBatch, new_sequence
 from kiln.decoder.graph import positions
 from kiln.decoder.sampling import Sampling, next_token
-from kiln.decoder.steps import ArraySteps, BoundSteps, empty_past
+from kiln.decoder.steps import ArraySteps, BoundSteps, SharedSteps, empty_past
 from kiln.decoder.stopping import Detokenizer, Stops
 from kiln.errors import UnsupportedModelError, UsageError
 from kiln.export.job import ExportConfig, run_export
@@ -168,14 +168,31 @@ def test_window_and_option_errors(decoder_artifacts):
         predictor.generate("hi", beams=2)
 
 
-def test_sequences_join_and_leave_a_running_batch(decoder_artifacts):
+def _openvino_steps(predictor, shape, artifact):
+    from kiln.engines.openvino import OpenVinoEngine
+
+    graph = artifact / "onnx-fp32" / "model.onnx"  # OpenVINO reads the ONNX step graph itself
+    return SharedSteps(OpenVinoEngine(graph), shape)
+
+
+STEPPER_KINDS = {
+    "numpy": lambda predictor, shape, _: ArraySteps(predictor.raw_engine, shape),
+    "iobinding": lambda predictor, shape, _: BoundSteps(predictor.raw_engine, shape),
+    "openvino-shared": _openvino_steps,
+}
+
+
+@pytest.mark.parametrize("kind", STEPPER_KINDS)
+def test_sequences_join_and_leave_a_running_batch(kind, decoder_artifacts):
     """A sequence that joins a running batch (its cache padded on the left to the batch's width) and one left
-    alone after the others finished decode exactly as they do by themselves."""
+    alone after the others finished decode exactly as they do by themselves, on every way the cache is carried:
+    numpy, ONNX Runtime's OrtValues, OpenVINO's output memory shared between two requests in turn."""
     predictor = kiln.load(decoder_artifacts["gpt2"])
     shape = predictor.engine.shape
     prompts = [predictor.encoder.encode([p])[0].ids for p in PROMPTS]
     alone = [predictor.generate(p, max_new_tokens=12).token_ids for p in PROMPTS]
-    batch = DecodeBatch(ArraySteps(predictor.raw_engine, shape), predictor.encoder.pad_id)
+    steps = STEPPER_KINDS[kind](predictor, shape, decoder_artifacts["gpt2"])
+    batch = DecodeBatch(steps, predictor.encoder.pad_id)
 
     def seq(i, n):
         return new_sequence(prompts[i], Sampling(), Stops(n, frozenset(), ()), predictor.encoder.decode)
@@ -227,13 +244,13 @@ def test_gpt2_classifies_and_embeds(task, tiny_model, tmp_path):
 
 @pytest.fixture(scope="module")
 def optimized_gpt2(tiny_model, tmp_path_factory):
-    """``kiln optimize`` of the tiny GPT-2 with fp32 and int8: (summary, artifact directory)."""
+    """``kiln optimize`` of the tiny GPT-2 with fp32 and int8, and fp32 on OpenVINO: (summary, artifact directory)."""
     from kiln.optimize.job import OptimizeConfig, OptimizeJob
 
     out = tmp_path_factory.mktemp("gpt2-optimized") / "opt"
     summary = OptimizeJob(OptimizeConfig(model=str(tiny_model("gpt2", TaskName.TEXT_GENERATION)),
                                          task="text-generation", output=out,
-                                         variants=("onnx-fp32", "onnx-int8-dynamic"))).run()
+                                         variants=("onnx-fp32", "onnx-int8-dynamic", "openvino-fp32"))).run()
     return summary, out
 
 
@@ -249,6 +266,11 @@ def test_optimize_builds_validates_and_picks_a_decoder_variant(optimized_gpt2, t
     int8 = outcomes["onnx-int8-dynamic"]
     assert int8.record["recipe"][-1]["pass"] == "ort-int8-dynamic" and int8.record["recipe"][-1]["per_channel"]
     assert 0.5 < int8.agreement.figures["next_token_agreement"] <= 1.0
+    openvino = outcomes["openvino-fp32"]  # validated through SharedSteps: the cache shared between two requests
+    assert openvino.agreement.figures["next_token_agreement"] == 1.0
+    assert openvino.metric["perplexity"] == pytest.approx(summary.reference_metric["perplexity"], rel=1e-4)
+    assert kiln.load(artifact, "openvino-fp32").generate(PROMPTS, max_new_tokens=8) == \
+        kiln.load(artifact, "onnx-fp32").generate(PROMPTS, max_new_tokens=8)
     assert summary.best in outcomes and summary.reference_timing.ms_per_sequence > 0
     best = kiln.load(artifact)
     assert best.generate("The quick", max_new_tokens=4).finish_reason in ("length", "stop")
@@ -359,7 +381,8 @@ def test_bench_times_first_token_and_per_token_latency_in_the_report(optimized_g
     assert "first token" in result.output and "ms per token" in result.output
     results = json.loads((tmp_path / "b" / "results.json").read_text())
     # Every variant built (fp32 and the int8 the gate rejected or accepted) beside the PyTorch step graph.
-    assert [t["name"] for t in results["targets"]] == ["pytorch-fp32", "onnx-fp32", "onnx-int8-dynamic"]
+    assert [t["name"] for t in results["targets"]] == ["pytorch-fp32", "onnx-fp32", "onnx-int8-dynamic",
+                                                       "openvino-fp32"]
     for target in results["targets"]:
         assert target.get("error") is None
         cells = {(c["batch_size"], c["prompt_tokens"]): c for c in target["generation"]}

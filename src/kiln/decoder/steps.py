@@ -3,7 +3,8 @@
 A ``Past`` is the cache of a batch: per past input name, an array [batch, heads, length, head size]. Between steps
 of an unchanged batch it stays in the runtime's own values: ONNX Runtime's IOBinding hands each step's ``present``
 outputs (OrtValues) to the next step as inputs, so the cache is never copied into numpy and back (on a GPU it stays
-in device memory). Only when sequences join or leave is it brought out as numpy to be cut or padded.
+in device memory); OpenVINO's steps read the outputs in place and share them as the next step's inputs. Only when
+sequences join or leave is the cache brought out as numpy to be cut or padded.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ class Past:
     values: dict[str, Any]
     length: int
     to_numpy: Callable[[Any], np.ndarray] = np.asarray
+    owner: Any = None  # the runtime object whose memory holds ``values``, when they are views into it
 
     def arrays(self) -> dict[str, np.ndarray]:
         return {n: self.to_numpy(v) for n, v in self.values.items()}
@@ -84,12 +86,48 @@ class BoundSteps:
         return outputs[LOGITS].numpy(), Past(grown, past.length + input_ids.shape[1], _ort_numpy)
 
 
+class SharedSteps:
+    """OpenVINO: each step's ``present`` outputs are read as views of the infer request's own output memory and
+    shared, uncopied, as the next step's inputs. Per token on GPT-2 small (benchmarks/openvino_steps.py): 47.2 against
+    96.1 ms copying the cache out and back in as ArraySteps does (batch 4, 512-token prompt), 23.8 against 31.3 ms
+    (batch 1, 128).
+
+    A request's outputs stay valid until that request runs again, so two requests take turns: a step never runs on
+    the request whose memory holds its input cache, nor on the one that ran last (its outputs may be the running
+    batch's cache while newcomers are prefilled for a join). Logits are copied out: callers keep them across steps.
+    Token ids, mask and positions are copied in, so OpenVINO never holds the caller's arrays.
+    """
+
+    def __init__(self, engine: Any, shape: CacheShape) -> None:
+        self.engine, self.shape = engine, shape
+        compiled = engine.compiled_model
+        self._requests = (compiled.create_infer_request(), compiled.create_infer_request())
+        self._last = 1
+        self._types = engine.input_types
+        self._outputs = {o.get_any_name(): o for o in compiled.outputs}
+        self._pairs = tuple(zip(shape.past_names(), shape.present_names()))
+
+    def step(self, input_ids, attention_mask, position_ids, past):
+        index = 1 - self._last
+        if past.owner is self._requests[index]:
+            index = self._last
+        self._last, request = index, self._requests[index]
+        feed = {name: np.array(array, dtype=self._types[name])
+                for name, array in ((INPUT_IDS, input_ids), (ATTENTION_MASK, attention_mask),
+                                    (POSITION_IDS, position_ids))}
+        feed.update({n: np.ascontiguousarray(v, dtype=np.float32) for n, v in past.values.items()})
+        result = request.infer(feed, share_inputs=True, share_outputs=True)
+        grown = {p: result[self._outputs[q]] for p, q in self._pairs}
+        logits = np.array(result[self._outputs[LOGITS]], dtype=np.float32)
+        return logits, Past(grown, past.length + input_ids.shape[1], owner=request)
+
+
 def _ort_numpy(value: Any) -> np.ndarray:
     return value.numpy() if hasattr(value, "numpy") else np.asarray(value)
 
 
 # Engine name -> how a decoding step runs on it; engines not listed exchange numpy arrays.
-STEPPERS: dict[str, Callable[[Any, CacheShape], Stepper]] = {"onnxruntime": BoundSteps}
+STEPPERS: dict[str, Callable[[Any, CacheShape], Stepper]] = {"onnxruntime": BoundSteps, "openvino": SharedSteps}
 
 
 def stepper(engine: Any, shape: CacheShape) -> Stepper:

@@ -42,25 +42,26 @@ class OpenVinoEngine:
                 # ended at 4.84 GB RSS and 42.4 s with the default cache against 2.66 GB and 29.7 s without it,
                 # and kiln optimize's validation passed 24 GB with it (killed).
                 config["CPU_RUNTIME_CACHE_CAPACITY"] = 0
-            self._compiled = core.compile_model(model, "CPU", config)
+            self.compiled_model = core.compile_model(model, "CPU", config)
         except RuntimeError as err:
             raise ArtifactError(f"OpenVINO cannot load {path}: {err}") from err
-        self._request = self._compiled.create_infer_request()
-        self.input_names = tuple(i.get_any_name() for i in self._compiled.inputs)
-        self.output_names = tuple(o.get_any_name() for o in self._compiled.outputs)
+        self._request = self.compiled_model.create_infer_request()
+        self.input_names = tuple(i.get_any_name() for i in self.compiled_model.inputs)
+        self.output_names = tuple(o.get_any_name() for o in self.compiled_model.outputs)
         self.providers = (f"openvino-cpu-{options.precision.value}",)
         # Token inputs are int64; a decoder's past keys/values are float.
-        self._types = {i.get_any_name(): (np.float32 if i.get_element_type().is_real() else np.int64)
-                       for i in self._compiled.inputs}
+        self.input_types = {i.get_any_name(): (np.float32 if i.get_element_type().is_real() else np.int64)
+                            for i in self.compiled_model.inputs}
 
     def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         # share_inputs=False (InferRequest's default, kept explicit): with shared zero-copy inputs, the default of
         # CompiledModel.__call__, OpenVINO 2026.4 was seen writing into the caller's arrays once a second infer
         # request of the model had run (MiniLM, sorted batches up to 208 tokens): that batch's next use read other
         # token ids and gave cosine 0.24. Copying the ids costs nothing measurable.
-        result = self._request.infer({n: np.ascontiguousarray(inputs[n], dtype=t) for n, t in self._types.items()},
-                                     share_inputs=False)
-        return {n: np.asarray(result[o], dtype=np.float32) for n, o in zip(self.output_names, self._compiled.outputs)}
+        feed = {n: np.ascontiguousarray(inputs[n], dtype=t) for n, t in self.input_types.items()}
+        result = self._request.infer(feed, share_inputs=False)
+        outputs = self.compiled_model.outputs
+        return {n: np.asarray(result[o], dtype=np.float32) for n, o in zip(self.output_names, outputs)}
 
     def requests(self, count: int) -> list[OpenVinoEngine]:
         """``count`` sessions on this compiled model: this engine and ``count - 1`` more infer requests. With as
@@ -71,11 +72,11 @@ class OpenVinoEngine:
         views = [self]
         for _ in range(count - 1):
             view = copy.copy(self)
-            view._request = self._compiled.create_infer_request()
+            view._request = self.compiled_model.create_infer_request()
             views.append(view)
         return views
 
     def warmup(self) -> None:
         shapes = {i.get_any_name(): [d.get_length() if d.is_static else "dynamic" for d in i.get_partial_shape()]
-                  for i in self._compiled.inputs if i.get_element_type().is_real()}
+                  for i in self.compiled_model.inputs if i.get_element_type().is_real()}
         self.run(warmup_inputs(self.input_names, float_shapes=shapes))
