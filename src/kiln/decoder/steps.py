@@ -92,10 +92,11 @@ class SharedSteps:
     96.1 ms copying the cache out and back in as ArraySteps does (batch 4, 512-token prompt), 23.8 against 31.3 ms
     (batch 1, 128).
 
-    A request's outputs stay valid until that request runs again, so two requests take turns: a step never runs on
-    the request whose memory holds its input cache, nor on the one that ran last (its outputs may be the running
-    batch's cache while newcomers are prefilled for a join). Logits are copied out: callers keep them across steps.
-    Token ids, mask and positions are copied in, so OpenVINO never holds the caller's arrays.
+    A request's outputs stay valid until that request runs again, so two requests take turns: a step runs on the
+    request that did not run last (the last one's outputs may be the running batch's cache while newcomers are
+    prefilled for a join), unless that request's memory holds the step's own input cache. Logits are copied out:
+    callers keep them across steps. Token ids, mask and positions are copied in, so OpenVINO never holds arrays the
+    caller goes on using (a shared input may be written over).
     """
 
     def __init__(self, engine: Any, shape: CacheShape) -> None:
