@@ -176,7 +176,8 @@ def generation_note(data: dict[str, Any]) -> str:
         f"(the mean of the next {settings.get('new_tokens', 32) - 1} single-token steps), ms, median of "
         f"{settings.get('generation_runs', '?')} greedy runs making {settings.get('new_tokens', 32)} new tokens per "
         "row (EOS ignored) on prompts of real text; kiln's own decoding loop, the KV cache kept in the runtime "
-        "(ONNX Runtime IOBinding). PyTorch fp32 runs the same step graph eagerly.",
+        "(ONNX Runtime IOBinding; OpenVINO shares each step's output memory with the next). PyTorch fp32 runs the "
+        "same step graph eagerly.",
         "Skipped: " + "; ".join(reason for _, reason in skipped) + "." if skipped else ""]))
 
 
