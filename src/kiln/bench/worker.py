@@ -106,7 +106,6 @@ def _build(target: Target, threads: int):
     return art.encoder(), art.task_config, engine
 
 
-
 def _walk_grid(settings: BenchSettings, too_long: Callable[[int], str | None], measure: Callable[[int, int], Cell],
                report) -> tuple[list[Cell], list[SkippedCell]]:
     """Every sequence length x batch size in settings' order: a cell measured, or skipped with too_long's reason."""
@@ -121,6 +120,7 @@ def _walk_grid(settings: BenchSettings, too_long: Callable[[int], str | None], m
                 skipped.append(SkippedCell(batch_size, length, reason))
             report("cell", None)
     return cells, skipped
+
 
 def run_generation_target(target: Target, settings: BenchSettings, report=lambda kind, detail: None
                           ) -> TargetResult:

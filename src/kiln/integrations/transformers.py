@@ -136,9 +136,9 @@ def pipeline(task: str, path: str | Path, variant: str | None = None, *, threads
     """kiln's own pipeline where the task has one (a task transformers 5 dropped, or text generation, whose loop is
     kiln's), else ``transformers.pipeline(task, ...)`` on the artifact."""
     artifact_task = Artifact.open(path).task_config.task
-    if task_spec(task).name != artifact_task:
-        raise UsageError(f"{path} is a {artifact_task} artifact; asked for a {task} pipeline")
     spec = task_spec(task)
+    if spec.name != artifact_task:
+        raise UsageError(f"{path} is a {artifact_task} artifact; asked for a {task} pipeline")
     if spec.pipeline is not None:
         return spec.pipeline(load(path, variant, threads=threads), **kwargs)
     if task in transformers.pipelines.SUPPORTED_TASKS:
