@@ -25,7 +25,7 @@ from kiln.errors import UnsupportedModelError, UsageError
 from kiln.export.job import ExportConfig, run_export
 from kiln.tasks import TaskName
 from tests.test_serve_process import start_server
-from tests.waiting import wait_until
+from tests.waiting import concurrently, wait_until
 
 DECODERS = ("gpt2", "gpt_neo")
 PROMPTS = ["Return the number of items in a container, and then", "The quick", "A"]
@@ -403,3 +403,33 @@ def test_bench_times_first_token_and_per_token_latency_in_the_report(optimized_g
     slower["targets"][1]["generation"][0]["per_token_ms"] *= 2
     [change] = compare(results, slower)
     assert change.target == "onnx-fp32" and "per token" in change.what and not change.better
+
+
+def test_a_dead_decode_loop_fails_its_streams_and_turns_ready_off(decoder_artifacts):
+    """Inject a fault outside the decoding step's try (dropping cancelled rows): every running and waiting stream
+    gets a 500, /ready turns 503, the death is counted; nothing hangs."""
+    from fastapi.testclient import TestClient
+
+    from kiln.serve.app import ServeConfig, create_app
+
+    app = create_app(ServeConfig(models={"m": decoder_artifacts["gpt2"]}))
+    with TestClient(app) as c:
+        loop = app.state.models["m"].batcher
+        calls = {"n": 0}
+        drop = loop._drop_cancelled
+
+        def broken() -> None:
+            calls["n"] += 1
+            if calls["n"] == 4:  # a few rounds in: sequences are decoding
+                raise RuntimeError("injected: dropping cancelled rows failed")
+            drop()
+
+        loop._drop_cancelled = broken
+        answers = concurrently([lambda p=p: c.post("/generate", json={"inputs": p, "max_new_tokens": 30})
+                                for p in PROMPTS], "the streams of a dead decode loop to be answered")
+        ready = c.get("/ready")
+        deaths = [line for line in c.get("/metrics").text.splitlines() if line.startswith("kiln_loop_deaths_total")]
+    assert [a.status_code for a in answers] == [500, 500, 500]
+    assert all("decode loop died" in a.json()["error"]["message"] for a in answers)
+    assert ready.status_code == 503 and "decode loop of model 'm' died" in ready.json()["error"]["message"]
+    assert deaths == ['kiln_loop_deaths_total{loop="decode",model="m"} 1.0']

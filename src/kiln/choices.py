@@ -42,6 +42,13 @@ class Precision(str, Enum):
     FP16 = "fp16"
 
 
+class LogFormatName(str, Enum):
+    """How kiln serve writes its log (kiln.log)."""
+
+    TEXT = "text"
+    JSON = "json"
+
+
 def parse_choice(enum: type[Enum], value: str, flag: str):
     """Return ``enum(value)`` or raise a UsageError naming the flag and the allowed values."""
     from kiln.errors import UsageError

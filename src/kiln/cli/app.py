@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from kiln.choices import ExportFormat, ExternalData
+from kiln.choices import ExportFormat, ExternalData, LogFormatName
 from kiln.cli import console
 from kiln.cli.compress import distill, prune
 from kiln.cli.embed import embed
@@ -292,7 +292,15 @@ def serve(
     max_inputs_per_request: Annotated[int, typer.Option(
         help="Inputs one request may carry (413 above it): bounds the work and memory a single client can ask "
         "for at once; raise it for bulk clients, lower it to protect latency.", min=1)] = 64,
-    access_log: Annotated[bool, typer.Option(help="Log every request (uvicorn's access log).")] = False,
+    access_log: Annotated[bool, typer.Option(help="Log every request (uvicorn's access log, in --log-format). "
+                                             "Costs event-loop time at hundreds of requests a second.")] = False,
+    log_format: Annotated[LogFormatName, typer.Option(help="text: one readable line per record; json: one JSON "
+                                                      "object per line (time, level, logger, message, request_id) "
+                                                      "for log collectors.")] = LogFormatName.TEXT,
+    restart_loops: Annotated[bool, typer.Option(help="Restart a model's batching (or decoding) loop if it dies. "
+                                                "Either way its queued requests get a 500 and the death is logged "
+                                                "and counted (kiln_loop_deaths_total); without it /ready stays 503 "
+                                                "so an orchestrator replaces the process.")] = False,
 ) -> None:
     """Serve an artifact over HTTP with dynamic batching, Prometheus metrics and backpressure (uvicorn)."""
     from kiln.errors import UsageError
@@ -316,8 +324,9 @@ def serve(
         Artifact.open(path)  # a clear error before the server starts
     config = ServeConfig(models=models, limits=BatchLimits(max_batch_tokens, max_batch_size, max_delay_ms / 1000),
                          max_concurrent=max_concurrent, api_key=api_key, threads=threads,
-                         sessions=sessions, max_inputs_per_request=max_inputs_per_request)
-    if not run_server(create_app(config), host, port, access_log=access_log):
+                         sessions=sessions, max_inputs_per_request=max_inputs_per_request,
+                         restart_loops=restart_loops)
+    if not run_server(create_app(config), host, port, access_log=access_log, log_format=log_format.value):
         raise typer.Exit(1)  # uvicorn has logged why (port in use, a model that failed to load)
 
 

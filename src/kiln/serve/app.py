@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import inspect
 import json
-import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
@@ -26,11 +25,13 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from kiln.artifact.manifest import read_manifest
 from kiln.errors import KilnError, UsageError
+from kiln.log import get_logger
 from kiln.serve import playground
 from kiln.serve.batcher import BatchLimits
 from kiln.serve.guard import Guard
 from kiln.serve.inference import HTTPError, Served, infer, load_served
 from kiln.serve.metrics import STOPPED, Metrics
+from kiln.serve.request_id import RequestId
 from kiln.serve.schemas import INFERENCE_ERRORS, ErrorBody, Health, Info, ModelCard, ModelList, Ready
 from kiln.tasks import TaskConfig, task_spec
 from kiln.tasks.http import Route
@@ -46,6 +47,7 @@ class JSONBody(JSONResponse):
 
 
 LATENCY_HEADER = "x-kiln-latency-ms"
+log = get_logger("serve")
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,7 @@ class ServeConfig:
     sessions: int | None = None  # engine instances running batches side by side; None: serving default, else 1
     tokenizer_threads: int = 2
     max_inputs_per_request: int = 64  # like TEI's --max-client-batch-size; 413 above it
+    restart_loops: bool = False  # a batcher/decode loop that dies is restarted (its queued requests still fail)
 
 
 def create_app(config: ServeConfig) -> FastAPI:
@@ -81,6 +84,7 @@ def create_app(config: ServeConfig) -> FastAPI:
     _install_error_handlers(app)
     app.add_middleware(Guard, routes={r.path for r in routes}, metrics=app.state.metrics, api_key=config.api_key,
                        max_body_bytes=config.max_body_bytes, max_concurrent=config.max_concurrent)
+    app.add_middleware(RequestId)  # outermost: the id is set for the guard's refusals and echoed on every answer
     app.openapi = lambda: _exact_openapi(app, routes)  # type: ignore[method-assign]
     return app
 
@@ -92,18 +96,19 @@ async def _lifespan(app: FastAPI):
     for name, path in config.models.items():
         state.models[name] = load_served(name, Path(path), config.limits, state.metrics, threads=config.threads,
                                          sessions=config.sessions)
+        state.models[name].set_ready(False, state.metrics)
     for served in state.models.values():
-        served.batcher.start()
+        served.start(state.metrics, restart=config.restart_loops)
         await served.batcher.warmup()
-        served.ready = True
+        served.set_ready(True, state.metrics)
     yield
     for served in state.models.values():
-        served.ready = False
+        served.set_ready(False, state.metrics, "the server is shutting down")
         await served.batcher.close()
     state.pool.shutdown(wait=True)
     counts = state.metrics.status_counts()  # uvicorn has sent every response by now: these are final
-    logging.getLogger("uvicorn.error").info(f"{STOPPED} %d inference requests, by status: %s",
-                                            sum(counts.values()), json.dumps(counts, sort_keys=True))
+    log.info(f"{STOPPED} %d inference requests, by status: %s", sum(counts.values()),
+             json.dumps(counts, sort_keys=True))
 
 
 def _served_routes(tasks: dict[str, str]) -> list[Route]:
@@ -115,10 +120,19 @@ def _served_routes(tasks: dict[str, str]) -> list[Route]:
     return list(routes.values())
 
 
+def _not_ready(models: dict[str, Served]) -> HTTPError | None:
+    """The 503 to answer while any served model is not ready (loading, dead loop, draining), else None."""
+    if not models:
+        return HTTPError(503, "not_ready", "the model is still loading")
+    waiting = [m for m in models.values() if not m.ready]
+    return HTTPError(503, "not_ready", "; ".join(m.unready_reason for m in waiting)) if waiting else None
+
+
 def _pick(app: FastAPI, name: str | None, route: Route) -> Served:
     models: dict[str, Served] = app.state.models
-    if not models or not all(m.ready for m in models.values()):
-        raise HTTPError(503, "not_ready", "the model is still loading")
+    error = _not_ready(models)
+    if error is not None:
+        raise error
     doing = app.state.route_models[route.path]
     if route.any_model_name and len(models) == 1 and doing:
         return models[doing[0]]
@@ -166,7 +180,8 @@ MOUNTS = {"infer": _mount_route, "generate": _mount_generation}
 
 
 def _mount_probes(app: FastAPI) -> None:
-    not_ready = {503: {"model": ErrorBody, "description": "The model is still loading."}}
+    not_ready = {503: {"model": ErrorBody, "description": "The model is still loading, is shutting down, or its "
+                       "batching loop died (the message says which)."}}
 
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
     async def playground():
@@ -179,9 +194,10 @@ def _mount_probes(app: FastAPI) -> None:
     @app.get("/ready", response_model=Ready, responses=not_ready)
     async def ready():
         models: dict[str, Served] = app.state.models
-        if models and all(m.ready for m in models.values()):
-            return {"ready": True, "models": list(models)}
-        raise HTTPError(503, "not_ready", "the model is still loading")
+        error = _not_ready(models)
+        if error is not None:
+            raise error
+        return {"ready": True, "models": list(models)}
 
     @app.get("/info", response_model=Info)
     async def info():
@@ -235,6 +251,7 @@ def _install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def _internal(request: Request, exc: Exception):
+        log.error("unhandled %s on %s %s", type(exc).__name__, request.method, request.url.path, exc_info=exc)
         return _error(500, "internal_error", f"{type(exc).__name__}: the server failed to handle this request")
 
 

@@ -9,8 +9,10 @@ lengths (half of it padding) is slower than several batches of similar lengths; 
 When a batch closes: at once when a session is idle (waiting cannot help a lone request); while every session runs,
 the next one is formed and collated (prefetched) when it is full by size or tokens, or when its oldest feature
 has waited ``max_delay``. Features of requests whose client went away are dropped before they cost compute; if
-a batch fails, every request in it gets the error. Each session (engine instance, ``--sessions``) runs its
-batches on its own thread; the event loop only forms batches and answers requests.
+a batch fails, every request in it gets the error, and if the loop itself dies every queued request does
+(``OwnedLoop``). Each session (engine instance, ``--sessions``) runs its batches on its own thread; sorting the
+window, the partition search and collation run on one more thread (the "former"), so the event loop only moves
+requests in and answers out: ~1 ms of partition per 256-input window would otherwise delay every other request.
 """
 
 from __future__ import annotations
@@ -25,9 +27,12 @@ from typing import Any
 from tokenizers import Encoding
 
 from kiln.engines.base import Engine, warm_every_length
+from kiln.log import get_logger, request_id
 from kiln.runtime.predictor import Predictor
+from kiln.serve.supervision import OwnedLoop
 
 DEFAULT_MAX_BATCH = 64
+log = get_logger("serve.batcher")
 
 
 @dataclass(frozen=True)
@@ -68,11 +73,24 @@ def partition(lengths: Sequence[int], limits: BatchLimits) -> list[tuple[int, in
     return groups[::-1]
 
 
+@dataclass(frozen=True)
+class BatchTrace:
+    """When one batch holding a request's inputs was formed, started on an engine and finished (perf_counter)."""
+
+    arrived: float  # the request's submission
+    formed: float
+    started: float
+    finished: float
+    size: int
+
+
 @dataclass
 class _Request:
     future: asyncio.Future
     results: list[Any]
     remaining: int
+    request_id: str | None = None
+    traces: list[BatchTrace] | None = None
 
 
 @dataclass(order=True)
@@ -101,27 +119,27 @@ class _Session:
         self.thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"kiln-engine-{index}")
 
 
-class Batcher:
+class Batcher(OwnedLoop):
+    kind = "batcher"
+
     def __init__(self, predictor: Predictor, limits: BatchLimits,
                  on_batch: Callable[[BatchStats], None] = lambda stats: None,
                  extra_sessions: Sequence[Engine] = ()) -> None:
+        super().__init__()
         self.predictor = predictor
         self.limits = limits
         self.on_batch = on_batch
-        self._pending: list[_Item] = []
+        self._pending: list[_Item] = []  # in arrival order
         self._wakeup = asyncio.Event()
         self._sessions = [_Session(None, 0)] + [_Session(e, i + 1) for i, e in enumerate(extra_sessions)]
+        self._former = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kiln-batch-former")
         self._free: asyncio.Queue[_Session] = asyncio.Queue()  # sessions with no batch on them
         for session in self._sessions:
             self._free.put_nowait(session)
         self._slots = asyncio.Semaphore(len(self._sessions) + 1)  # a batch per session and one prefetched
         self._busy = 0  # batches taken and not finished
-        self._task: asyncio.Task | None = None
-        self._closing = False
+        self._slot_held = False  # the loop holds a slot for the batch it is forming (given back if it dies)
         self._running: set[asyncio.Task] = set()
-
-    def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._loop(), name="kiln-batcher")
 
     @property
     def sessions(self) -> int:
@@ -139,12 +157,14 @@ class Batcher:
             await loop.run_in_executor(session.thread, warm_every_length, self._engine(session), max_length,
                                        self.predictor.pad_multiple)
 
-    async def submit(self, encodings: Sequence[Encoding]) -> list[Any]:
-        """Reduced outputs per encoding, in order. Cancelling the awaiting task drops the request's work."""
+    async def submit(self, encodings: Sequence[Encoding], traces: list[BatchTrace] | None = None) -> list[Any]:
+        """Reduced outputs per encoding, in order. Cancelling the awaiting task drops the request's work.
+        ``traces``, when given, receives a :class:`BatchTrace` per batch that ran some of these encodings."""
         if self._closing:
             raise RuntimeError("the batcher is shutting down")
+        self.check_alive()
         future = asyncio.get_running_loop().create_future()
-        request = _Request(future, [None] * len(encodings), len(encodings))
+        request = _Request(future, [None] * len(encodings), len(encodings), request_id.get(), traces)
         now = time.perf_counter()
         for slot, encoding in enumerate(encodings):
             self._pending.append(_Item(len(encoding.ids), now, encoding, request, slot))
@@ -155,25 +175,38 @@ class Batcher:
         """Finish every accepted request, then stop."""
         self._closing = True
         self._wakeup.set()
-        if self._task is not None:
-            await self._task
+        await self._join()
         if self._running:
             await asyncio.gather(*self._running, return_exceptions=True)
         for session in self._sessions:
             session.thread.shutdown(wait=True)
+        self._former.shutdown(wait=True)
 
-    def _take_batch(self) -> list[_Item]:
-        """The next batch: the least-cost group (of the length-sorted window) that holds the oldest feature."""
-        self._pending = [i for i in self._pending if not i.request.future.done()]  # client gone: drop
-        window = sorted(self._pending[: self.limits.window])
-        if not window:
-            return []
-        oldest = min(range(len(window)), key=lambda k: window[k].arrived)
-        start, end = next(g for g in partition([i.length for i in window], self.limits) if g[0] <= oldest < g[1])
+    def fail_pending(self, err: Exception) -> None:
+        """Every queued request gets ``err`` (batches already taken answer their own requests)."""
+        pending, self._pending = self._pending, []
+        if self._slot_held:  # a restarted loop must find the slot its predecessor was forming a batch in
+            self._slot_held = False
+            self._slots.release()
+        for item in pending:
+            if not item.request.future.done():
+                item.request.future.set_exception(err)
+
+    def _choose(self, window: list[_Item]) -> tuple[list[_Item], dict[str, Any] | Exception]:
+        """The next batch and its arrays: the least-cost group of the length-sorted ``window`` that holds the
+        oldest feature (``window[0]``: the queue is in arrival order). Runs on the former thread.
+
+        A collation error belongs to this batch alone (returned, so only its requests fail); an error in the
+        partition search is the batcher's own bug and ends the loop (heard by its supervision)."""
+        oldest = window[0]
+        window = sorted(window)
+        at = next(k for k, item in enumerate(window) if item is oldest)
+        start, end = next(g for g in partition([i.length for i in window], self.limits) if g[0] <= at < g[1])
         batch = window[start:end]
-        chosen = {id(i) for i in batch}
-        self._pending = [i for i in self._pending if id(i) not in chosen]
-        return batch
+        try:
+            return batch, self._collate(batch)
+        except Exception as err:
+            return batch, err
 
     def _ready(self) -> bool:
         if not self._pending:
@@ -183,30 +216,36 @@ class Batcher:
         longest = max(i.length for i in self._pending)
         if longest * len(self._pending) >= self.limits.max_batch_tokens:
             return True
-        return time.perf_counter() - min(i.arrived for i in self._pending) >= self.limits.max_delay_s
+        return time.perf_counter() - self._pending[0].arrived >= self.limits.max_delay_s
 
     async def _loop(self) -> None:
+        loop = asyncio.get_running_loop()
         while True:
             await self._slots.acquire()  # the running batch and one prefetched; formed as late as possible
-            while not self._ready():
+            self._slot_held = True
+            while True:
+                self._pending = [i for i in self._pending if not i.request.future.done()]  # client gone: drop
+                if self._ready():
+                    break
                 if self._closing and not self._pending:
+                    self._slot_held = False
                     self._slots.release()
                     return
                 self._wakeup.clear()
                 timeout = None
                 if self._pending:  # wake when the oldest waiting feature has waited max_delay
-                    oldest = min(i.arrived for i in self._pending)
-                    timeout = max(0.0, self.limits.max_delay_s - (time.perf_counter() - oldest))
+                    timeout = max(0.0, self.limits.max_delay_s - (time.perf_counter() - self._pending[0].arrived))
                 try:
                     await asyncio.wait_for(self._wakeup.wait(), timeout=timeout)
                 except asyncio.TimeoutError:
                     pass
-            batch = self._take_batch()
-            if not batch:
-                self._slots.release()
-                continue
+            size = self.limits.window
+            batch, arrays = await loop.run_in_executor(self._former, self._choose, self._pending[:size])
+            chosen = {id(i) for i in batch}  # only the window's first `size` items can have been chosen
+            self._pending = [i for i in self._pending[:size] if id(i) not in chosen] + self._pending[size:]
             self._busy += 1
-            task = asyncio.get_running_loop().create_task(self._run(batch))
+            self._slot_held = False  # the batch's task releases it
+            task = loop.create_task(self._run(batch, arrays))
             self._running.add(task)
             task.add_done_callback(self._running.discard)
 
@@ -217,33 +256,46 @@ class Batcher:
         """The forward pass and the task's pooling, both on the session's thread (off the event loop)."""
         return self.predictor.handler.reduce(engine.run(arrays), arrays["attention_mask"])
 
-    async def _run(self, batch: list[_Item]) -> None:
+    async def _run(self, batch: list[_Item], arrays: dict[str, Any] | Exception) -> None:
+        loop = asyncio.get_running_loop()
         try:
-            queued = time.perf_counter() - min(i.arrived for i in batch)
-            arrays = self._collate(batch)  # prefetch: ready before a session is free
+            if isinstance(arrays, Exception):
+                raise arrays
+            formed = time.perf_counter()
+            queued = formed - min(i.arrived for i in batch)
             session = await self._free.get()
             try:
                 live = [i for i in batch if not i.request.future.done()]
                 if not live:
                     return  # every client went away while the batch waited: it costs nothing
                 if len(live) < len(batch):
-                    batch, arrays = live, self._collate(live)
+                    batch = live
+                    arrays = await loop.run_in_executor(self._former, self._collate, live)
                 start = time.perf_counter()
-                loop = asyncio.get_running_loop()
                 reduced = await loop.run_in_executor(session.thread, self._forward, self._engine(session), arrays)
             finally:
                 self._free.put_nowait(session)
-            self.on_batch(BatchStats(len(batch), int(arrays["input_ids"].size), queued, time.perf_counter() - start))
+            finished = time.perf_counter()
+            self.on_batch(BatchStats(len(batch), int(arrays["input_ids"].size), queued, finished - start))
             for item, value in zip(batch, reduced):
                 request = item.request
                 request.results[item.slot] = value
                 request.remaining -= 1
+                if request.traces is not None and (not request.traces or request.traces[-1].formed != formed):
+                    request.traces.append(BatchTrace(item.arrived, formed, start, finished, len(batch)))
                 if request.remaining == 0 and not request.future.done():
                     request.future.set_result(request.results)
-        except Exception as err:  # every request in a failed batch gets the error; none is left hanging
+        except BaseException as err:  # every request in a failed batch gets the error; none is left hanging
+            ids = sorted({i.request.request_id for i in batch if i.request.request_id})
+            if isinstance(err, Exception):
+                log.error("a batch of %d inputs failed (requests: %s): %s: %s", len(batch), ", ".join(ids) or "-",
+                          type(err).__name__, err, exc_info=err)
+            failure = err if isinstance(err, Exception) else RuntimeError(f"the batch was cancelled ({err!r})")
             for item in batch:
                 if not item.request.future.done():
-                    item.request.future.set_exception(err)
+                    item.request.future.set_exception(failure)
+            if not isinstance(err, Exception):
+                raise
         finally:
             self._busy -= 1
             self._slots.release()

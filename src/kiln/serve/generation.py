@@ -26,12 +26,15 @@ from fastapi.responses import StreamingResponse
 from kiln.decoder.batch import DecodeBatch, Decoding, Emitted, new_sequence
 from kiln.decoder.generate import prompt_ids
 from kiln.errors import UsageError
+from kiln.log import get_logger
 from kiln.runtime.predictor import Predictor
 from kiln.serve.batcher import BatchLimits
 from kiln.serve.inference import HTTPError
 from kiln.serve.schemas import INFERENCE_ERRORS
+from kiln.serve.supervision import OwnedLoop
 from kiln.tasks.http import Route
 
+log = get_logger("serve.generation")
 DEFAULT_SLOTS = 32  # sequences decoding together when --max-batch-size is not given
 
 
@@ -45,23 +48,21 @@ class Stream:
     sequence: Decoding | None = None
 
 
-class DecodeLoop:
+class DecodeLoop(OwnedLoop):
     """Continuous batching for one decoder model (what the Batcher is for one-pass tasks)."""
 
+    kind = "decode"
+
     def __init__(self, predictor: Predictor, limits: BatchLimits) -> None:
+        super().__init__()
         self.predictor = predictor
         self.slots = limits.max_batch_size or DEFAULT_SLOTS
         self.batch = DecodeBatch(predictor.engine.steps, predictor.encoder.pad_id)
         self.waiting: deque[tuple[Stream, Any]] = deque()
         self.thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kiln-decode")
         self._wakeup = asyncio.Event()
-        self._closing = False
-        self._task: asyncio.Task | None = None
         self.steps = 0  # decoding rounds run (prefills and steps), for tests and /metrics
         self.widest = 0  # most sequences that decoded in one step
-
-    def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._loop(), name="kiln-decode-loop")
 
     async def warmup(self) -> None:
         await asyncio.get_running_loop().run_in_executor(self.thread, self.predictor.engine.warmup)
@@ -69,6 +70,7 @@ class DecodeLoop:
     def submit(self, prompt: list[int], options: Any) -> Stream:
         if self._closing:
             raise HTTPError(503, "not_ready", "the server is shutting down")
+        self.check_alive()
         stream = Stream(prompt)
         self.waiting.append((stream, options))
         self._wakeup.set()
@@ -78,9 +80,16 @@ class DecodeLoop:
         """Finish every accepted request, then stop."""
         self._closing = True
         self._wakeup.set()
-        if self._task is not None:
-            await self._task
+        await self._join()
         self.thread.shutdown(wait=True)
+
+    def fail_pending(self, err: Exception) -> None:
+        """Every waiting and decoding stream gets ``err``; the loop's batch starts empty if it is restarted."""
+        streams = [s.owner for s in self.batch.sequences] + [stream for stream, _ in self.waiting]
+        self.waiting.clear()
+        for stream in streams:
+            stream.events.put_nowait(err)
+        self.batch = DecodeBatch(self.predictor.engine.steps, self.predictor.encoder.pad_id)
 
     async def _loop(self) -> None:
         loop = asyncio.get_running_loop()
@@ -106,6 +115,8 @@ class DecodeLoop:
                     self.widest = max(self.widest, len(self.batch))
                     emitted = await loop.run_in_executor(self.thread, self.batch.step)
             except Exception as err:  # every sequence in the batch gets the error; the loop goes on empty
+                log.error("a decoding round of %d sequences failed: %s: %s", len(self.batch) + len(joining),
+                          type(err).__name__, err, exc_info=err)
                 failed = [s.owner for s in self.batch.sequences] + [stream for stream, _ in joining]
                 for stream in failed:
                     stream.events.put_nowait(err)

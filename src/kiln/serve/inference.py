@@ -15,10 +15,14 @@ from typing import Any
 
 from kiln.artifact.directory import Artifact
 from kiln.errors import KilnError, UsageError
+from kiln.log import get_logger
 from kiln.runtime.predictor import Predictor
 from kiln.serve.batcher import Batcher, BatchLimits, BatchStats
 from kiln.serve.metrics import Metrics
+from kiln.serve.supervision import LoopDied, OwnedLoop
 from kiln.tasks.http import RequestBody
+
+log = get_logger("serve.inference")
 
 
 class HTTPError(Exception):
@@ -39,6 +43,30 @@ class Served:
     task: str
     ready: bool = False
     info: dict[str, Any] = field(default_factory=dict)
+    unready_reason: str = "the model is still loading"
+
+    def set_ready(self, ready: bool, metrics: Metrics, reason: str = "") -> None:
+        self.ready = ready
+        self.unready_reason = reason or self.unready_reason
+        metrics.model_ready.labels(self.name).set(1 if ready else 0)
+
+    def start(self, metrics: Metrics, *, restart: bool) -> None:
+        """Start the model's loop under supervision: a death fails its queued requests (OwnedLoop), is logged and
+        counted, and turns /ready off; with ``restart`` a fresh loop takes over and /ready turns back on."""
+
+        def died(loop: OwnedLoop, error: BaseException) -> None:
+            metrics.loop_deaths.labels(self.name, loop.kind).inc()
+            log.error("model %s: the %s loop died (%s: %s); its queued requests got a 500%s", self.name, loop.kind,
+                      type(error).__name__, error, "; restarting it" if restart else "; /ready is now 503",
+                      exc_info=error if isinstance(error, Exception) else None)
+            self.set_ready(False, metrics, f"the {loop.kind} loop of model {self.name!r} died "
+                           f"({type(error).__name__}: {error}); restart the server")
+            if restart and not loop._closing:
+                loop.start()
+                metrics.loop_restarts.labels(self.name, loop.kind).inc()
+                self.set_ready(True, metrics)
+
+        self.batcher.start(died)
 
 
 def load_served(name: str, path: Path, limits: BatchLimits, metrics: Metrics, *, threads: int | None,
@@ -89,6 +117,9 @@ async def infer(served: Served, body: RequestBody, pool: ThreadPoolExecutor, met
         prepared = await loop.run_in_executor(pool, served.predictor.prepare, items, options)
     except UsageError as err:
         raise HTTPError(422, "invalid_request", err.message) from err
+    except Exception as err:  # the tokenizer or the task's pre-processing failed on this request's inputs
+        log.error("pre-processing failed: %s: %s", type(err).__name__, err, exc_info=err)
+        raise HTTPError(500, "preprocessing_failed", f"pre-processing failed: {type(err).__name__}: {err}") from err
     metrics.tokenize_seconds.observe(time.perf_counter() - start)
     if not body.truncate and any(prepared.truncated):
         index = prepared.truncated.index(True)
@@ -96,11 +127,17 @@ async def infer(served: Served, body: RequestBody, pool: ThreadPoolExecutor, met
                         f"{served.artifact.task_config.max_length} tokens and truncate is false")
     try:
         reduced = await served.batcher.submit(prepared.encodings)
-    except Exception as err:  # the batch this request was in failed; every request in it gets this answer
+    except LoopDied as err:
+        raise HTTPError(500, "inference_failed", str(err)) from err
+    except Exception as err:  # the batch this request was in failed (logged there); every request in it gets this
         raise HTTPError(500, "inference_failed", f"inference failed: {type(err).__name__}: {err}") from err
     try:
         results = await loop.run_in_executor(pool, handler.finalize, prepared, reduced, options,
                                              served.predictor.encoder)
     except KilnError as err:
         raise HTTPError(422, "invalid_request", err.message) from err
+    except Exception as err:
+        log.error("post-processing failed: %s: %s", type(err).__name__, err, exc_info=err)
+        raise HTTPError(500, "postprocessing_failed", f"post-processing failed: {type(err).__name__}: {err}") \
+            from err
     return prepared, results

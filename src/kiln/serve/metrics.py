@@ -24,6 +24,12 @@ class Metrics:
                                            registry=r)
         self.batch_size = Histogram("kiln_batch_size", "Inputs per batch", buckets=(1, 2, 4, 8, 16, 32, 64, 128),
                                     registry=r)
+        self.loop_deaths = Counter("kiln_loop_deaths", "Batcher or decode loops that died (their queued requests "
+                                   "got a 500)", ["model", "loop"], registry=r)
+        self.loop_restarts = Counter("kiln_loop_restarts", "Dead loops restarted (--restart-loops)", ["model", "loop"],
+                                     registry=r)
+        self.model_ready = Gauge("kiln_model_ready", "1 while the model answers requests, 0 while loading or after "
+                                 "its loop died", ["model"], registry=r)
         self.batch_tokens = Histogram("kiln_batch_tokens", "Padded tokens per batch (longest x count)",
                                       buckets=(64, 256, 1024, 4096, 8192, 16384, 32768), registry=r)
 

@@ -12,6 +12,8 @@ from collections.abc import Iterator
 import uvicorn
 from fastapi import FastAPI
 
+from kiln.log import configure
+
 DRAIN_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 # Connections accepted just before the signal may not have delivered their request yet; uvicorn closes such
 # "idle" connections at once, which their clients see as a reset after connecting (a lost request). Listening
@@ -44,13 +46,16 @@ class _DrainingServer(uvicorn.Server):
         await super().shutdown(sockets)
 
 
-def run_server(app: FastAPI, host: str, port: int, *, access_log: bool = False, drain_seconds: float = 30.0) -> bool:
+def run_server(app: FastAPI, host: str, port: int, *, access_log: bool = False, drain_seconds: float = 30.0,
+               log_format: str = "text") -> bool:
     """Serve until SIGTERM/SIGINT, finish accepted requests (up to `drain_seconds`), return whether it started.
 
-    The access log is off by default: a log line per request costs the event loop time the batcher needs, and
-    /metrics already counts requests by route and status.
+    kiln's and uvicorn's loggers share one handler in ``log_format`` (text or JSON lines). The access log is off
+    by default: a log line per request costs the event loop time the batcher needs, and /metrics already counts
+    requests by route and status; every 5xx is logged with its request id either way.
     """
+    configure(log_format)
     server = _DrainingServer(uvicorn.Config(app, host=host, port=port, log_level="info", access_log=access_log,
-                                            timeout_graceful_shutdown=drain_seconds))
+                                            timeout_graceful_shutdown=drain_seconds, log_config=None))
     server.run()
     return server.started
