@@ -199,3 +199,32 @@ def test_gemm_bound_counts_every_weight_gemm_of_the_graph(benched, tiny_model, t
     assert bound["own_bound_per_s"] == pytest.approx(bound["fp32_gops"] * 1e9 / (2 * 128 * sum(expected)))
     assert bound["of_int8_bound"] == pytest.approx(bound["reached_per_s"] / bound["int8_bound_per_s"])
     assert min(bound["int8_gops"], bound["fp32_gops"], bound["reached_per_s"]) > 0
+
+
+def test_a_worker_killed_mid_cell_is_reported_at_once_with_its_signal(tiny_artifact, tmp_path):
+    """SIGKILL the benchmark worker after its first progress event (the OOM killer's way): the job reports how it
+    died within a second instead of waiting out the silence timeout."""
+    import multiprocessing
+    import os
+    import signal
+    import time
+
+    from kiln.bench.job import BenchConfig, BenchJob
+    from kiln.bench.worker import Target
+
+    killed: dict[str, float] = {}
+
+    class KillingBar:
+        def advance(self) -> None:
+            if not killed:
+                (worker,) = multiprocessing.active_children()
+                os.kill(worker.pid, signal.SIGKILL)
+                killed["at"] = time.monotonic()
+
+    job = BenchJob(BenchConfig(target=str(tiny_artifact), output=tmp_path, quick=True))
+    settings = job._settings(Artifact.open(tiny_artifact).encoder(), 1, 1)
+    result = job._run_one(Target("onnx-fp32", str(tiny_artifact), None, "feature-extraction"), settings, KillingBar())
+    noticed = time.monotonic() - killed["at"]
+    assert "killed by signal 9 (SIGKILL) (out of memory?)" in result.error
+    assert "during loaded" in result.error  # the last thing it reported
+    assert noticed < 1.0, f"the death was noticed after {noticed:.2f} s"

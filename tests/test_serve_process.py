@@ -138,3 +138,19 @@ def test_a_request_whose_client_went_away_costs_no_compute(tiny_artifact):
         assert metric("kiln_batch_size_count") == 1  # only the first request's batch ran
         assert metric('kiln_requests_total{route="/embed",status="499"}') == 1
 
+
+
+def test_a_server_child_that_hangs_silently_or_dies_fails_its_start_at_once():
+    """The start-up deadline holds without a line of output, and a child that exits is reported with its status."""
+    import time
+
+    began = time.monotonic()
+    with pytest.raises(process.ServerStartError, match="did not start listening within 1 s"):
+        process.start_server([sys.executable, "-c", "import time; time.sleep(60)"], timeout_s=1)
+    assert time.monotonic() - began < 5
+    began = time.monotonic()
+    with pytest.raises(process.ServerStartError, match="exited with status 3 before listening"):
+        process.start_server([sys.executable, "-c", "import sys; print('boom', file=sys.stderr); sys.exit(3)"])
+    assert time.monotonic() - began < 5  # not the 120 s default deadline
+    with pytest.raises(process.ServerStartError, match=r"killed by signal 9 \(SIGKILL\)"):
+        process.start_server([sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"])

@@ -18,6 +18,7 @@ from kiln.data.texts import texts_of_lengths
 from kiln.errors import UsageError
 from kiln.records import to_jsonable, write_json
 from kiln.report.data import optimize_section
+from kiln.system.children import ChildDied, receive
 from kiln.system.cpu import cpu_info
 from kiln.system.invocation import invocation
 from kiln.tasks import DEFAULT_TASK, task_spec
@@ -28,6 +29,7 @@ QUICK_GENERATION = {"seq_lens": (4, 64), "runs": 1}
 QUICK = {"batch_sizes": (1, 8, 32), "seq_lens": (16, 128), "budget_s": 0.05, "mix": 128, "min_runs": 3,
          "mix_rounds": 1}
 SERVING_FILE = "serving.json"
+WORKER_SILENCE_S = 600.0  # a live worker that reports nothing for this long is stuck: killed and reported
 
 
 @dataclass(frozen=True)
@@ -179,22 +181,32 @@ class BenchJob:
             mix=(), threads=threads, budget_s=0.0, generation_runs=quick.get("runs", 3))
 
     def _run_one(self, target: Target, settings: BenchSettings, bar) -> TargetResult:
-        """Run one target in a spawned process; its progress events advance the bar."""
+        """Run one target in a spawned process; its progress events advance the bar. The worker is watched by its
+        sentinel: killed (the OOM killer, a native crash) it is reported at once with how it died."""
         self.progress(f"benchmarking {target.name}")
         ctx = mp.get_context("spawn")
-        parent, child = ctx.Pipe()
+        parent, child = ctx.Pipe(duplex=False)
         process = ctx.Process(target=worker_main, args=(child, target, settings), daemon=True)
         process.start()
-        result = None
-        while result is None:
-            if not parent.poll(600):
-                process.kill()
-                return TargetResult(target.name, error="no progress for 10 minutes; worker killed")
-            message = parent.recv()
-            if message[0] == "done":
-                result = message[1]
-            elif bar is not None:
-                bar.advance()
+        child.close()  # only the worker holds the sending end now: its death closes the pipe
+        last = "starting"
+        try:
+            while True:
+                message = receive(parent, process, WORKER_SILENCE_S)
+                if message[0] == "done":
+                    result = message[1]
+                    break
+                last = f"{message[1]} {message[2]}".strip()
+                if bar is not None:
+                    bar.advance()
+        except TimeoutError:
+            process.kill()
+            result = TargetResult(target.name, error=f"no progress for {WORKER_SILENCE_S / 60:g} minutes after "
+                                  f"{last}; worker killed")
+        except ChildDied as err:
+            result = TargetResult(target.name, error=f"{err} during {last}")
+        finally:
+            parent.close()
         process.join(timeout=30)
         if result.error:
             self.progress(f"{target.name}: FAILED ({result.error})")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import queue
 import socket
 import subprocess
 import threading
@@ -17,6 +18,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from kiln.serve.metrics import STOPPED
+from kiln.system.children import describe_exit
 
 LISTENING = "Uvicorn running on"  # logged once the socket listens; "startup complete" comes before that
 
@@ -55,25 +57,43 @@ def serve_in_thread(app: Any, timeout_s: float = 60) -> Iterator[str]:
 
 
 def start_server(command: list[str], timeout_s: float = 120) -> tuple[subprocess.Popen, int]:
-    """Run ``command --port P`` and return (process, P) once it listens; ``process.log`` keeps collecting stderr."""
+    """Run ``command --port P`` and return (process, P) once it listens; ``process.log`` keeps collecting stderr.
+
+    The child is watched, not only read: a thread reads its stderr into a queue while this waits on that queue
+    with the deadline, so a child that hangs without printing fails after ``timeout_s`` and one that dies fails
+    at once, with its exit status and last lines (ServerStartError either way).
+    """
     port = free_port()
     proc = subprocess.Popen([*command, "--port", str(port)], stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
     proc.log = []
+    lines: queue.Queue[str | None] = queue.Queue()
+
+    def read() -> None:
+        for line in proc.stderr:
+            proc.log.append(line)
+            lines.put(line)
+        lines.put(None)  # EOF: the child closed stderr (it is exiting)
+
+    threading.Thread(target=read, daemon=True).start()
     deadline = time.monotonic() + timeout_s
-    for line in proc.stderr:
-        proc.log.append(line)
-        if LISTENING in line:
-            break
-        if time.monotonic() > deadline:
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
             proc.kill()
-            break
-    else:
-        proc.kill()
-    if not proc.log or LISTENING not in proc.log[-1]:
-        raise ServerStartError(f"server did not start: {' '.join(command)}\n{''.join(proc.log[-20:])}")
-    threading.Thread(target=lambda: proc.log.extend(proc.stderr), daemon=True).start()
-    return proc, port
+            proc.wait(timeout=10)
+            raise ServerStartError(f"server did not start listening within {timeout_s:g} s: {' '.join(command)}\n"
+                                   f"{''.join(proc.log[-20:]) or '(it printed nothing)'}")
+        try:
+            line = lines.get(timeout=min(remaining, 0.5))
+        except queue.Empty:
+            line = ""
+        if line and LISTENING in line:
+            return proc, port
+        if line is None or proc.poll() is not None:
+            code = proc.wait(timeout=10)
+            raise ServerStartError(f"server {describe_exit(code)} before listening: {' '.join(command)}\n"
+                                   f"{''.join(proc.log[-20:])}")
 
 
 def exit_counts(proc: subprocess.Popen, wait_s: float = 10) -> dict[str, int] | None:
