@@ -160,3 +160,26 @@ def test_openvino_sessions_are_streams_of_one_compiled_model(artifacts, tmp_path
     want = Predictor(art.task_config, encoder, single, batch_size=2).predict(texts)
     got = Predictor(art.task_config, encoder, sessions[0], batch_size=2, sessions=sessions[1:]).predict(texts)
     np.testing.assert_allclose(np.stack(got), np.stack(want), atol=1e-4)
+
+
+@pytest.mark.parametrize("fmt", [ExportFormat.ONNX, "openvino"])
+def test_one_predictor_answers_8_threads_at_once_as_it_answers_one(artifacts, fmt, tmp_path):
+    """A predictor shared by 8 user threads (a web app's workers) gives each call its sequential answer. OpenVINO's
+    single infer request used to be shared by all of them (it refuses or mixes concurrent calls)."""
+    from kiln.optimize.openvino_passes import convert
+    from kiln.runtime.predictor import Predictor
+    from tests.waiting import concurrently
+
+    art = Artifact.open(artifacts[ExportFormat.ONNX])
+    if fmt == "openvino":
+        convert(art.path / art.variant()["path"], tmp_path / "model.xml")
+        engine = create_engine("openvino", tmp_path / "model.xml", EngineOptions(intra_op_threads=1))
+    else:
+        engine = art.engine(options=EngineOptions(intra_op_threads=1))
+    predictor = Predictor(art.task_config, art.encoder(), engine, batch_size=4)
+    calls = [[SHORT, *LONG][: 1 + k % 3] + [f"thread {k} " * (1 + 7 * k)] for k in range(8)]
+    want = [np.stack(predictor.predict(texts)) for texts in calls]
+    for _ in range(3):
+        got = concurrently([lambda t=t: np.stack(predictor.predict(t)) for t in calls], "8 concurrent predict() calls")
+        for g, w in zip(got, want):
+            np.testing.assert_allclose(g, w, atol=1e-5)

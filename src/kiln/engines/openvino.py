@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import queue
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -46,6 +48,8 @@ class OpenVinoEngine:
         except RuntimeError as err:
             raise ArtifactError(f"OpenVINO cannot load {path}: {err}") from err
         self._request = self.compiled_model.create_infer_request()
+        self._own = threading.Lock()  # held while a call runs on this session's own request
+        self._spares: queue.SimpleQueue = queue.SimpleQueue()  # shared by this engine's sessions (requests())
         self.input_names = tuple(i.get_any_name() for i in self.compiled_model.inputs)
         self.output_names = tuple(o.get_any_name() for o in self.compiled_model.outputs)
         self.providers = (f"openvino-cpu-{options.precision.value}",)
@@ -54,12 +58,30 @@ class OpenVinoEngine:
                             for i in self.compiled_model.inputs}
 
     def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Thread-safe: an infer request runs one call at a time, so a call made while this session's own request
+        is busy (several user threads on one predictor) takes a spare request, created on first need and kept.
+        The server's sessions each call from their own thread and so always find their own request free."""
         # share_inputs=False (InferRequest's default, kept explicit): with shared zero-copy inputs, the default of
         # CompiledModel.__call__, OpenVINO 2026.4 was seen writing into the caller's arrays once a second infer
         # request of the model had run (MiniLM, sorted batches up to 208 tokens): that batch's next use read other
-        # token ids and gave cosine 0.24. Copying the ids costs nothing measurable.
+        # token ids and gave cosine 0.24. Copying the ids costs nothing measurable. share_outputs=False (default):
+        # the outputs are copies, still valid after the request serves another call.
         feed = {n: np.ascontiguousarray(inputs[n], dtype=t) for n, t in self.input_types.items()}
-        result = self._request.infer(feed, share_inputs=False)
+        own = self._own.acquire(blocking=False)
+        if own:
+            request = self._request
+        else:
+            try:
+                request = self._spares.get_nowait()
+            except queue.Empty:
+                request = self.compiled_model.create_infer_request()
+        try:
+            result = request.infer(feed, share_inputs=False, share_outputs=False)
+        finally:
+            if own:
+                self._own.release()
+            else:
+                self._spares.put(request)
         outputs = self.compiled_model.outputs
         return {n: np.asarray(result[o], dtype=np.float32) for n, o in zip(self.output_names, outputs)}
 
@@ -73,6 +95,7 @@ class OpenVinoEngine:
         for _ in range(count - 1):
             view = copy.copy(self)
             view._request = self.compiled_model.create_infer_request()
+            view._own = threading.Lock()
             views.append(view)
         return views
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -17,7 +18,13 @@ from kiln.tasks.config import TaskConfig
 
 
 class Predictor:
-    """Runs a task end to end on one engine. Inputs are grouped by length so batches carry little padding."""
+    """Runs a task end to end on one engine. Inputs are grouped by length so batches carry little padding.
+
+    Thread-safe: ``predict``/``encode``/``rerank`` may be called from several threads at once (the engines run
+    concurrent calls: ONNX Runtime and torch natively, OpenVINO on spare infer requests). ``generate`` carries a
+    decoder's KV cache in one stepper, so concurrent generate calls on one predictor take turns (a lock);
+    for concurrent decoding use ``kiln serve``, which batches sequences from many clients into shared steps.
+    """
 
     def __init__(self, config: TaskConfig, encoder: TextEncoder, engine: Engine, *, batch_size: int = 32,
                  sessions: Sequence[Engine] = (), pad_multiple: int | None = None):
@@ -37,6 +44,7 @@ class Predictor:
         self.sessions = (self.engine, *(self.handler.adapt_engine(s, config) for s in sessions))
         self.batch_size = batch_size
         self._pad_multiple = pad_multiple
+        self._generating = threading.Lock()
 
     @property
     def pad_multiple(self) -> int:
@@ -90,9 +98,10 @@ class Predictor:
         single = isinstance(prompts, str)
         opts = self.handler.options(**options)
         ids = prompt_ids(self, [prompts] if single else prompts, opts.stops.max_new_tokens)
-        events = stream(self.engine.steps, self.encoder.pad_id, ids, opts.sampling, opts.stops, self.encoder.decode,
-                        batch_size=self.batch_size)
-        results = collect(events, [len(i) for i in ids])
+        with self._generating:  # one stepper holds the cache: see the class doc
+            events = stream(self.engine.steps, self.encoder.pad_id, ids, opts.sampling, opts.stops,
+                            self.encoder.decode, batch_size=self.batch_size)
+            results = collect(events, [len(i) for i in ids])
         return results[0] if single else results
 
     def with_batch_size(self, batch_size: int) -> Predictor:
