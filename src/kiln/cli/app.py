@@ -301,6 +301,10 @@ def serve(
                                                 "Either way its queued requests get a 500 and the death is logged "
                                                 "and counted (kiln_loop_deaths_total); without it /ready stays 503 "
                                                 "so an orchestrator replaces the process.")] = False,
+    otlp_endpoint: Annotated[Optional[str], typer.Option(  # noqa: UP045
+        help="OpenTelemetry collector (OTLP/HTTP, e.g. http://localhost:4318): each request becomes a span with "
+        "tokenize, queue, batch, engine and postprocess children. Needs pip install 'kiln[otel]'.",
+        show_default=False)] = None,
 ) -> None:
     """Serve an artifact over HTTP with dynamic batching, Prometheus metrics and backpressure (uvicorn)."""
     from kiln.errors import UsageError
@@ -325,7 +329,7 @@ def serve(
     config = ServeConfig(models=models, limits=BatchLimits(max_batch_tokens, max_batch_size, max_delay_ms / 1000),
                          max_concurrent=max_concurrent, api_key=api_key, threads=threads,
                          sessions=sessions, max_inputs_per_request=max_inputs_per_request,
-                         restart_loops=restart_loops)
+                         restart_loops=restart_loops, otlp_endpoint=otlp_endpoint)
     if not run_server(create_app(config), host, port, access_log=access_log, log_format=log_format.value):
         raise typer.Exit(1)  # uvicorn has logged why (port in use, a model that failed to load)
 

@@ -25,8 +25,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from kiln.artifact.manifest import read_manifest
 from kiln.errors import KilnError, UsageError
-from kiln.log import get_logger
-from kiln.serve import playground
+from kiln.log import get_logger, request_id
+from kiln.serve import playground, tracing
 from kiln.serve.batcher import BatchLimits
 from kiln.serve.guard import Guard
 from kiln.serve.inference import HTTPError, Served, infer, load_served
@@ -62,10 +62,13 @@ class ServeConfig:
     tokenizer_threads: int = 2
     max_inputs_per_request: int = 64  # like TEI's --max-client-batch-size; 413 above it
     restart_loops: bool = False  # a batcher/decode loop that dies is restarted (its queued requests still fail)
+    otlp_endpoint: str | None = None  # OpenTelemetry collector (OTLP/HTTP) for request spans; needs kiln[otel]
 
 
-def create_app(config: ServeConfig) -> FastAPI:
-    """The server for ``config.models``: routes of their tasks, probes, metrics, errors as JSON."""
+def create_app(config: ServeConfig, tracer_provider: Any = None) -> FastAPI:
+    """The server for ``config.models``: routes of their tasks, probes, metrics, errors as JSON. Request spans go
+    to ``tracer_provider`` when given (tests pass one with an in-memory exporter), else to an OTLP exporter at
+    ``config.otlp_endpoint`` when set."""
     configs = {name: TaskConfig.from_dict(read_manifest(Path(path).expanduser()).task)
                for name, path in config.models.items()}
     tasks = {name: c.task for name, c in configs.items()}
@@ -73,6 +76,9 @@ def create_app(config: ServeConfig) -> FastAPI:
                   default_response_class=JSONBody)
     app.state.config, app.state.tasks, app.state.models, app.state.metrics = config, tasks, {}, Metrics()
     app.state.task_configs = configs
+    if tracer_provider is None and config.otlp_endpoint:
+        tracer_provider = tracing.tracer_provider(config.otlp_endpoint)
+    app.state.tracing = tracing.Tracing(tracer_provider.get_tracer("kiln.serve") if tracer_provider else None)
     app.state.pool = ThreadPoolExecutor(max_workers=config.tokenizer_threads, thread_name_prefix="kiln-tokenize")
     app.state.playground = playground.page(tasks)
     routes = _served_routes(tasks)
@@ -150,12 +156,15 @@ def _pick(app: FastAPI, name: str | None, route: Route) -> Served:
 def _mount_route(app: FastAPI, route: Route) -> None:
     async def endpoint(body: Any) -> JSONBody:
         start = time.perf_counter()
-        served = _pick(app, body.model, route)
-        prepared, results = await infer(served, body, app.state.pool, app.state.metrics,
-                                        app.state.config.max_inputs_per_request)
+        with app.state.tracing.request(route.path, request_id=request_id.get()) as trace:
+            served = _pick(app, body.model, route)
+            trace.set(model=served.name, task=served.task, variant=served.variant)
+            prepared, results = await infer(served, body, app.state.pool, app.state.metrics,
+                                            app.state.config.max_inputs_per_request, trace)
+            answer = route.render(body, served.name, prepared, results)
         # Server-side time (tokenize, queue, run, post-process), for clients and the playground page.
         latency = {LATENCY_HEADER: f"{1000 * (time.perf_counter() - start):.2f}"}
-        return JSONBody(route.render(body, served.name, prepared, results), headers=latency)
+        return JSONBody(answer, headers=latency)
 
     post_endpoint(app, route, endpoint, INFERENCE_ERRORS)
 

@@ -17,9 +17,10 @@ from kiln.artifact.directory import Artifact
 from kiln.errors import KilnError, UsageError
 from kiln.log import get_logger
 from kiln.runtime.predictor import Predictor
-from kiln.serve.batcher import Batcher, BatchLimits, BatchStats
+from kiln.serve.batcher import Batcher, BatchLimits, BatchStats, BatchTrace
 from kiln.serve.metrics import Metrics
 from kiln.serve.supervision import LoopDied, OwnedLoop
+from kiln.serve.tracing import NO_TRACE
 from kiln.tasks.http import RequestBody
 
 log = get_logger("serve.inference")
@@ -103,8 +104,9 @@ def load_served(name: str, path: Path, limits: BatchLimits, metrics: Metrics, *,
 
 
 async def infer(served: Served, body: RequestBody, pool: ThreadPoolExecutor, metrics: Metrics,
-                max_inputs: int) -> tuple[Any, list[Any]]:
-    """(prepared inputs, task results) for one request; errors are HTTPErrors with the right status."""
+                max_inputs: int, trace: Any = NO_TRACE) -> tuple[Any, list[Any]]:
+    """(prepared inputs, task results) for one request; errors are HTTPErrors with the right status. ``trace``
+    (kiln.serve.tracing) receives a span per stage."""
     items, count = body.items(), body.input_count()
     if count > max_inputs:
         raise HTTPError(413, "too_many_inputs", f"{count} inputs in one request; the limit is {max_inputs} "
@@ -120,20 +122,29 @@ async def infer(served: Served, body: RequestBody, pool: ThreadPoolExecutor, met
     except Exception as err:  # the tokenizer or the task's pre-processing failed on this request's inputs
         log.error("pre-processing failed: %s: %s", type(err).__name__, err, exc_info=err)
         raise HTTPError(500, "preprocessing_failed", f"pre-processing failed: {type(err).__name__}: {err}") from err
-    metrics.tokenize_seconds.observe(time.perf_counter() - start)
+    tokenized = time.perf_counter()
+    metrics.tokenize_seconds.observe(tokenized - start)
+    trace.child("tokenize", start, tokenized, inputs=count, features=len(prepared.encodings))
     if not body.truncate and any(prepared.truncated):
         index = prepared.truncated.index(True)
         raise HTTPError(413, "input_too_long", f"input {index} is longer than the model's "
                         f"{served.artifact.task_config.max_length} tokens and truncate is false")
+    batches: list[BatchTrace] = []
     try:
-        reduced = await served.batcher.submit(prepared.encodings)
+        reduced = await served.batcher.submit(prepared.encodings, batches)
     except LoopDied as err:
         raise HTTPError(500, "inference_failed", str(err)) from err
     except Exception as err:  # the batch this request was in failed (logged there); every request in it gets this
         raise HTTPError(500, "inference_failed", f"inference failed: {type(err).__name__}: {err}") from err
+    for batch in batches:
+        trace.child("queue", batch.arrived, batch.formed)
+        trace.child("batch", batch.formed, batch.started, batch_size=batch.size)
+        trace.child("engine", batch.started, batch.finished, batch_size=batch.size)
+    start = time.perf_counter()
     try:
         results = await loop.run_in_executor(pool, handler.finalize, prepared, reduced, options,
                                              served.predictor.encoder)
+        trace.child("postprocess", start, time.perf_counter())
     except KilnError as err:
         raise HTTPError(422, "invalid_request", err.message) from err
     except Exception as err:

@@ -1,0 +1,61 @@
+"""OpenTelemetry: each served request is a span with tokenize, queue, batch, engine and postprocess children."""
+
+from __future__ import annotations
+
+import pytest
+from fastapi.testclient import TestClient
+
+from kiln.serve.app import ServeConfig, create_app
+
+pytest.importorskip("opentelemetry.sdk", reason="kiln[otel] is not installed")
+
+
+def test_a_request_is_a_span_with_a_child_per_stage(tiny_artifact):
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    from opentelemetry.trace import SpanKind, StatusCode
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    app = create_app(ServeConfig(models={"m": tiny_artifact}), tracer_provider=provider)
+    with TestClient(app) as c:
+        ok = c.post("/embed", json={"inputs": ["one text", "and another"]}, headers={"x-request-id": "trace-me"})
+        bad = c.post("/embed", json={"inputs": ["x"], "dimensions": 100000})
+    assert ok.status_code == 200 and bad.status_code == 422
+    spans = exporter.get_finished_spans()
+    roots = [s for s in spans if s.parent is None]
+    assert [r.name for r in roots] == ["POST /embed", "POST /embed"]
+    root = roots[0]
+    assert root.kind == SpanKind.SERVER and root.attributes["kiln.request_id"] == "trace-me"
+    assert root.attributes["kiln.model"] == "m" and root.attributes["http.response.status_code"] == 200
+    children = sorted((s for s in spans if s.parent and s.parent.span_id == root.context.span_id),
+                      key=lambda s: s.start_time)
+    names = [s.name for s in children]
+    assert names[0] == "tokenize" and names[-1] == "postprocess"
+    assert {"queue", "batch", "engine"} <= set(names)
+    for child in children:  # each stage lies inside the request, and stages follow one another
+        assert root.start_time <= child.start_time <= child.end_time <= root.end_time
+    engine = next(s for s in children if s.name == "engine")
+    assert engine.attributes["kiln.batch_size"] == 2
+    failed = roots[1]
+    assert failed.attributes["http.response.status_code"] == 422 and failed.status.status_code != StatusCode.ERROR
+
+
+def test_otlp_endpoint_without_the_extra_names_the_install(monkeypatch):
+    import builtins
+
+    from kiln.errors import MissingDependencyError
+    from kiln.serve.tracing import tracer_provider
+
+    real = builtins.__import__
+
+    def blocked(name, *args, **kwargs):
+        if name.startswith("opentelemetry.exporter"):
+            raise ImportError(f"No module named {name!r}")
+        return real(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", blocked)
+    with pytest.raises(MissingDependencyError, match=r"pip install 'kiln\[otel\]'"):
+        tracer_provider("http://127.0.0.1:4318")
