@@ -161,7 +161,7 @@ def test_fast_variants_of_a_pruned_model_stay_exact(pruned, tmp_path):
 
 def test_bad_settings_are_one_clear_error():
     for kwargs, message in (({"heads": 1.0}, "--heads is the share to remove"), ({}, "nothing to prune"),
-                            ({"ffn": 0.5, "scope": "model"}, "--scope must be one of global, layer"),
+                            ({"ffn": 0.5, "scope": "model"}, "--scope must be one of: global, layer"),
                             ({"ffn": -0.1}, "--ffn is the share")):
         with pytest.raises(UsageError, match=message):
             PruneSettings(**kwargs)
@@ -181,7 +181,7 @@ def test_the_command_prunes_and_reports(tiny_model, texts, tmp_path):
     assert "pruned: heads per layer [1, 1], FFN width per layer" in done.stderr  # 2 of 4 heads, 1 kept per layer
     assert "epoch 1: loss" in done.stderr and "agreement with the teacher" in done.stdout
     for args, message in ((("--heads", "1.5"), "--heads is the share to remove"),
-                          (("--ffn", "0.5", "--scope", "model"), "--scope must be one of global, layer"),
+                          (("--ffn", "0.5", "--scope", "model"), "Invalid value for '--scope'"),
                           ((), "nothing to prune")):
         bad = cli(*args, "-o", str(tmp_path / "bad"))
         assert bad.returncode != 0 and message in bad.stderr and "Traceback" not in bad.stderr, bad.stderr

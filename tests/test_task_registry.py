@@ -82,5 +82,31 @@ def test_a_new_task_is_one_module_and_one_registry_line(dummy_task, tiny_model, 
 def test_the_top_level_holds_only_shared_pieces():
     """The stages live in folders (model/, export/, optimize/, …); the top level keeps what every stage shares."""
     assert sorted(p.name for p in SRC.glob("*.py")) == ["__init__.py", "__main__.py", "choices.py", "errors.py",
-                                                        "records.py"]
+                                                        "log.py", "records.py"]
     assert {"load", "Artifact", "Predictor", "TaskName", "TextPair"} <= set(kiln.__all__)
+
+
+def test_choices_are_named_once_and_the_registries_follow_them():
+    """Every variant builder has a VariantName (so --variants help lists them all) and every device, target,
+    calibration method and scope the config records accept is the enum's own vocabulary."""
+    from kiln.choices import CalibrationMethod, Device, PruneScope, Target, VariantName
+    from kiln.cli.app import app
+    from kiln.engines.base import EngineOptions
+    from kiln.errors import UsageError
+    from kiln.optimize.variants import VARIANTS
+
+    assert set(VARIANTS) == set(VariantName)
+    assert f"{Target.CUDA}" == "cuda" and Device.TENSORRT == "tensorrt"
+    with pytest.raises(UsageError, match="--device must be one of: cpu, cuda, tensorrt .got 'gpu'."):
+        EngineOptions(device="gpu")
+    assert EngineOptions(device="cuda").device is Device.CUDA
+    import typer
+
+    params = {p.name: p for p in typer.main.get_command(app).commands["optimize"].params}
+    assert "openvino-int8-weights" in params["variants"].help  # generated from the registry's names
+    from typer.testing import CliRunner
+
+    for flag, enum in (("--calibration-method", CalibrationMethod), ("--target", Target)):
+        refused = CliRunner().invoke(app, ["optimize", flag, "nonsense"], env={"COLUMNS": "300"})
+        assert refused.exit_code == 2 and all(m.value in refused.output for m in enum), refused.output
+    assert {m.value for m in PruneScope} == {"global", "layer"}

@@ -26,7 +26,7 @@ def _repo(artifact: Path, out: Path, **kwargs) -> Path:
 
 
 def test_gpu_repository_parses_and_matches_the_onnx_graph(task_artifacts, tmp_path):
-    repo = _repo(task_artifacts[TaskName.TEXT_CLASSIFICATION], tmp_path / "r", device="gpu", tensorrt=True,
+    repo = _repo(task_artifacts[TaskName.TEXT_CLASSIFICATION], tmp_path / "r", device="tensorrt",
                  buckets=(32, 64, 128), instances=2)
     configs = read_configs(repo)
     assert set(configs) == {"r", "r_tokenizer", "r_model", "r_post"}
@@ -64,7 +64,7 @@ def test_the_checker_finds_miswiring(tiny_artifact, tmp_path):
 
 
 def test_onnx_dims_are_checked_against_the_graph(tiny_artifact, tmp_path):
-    repo = _repo(tiny_artifact, tmp_path / "g", device="gpu")
+    repo = _repo(tiny_artifact, tmp_path / "g", device="cuda")
     config = repo / "g_model" / "config.pbtxt"
     config.write_text(config.read_text().replace("  dims: -1\n  dims: -1\n", "  dims: -1\n", 1))
     with pytest.raises(ArtifactError, match="last_hidden_state has 2 dims .batch excluded. in the graph, 1 in"):
@@ -73,7 +73,7 @@ def test_onnx_dims_are_checked_against_the_graph(tiny_artifact, tmp_path):
 
 def test_question_answering_needs_the_python_model_step(task_artifacts, tmp_path):
     with pytest.raises(UsageError, match="question-answering inputs become several windows each.*--python-model"):
-        _repo(task_artifacts[TaskName.QUESTION_ANSWERING], tmp_path / "qa", device="gpu")
+        _repo(task_artifacts[TaskName.QUESTION_ANSWERING], tmp_path / "qa", device="cuda")
     repo = _repo(task_artifacts[TaskName.QUESTION_ANSWERING], tmp_path / "qa", python_model=True)
     configs = read_configs(repo)
     assert [i.name for i in configs["qa"].input] == ["QUESTION", "CONTEXT"]

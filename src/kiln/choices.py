@@ -3,14 +3,31 @@
 from __future__ import annotations
 
 from enum import Enum
+from typing import TypeVar
+
+E = TypeVar("E", bound=Enum)
 
 
-class ExportFormat(str, Enum):
+class Choice(str, Enum):
+    """A named choice: compares equal to its value, and prints as it (``f"{Target.CPU}"`` is ``cpu``)."""
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+    __format__ = str.__format__  # the value, as a plain string would format
+
+
+def names(enum: type[Enum]) -> str:
+    """``a, b, c``: the values of ``enum``, for help texts and error messages."""
+    return ", ".join(str(m.value) for m in enum)
+
+
+class ExportFormat(Choice):
     ONNX = "onnx"
     TORCHSCRIPT = "torchscript"
 
 
-class ExternalData(str, Enum):
+class ExternalData(Choice):
     """Whether ONNX weights go to a side file. Protobuf cannot hold a model over 2 GB."""
 
     AUTO = "auto"
@@ -18,13 +35,13 @@ class ExternalData(str, Enum):
     NEVER = "never"
 
 
-class Pooling(str, Enum):
+class Pooling(Choice):
     MEAN = "mean"
     CLS = "cls"
     MAX = "max"
 
 
-class Aggregation(str, Enum):
+class Aggregation(Choice):
     """Token-classification aggregation, as in the transformers pipeline."""
 
     NONE = "none"
@@ -34,7 +51,7 @@ class Aggregation(str, Enum):
     MAX = "max"
 
 
-class Precision(str, Enum):
+class Precision(Choice):
     """Numeric precision of the torch engine; bf16/fp16 run under autocast with fp32 outputs."""
 
     FP32 = "fp32"
@@ -42,14 +59,62 @@ class Precision(str, Enum):
     FP16 = "fp16"
 
 
-class LogFormatName(str, Enum):
+class Device(Choice):
+    """Where an engine (or a Triton model step) runs. One vocabulary for kiln optimize's timing, kiln.load,
+    kiln bench and kiln triton."""
+
+    CPU = "cpu"
+    CUDA = "cuda"  # a CUDA GPU: ONNX Runtime's CUDA provider with IOBinding, torch on cuda, Triton KIND_GPU
+    TENSORRT = "tensorrt"  # a CUDA GPU through TensorRT (ONNX Runtime's provider; Triton's fp16 accelerator)
+
+
+class Target(Choice):
+    """What kiln optimize builds for: the CPU variants (int8, OpenVINO, bf16) or the GPU ones (fp16)."""
+
+    CPU = "cpu"
+    CUDA = "cuda"
+
+
+class CalibrationMethod(Choice):
+    """How static int8 activation ranges are calibrated (ONNX Runtime's calibrators)."""
+
+    MINMAX = "minmax"  # fast, outlier-sensitive
+    ENTROPY = "entropy"  # clips outliers; slower to calibrate
+    PERCENTILE = "percentile"
+
+
+class PruneScope(Choice):
+    GLOBAL = "global"  # rank heads and neurons across layers
+    LAYER = "layer"  # remove the same share in every layer
+
+
+class VariantName(Choice):
+    """Every variant kiln optimize can build; kiln.optimize.variants.VARIANTS has a builder for each."""
+
+    ONNX_FP32 = "onnx-fp32"
+    ONNX_FUSED = "onnx-fused"
+    ONNX_FUSED_GELU_APPROX = "onnx-fused-gelu-approx"
+    ONNX_INT8_DYNAMIC = "onnx-int8-dynamic"
+    ONNX_INT8_STATIC = "onnx-int8-static"
+    OPENVINO_FP32 = "openvino-fp32"
+    OPENVINO_BF16 = "openvino-bf16"
+    OPENVINO_INT8_STATIC = "openvino-int8-static"
+    OPENVINO_INT8_WEIGHTS = "openvino-int8-weights"
+    ONNX_FP16 = "onnx-fp16"
+    TORCHSCRIPT = "torchscript"
+    TORCH_BF16 = "torch-bf16"
+    TORCH_FP16 = "torch-fp16"
+    TORCH_INT8_DYNAMIC = "torch-int8-dynamic"
+
+
+class LogFormatName(Choice):
     """How kiln serve writes its log (kiln.log)."""
 
     TEXT = "text"
     JSON = "json"
 
 
-def parse_choice(enum: type[Enum], value: str, flag: str):
+def parse_choice(enum: type[E], value: str | E, flag: str) -> E:
     """Return ``enum(value)`` or raise a UsageError naming the flag and the allowed values."""
     from kiln.errors import UsageError
 

@@ -8,7 +8,16 @@ from typing import Annotated, Optional
 
 import typer
 
-from kiln.choices import ExportFormat, ExternalData, LogFormatName
+from kiln.choices import (
+    CalibrationMethod,
+    Device,
+    ExportFormat,
+    ExternalData,
+    LogFormatName,
+    Target,
+    VariantName,
+    names,
+)
 from kiln.cli import console
 from kiln.cli.compress import distill, prune
 from kiln.cli.embed import embed
@@ -98,15 +107,13 @@ def optimize(
     eval_file: Annotated[Optional[Path], typer.Option(  # noqa: UP045
         "--eval", help=f"Labelled data for the task metric: {_EVAL_FORMATS}. Without it: {_BUILTIN_EVAL}.",
         show_default=False)] = None,
-    calibration_method: Annotated[str, typer.Option(
+    calibration_method: Annotated[CalibrationMethod, typer.Option(
         help="Static int8 activation ranges for onnx-int8-static: minmax (fast, outlier-sensitive), "
-        "entropy or percentile (clip outliers; slower to calibrate).")] = "minmax",
-    target: Annotated[str, typer.Option(help="Where the artifact will run: cpu builds int8/OpenVINO/bf16 "
-                                        "variants; cuda builds fp16 ones.")] = "cpu",
+        "entropy or percentile (clip outliers; slower to calibrate).")] = CalibrationMethod.MINMAX,
+    target: Annotated[Target, typer.Option(help="Where the artifact will run: cpu builds int8/OpenVINO/bf16 "
+                                           "variants; cuda builds fp16 ones.")] = Target.CPU,
     variants: Annotated[Optional[str], typer.Option(  # noqa: UP045
-        help="Comma-separated variants to build instead of the target's defaults: onnx-fp32, onnx-fused, "
-        "onnx-fused-gelu-approx, onnx-int8-dynamic, onnx-int8-static, openvino-fp32, openvino-bf16, "
-        "openvino-int8-static, onnx-fp16, torchscript, torch-bf16, torch-fp16, torch-int8-dynamic.",
+        help=f"Comma-separated variants to build instead of the target's defaults: {names(VariantName)}.",
         show_default=False)] = None,
     threads: Annotated[Optional[int], typer.Option(  # noqa: UP045
         help="Intra-op threads for validation and timing (default: the cores this process may use).",
@@ -339,12 +346,12 @@ def triton(
     artifact: Annotated[Path, typer.Argument(help="Artifact directory (e.g. kiln-out/best).", show_default=False)],
     output: Annotated[Path, typer.Option("--output", "-o", help="Model repository directory to write.")]
     = Path("kiln-triton"),
-    device: Annotated[str, typer.Option(help="gpu: ONNX Runtime backend on KIND_GPU (optional TensorRT); cpu: "
-                                        "KIND_CPU with the thread count from kiln bench's serving.json.")] = "cpu",
+    device: Annotated[Device, typer.Option(help="cuda: ONNX Runtime backend on KIND_GPU; tensorrt: the same with "
+                                           "TensorRT's fp16 execution accelerator; cpu: KIND_CPU with the "
+                                           "thread count from kiln bench's serving.json.")] = Device.CPU,
     python_model: Annotated[bool, typer.Option("--python-model", help="Run the model step in the Python backend "
                                                "with kiln's engine (always so for OpenVINO variants); needs only "
                                                "the Python backend, e.g. PyPI's nvidia-pytriton binary.")] = False,
-    tensorrt: Annotated[bool, typer.Option(help="GPU: TensorRT execution accelerator with fp16.")] = False,
     buckets: Annotated[Optional[str], typer.Option(  # noqa: UP045
         help="Comma-separated padded lengths the tokenizer step pads to. Triton batches only same-shape requests: "
         "fewer buckets batch more, more buckets pad less. Default: quartiles and p90 of kiln's timing mix, and the "
@@ -361,7 +368,7 @@ def triton(
     from kiln.integrations.triton.repository import TritonConfig, write_repository
 
     path = write_repository(TritonConfig(
-        artifact=artifact, output=output, device=device, python_model=python_model, tensorrt=tensorrt,
+        artifact=artifact, output=output, device=device, python_model=python_model,
         buckets=_int_list(buckets, "--buckets"), max_batch_size=max_batch_size,
         max_queue_delay_us=max_queue_delay_us, instances=instances, overwrite=force))
     console.out.print(f"Triton repository: {path} (checked: every config parses and the ensemble is wired)")

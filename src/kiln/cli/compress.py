@@ -8,6 +8,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
+from kiln.choices import PruneScope
 from kiln.cli import console
 from kiln.cli.options import DEFAULT_TASK_OPT, ForceOpt, ModelArg, PickleOpt, TaskOpt
 
@@ -92,9 +93,10 @@ def prune(
     heads: Annotated[float, typer.Option(help="Share of all attention heads to remove (each layer keeps one).")
                      ] = 0.0,
     ffn: Annotated[float, typer.Option(help="Share of all FFN neurons to remove (each layer keeps one).")] = 0.0,
-    scope: Annotated[str, typer.Option(help="global: rank heads and neurons across layers (layers lose "
-                                       "different shares); layer: the same share in every layer (with --heads 0 "
-                                       "the result is a plain transformers model).")] = "global",
+    scope: Annotated[PruneScope, typer.Option(help="global: rank heads and neurons across layers (layers lose "
+                                              "different shares); layer: the same share in every layer (with "
+                                              "--heads 0 the result is a plain transformers model).")
+                     ] = PruneScope.GLOBAL,
     importance_samples: Annotated[int, typer.Option(help="Training inputs the importance is measured on.",
                                                     min=1)] = 512,
     texts: TextsOpt = None,

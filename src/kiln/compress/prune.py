@@ -17,13 +17,13 @@ from typing import Any
 
 import numpy as np
 
+from kiln.choices import PruneScope, parse_choice
 from kiln.compress import layout as shapes
 from kiln.compress.distill import DistillConfig, DistillResult, Student, StudentMaker, run_compression
 from kiln.compress.importance import choose, measure
 from kiln.compress.trainer import Features, Recipe, model_inputs
 from kiln.errors import UsageError
 
-SCOPES = ("global", "layer")
 # Recovery starts next to the unpruned model, so it takes smaller steps than a student built from layers
 # (kiln distill's 5e-4). Not swept; see benchmarks/RESULTS.md for what it reached.
 RECOVERY_LR = 1e-4
@@ -33,7 +33,7 @@ RECOVERY_LR = 1e-4
 class PruneSettings:
     heads: float = 0.0  # share of all attention heads to remove
     ffn: float = 0.0  # share of all FFN neurons to remove
-    scope: str = "global"  # rank across layers, or remove the same share in every layer
+    scope: PruneScope = PruneScope.GLOBAL  # rank across layers, or remove the same share in every layer
     samples: int = 512  # training features the importance is measured on
     batch_size: int = 16
 
@@ -43,8 +43,7 @@ class PruneSettings:
                 raise UsageError(f"{flag} is the share to remove, at least 0 and below 1 (got {value})")
         if self.heads == 0 and self.ffn == 0:
             raise UsageError("nothing to prune: give --heads and/or --ffn (shares to remove, e.g. --ffn 0.25)")
-        if self.scope not in SCOPES:
-            raise UsageError(f"--scope must be one of {', '.join(SCOPES)} (got {self.scope!r})")
+        object.__setattr__(self, "scope", parse_choice(PruneScope, self.scope, "--scope"))
         if self.samples < 1:
             raise UsageError(f"--importance-samples must be at least 1 (got {self.samples})")
 

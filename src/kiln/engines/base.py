@@ -8,7 +8,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from kiln.choices import Precision
+from kiln.choices import Device, Precision, parse_choice
 from kiln.errors import UsageError
 
 
@@ -34,7 +34,7 @@ class Engine(Protocol):
 class EngineOptions:
     intra_op_threads: int | None = None  # None: the runtime's default (all cores it may use)
     inter_op_threads: int | None = None
-    device: str = "cpu"  # cpu | cuda | tensorrt (ONNX Runtime only for the last)
+    device: Device = Device.CPU  # tensorrt: ONNX Runtime only
     precision: Precision = Precision.FP32  # torch: autocast dtype; OpenVINO: inference precision hint
     streams: int | None = None  # OpenVINO CPU streams: one per session (engines.open_sessions)
 
@@ -42,19 +42,18 @@ class EngineOptions:
         for flag, value in (("--threads", self.intra_op_threads), ("--inter-op-threads", self.inter_op_threads)):
             if value is not None and not 1 <= value <= (os.cpu_count() or 1) * 4:
                 raise UsageError(f"{flag} must be between 1 and {(os.cpu_count() or 1) * 4} (got {value})")
-        if self.device not in DEVICES:
-            raise UsageError(f"--device must be one of: {', '.join(DEVICES)} (got {self.device!r})")
+        object.__setattr__(self, "device", parse_choice(Device, self.device, "--device"))
 
 
     @classmethod
-    def for_variant(cls, record: dict, threads: int | None = None, device: str = "cpu") -> EngineOptions:
+    def for_variant(cls, record: dict, threads: int | None = None, device: Device | str = Device.CPU
+                    ) -> EngineOptions:
         """Options a manifest variant record asks for (precision hint, streams), with the caller's threads."""
         options = record.get("options") or {}
         return cls(intra_op_threads=threads, device=device, precision=Precision(options.get("precision", "fp32")),
                    streams=options.get("streams"))
 
 
-DEVICES = ("cpu", "cuda", "tensorrt")
 
 
 def warm_every_length(engine: Engine, max_length: int, multiple: int | None = None) -> int:

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from kiln.choices import ExportFormat
+from kiln.choices import CalibrationMethod, ExportFormat, Target
 from kiln.export.job import ExportConfig, export_variant
 from kiln.model.reference import example_inputs, task_module
 from kiln.model.source import SourceModel
@@ -40,8 +40,8 @@ class BuildContext:
     calibration: list[Any]  # texts (or QA pairs) the int8 passes calibrate on
     cpu: CpuInfo
     scheme: Int8Scheme
-    target: str
-    calibration_method: str = "minmax"
+    target: Target
+    calibration_method: CalibrationMethod = CalibrationMethod.MINMAX
     scratch: Path | None = None  # temporary files that never enter the artifact (calibration caches)
     _cache: dict[str, Any] = field(default_factory=dict)
 

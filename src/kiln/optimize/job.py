@@ -17,6 +17,7 @@ from kiln.artifact.directory import copy_variant
 from kiln.artifact.manifest import Manifest, library_versions, seal
 from kiln.artifact.staging import staged_directory
 from kiln.bench.measure import Timing, time_predictor
+from kiln.choices import CalibrationMethod, Target, parse_choice
 from kiln.engines import EngineOptions, create_engine
 from kiln.errors import KilnError, UsageError
 from kiln.export.job import write_tokenizer
@@ -24,7 +25,6 @@ from kiln.model.reference import reference_predictor, timing_predictor, vanilla_
 from kiln.model.source import SourceModel, load_source
 from kiln.optimize import datasets
 from kiln.optimize.context import BuildContext, BuiltVariant
-from kiln.optimize.onnx_passes import CALIBRATION_METHODS
 from kiln.optimize.outcome import Outcome, RunSummary, Sensitivity, Status, write_summaries
 from kiln.optimize.sensitivity import exclusion_search
 from kiln.optimize.variants import VARIANTS, VariantSpec, default_variants, remove_variant_files
@@ -41,7 +41,6 @@ from kiln.validation.gate import Verdict, judge, tolerance_for
 Progress = Callable[[str], None]
 TIE = 0.02  # variants within 2% of the fastest count as tied; the smaller file wins
 BEST_DIR = "best"
-TARGETS = ("cpu", "cuda")
 
 
 class NothingPassed(KilnError):
@@ -62,8 +61,8 @@ class OptimizeConfig:
     tolerance: float | None = None
     eval_file: Path | None = None
     calibration_file: Path | None = None
-    calibration_method: str = "minmax"
-    target: str = "cpu"
+    calibration_method: CalibrationMethod = CalibrationMethod.MINMAX
+    target: Target = Target.CPU
     variants: tuple[str, ...] | None = None
     threads: int | None = None
     batch_size: int = 32
@@ -77,11 +76,10 @@ class OptimizeConfig:
     matryoshka_dims: tuple[int, ...] = ()  # embedding sizes validated and recorded besides the full one
 
     def __post_init__(self) -> None:
-        if self.target not in TARGETS:
-            raise UsageError(f"--target must be one of: {', '.join(TARGETS)} (got {self.target!r})")
-        if self.calibration_method not in CALIBRATION_METHODS:
-            raise UsageError(f"--calibration-method must be one of: {', '.join(CALIBRATION_METHODS)} "
-                             f"(got {self.calibration_method!r})")
+        # Library callers may pass plain strings; the checked Enum replaces them (frozen: object.__setattr__).
+        object.__setattr__(self, "target", parse_choice(Target, self.target, "--target"))
+        object.__setattr__(self, "calibration_method",
+                           parse_choice(CalibrationMethod, self.calibration_method, "--calibration-method"))
         allowed = task_spec(self.task).variants or tuple(VARIANTS)
         unknown = [v for v in self.variants or () if v not in allowed]
         if unknown:

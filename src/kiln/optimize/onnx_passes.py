@@ -82,7 +82,6 @@ def quantize_dynamic_int8(
             "excluded_nodes": list(exclude)}
 
 
-CALIBRATION_METHODS = ("minmax", "entropy", "percentile")
 
 
 class FeedReader:

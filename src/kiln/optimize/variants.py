@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from kiln.choices import Precision
+from kiln.choices import Precision, Target, VariantName
 from kiln.optimize import onnx_passes, openvino_passes, torch_passes
 from kiln.optimize.context import BuildContext, BuiltVariant
 from kiln.optimize.sensitivity import rank_layers
@@ -22,7 +22,7 @@ Builder = Callable[..., BuiltVariant]  # (context, nodes to keep in fp32, **tuni
 class VariantSpec:
     name: str
     build: Builder  # (context, nodes to keep in fp32) -> variant
-    targets: frozenset[str]  # targets that build it by default
+    targets: frozenset[Target]  # targets that build it by default
     why_not: Callable[[BuildContext], str | None] = lambda ctx: None  # reason it cannot be built here
     # For int8 variants: (context, calibration batches) -> (layer name, int8 error) worst first, in the names
     # the variant's own quantizer takes for exclusion.
@@ -224,9 +224,9 @@ def _needs_cuda_for_fp16_speed(ctx: BuildContext) -> str | None:
     return None  # builds anywhere; only chosen by default for --target cuda (CPU fp16 kernels are slow)
 
 
-CPU = frozenset({"cpu"})
-ALL = frozenset({"cpu", "cuda"})
-VARIANTS: dict[str, VariantSpec] = {spec.name: spec for spec in (
+CPU = frozenset({Target.CPU})
+ALL = frozenset(Target)
+VARIANTS: dict[VariantName, VariantSpec] = {VariantName(spec.name): spec for spec in (
     VariantSpec("onnx-fp32", _fp32, ALL),
     VariantSpec("onnx-fused", _fused, ALL),
     VariantSpec("onnx-fused-gelu-approx", lambda ctx, ex=(): _fused(ctx, ex, gelu=True), ALL),
@@ -244,10 +244,10 @@ VARIANTS: dict[str, VariantSpec] = {spec.name: spec for spec in (
                 not_by_default=_weights_only_pays,
                 rank=lambda ctx, batches: openvino_passes.rank_ir_layers(ctx.stage / _openvino_fp32_ir(ctx).path,
                                                                          batches, static=False)),
-    VariantSpec("onnx-fp16", _fp16, frozenset({"cuda"})),
+    VariantSpec("onnx-fp16", _fp16, frozenset({Target.CUDA})),
     VariantSpec("torchscript", _torchscript, ALL),
     VariantSpec("torch-bf16", _torch_autocast(Precision.BF16), CPU, _needs_bf16),
-    VariantSpec("torch-fp16", _torch_autocast(Precision.FP16), frozenset({"cuda"})),
+    VariantSpec("torch-fp16", _torch_autocast(Precision.FP16), frozenset({Target.CUDA})),
     VariantSpec("torch-int8-dynamic", _torch_int8, CPU),
 )}
 

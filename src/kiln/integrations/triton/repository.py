@@ -1,11 +1,11 @@
 """`kiln triton ARTIFACT -o REPO`: a Triton model repository for one kiln artifact.
 
 ``NAME`` (ensemble: TEXT -> the task's outputs) = ``NAME_tokenizer`` (Python backend) -> ``NAME_model`` ->
-``NAME_post`` (Python backend). The model step is Triton's ONNX Runtime backend (``--device gpu``: KIND_GPU,
-optional TensorRT fp16; ``--device cpu``: KIND_CPU with the thread count from ``kiln bench``'s serving.json), or a
-Python-backend step running kiln's engine (``--python-model``, and always for an OpenVINO variant). Every
-config is a ``ModelConfig`` message of Triton's own protobuf schema, written with ``text_format`` and checked
-(``check.py``) before the repository is moved into place.
+``NAME_post`` (Python backend). The model step is Triton's ONNX Runtime backend (``--device cuda``: KIND_GPU;
+``--device tensorrt``: KIND_GPU with TensorRT fp16; ``--device cpu``: KIND_CPU with the thread count from
+``kiln bench``'s serving.json), or a Python-backend step running kiln's engine (``--python-model``, and always for
+an OpenVINO variant). Every config is a ``ModelConfig`` message of Triton's own protobuf schema, written with
+``text_format`` and checked (``check.py``) before the repository is moved into place.
 """
 
 from __future__ import annotations
@@ -20,12 +20,12 @@ import numpy as np
 
 from kiln.artifact.directory import Artifact
 from kiln.artifact.staging import staged_directory
+from kiln.choices import Device, parse_choice
 from kiln.engines.base import warmup_inputs
 from kiln.errors import MissingDependencyError, UsageError
 from kiln.integrations.triton.steps import STEP_FILE
 from kiln.tasks import task_spec
 
-DEVICES = ("cpu", "gpu")
 STEP_MODULE = "kiln.integrations.triton.steps"
 
 
@@ -33,9 +33,8 @@ STEP_MODULE = "kiln.integrations.triton.steps"
 class TritonConfig:
     artifact: Path
     output: Path
-    device: str = "cpu"
+    device: Device = Device.CPU
     python_model: bool = False  # the model step as a Python-backend step running kiln's engine
-    tensorrt: bool = False  # GPU: TensorRT execution accelerator with fp16
     buckets: tuple[int, ...] | None = None  # padded lengths; default: quantiles of the task's timing mix
     max_batch_size: int = 32
     max_queue_delay_us: int = 2000
@@ -44,8 +43,7 @@ class TritonConfig:
     overwrite: bool = False
 
     def __post_init__(self) -> None:
-        if self.device not in DEVICES:
-            raise UsageError(f"--device must be one of: {', '.join(DEVICES)} (got {self.device!r})")
+        object.__setattr__(self, "device", parse_choice(Device, self.device, "--device"))
         if self.max_batch_size < 1:
             raise UsageError(f"--max-batch-size must be at least 1 (got {self.max_batch_size}); 0 would turn "
                              "Triton's dynamic batching off")
@@ -106,9 +104,9 @@ def write_repository(config: TritonConfig) -> Path:
     if not python_model and spec.triton_windows:
         raise UsageError(f"{spec.name} inputs become several windows each, an axis Triton's onnxruntime backend "
                          "cannot take: use --device cpu --python-model (the model step flattens the windows)")
-    if config.device == "gpu" and python_model:
-        raise UsageError(f"--device gpu needs an ONNX variant on Triton's onnxruntime backend; {variant} runs on "
-                         f"{record['engine']} (use --device cpu, or an ONNX variant)")
+    if config.device != Device.CPU and python_model:
+        raise UsageError(f"--device {config.device} needs an ONNX variant on Triton's onnxruntime backend; {variant} "
+                         f"runs on {record['engine']} (use --device cpu, or an ONNX variant)")
     name = config.name or (artifact.path.resolve().parent.name if artifact.path.name == "best"
                            else artifact.path.resolve().name)
     serving = artifact.serving_default(variant)
@@ -152,13 +150,13 @@ def _configs(pb, config: TritonConfig, spec, name: str, input_names, output_rank
     if python_model:
         model = _python_step(pb, f"{name}_model", token_inputs, model_outputs, mbs, count=instances)
     else:
-        kind = pb.ModelInstanceGroup.KIND_GPU if config.device == "gpu" else pb.ModelInstanceGroup.KIND_CPU
+        kind = pb.ModelInstanceGroup.KIND_CPU if config.device == Device.CPU else pb.ModelInstanceGroup.KIND_GPU
         model = pb.ModelConfig(name=f"{name}_model", backend="onnxruntime", platform="onnxruntime_onnx",
                                max_batch_size=mbs, input=token_inputs, output=model_outputs,
                                instance_group=[pb.ModelInstanceGroup(count=instances, kind=kind)])
         if config.device == "cpu" and serving.get("threads"):
             model.parameters["intra_op_thread_count"].string_value = str(serving["threads"])
-        if config.device == "gpu" and config.tensorrt:
+        if config.device == Device.TENSORRT:
             accelerator = model.optimization.execution_accelerators.gpu_execution_accelerator.add(name="tensorrt")
             accelerator.parameters["precision_mode"] = "FP16"
     model.dynamic_batching.CopyFrom(pb.ModelDynamicBatching(
