@@ -3,7 +3,8 @@
 - public signatures that take or return ``dict[str, Any]`` (parameters or return annotation);
 - reads of manifest variant records by string key (``record["..."]`` / ``record.get("...")`` on names that hold
   variant records: record, rec, variant_record);
-- ``.generates`` checks outside ``kiln/tasks/``;
+- checks of what kind a task is outside ``kiln/tasks/`` (``.generates``, or comparing ``.scheduling`` instead of
+  looking it up in a registry);
 - import cycles between kiln modules (every import, function-level ones included, and module-level only);
 - the largest modules (lines) and functions (lines).
 """
@@ -32,7 +33,9 @@ def modules() -> dict[str, Path]:
 def dict_signatures(tree: ast.AST) -> list[str]:
     found = []
     for node in ast.walk(tree):
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and not (node.name.startswith("_") and not node.name.startswith("__")):
+        name = getattr(node, "name", None) or "_"
+        private = name.startswith("_") and not name.startswith("__")
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and not private:
             annotations = [a.annotation for a in (*node.args.args, *node.args.kwonlyargs) if a.annotation]
             annotations += [node.returns] if node.returns else []
             if any("dict[str, Any]" in ast.unparse(a) for a in annotations):
@@ -46,10 +49,14 @@ def record_key_reads(text: str) -> int:
 
 
 def imports(tree: ast.AST, module: str, known: set[str], top_level_only: bool) -> set[str]:
+    """kiln modules ``module`` imports: at module level only, or anywhere (inside functions too). Imports under
+    ``if TYPE_CHECKING:`` never run and are not counted."""
+    typing_only = {id(n) for block in ast.walk(tree) if isinstance(block, ast.If)
+                   and ast.unparse(block.test) == "TYPE_CHECKING" for n in ast.walk(block)}
     nodes = tree.body if top_level_only else list(ast.walk(tree))
     out = set()
     for node in nodes:
-        if isinstance(node, ast.If) and top_level_only:  # `if TYPE_CHECKING:` imports do not run
+        if id(node) in typing_only or (isinstance(node, ast.If) and top_level_only):
             continue
         names = []
         if isinstance(node, ast.Import):
@@ -107,8 +114,8 @@ def main() -> None:
     known = set(mods)
     trees = {m: ast.parse(p.read_text()) for m, p in mods.items()}
     dicts = {m: dict_signatures(t) for m, t in trees.items()}
-    generates = {m: len(re.findall(r"\.generates\b", p.read_text())) for m, p in mods.items()
-                 if not m.startswith("kiln.tasks")}
+    kind_check = re.compile(r"\.generates\b|\.scheduling\s*(?:is|==|!=)")
+    generates = {m: len(kind_check.findall(p.read_text())) for m, p in mods.items() if not m.startswith("kiln.tasks")}
     functions = []
     for m, tree in trees.items():
         for node in ast.walk(tree):

@@ -56,7 +56,7 @@ def serve_throughput(artifact: Path, concurrency: list[int], prompt: str) -> lis
     rows = []
     with process.serve_in_thread(app) as base:
         for streams in concurrency:
-            loop = app.state.models["gpt2"].batcher
+            loop = app.state.models["gpt2"].scheduler
             loop.widest = 0
             tokens = [0] * streams
 

@@ -316,7 +316,7 @@ def test_continuous_batching_and_a_vanished_client_frees_its_slot(decoder_artifa
 
     app = create_app(ServeConfig(models={"m": decoder_artifacts["gpt2"]}))
     with process.serve_in_thread(app) as base:
-        loop = app.state.models["m"].batcher
+        loop = app.state.models["m"].scheduler
         results: list[str] = [""] * 6
 
         def call(k: int) -> None:
@@ -414,18 +414,16 @@ def test_a_dead_decode_loop_fails_its_streams_and_turns_ready_off(decoder_artifa
 
     app = create_app(ServeConfig(models={"m": decoder_artifacts["gpt2"]}))
     with TestClient(app) as c:
-        loop = app.state.models["m"].batcher
-        calls = {"n": 0}
+        loop = app.state.models["m"].scheduler
         drop = loop._drop_cancelled
 
         def broken() -> None:
-            calls["n"] += 1
-            if calls["n"] == 4:  # a few rounds in: sequences are decoding
+            if len(loop.batch) + len(loop.waiting) == len(PROMPTS) and len(loop.batch):  # all three are in
                 raise RuntimeError("injected: dropping cancelled rows failed")
             drop()
 
         loop._drop_cancelled = broken
-        answers = concurrently([lambda p=p: c.post("/generate", json={"inputs": p, "max_new_tokens": 30})
+        answers = concurrently([lambda p=p: c.post("/generate", json={"inputs": p, "max_new_tokens": 80})
                                 for p in PROMPTS], "the streams of a dead decode loop to be answered")
         ready = c.get("/ready")
         deaths = [line for line in c.get("/metrics").text.splitlines() if line.startswith("kiln_loop_deaths_total")]

@@ -167,7 +167,7 @@ def test_sessions_and_threads_come_from_the_serving_default(artifacts, tmp_path)
     batches = []
     with client(artifacts, models={"m": path}) as c:
         info = c.get("/info").json()["models"][0]
-        batcher = c.app.state.models["m"].batcher
+        batcher = c.app.state.models["m"].scheduler
         collate = batcher._collate
         batcher._collate = lambda batch: batches.append(collate(batch)["input_ids"].shape) or collate(batch)
         with ThreadPoolExecutor(8) as pool:

@@ -107,6 +107,13 @@ class VariantName(Choice):
     TORCH_INT8_DYNAMIC = "torch-int8-dynamic"
 
 
+class Scheduling(Choice):
+    """How a task's requests are run, and so which scheduler serves them and how kiln bench times them."""
+
+    BATCH = "batch"  # one forward pass per input; requests grouped into length-sorted dynamic batches
+    DECODE = "decode"  # token by token on a KV cache; sequences join and leave a running batch (continuous)
+
+
 class LogFormatName(Choice):
     """How kiln serve writes its log (kiln.log)."""
 

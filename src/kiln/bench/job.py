@@ -14,6 +14,7 @@ from kiln.bench import generation
 from kiln.bench import results as results_file
 from kiln.bench.environment import fingerprint
 from kiln.bench.worker import PYTORCH, BenchSettings, Target, TargetResult, worker_main
+from kiln.choices import Scheduling
 from kiln.data.texts import texts_of_lengths
 from kiln.errors import UsageError
 from kiln.records import to_jsonable, write_json
@@ -104,11 +105,9 @@ class BenchJob:
             from kiln.artifact.directory import Artifact
 
             art = Artifact.open(path)
-            names = list(cfg.variants) if cfg.variants else [art.variant_name()]
-            if not cfg.variants and task_spec(art.task_config.task).generates:
-                # The published decoder comparison is fp32 against int8, and int8 often misses the gate on a
-                # small model: every variant built is timed, its gate status beside it in the report.
-                names = list(art.manifest.variants)
+            plan = PLANS[task_spec(art.task_config.task).scheduling]
+            names = list(cfg.variants) if cfg.variants else \
+                list(art.manifest.variants) if plan.every_variant else [art.variant_name()]
             if names == ["all"]:
                 names = [n for n, r in art.manifest.variants.items() if r.get("status", "accepted") == "accepted"]
             for name in names:
@@ -132,8 +131,7 @@ class BenchJob:
         cores = cpu_info().usable_cores
         threads = cfg.threads or cores
         task = artifact.task_config.task if artifact else cfg.task
-        settings = self._generation_settings(threads) if task_spec(task).generates else \
-            self._settings(encoder, cores, threads)
+        settings = PLANS[task_spec(task).scheduling].settings(self, encoder, cores, threads)
         steps = len(targets) * (3 + len(settings.batch_sizes) * len(settings.seq_lens))
         steps += sum(len(settings.sweep) + len(settings.pad_multiples) for t in targets if t.name != PYTORCH)
         bar = self.make_bar(steps) if self.make_bar else None
@@ -166,7 +164,7 @@ class BenchJob:
             pad_multiples=() if cfg.quick or not cfg.sweep else SWEEP_PAD_MULTIPLES,
         )
 
-    def _generation_settings(self, threads: int) -> BenchSettings:
+    def _generation_settings(self, encoder, cores: int, threads: int) -> BenchSettings:
         """A decoder's grid: batch sizes x prompt lengths, each cell generating NEW_TOKENS tokens. No length mix and
         no sweep: a decoder is served by continuous batching, not by an encoder's batch-and-padding plan."""
         cfg = self.config
@@ -236,6 +234,20 @@ class BenchJob:
                       f"{', '.join(map(str, written))}")
         return default
 
+
+@dataclass(frozen=True)
+class TimingPlan:
+    """How kiln bench times a task of one scheduling kind."""
+
+    settings: Callable[[BenchJob, Any, int, int], BenchSettings]  # (job, encoder, cores, threads) -> settings
+    # Time every variant built by default, not only best/: the published decoder comparison is fp32 against int8,
+    # and int8 often misses the gate on a small model, so each is timed with its gate status beside it.
+    every_variant: bool = False
+
+
+# How a task's requests are scheduled (TaskSpec.scheduling) -> how kiln bench times it.
+PLANS: dict[Scheduling, TimingPlan] = {Scheduling.BATCH: TimingPlan(BenchJob._settings),
+                                       Scheduling.DECODE: TimingPlan(BenchJob._generation_settings, True)}
 
 SERVING_KEYS = ("variant", "sessions", "threads", "batch_size", "pad_multiple")
 

@@ -18,6 +18,7 @@ from kiln.bench.measure import (
     peak_rss_mb,
     synthetic_batch,
 )
+from kiln.choices import Scheduling
 from kiln.tasks import task_spec
 
 PYTORCH = "pytorch-fp32"
@@ -86,24 +87,41 @@ def _build(target: Target, threads: int):
     """(encoder, task config, engine) for the target, its engine created with ``threads``."""
     from kiln.engines import EngineOptions
 
-    options = EngineOptions(intra_op_threads=threads)
     if target.name == PYTORCH:
-        from kiln.engines.torch_eager import TorchEngine
-        from kiln.model.reference import set_vanilla_attention, source_encoder, task_module, timing_predictor
+        from kiln.model.reference import set_vanilla_attention
         from kiln.model.source import load_source
 
         source = load_source(target.model, target.task)
         set_vanilla_attention(source.model)  # the vanilla model, as users run it
-        if task_spec(target.task).generates:
-            # The step graph with the KV cache run eagerly: the same work per token as the exported variants.
-            reference = timing_predictor(source, threads=threads)
-            return reference.encoder, reference.config, reference.raw_engine
-        return source_encoder(source), source.task_config, TorchEngine(task_module(source), options)
+        return BASELINES[task_spec(target.task).scheduling](source, threads)
     from kiln.artifact.directory import Artifact
 
     art = Artifact.open(target.artifact, check=False)  # verified once by the parent
     engine = art.engine(target.name, EngineOptions.for_variant(art.variant(target.name), threads))
     return art.encoder(), art.task_config, engine
+
+
+def _torch_baseline(source, threads: int):
+    """The task module run eagerly, as users run the model."""
+    from kiln.engines import EngineOptions
+    from kiln.engines.torch_eager import TorchEngine
+    from kiln.model.reference import source_encoder, task_module
+
+    engine = TorchEngine(task_module(source), EngineOptions(intra_op_threads=threads))
+    return source_encoder(source), source.task_config, engine
+
+
+def _step_graph_baseline(source, threads: int):
+    """The step graph with the KV cache run eagerly: the same work per token as the exported variants."""
+    from kiln.model.reference import timing_predictor
+
+    reference = timing_predictor(source, threads=threads)
+    return reference.encoder, reference.config, reference.raw_engine
+
+
+# How a task is scheduled -> its PyTorch fp32 baseline, (encoder, task config, engine).
+BASELINES: dict[Scheduling, Callable[..., tuple]] = {Scheduling.BATCH: _torch_baseline,
+                                                     Scheduling.DECODE: _step_graph_baseline}
 
 
 def _walk_grid(settings: BenchSettings, too_long: Callable[[int], str | None], measure: Callable[[int, int], Cell],
@@ -151,10 +169,14 @@ def run_generation_target(target: Target, settings: BenchSettings, report=lambda
 
 
 def run_target(target: Target, settings: BenchSettings, report=lambda kind, detail: None) -> TargetResult:
+    """Time one target the way its task is scheduled (RUNNERS)."""
+    return RUNNERS[task_spec(target.task).scheduling](target, settings, report)
+
+
+def run_batch_target(target: Target, settings: BenchSettings, report=lambda kind, detail: None) -> TargetResult:
+    """A one-pass task: the latency grid, the length mix, the GEMM bound and the sessions x threads sweep."""
     from kiln.runtime.predictor import Predictor
 
-    if task_spec(target.task).generates:
-        return run_generation_target(target, settings, report)
     start = time.perf_counter()
     encoder, config, engine = _build(target, settings.threads)
     predictor = Predictor(config, encoder, engine, batch_size=settings.batch_size)
@@ -225,6 +247,11 @@ def _sweep_point(target: Target, settings: BenchSettings, encodings, sessions: i
                            budget_s=settings.budget_s, min_runs=settings.min_runs)
     return SweepPoint(sessions, threads, len(encodings) / seconds, latency.median_ms, batch_size,
                       predictor.pad_multiple)
+
+
+# How a task's requests are scheduled (TaskSpec.scheduling) -> how a target of it is timed.
+RUNNERS: dict[Scheduling, Callable[..., TargetResult]] = {Scheduling.BATCH: run_batch_target,
+                                                          Scheduling.DECODE: run_generation_target}
 
 
 def worker_main(conn, target: Target, settings: BenchSettings) -> None:

@@ -49,14 +49,7 @@ def check_task(model_type: str, arch: ArchSpec, task: str) -> None:
     """Refuse a task the family cannot do: generation needs a decoder; a decoder does only its tasks."""
     from kiln.tasks import TASKS
 
-    spec = TASKS[task]
-    if spec.generates and not arch.decoder:
-        decoders = ", ".join(sorted(n for n, a in SUPPORTED.items() if a.decoder))
-        raise UnsupportedModelError(f"--task {task} needs a decoder-only language model ({decoders}); "
-                                    f"{model_type!r} is a bidirectional encoder")
-    if arch.decoder and not spec.decoders:
-        tasks = ", ".join(n for n, s in TASKS.items() if s.decoders)
-        raise UnsupportedModelError(f"--task {task} is not verified for the decoder {model_type!r}; it does: {tasks}")
+    TASKS[task].check_architecture(model_type, arch.decoder, sorted(n for n, a in SUPPORTED.items() if a.decoder))
 
 
 def arch_spec(model_type: str) -> ArchSpec:

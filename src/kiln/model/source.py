@@ -152,10 +152,7 @@ def load_source(model: str | None, task: str, *, allow_pickle: bool = False) -> 
             f"{name} has no fast (tokenizers-library) tokenizer; kiln needs tokenizer.json to serve without torch"
         )
     hf_model.eval()
-    if arch.decoder and hf_model.config.pad_token_id is None and not spec.generates:
-        # GPT-2 has no padding token; its sequence classifier finds each row's last token by the pad id, so batches
-        # are padded with end-of-text, as transformers' documentation does it.
-        hf_model.config.pad_token_id = hf_model.config.eos_token_id
+    spec.prepare_loaded(hf_model, arch.decoder)
     accepted = set(inspect.signature(hf_model.forward).parameters)
     input_names = tuple(
         n for n in MODEL_INPUTS if n in accepted and (n in tokenizer.model_input_names or n == "attention_mask")

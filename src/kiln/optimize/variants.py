@@ -150,7 +150,7 @@ def _openvino_int8_weights(ctx: BuildContext, exclude: Sequence[str] = ()) -> Bu
 
 
 def _weights_only_pays(ctx: BuildContext) -> str | None:
-    if ctx.spec.generates:
+    if ctx.spec.weight_only_int8_pays:
         return None
     return ("weight-only int8 pays where decoding reads every weight per token; an encoder's batches are "
             "compute-bound (openvino-int8-static quantizes activations too); name it in --variants to build it")

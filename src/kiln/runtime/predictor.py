@@ -44,7 +44,7 @@ class Predictor:
         self.sessions = (self.engine, *(self.handler.adapt_engine(s, config) for s in sessions))
         self.batch_size = batch_size
         self._pad_multiple = pad_multiple
-        self._generating = threading.Lock()
+        self.generating = threading.Lock()  # held while a decoder's stepper runs a generate() call
 
     @property
     def pad_multiple(self) -> int:
@@ -52,12 +52,8 @@ class Predictor:
         return self._pad_multiple or getattr(self.engine, "pad_multiple", 1)
 
     def predict(self, inputs: Sequence[Any], **options: Any) -> list[Any]:
-        """One result per input, in input order (see the task modules for result types)."""
-        if self.handler.generates:
-            return self.generate(inputs, **options)
-        opts = self.handler.options(**options)
-        prepared = self.prepare(inputs, opts)
-        return self.handler.finalize(prepared, self.run_features(prepared.encodings), opts, self.encoder)
+        """One result per input, in input order (see the task modules for result types; a decoder generates)."""
+        return self.handler.predict(self, inputs, **options)
 
     def prepare(self, inputs: Sequence[Any], options: Any = None) -> Prepared:
         if isinstance(inputs, (str, bytes)) or not isinstance(inputs, Sequence) or not len(inputs):
@@ -87,22 +83,7 @@ class Predictor:
         """Continuations of ``prompts`` (a decoder artifact): :class:`kiln.Generated` per prompt (one for a string).
         Options: ``max_new_tokens`` (32), ``temperature`` (0: greedy), ``top_k``, ``top_p``, ``seed``, ``stop``.
         Up to ``batch_size`` prompts decode together; a finished one's place goes to the next."""
-        from kiln.decoder.generate import collect, prompt_ids, stream
-
-        if not self.handler.generates:
-            from kiln.tasks import TASKS
-
-            generating = ", ".join(name for name, spec in TASKS.items() if spec.generates)
-            raise UsageError(f"generate() needs a decoder artifact (kiln optimize --task {generating}); this one does "
-                             f"{self.config.task}: use predict()")
-        single = isinstance(prompts, str)
-        opts = self.handler.options(**options)
-        ids = prompt_ids(self, [prompts] if single else prompts, opts.stops.max_new_tokens)
-        with self._generating:  # one stepper holds the cache: see the class doc
-            events = stream(self.engine.steps, self.encoder.pad_id, ids, opts.sampling, opts.stops,
-                            self.encoder.decode, batch_size=self.batch_size)
-            results = collect(events, [len(i) for i in ids])
-        return results[0] if single else results
+        return self.handler.generate(self, prompts, **options)
 
     def with_batch_size(self, batch_size: int) -> Predictor:
         """The same tokenizer and engine, batching ``batch_size`` features at a time."""

@@ -6,7 +6,6 @@ the inputs' ``maxItems`` is --max-inputs-per-request, ``model`` lists the served
 
 from __future__ import annotations
 
-import inspect
 import json
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -15,36 +14,26 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import orjson
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
-from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse
+from fastapi.responses import HTMLResponse, PlainTextResponse
 from prometheus_client import generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from kiln.artifact.manifest import read_manifest
 from kiln.errors import KilnError, UsageError
 from kiln.log import get_logger, request_id
-from kiln.serve import playground, tracing
+from kiln.serve import generation, playground, tracing
 from kiln.serve.batcher import BatchLimits
+from kiln.serve.endpoints import HTTPError, JSONBody, not_ready, pick, post_endpoint
 from kiln.serve.guard import Guard
-from kiln.serve.inference import HTTPError, Served, infer, load_served
+from kiln.serve.inference import Served, infer, load_served
 from kiln.serve.metrics import STOPPED, Metrics
 from kiln.serve.request_id import RequestId
 from kiln.serve.schemas import INFERENCE_ERRORS, ErrorBody, Health, Info, ModelCard, ModelList, Ready
 from kiln.tasks import TaskConfig, task_spec
 from kiln.tasks.http import Route
-
-
-class JSONBody(JSONResponse):
-    """JSON via orjson: numpy arrays, scalars and dataclasses serialize directly (no tolist, no encoder walk),
-    ~20x faster than the stdlib for a 384-float embedding, which matters at hundreds of requests a second.
-    A JSONResponse, so FastAPI documents each route's response model under it."""
-
-    def render(self, content: Any) -> bytes:
-        return orjson.dumps(content, option=orjson.OPT_SERIALIZE_NUMPY)
-
 
 LATENCY_HEADER = "x-kiln-latency-ms"
 log = get_logger("serve")
@@ -105,12 +94,12 @@ async def _lifespan(app: FastAPI):
         state.models[name].set_ready(False, state.metrics)
     for served in state.models.values():
         served.start(state.metrics, restart=config.restart_loops)
-        await served.batcher.warmup()
+        await served.scheduler.warmup()
         served.set_ready(True, state.metrics)
     yield
     for served in state.models.values():
         served.set_ready(False, state.metrics, "the server is shutting down")
-        await served.batcher.close()
+        await served.scheduler.close()
     state.pool.shutdown(wait=True)
     counts = state.metrics.status_counts()  # uvicorn has sent every response by now: these are final
     log.info(f"{STOPPED} %d inference requests, by status: %s", sum(counts.values()),
@@ -126,38 +115,11 @@ def _served_routes(tasks: dict[str, str]) -> list[Route]:
     return list(routes.values())
 
 
-def _not_ready(models: dict[str, Served]) -> HTTPError | None:
-    """The 503 to answer while any served model is not ready (loading, dead loop, draining), else None."""
-    if not models:
-        return HTTPError(503, "not_ready", "the model is still loading")
-    waiting = [m for m in models.values() if not m.ready]
-    return HTTPError(503, "not_ready", "; ".join(m.unready_reason for m in waiting)) if waiting else None
-
-
-def _pick(app: FastAPI, name: str | None, route: Route) -> Served:
-    models: dict[str, Served] = app.state.models
-    error = _not_ready(models)
-    if error is not None:
-        raise error
-    doing = app.state.route_models[route.path]
-    if route.any_model_name and len(models) == 1 and doing:
-        return models[doing[0]]
-    if name is None:
-        return models[doing[0]] if doing else next(iter(models.values()))
-    if name not in models:
-        raise HTTPError(404, "model_not_found", f"model {name!r} is not served (served: {', '.join(models)})")
-    served = models[name]
-    if name not in doing:
-        paths = ", ".join(r.path for r in task_spec(served.task).routes)
-        raise HTTPError(404, "wrong_route", f"model {name!r} does {served.task}; use {paths}")
-    return served
-
-
 def _mount_route(app: FastAPI, route: Route) -> None:
     async def endpoint(body: Any) -> JSONBody:
         start = time.perf_counter()
         with app.state.tracing.request(route.path, request_id=request_id.get()) as trace:
-            served = _pick(app, body.model, route)
+            served = pick(app, body.model, route)
             trace.set(model=served.name, task=served.task, variant=served.variant)
             prepared, results = await infer(served, body, app.state.pool, app.state.metrics,
                                             app.state.config.max_inputs_per_request, trace)
@@ -169,27 +131,12 @@ def _mount_route(app: FastAPI, route: Route) -> None:
     post_endpoint(app, route, endpoint, INFERENCE_ERRORS)
 
 
-def post_endpoint(app: FastAPI, route: Route, endpoint: Any, responses: dict[int | str, Any]) -> None:
-    """Mount ``endpoint(body)`` as POST ``route.path``. FastAPI reads the body type from the signature: each route
-    gets its own task's request model."""
-    endpoint.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
-        [inspect.Parameter("body", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=route.request)])
-    endpoint.__name__ = route.path.strip("/").replace("/", "_")
-    app.post(route.path, summary=route.summary, response_model=route.response, responses=responses)(endpoint)
-
-
-def _mount_generation(app: FastAPI, route: Route) -> None:
-    from kiln.serve.generation import mount_route
-
-    mount_route(app, route)
-
-
 # Route kind (tasks.http.Route.kind) -> how it is mounted.
-MOUNTS = {"infer": _mount_route, "generate": _mount_generation}
+MOUNTS = {"infer": _mount_route, "generate": generation.mount_route}
 
 
 def _mount_probes(app: FastAPI) -> None:
-    not_ready = {503: {"model": ErrorBody, "description": "The model is still loading, is shutting down, or its "
+    unready_doc = {503: {"model": ErrorBody, "description": "The model is still loading, is shutting down, or its "
                        "batching loop died (the message says which)."}}
 
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
@@ -200,10 +147,10 @@ def _mount_probes(app: FastAPI) -> None:
     async def health():
         return {"status": "ok"}
 
-    @app.get("/ready", response_model=Ready, responses=not_ready)
+    @app.get("/ready", response_model=Ready, responses=unready_doc)
     async def ready():
         models: dict[str, Served] = app.state.models
-        error = _not_ready(models)
+        error = not_ready(models)
         if error is not None:
             raise error
         return {"ready": True, "models": list(models)}

@@ -145,6 +145,11 @@ class Batcher(OwnedLoop):
     def sessions(self) -> int:
         return len(self._sessions)
 
+    @property
+    def batch_cap(self) -> int:
+        """The most inputs one engine call takes."""
+        return self.limits.batch_cap
+
     def _engine(self, session: _Session) -> Engine:
         return session.engine or self.predictor.engine
 

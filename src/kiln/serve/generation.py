@@ -29,7 +29,7 @@ from kiln.errors import UsageError
 from kiln.log import get_logger
 from kiln.runtime.predictor import Predictor
 from kiln.serve.batcher import BatchLimits
-from kiln.serve.inference import HTTPError
+from kiln.serve.endpoints import HTTPError, JSONBody, pick, post_endpoint
 from kiln.serve.schemas import INFERENCE_ERRORS
 from kiln.serve.supervision import OwnedLoop
 from kiln.tasks.http import Route
@@ -56,7 +56,7 @@ class DecodeLoop(OwnedLoop):
     def __init__(self, predictor: Predictor, limits: BatchLimits) -> None:
         super().__init__()
         self.predictor = predictor
-        self.slots = limits.max_batch_size or DEFAULT_SLOTS
+        self.slots = self.batch_cap = limits.max_batch_size or DEFAULT_SLOTS  # sequences decoding together
         self.batch = DecodeBatch(predictor.engine.steps, predictor.encoder.pad_id)
         self.waiting: deque[tuple[Stream, Any]] = deque()
         self.thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kiln-decode")
@@ -174,7 +174,7 @@ async def _start(app: FastAPI, served: Any, body: Any) -> tuple[list[Stream], li
             app.state.pool, prompt_ids, predictor, prompts, options.stops.max_new_tokens)
     except UsageError as err:
         raise HTTPError(422, "invalid_request", err.message) from err
-    loop: DecodeLoop = served.batcher
+    loop: DecodeLoop = served.scheduler
     return [loop.submit(p, options) for p in ids], [len(p) for p in ids]
 
 
@@ -250,12 +250,10 @@ STREAM_DOC = {200: {"content": {"text/event-stream": {"schema": {"type": "string
 
 def mount_route(app: FastAPI, route: Route) -> None:
     """POST ``route.path``: JSON, or server-sent events with ``stream: true``."""
-    from kiln.serve.app import JSONBody, _pick, post_endpoint
-
     answer = ANSWERS[route.path]
 
     async def endpoint(body: Any) -> Any:
-        served = _pick(app, body.model, route)
+        served = pick(app, body.model, route)
         result = await answer(app, served, body)
         return result if isinstance(result, StreamingResponse) else JSONBody(result)
 

@@ -8,16 +8,20 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from kiln.artifact.directory import Artifact
+from kiln.choices import Scheduling
 from kiln.errors import KilnError, UsageError
 from kiln.log import get_logger
 from kiln.runtime.predictor import Predictor
 from kiln.serve.batcher import Batcher, BatchLimits, BatchStats, BatchTrace
+from kiln.serve.endpoints import HTTPError
+from kiln.serve.generation import DecodeLoop
 from kiln.serve.metrics import Metrics
 from kiln.serve.supervision import LoopDied, OwnedLoop
 from kiln.serve.tracing import NO_TRACE
@@ -26,20 +30,12 @@ from kiln.tasks.http import RequestBody
 log = get_logger("serve.inference")
 
 
-class HTTPError(Exception):
-    """An answer other than 200, with the error type and message the JSON body carries."""
-
-    def __init__(self, status: int, kind: str, message: str, headers: dict[str, str] | None = None) -> None:
-        super().__init__(message)
-        self.status, self.kind, self.message, self.headers = status, kind, message, headers or {}
-
-
 @dataclass
 class Served:
     name: str
     artifact: Artifact
     predictor: Predictor
-    batcher: Batcher
+    scheduler: Any  # the OwnedLoop that runs its requests (a Batcher, or a DecodeLoop for a decoder)
     variant: str
     task: str
     ready: bool = False
@@ -67,7 +63,7 @@ class Served:
                 metrics.loop_restarts.labels(self.name, loop.kind).inc()
                 self.set_ready(True, metrics)
 
-        self.batcher.start(died)
+        self.scheduler.start(died)
 
 
 def load_served(name: str, path: Path, limits: BatchLimits, metrics: Metrics, *, threads: int | None,
@@ -93,14 +89,22 @@ def load_served(name: str, path: Path, limits: BatchLimits, metrics: Metrics, *,
             "validation": {k: record.get(k) for k in ("status", "agreement", "task_metric", "parity") if k in record},
             "threads": plan.options.intra_op_threads, "sessions": len(predictor.sessions),
             "max_batch_size": limits.max_batch_size, "pad_multiple": predictor.pad_multiple}
-    if predictor.handler.generates:  # a decoder: continuous batching per decoding step instead of the batcher
-        from kiln.serve.generation import DecodeLoop
+    scheduler = SCHEDULERS[predictor.handler.scheduling](predictor, limits, observe)
+    info["max_batch_size"] = scheduler.batch_cap
+    return Served(name, artifact, predictor, scheduler, variant, task, info=info)
 
-        loop = DecodeLoop(predictor, limits)
-        info["max_batch_size"] = loop.slots
-        return Served(name, artifact, predictor, loop, variant, task, info=info)  # type: ignore[arg-type]
-    return Served(name, artifact, predictor, Batcher(predictor, limits, observe, predictor.sessions[1:]), variant,
-                  task, info=info)
+
+def _batcher(predictor: Predictor, limits: BatchLimits, observe: Callable[[BatchStats], None]) -> Batcher:
+    return Batcher(predictor, limits, observe, predictor.sessions[1:])
+
+
+def _decode_loop(predictor: Predictor, limits: BatchLimits, observe: Callable[[BatchStats], None]) -> DecodeLoop:
+    return DecodeLoop(predictor, limits)
+
+
+# How a task's requests are scheduled (TaskSpec.scheduling) -> the loop that owns its queue.
+SCHEDULERS: dict[Scheduling, Callable[[Predictor, BatchLimits, Callable[[BatchStats], None]], OwnedLoop]] = {
+    Scheduling.BATCH: _batcher, Scheduling.DECODE: _decode_loop}
 
 
 async def infer(served: Served, body: RequestBody, pool: ThreadPoolExecutor, metrics: Metrics,
@@ -131,7 +135,7 @@ async def infer(served: Served, body: RequestBody, pool: ThreadPoolExecutor, met
                         f"{served.artifact.task_config.max_length} tokens and truncate is false")
     batches: list[BatchTrace] = []
     try:
-        reduced = await served.batcher.submit(prepared.encodings, batches)
+        reduced = await served.scheduler.submit(prepared.encodings, batches)
     except LoopDied as err:
         raise HTTPError(500, "inference_failed", str(err)) from err
     except Exception as err:  # the batch this request was in failed (logged there); every request in it gets this

@@ -20,9 +20,10 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 from tokenizers import Encoding
 
+from kiln.choices import Scheduling
 from kiln.data import corpus
 from kiln.data.texts import builtin_sentences, length_mix, parity_texts
-from kiln.errors import UsageError
+from kiln.errors import UnsupportedModelError, UsageError
 from kiln.tasks.config import TaskConfig
 from kiln.validation.figures import Agreement, AgreementInputs, EvalSet, Floor, Run
 
@@ -60,8 +61,13 @@ class TaskSpec:
     needs_trained_head: ClassVar[bool] = True  # refuse a checkpoint whose head weights are missing
     embeds: ClassVar[bool] = False  # results are one vector per input (Predictor.encode works)
     ranks: ClassVar[bool] = False  # inputs are a query and texts, results the texts best first (Predictor.rerank)
-    generates: ClassVar[bool] = False  # a decoder continuing prompts token by token (Predictor.generate)
+    # How requests run: one pass per input, or token by token (GenerativeTask). Servers and benchmarks look their
+    # scheduler and timing up by it in their own registries; nothing outside tasks/ asks what kind a task is.
+    scheduling: ClassVar[Scheduling] = Scheduling.BATCH
     decoders: ClassVar[bool] = False  # decoder-only families (GPT-2, GPT-Neo) are verified for this task
+    # Weight-only int8 (openvino-int8-weights) built by default: it pays where each step reads every weight for
+    # little compute (decoding); an encoder's batches are compute-bound.
+    weight_only_int8_pays: ClassVar[bool] = False
     # The variants kiln optimize builds for this task (None: every variant of the target); ``fuses``: whether ONNX
     # Runtime's BERT fusions apply to its graph before int8.
     variants: ClassVar[tuple[str, ...] | None] = None
@@ -87,6 +93,28 @@ class TaskSpec:
         self.config = config
 
     # -- loading ------------------------------------------------------------------------------------------
+    @classmethod
+    def check_architecture(cls, model_type: str, decoder: bool, decoder_families: Sequence[str]) -> None:
+        """Refuse a model family this task is not verified for (a decoder-only family where ``decoders`` is False).
+        ``decoder_families``: the decoder-only model types kiln supports, for the message."""
+        if decoder and not cls.decoders:
+            tasks = ", ".join(t.name for t in task_classes() if t.decoders)
+            raise UnsupportedModelError(f"--task {cls.name} is not verified for the decoder {model_type!r}; it "
+                                        f"does: {tasks}")
+
+    @classmethod
+    def prepare_loaded(cls, hf_model: Any, decoder: bool) -> None:
+        """Settle the loaded transformers model before export (in place)."""
+        if decoder and hf_model.config.pad_token_id is None:
+            # GPT-2 has no padding token; its sequence classifier finds each row's last token by the pad id, so
+            # batches are padded with end-of-text, as transformers' documentation does it.
+            hf_model.config.pad_token_id = hf_model.config.eos_token_id
+
+    @classmethod
+    def triton_refusal(cls) -> str | None:
+        """Why kiln triton cannot write this task's ensemble, or None when it can."""
+        return None
+
     @classmethod
     def settings(cls, model_dir: Path, hf_config: Any) -> dict[str, Any]:
         """Extra TaskConfig fields read from the model directory (pooling, labels)."""
@@ -115,6 +143,18 @@ class TaskSpec:
         return arrays
 
     # -- per call -----------------------------------------------------------------------------------------
+    def predict(self, predictor: Predictor, inputs: Sequence[Any], **options: Any) -> list[Any]:
+        """``Predictor.predict``: pre-process, run length-sorted batches, post-process."""
+        opts = self.options(**options)
+        prepared = predictor.prepare(inputs, opts)
+        return self.finalize(prepared, predictor.run_features(prepared.encodings), opts, predictor.encoder)
+
+    def generate(self, predictor: Predictor, prompts: Any, **options: Any) -> Any:
+        """``Predictor.generate``: only a GenerativeTask continues prompts."""
+        generating = ", ".join(t.name for t in task_classes() if t.scheduling is Scheduling.DECODE)
+        raise UsageError(f"generate() needs a decoder artifact (kiln optimize --task {generating}); this one does "
+                         f"{self.name}: use predict()")
+
     def options(self, **kwargs: Any) -> Any:
         """Validate per-call options (top_k, aggregation, …) into a frozen options object."""
         raise NotImplementedError
@@ -253,6 +293,18 @@ class TaskSpec:
     def eval_inputs(cls, data: EvalSet) -> list[Any]:
         """Model inputs from labelled data, to calibrate or time on."""
         return list(data.inputs)
+
+
+def task_classes() -> list[type[TaskSpec]]:
+    """Every concrete task class defined so far (those with a name), for messages that list them. Read from the
+    class hierarchy rather than the registry, which imports every task module (and so this one)."""
+    found, todo = [], list(TaskSpec.__subclasses__())
+    while todo:
+        cls = todo.pop(0)
+        todo.extend(cls.__subclasses__())
+        if "name" in vars(cls):
+            found.append(cls)
+    return found
 
 
 def field(row: Mapping[str, Any], name: str, where: str, parse: Any = str, *, optional_empty: bool = False) -> Any:

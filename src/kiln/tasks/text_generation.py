@@ -26,7 +26,8 @@ from kiln.decoder.sampling import Sampling
 from kiln.decoder.stopping import Stops
 from kiln.decoder.teacher import TeacherForced
 from kiln.errors import UsageError
-from kiln.tasks.base import Prepared, TaskSpec, field, one_per_input, read_json
+from kiln.tasks.base import Prepared, field, one_per_input, read_json
+from kiln.tasks.generative import GenerativeTask
 from kiln.tasks.http import NonBlank, ResponseModel, Route
 from kiln.validation.figures import Agreement, AgreementInputs, EvalSet, Floor, Run
 
@@ -182,13 +183,11 @@ class TextGenerationPipeline:
         return shaped[0] if single else shaped
 
 
-class TextGeneration(TaskSpec):
-    decoders = True
+class TextGeneration(GenerativeTask):
     name = "text-generation"
     auto_class = "AutoModelForCausalLM"
     output_names = ("logits",)
     sequence_outputs = frozenset({"logits"})
-    generates = True
     default_tolerance = 0.05
     tolerance_help = ("next-token agreement >= 1 - t and mean logit cosine >= 1 - t/2 against the original over "
                       "held-out text, and perplexity at most (1 + t) x the original's")

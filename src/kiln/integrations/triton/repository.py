@@ -95,9 +95,9 @@ def write_repository(config: TritonConfig) -> Path:
     pb, text_format = _pb()
     artifact = Artifact.open(config.artifact)
     spec = task_spec(artifact.task_config.task)
-    if spec.generates:  # Triton's ensemble runs one pass per request; decoding needs a step loop (kiln serve's)
-        raise UsageError(f"kiln triton writes one-pass ensembles; {spec.name} decodes step by step with a KV cache: "
-                         "serve it with kiln serve (continuous batching, /v1/completions)")
+    refusal = spec.triton_refusal()
+    if refusal:
+        raise UsageError(refusal)
     variant = artifact.variant_name()
     record = artifact.variant(variant)
     python_model = config.python_model or record["engine"] != "onnxruntime"
