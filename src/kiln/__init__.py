@@ -33,13 +33,30 @@ from kiln.tasks.chunking import Chunking
 __version__ = "0.1.0"
 
 
-def __getattr__(name: str):
-    """hf_model, hf_tokenizer and pipeline import torch and transformers: loaded on first use, so `import kiln`
-    (and serving an ONNX or OpenVINO artifact) stays free of both."""
-    if name in ("hf_model", "hf_tokenizer", "pipeline"):
-        from kiln.integrations import transformers as integration
+# Loaded on first use: these import torch and transformers, so `import kiln` (and serving an ONNX or OpenVINO
+# artifact) stays free of both. name -> (module, attribute).
+_LAZY = {
+    "hf_model": ("kiln.integrations.transformers", "hf_model"),
+    "hf_tokenizer": ("kiln.integrations.transformers", "hf_tokenizer"),
+    "pipeline": ("kiln.integrations.transformers", "pipeline"),
+    # Building artifacts: the functions the CLI's commands are made of. optimize, export and bench are packages
+    # made callable (kiln.system.modules): the package is returned, and calling it runs the function.
+    "optimize": ("kiln", "optimize"),
+    "export": ("kiln", "export"),
+    "bench": ("kiln", "bench"),
+    "distill": ("kiln.compress.distill", "distill"),
+    "prune": ("kiln.compress.prune", "prune"),
+}
 
-        return getattr(integration, name)
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        module, attribute = _LAZY[name]
+        if module == "kiln":  # a callable package: importing it binds it on this module
+            return importlib.import_module(f"kiln.{attribute}")
+        return getattr(importlib.import_module(module), attribute)
     raise AttributeError(f"module 'kiln' has no attribute {name!r}")
 
 __all__ = [
@@ -71,9 +88,14 @@ __all__ = [
     "TextPair",
     "UnsupportedModelError",
     "UsageError",
+    "bench",
     "create_engine",
+    "distill",
+    "export",
     "hf_model",
     "hf_tokenizer",
     "load",
+    "optimize",
     "pipeline",
+    "prune",
 ]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing as mp
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -269,3 +269,21 @@ def _source_encoder(config: BenchConfig):
 
     return source_encoder(load_source(config.target, config.task))
 
+
+
+def bench(target: str | Path | None = None, *, output: str | Path = "kiln-bench", task: str = DEFAULT_TASK,
+          variants: Sequence[str] | None = None, batch_sizes: Sequence[int] | None = None,
+          seq_lens: Sequence[int] | None = None, texts: str | Path | None = None, lengths: str | Path | None = None,
+          threads: int | None = None, quick: bool = False, sweep: bool = True,
+          progress: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
+    """``kiln bench`` from Python: time ``target`` (an artifact directory, a model directory for PyTorch alone, or
+    None for the bundled MiniLM) against the PyTorch fp32 baseline, each in its own process; write results.json,
+    report.html and report.md to ``output`` and return the results (the results.json document). With ``sweep`` the
+    fastest sessions x threads x batch size is written into the artifact as its serving default."""
+    config = BenchConfig(target=str(target) if target is not None else None, output=Path(output),
+                         variants=tuple(variants) if variants else None,
+                         batch_sizes=tuple(batch_sizes) if batch_sizes else None,
+                         seq_lens=tuple(seq_lens) if seq_lens else None, texts_file=Path(texts) if texts else None,
+                         lengths_file=Path(lengths) if lengths else None, threads=threads, quick=quick,
+                         task=str(task), sweep=sweep)
+    return BenchJob(config, progress).run()

@@ -148,8 +148,9 @@ def optimize(
 
     Exits 4 when no variant passes the gate; rejected variants carry their measured reason.
     """
-    from kiln.optimize.job import OptimizeConfig, OptimizeJob
-    from kiln.optimize.students import STUDENTS_DIR, build_students, parse_students, write_students_frontier
+    from kiln.optimize.job import OptimizeConfig
+    from kiln.optimize.run import StudentPlan, run_optimize
+    from kiln.optimize.students import STUDENTS_DIR, parse_students
 
     config = OptimizeConfig(
         model=model, task=task.value, output=output, tolerance=tolerance, eval_file=eval_file,
@@ -159,19 +160,17 @@ def optimize(
         sensitivity=sensitivity, reference=reference,
         matryoshka_dims=_int_list(matryoshka_dims, "--matryoshka-dims") or (),
     )
-    students = parse_students(distill_layers, prune or ())  # before the long run: a typo fails at once
-    summary = OptimizeJob(config, console.progress).run()
-    console.print_table(summary)
-    console.out.print(f"best variant: {summary.best} -> {output.expanduser().resolve() / 'best'}")
+    students = StudentPlan(parse_students(distill_layers, prune or ()),  # before the long run: a typo fails at once
+                           student_texts, student_epochs)
+    run = run_optimize(config, students, console.progress)
+    console.print_table(run.summary)
+    console.out.print(f"best variant: {run.summary.best} -> {output.expanduser().resolve() / 'best'}")
     console.out.print(f"summary: {output.expanduser().resolve() / 'summary.md'}")
-    if students:
-        runs = build_students(config, students, texts=student_texts, epochs=student_epochs,
-                              progress=console.progress)
-        for run in runs:
-            if run.summary is not None:
-                console.print_table(run.summary)
-        page = write_students_frontier(summary, runs, output)
-        console.out.print(f"students: {output.expanduser().resolve() / STUDENTS_DIR}; frontier: {page}")
+    for student in run.students:
+        if student.summary is not None:
+            console.print_table(student.summary)
+    if run.frontier is not None:
+        console.out.print(f"students: {output.expanduser().resolve() / STUDENTS_DIR}; frontier: {run.frontier}")
 
 
 app.command()(distill)

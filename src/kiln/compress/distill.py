@@ -13,7 +13,7 @@ import hashlib
 import json
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -272,3 +272,21 @@ def _copy_sentence_transformers_files(teacher_dir: Path, stage: Path) -> None:
         path = module.get("path") or ""
         if path and (teacher_dir / path).is_dir():
             shutil.copytree(teacher_dir / path, stage / path)
+
+
+def distill(teacher: str | Path | None = None, *, task: str = "feature-extraction", output: str | Path = "kiln-student",
+            layers: int | None = None, keep_layers: Sequence[int] | None = None, texts: str | Path | None = None,
+            train: str | Path | None = None, recipe: Mapping[str, Any] | None = None, held_out: float = 0.05,
+            threads: int | None = None, resume: bool = False, overwrite: bool = False, allow_pickle: bool = False,
+            progress: Callable[[str, dict[str, Any]], None] = lambda kind, data: None) -> DistillResult:
+    """``kiln distill`` from Python: train a student keeping ``layers`` evenly spaced layers of ``teacher`` (or exactly
+    ``keep_layers``) to reproduce it on ``texts`` (default: Python's own docstrings), with ``train``'s labels
+    beside the teacher's outputs when given; ``recipe`` sets kiln.compress.trainer.Recipe fields (epochs,
+    batch_size, lr, ...). Writes a model directory (safetensors, tokenizer, sentence-transformers files,
+    kiln-distill.json) and returns what it measured; then ``kiln.optimize(student, reference=teacher)``."""
+    config = DistillConfig(str(teacher) if teacher is not None else None, str(task), Path(output), layers=layers,
+                           keep_layers=",".join(map(str, keep_layers)) if keep_layers else None,
+                           texts=Path(texts) if texts else None, train=Path(train) if train else None,
+                           recipe=dict(recipe or {}), held_out=held_out, threads=threads, resume=resume,
+                           overwrite=overwrite, allow_pickle=allow_pickle)
+    return run_distill(config, progress)

@@ -11,8 +11,9 @@ rest (data, held-out agreement, checkpoints, resume, the written directory) is k
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -53,7 +54,7 @@ def pruned_student(settings: PruneSettings, seed: int) -> StudentMaker:
         from kiln.model.source import parameter_count
 
         model = copy.deepcopy(source.model)
-        shape, kept_ffn, scores = prune(model, source, features, encoder, settings, seed, progress)
+        shape, kept_ffn, scores = prune_in_place(model, source, features, encoder, settings, seed, progress)
         params = parameter_count(model)
         lineage = {"layers": len(shape.heads), "keep_layers": list(range(len(shape.heads))),
                    "pruning": {"heads": settings.heads, "ffn": settings.ffn, "scope": settings.scope,
@@ -69,9 +70,9 @@ def pruned_student(settings: PruneSettings, seed: int) -> StudentMaker:
                                   "samples": settings.samples, "batch_size": settings.batch_size}, make)
 
 
-def prune(model: Any, source, features: Features, encoder, settings: PruneSettings, seed: int,
-          progress: Callable[[str, dict[str, Any]], None]
-          ) -> tuple[shapes.Shape, tuple[tuple[int, ...], ...], int]:
+def prune_in_place(model: Any, source, features: Features, encoder, settings: PruneSettings, seed: int,
+                   progress: Callable[[str, dict[str, Any]], None]
+                   ) -> tuple[shapes.Shape, tuple[tuple[int, ...], ...], int]:
     """Measure importance on up to ``settings.samples`` features and cut ``model`` in place: (its shape, the
     teacher's FFN neurons kept per layer, the number of features measured)."""
     from kiln.tasks import task_spec
@@ -104,3 +105,18 @@ def run_prune(config: DistillConfig, settings: PruneSettings,
               progress: Callable[[str, dict[str, Any]], None] = lambda kind, data: None) -> DistillResult:
     seed = Recipe(keep=(), **config.recipe).seed  # the recipe's own default when none is given
     return run_compression(config, pruned_student(settings, seed), progress)
+
+
+def prune(model: str | Path | None = None, *, task: str = "feature-extraction", output: str | Path = "kiln-pruned",
+          heads: float = 0.0, ffn: float = 0.0, scope: PruneScope | str = PruneScope.GLOBAL,
+          texts: str | Path | None = None, train: str | Path | None = None, recipe: Mapping[str, Any] | None = None,
+          threads: int | None = None, overwrite: bool = False, allow_pickle: bool = False,
+          progress: Callable[[str, dict[str, Any]], None] = lambda kind, data: None) -> DistillResult:
+    """``kiln prune`` from Python: remove the ``heads`` and ``ffn`` shares of least importance (across layers, or
+    the same share per layer with ``scope="layer"``), recover with distillation from the unpruned model, write a
+    model directory (kiln-prune.json holds its lineage) and return what it measured."""
+    config = DistillConfig(str(model) if model is not None else None, str(task), Path(output),
+                           texts=Path(texts) if texts else None, train=Path(train) if train else None,
+                           recipe={"lr": RECOVERY_LR, **(recipe or {})}, threads=threads, overwrite=overwrite,
+                           allow_pickle=allow_pickle)
+    return run_prune(config, PruneSettings(heads=heads, ffn=ffn, scope=scope), progress)

@@ -104,3 +104,24 @@ def run_export(config: ExportConfig, progress: Progress = lambda _: None) -> Exp
         )
         seal(stage, manifest)
     return ExportResult(path=config.output.expanduser().resolve(), manifest=manifest, parity=parity)
+
+
+def export(model: str | Path | None = None, *, task: str = "feature-extraction",
+           format: ExportFormat | str = ExportFormat.ONNX, output: str | Path = "kiln-out", opset: int = DEFAULT_OPSET,
+           int32_inputs: bool = False, external_data: ExternalData | str = ExternalData.AUTO, atol: float = 1e-4,
+           min_cosine: float = 0.99999, allow_pickle: bool = False, overwrite: bool = False,
+           progress: Progress = lambda _: None) -> Any:
+    """``kiln export`` from Python: export ``model`` (a model directory, a hub id where a network exists, or None for
+    the bundled all-MiniLM-L6-v2) to ONNX or TorchScript, check parity with PyTorch (ParityError beyond ``atol`` /
+    ``min_cosine``), write a verified artifact and return it (:class:`kiln.Artifact`; its manifest records the
+    parity per length bucket)."""
+    from kiln.artifact.directory import Artifact
+    from kiln.choices import parse_choice
+
+    config = ExportConfig(model=str(model) if model is not None else None, task=str(task),
+                          format=parse_choice(ExportFormat, format, "--format"), output=Path(output), opset=opset,
+                          int32_inputs=int32_inputs,
+                          external_data=parse_choice(ExternalData, external_data, "--external-data"),
+                          allow_pickle=allow_pickle, overwrite=overwrite,
+                          tolerance=ParityTolerance(max_abs_diff=atol, min_cosine=min_cosine))
+    return Artifact.open(run_export(config, progress).path)
