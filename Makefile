@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.kiln-installed
 DEMO_OUT ?= kiln-out
 
-.PHONY: demo test install browser triton-server lint clean
+.PHONY: demo test install browser triton-server slim lint clean
 
 install: $(STAMP)
 
@@ -16,7 +16,7 @@ $(PY):
 # kiln's `torch>=2.4` is already satisfied and pip installs nothing more for it.
 $(STAMP): pyproject.toml constraints.txt | $(PY)
 	$(PY) -m pip install -q --disable-pip-version-check torch==2.13.0
-	$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[test,openvino,serve,triton,embed,ray,otel]'
+	$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[build,test,openvino,serve,triton,embed,ray,otel]'
 	touch $(STAMP)
 
 demo: install
@@ -52,11 +52,22 @@ $(TRITON_STAMP): pyproject.toml
 	  touch $(TRITON_STAMP); \
 	fi
 
-test: install browser triton-server
+# A serving-only install (pip install 'kiln[serve,embed]': no torch, transformers, scipy or scikit-learn), the way a
+# container serving an ONNX artifact installs kiln; tests/test_slim_install.py serves from it.
+SLIM_VENV ?= .venv-slim
+SLIM_STAMP := $(SLIM_VENV)/.kiln-slim
+slim: $(SLIM_STAMP)
+
+$(SLIM_STAMP): pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(SLIM_VENV)
+	$(SLIM_VENV)/bin/pip install -q --disable-pip-version-check -c constraints.txt -e '.[serve,embed]'
+	touch $(SLIM_STAMP)
+
+test: install browser triton-server slim
 	$(PY) -m pytest -q
 
 lint: install
 	$(VENV)/bin/ruff check src tests
 
 clean:
-	rm -rf $(VENV) $(TRITON_VENV) $(DEMO_OUT) .pytest_cache
+	rm -rf $(VENV) $(TRITON_VENV) $(SLIM_VENV) $(DEMO_OUT) .pytest_cache

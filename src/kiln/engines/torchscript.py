@@ -10,7 +10,7 @@ import numpy as np
 
 from kiln.engines.base import EngineOptions, warmup_inputs
 from kiln.engines.torch_eager import apply_threads, configure_torch_threads
-from kiln.errors import ArtifactError, UsageError
+from kiln.errors import ArtifactError, UsageError, missing_dependency
 from kiln.model.module import IO_FILE  # stored inside the .pt archive as an extra file
 
 
@@ -20,7 +20,10 @@ class TorchScriptEngine:
     pad_multiple = 1
 
     def __init__(self, path: Path, options: EngineOptions = EngineOptions()) -> None:
-        import torch
+        try:
+            import torch
+        except ImportError as err:  # a serving install without libtorch
+            raise missing_dependency("torch", "torch", err) from err
 
         if options.device == "tensorrt":
             raise UsageError("--device tensorrt is an ONNX Runtime provider; TorchScript runs on cpu or cuda")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from kiln.artifact.manifest import library_versions
@@ -38,17 +39,27 @@ def _providers(report: Report) -> None:
                                       "providers_usable": [p for p, ok in usable.items() if ok]}
 
 
-def _provider_works(ort, provider: str) -> bool:
-    """Create a one-node session on ``provider`` and check ONNX Runtime kept it (no silent CPU fallback)."""
+# A one-node ONNX graph (y = Relu(x)), shipped as a file so that a serving install (no onnx package) can probe its
+# providers too; tests/test_doctor.py checks it is exactly what probe_model() builds with onnx.
+PROBE_FILE = Path(__file__).resolve().parents[1] / "data" / "probe-relu.onnx"
+
+
+def probe_model() -> bytes:
+    """The probe graph, built with the onnx package (as PROBE_FILE was written)."""
     from onnx import TensorProto, helper
 
     graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "probe",
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = min(model.ir_version, 9)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="kiln-doctor")
+    model.ir_version = 9
+    return model.SerializeToString()
+
+
+def _provider_works(ort, provider: str) -> bool:
+    """Create a one-node session on ``provider`` and check ONNX Runtime kept it (no silent CPU fallback)."""
     try:
-        session = ort.InferenceSession(model.SerializeToString(), providers=[provider])
+        session = ort.InferenceSession(PROBE_FILE.read_bytes(), providers=[provider])
     except Exception:  # a provider that cannot even create a session is simply not usable
         return False
     return session.get_providers()[0] == provider

@@ -20,7 +20,16 @@ def make_callable(package: str, module: str, function: str) -> None:
 
     class CallablePackage(types.ModuleType):
         def __call__(self, *args: Any, **kwargs: Any) -> Any:
-            return getattr(importlib.import_module(module), function)(*args, **kwargs)
+            try:
+                target = getattr(importlib.import_module(module), function)
+            except ModuleNotFoundError as missing:  # kiln.optimize(...) in a serving install
+                from kiln.errors import build_dependency
+
+                error = build_dependency(missing)
+                if error is None:
+                    raise
+                raise error from missing
+            return target(*args, **kwargs)
 
     CallablePackage.__call__.__doc__ = f"Call {module}.{function} (see its docstring)."
     sys.modules[package].__class__ = CallablePackage
