@@ -40,7 +40,7 @@ def _engine(kind: str, artifact: str, variant: str | None, threads: int):
 
         transformers.utils.logging.disable_progress_bar()
         model = transformers.AutoModel.from_pretrained(bundled_model_dir(), attn_implementation=BASELINES[kind])
-        module = TaskModule(model.eval(), tuple(art.manifest.tokenizer["input_names"]), ("last_hidden_state",))
+        module = TaskModule(model.eval(), tuple(art.manifest.tokenizer.input_names), ("last_hidden_state",))
         return art, TorchEngine(module, EngineOptions(intra_op_threads=threads))
     record = art.variant(variant)
     return art, art.engine(variant, EngineOptions.for_variant(record, threads))

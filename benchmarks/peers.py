@@ -72,7 +72,7 @@ def _prepare(artifact: Path, work: Path, count: int) -> dict:
     one = encoder.collate(encoder.encode([" ".join(["kiln"] * 400)]))
     np.savez(work / "b1.npz", **{k: v[:, :128] for k, v in one.items()})
     setup = {"texts": texts, "calibration": calibration, "order": order, "batches": len(batches),
-             "model_dir": art.manifest.source["path"], "artifact": str(artifact)}
+             "model_dir": art.manifest.source.path, "artifact": str(artifact)}
     (work / "setup.json").write_text(json.dumps(setup))
     return setup
 
@@ -235,8 +235,8 @@ def stage_kiln(work: Path, threads: int) -> dict:
     art = Artifact.open(setup["artifact"])
     record = art.variant()
     result["variant"] = art.variant_name()
-    if record["engine"] == "openvino":  # the same plain-runtime protocol as the peer's IR
-        result["plain_openvino"] = _ov_engine_only(art.path / record["path"], batches, b1, threads)
+    if record.engine == "openvino":  # the same plain-runtime protocol as the peer's IR
+        result["plain_openvino"] = _ov_engine_only(art.path / record.path, batches, b1, threads)
     served = kiln.load(setup["artifact"], threads=None, batch_size=None, sessions=None)  # the serving default
     result["serving_default_end_to_end_per_s"] = len(texts) / _time(lambda: served.predict(texts))
     result["serving_default"] = art.serving_default()

@@ -31,14 +31,14 @@ def test_export_optimize_and_bench_from_python(tiny_model, tmp_path):
     model = tiny_model("bert")
     exported = kiln.export(model, output=tmp_path / "exported")
     assert isinstance(exported, kiln.Artifact) and exported.variant_name() == "onnx-fp32"
-    assert exported.variant()["parity"]["min_cosine"] > 0.9999
+    assert exported.variant().parity.min_cosine > 0.9999
     artifact = kiln.optimize(model, variants=["onnx-fp32"], output=tmp_path / "opt")
     assert isinstance(artifact, kiln.Artifact) and (artifact.path / "best" / "manifest.json").is_file()
     texts = ["one text", "and another one"]
     np.testing.assert_allclose(np.stack(kiln.load(artifact.path / "best").predict(texts)),
                                np.stack(exported.predictor().predict(texts)), atol=1e-5)
     results = kiln.bench(artifact.path, output=tmp_path / "bench", quick=True, sweep=False)
-    assert [t["name"] for t in results["targets"]][-1] == "onnx-fp32"
+    assert [t.name for t in results.targets][-1] == "onnx-fp32"
     assert (tmp_path / "bench" / "report.html").is_file()
     with pytest.raises(UsageError, match="--target must be one of: cpu, cuda"):
         kiln.optimize(model, target="tpu", output=tmp_path / "bad")

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import copy
 import json
 import shutil
 import subprocess
 import sys
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -16,7 +16,7 @@ from kiln.artifact.manifest import read_manifest, seal
 from kiln.bench.compare import compare
 from kiln.bench.job import SERVING_FILE, SWEEP_PAD_MULTIPLES, BenchConfig, BenchJob, sweep_points
 from kiln.bench.measure import padding_efficiency
-from kiln.bench.results import SCHEMA
+from kiln.bench.results import SCHEMA, read_results
 from kiln.choices import ExportFormat
 from kiln.errors import UsageError
 from kiln.export.job import ExportConfig, run_export
@@ -42,7 +42,10 @@ def benched(tiny_model, tmp_path_factory):
 def test_results_schema_and_environment(benched):
     _, out, results = benched
     on_disk = json.loads((out / "results.json").read_text())
-    assert on_disk["schema"] == SCHEMA == results["schema"]
+    assert on_disk["schema"] == SCHEMA == "kiln.bench/2"
+    read = read_results(out / "results.json")  # the typed record comes back as written
+    assert (read.targets, read.settings, read.serving_default) == (results.targets, results.settings,
+                                                                   results.serving_default)
     env = on_disk["environment"]
     assert {"cpu", "memory_gb", "gpus", "versions", "execution_providers"} <= env.keys()
     assert env["cpu"]["features"] is not None and "onnxruntime" in env["versions"]
@@ -51,52 +54,52 @@ def test_results_schema_and_environment(benched):
 
 def test_grid_statistics_and_skipped_cells(benched):
     _, _, results = benched
-    for target in results["targets"]:
-        assert target["error"] is None
-        cells = {(c["batch_size"], c["seq_len"]) for c in target["grid"]}
+    for target in results.targets:
+        assert target.error is None
+        cells = {(c.batch_size, c.seq_len) for c in target.grid}
         assert cells == {(1, 16), (4, 16), (1, 64), (4, 64)}
-        for cell in target["grid"]:
-            assert cell["n"] >= 5 and cell["median_ms"] > 0
-            assert cell["median_ms"] <= cell["p90_ms"] <= cell["p99_ms"]
-            assert cell["ms_per_sequence"] == pytest.approx(cell["median_ms"] / cell["batch_size"])
-        assert {c["seq_len"] for c in target["skipped_cells"]} == {512}  # past the tiny model's 128 tokens
-        assert "longer than the model's 128 tokens" in target["skipped_cells"][0]["reason"]
+        for cell in target.grid:
+            assert cell.n >= 5 and cell.median_ms > 0
+            assert cell.median_ms <= cell.p90_ms <= cell.p99_ms
+            assert cell.ms_per_sequence == pytest.approx(cell.median_ms / cell.batch_size)
+        assert {c.seq_len for c in target.skipped_cells} == {512}  # past the tiny model's 128 tokens
+        assert "longer than the model's 128 tokens" in target.skipped_cells[0].reason
 
 
 def test_mix_memory_and_load_time(benched):
     _, _, results = benched
-    for target in results["targets"]:
-        mix = target["mix"]
-        assert mix["sequences"] == 32 and mix["sorted_per_s"] > 0 and mix["unsorted_per_s"] > 0
-        assert mix["sorted_padding_efficiency"] >= mix["unsorted_padding_efficiency"]
-        assert target["peak_rss_mb"] > 50 and target["load_seconds"] > 0
-    torch_rss = results["targets"][0]["peak_rss_mb"]
-    onnx_rss = results["targets"][1]["peak_rss_mb"]
+    for target in results.targets:
+        mix = target.mix
+        assert mix.sequences == 32 and mix.sorted_per_s > 0 and mix.unsorted_per_s > 0
+        assert mix.sorted_padding_efficiency >= mix.unsorted_padding_efficiency
+        assert target.peak_rss_mb > 50 and target.load_seconds > 0
+    torch_rss = results.targets[0].peak_rss_mb
+    onnx_rss = results.targets[1].peak_rss_mb
     assert onnx_rss < torch_rss  # the ONNX worker never imports torch
 
 
 def test_sweep_writes_the_serving_default_into_the_artifact(benched):
     art, _, results = benched
-    variant = results["targets"][1]
+    variant = results.targets[1]
     grid = list(sweep_points(_cores()))
-    points = [(p["sessions"], p["threads"], p["batch_size"]) for p in variant["sweep"]]
-    assert points[: len(grid)] == grid and {p["batch_size"] for p in variant["sweep"]} == {16, 32}
-    assert {p["pad_multiple"] for p in variant["sweep"][: len(grid)]} == {1}  # ONNX Runtime's own: no padding
+    points = [(p.sessions, p.threads, p.batch_size) for p in variant.sweep]
+    assert points[: len(grid)] == grid and {p.batch_size for p in variant.sweep} == {16, 32}
+    assert {p.pad_multiple for p in variant.sweep[: len(grid)]} == {1}  # ONNX Runtime's own: no padding
     # then the padding multiples, each at the best point of the grid
-    grid_best = max(variant["sweep"][: len(grid)], key=lambda p: p["sorted_per_s"])
-    padded = variant["sweep"][len(grid):]
-    assert [p["pad_multiple"] for p in padded] == [m for m in SWEEP_PAD_MULTIPLES if m != 1]
-    assert {(p["sessions"], p["threads"], p["batch_size"]) for p in padded} == {
-        (grid_best["sessions"], grid_best["threads"], grid_best["batch_size"])}
-    default = results["serving_default"]
-    best = max(variant["sweep"], key=lambda p: p["sorted_per_s"])
-    assert (default["sessions"], default["threads"], default["batch_size"], default["pad_multiple"]) == (
-        best["sessions"], best["threads"], best["batch_size"], best["pad_multiple"])
-    assert json.loads((art / SERVING_FILE).read_text())["threads"] == best["threads"]
+    grid_best = max(variant.sweep[: len(grid)], key=lambda p: p.sorted_per_s)
+    padded = variant.sweep[len(grid):]
+    assert [p.pad_multiple for p in padded] == [m for m in SWEEP_PAD_MULTIPLES if m != 1]
+    assert {(p.sessions, p.threads, p.batch_size) for p in padded} == {
+        (grid_best.sessions, grid_best.threads, grid_best.batch_size)}
+    default = results.serving_default
+    best = max(variant.sweep, key=lambda p: p.sorted_per_s)
+    assert (default.sessions, default.threads, default.batch_size, default.pad_multiple) == (
+        best.sessions, best.threads, best.batch_size, best.pad_multiple)
+    assert json.loads((art / SERVING_FILE).read_text())["threads"] == best.threads
     manifest = Artifact.open(art).manifest  # re-sealed: every checksum still verifies
-    assert manifest.extra["serving_default"]["variant"] == "onnx-fp32"
+    assert manifest.build.serving_default.variant == "onnx-fp32"
     best_dir = Artifact.open(art / "best")  # what `kiln serve kiln-out/best` reads, also verified
-    assert best_dir.serving_default()["threads"] == best["threads"] and (art / "best" / SERVING_FILE).is_file()
+    assert best_dir.serving_default().threads == best.threads and (art / "best" / SERVING_FILE).is_file()
 
 
 def test_load_runs_with_the_serving_default(benched):
@@ -104,10 +107,10 @@ def test_load_runs_with_the_serving_default(benched):
     import kiln
 
     art, _, results = benched
-    default = results["serving_default"]
+    default = results.serving_default
     predictor = kiln.load(art)
-    assert predictor.batch_size == default["batch_size"] and len(predictor.sessions) == default["sessions"]
-    assert predictor.pad_multiple == default["pad_multiple"]
+    assert predictor.batch_size == default.batch_size and len(predictor.sessions) == default.sessions
+    assert predictor.pad_multiple == default.pad_multiple
     assert kiln.load(art, pad_multiple=8).pad_multiple == 8
     texts = [" ".join(["word"] * n) for n in (3, 40, 7, 90, 12, 60, 5, 33)] * 3
     two = kiln.load(art, sessions=2, batch_size=2)  # 12 batches over two engines, results in input order
@@ -133,11 +136,12 @@ def test_padding_efficiency():
 
 def test_compare_reports_changes_beyond_noise(benched):
     _, _, results = benched
-    slower = copy.deepcopy(results)
-    cell = slower["targets"][1]["grid"][0]
-    for key in ("median_ms", "p90_ms", "p99_ms"):
-        cell[key] *= 2
-    slower["targets"][1]["mix"]["sorted_per_s"] *= 1.5
+    onnx = results.targets[1]
+    cell = onnx.grid[0]
+    slower_cell = replace(cell, median_ms=2 * cell.median_ms, p90_ms=2 * cell.p90_ms, p99_ms=2 * cell.p99_ms)
+    slower_onnx = replace(onnx, grid=(slower_cell, *onnx.grid[1:]),
+                          mix=replace(onnx.mix, sorted_per_s=1.5 * onnx.mix.sorted_per_s))
+    slower = replace(results, targets=(results.targets[0], slower_onnx))
     changes = compare(results, slower)
     described = [c.describe() for c in changes]
     assert any("onnx-fp32 batch 1 x 16 tokens" in d and "slower" in d for d in described)
@@ -148,7 +152,7 @@ def test_compare_reports_changes_beyond_noise(benched):
 def test_cli_compare_and_bad_input(benched, tmp_path):
     _, out, results = benched
     new = tmp_path / "new.json"
-    changed = copy.deepcopy(results)
+    changed = json.loads((out / "results.json").read_text())
     changed["targets"][0]["mix"]["unsorted_per_s"] /= 3
     new.write_text(json.dumps(changed))
     run = subprocess.run([sys.executable, "-m", "kiln", "bench", "--compare", str(out / "results.json"), str(new)],
@@ -161,7 +165,8 @@ def test_cli_compare_and_bad_input(benched, tmp_path):
     old.write_text('{"schema": "other/9"}')
     wrong = subprocess.run([sys.executable, "-m", "kiln", "bench", "--compare", str(old), str(new)],
                            capture_output=True, text=True, timeout=120)
-    assert wrong.returncode == 2 and "has schema 'other/9'; this kiln reads 'kiln.bench/1'" in wrong.stderr
+    assert wrong.returncode == 2
+    assert "has schema 'other/9'; this kiln reads 'kiln.bench/1' or 'kiln.bench/2'" in wrong.stderr
 
 
 def test_variants_need_an_artifact(tiny_model, tmp_path):
@@ -180,7 +185,7 @@ def test_gemm_bound_counts_every_weight_gemm_of_the_graph(benched, tiny_model, t
     config = json.loads((tiny_model("bert") / "config.json").read_text())
     h, i, layers = config["hidden_size"], config["intermediate_size"], config["num_hidden_layers"]
     expected = sorted([h * h] * 4 * layers + [h * i] * 2 * layers)  # Q, K, V, attention out; FFN in and out
-    model = art / Artifact.open(art).variant()["path"]
+    model = art / Artifact.open(art).variant().path
     fp32 = onnx_weight_gemms(model)
     assert sorted(g.inner * g.outer for g in fp32) == expected and {g.precision for g in fp32} == {"fp32"}
     quantize_dynamic(model, tmp_path / "int8.onnx", weight_type=QuantType.QInt8)
@@ -190,15 +195,15 @@ def test_gemm_bound_counts_every_weight_gemm_of_the_graph(benched, tiny_model, t
     assert sorted((g.inner, g.outer) for g in openvino_weight_gemms(tmp_path / "model.xml")) == sorted(
         (g.inner, g.outer) for g in fp32)
 
-    baseline, variant = results["targets"][0], results["targets"][1]
-    assert baseline["gemm"] is None  # PyTorch is timed as users run it; the bound is read from a variant's graph
-    bound = variant["gemm"]
-    assert (bound["gemms"], bound["int8_gemms"]) == (6 * layers, 0)
-    assert bound["gop_per_sequence"] == pytest.approx(2 * 128 * sum(expected) / 1e9)
+    baseline, variant = results.targets[0], results.targets[1]
+    assert baseline.gemm is None  # PyTorch is timed as users run it; the bound is read from a variant's graph
+    bound = variant.gemm
+    assert (bound.gemms, bound.int8_gemms) == (6 * layers, 0)
+    assert bound.gop_per_sequence == pytest.approx(2 * 128 * sum(expected) / 1e9)
     # an fp32 variant's own bound is its GEMM work at the fp32 rate
-    assert bound["own_bound_per_s"] == pytest.approx(bound["fp32_gops"] * 1e9 / (2 * 128 * sum(expected)))
-    assert bound["of_int8_bound"] == pytest.approx(bound["reached_per_s"] / bound["int8_bound_per_s"])
-    assert min(bound["int8_gops"], bound["fp32_gops"], bound["reached_per_s"]) > 0
+    assert bound.own_bound_per_s == pytest.approx(bound.fp32_gops * 1e9 / (2 * 128 * sum(expected)))
+    assert bound.of_int8_bound == pytest.approx(bound.reached_per_s / bound.int8_bound_per_s)
+    assert min(bound.int8_gops, bound.fp32_gops, bound.reached_per_s) > 0
 
 
 def test_a_worker_killed_mid_cell_is_reported_at_once_with_its_signal(tiny_artifact, tmp_path):

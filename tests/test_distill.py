@@ -223,7 +223,7 @@ def test_optimize_judges_a_student_against_its_teacher(distilled, tiny_model, tm
     loose = OptimizeJob(OptimizeConfig(model=student, task=TaskName.FEATURE_EXTRACTION, output=tmp_path / "loose",
                                        variants=("onnx-fp32",), reference=teacher, tolerance=0.9)).run()
     assert loose.reference == teacher and "Judged and timed against" in (tmp_path / "loose" / "summary.md").read_text()
-    assert Artifact.open(tmp_path / "loose").manifest.extra["reference"]["model"] == teacher
+    assert Artifact.open(tmp_path / "loose").manifest.build.reference.model == teacher
     with pytest.raises(UsageError, match="its tokenizer differs"):
         OptimizeJob(OptimizeConfig(model=student, task=TaskName.FEATURE_EXTRACTION, output=tmp_path / "other",
                                    variants=("onnx-fp32",), reference=str(tiny_model("roberta")))).run()

@@ -127,7 +127,7 @@ def test_an_engine_never_writes_into_its_inputs(artifacts, fmt, tmp_path):
     art = Artifact.open(artifacts[ExportFormat.ONNX if fmt == "openvino" else fmt])
     encoder = art.encoder()
     if fmt == "openvino":
-        convert(art.path / art.variant()["path"], tmp_path / "model.xml")
+        convert(art.path / art.variant().path, tmp_path / "model.xml")
         engine = create_engine("openvino", tmp_path / "model.xml", EngineOptions(intra_op_threads=1))
     else:
         engine = art.engine(options=EngineOptions(intra_op_threads=1))
@@ -148,7 +148,7 @@ def test_openvino_sessions_are_streams_of_one_compiled_model(artifacts, tmp_path
     from kiln.runtime.predictor import Predictor
 
     art = Artifact.open(artifacts[ExportFormat.ONNX])
-    convert(art.path / art.variant()["path"], tmp_path / "model.xml")
+    convert(art.path / art.variant().path, tmp_path / "model.xml")
     sessions = open_sessions("openvino", tmp_path / "model.xml", EngineOptions(intra_op_threads=1), 2)
     compiled = {id(s.compiled_model) for s in sessions}
     assert len(sessions) == 2 and len(compiled) == 1 and len({id(s._request) for s in sessions}) == 2
@@ -172,7 +172,7 @@ def test_one_predictor_answers_8_threads_at_once_as_it_answers_one(artifacts, fm
 
     art = Artifact.open(artifacts[ExportFormat.ONNX])
     if fmt == "openvino":
-        convert(art.path / art.variant()["path"], tmp_path / "model.xml")
+        convert(art.path / art.variant().path, tmp_path / "model.xml")
         engine = create_engine("openvino", tmp_path / "model.xml", EngineOptions(intra_op_threads=1))
     else:
         engine = art.engine(options=EngineOptions(intra_op_threads=1))

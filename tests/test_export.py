@@ -40,8 +40,8 @@ def test_every_task_exports_with_parity(tiny_model, tmp_path, task):
     result = _export(tiny_model("bert", task), tmp_path, task=task)
     assert result.parity.passed, result.parity.summary()
     record = result.manifest.variants["onnx-fp32"]
-    assert record["parity"]["passed"] is True
-    assert result.manifest.task["task"] == task.value
+    assert record.parity.passed is True
+    assert result.manifest.task.task == task.value
 
 
 def test_onnx_has_dynamic_batch_and_sequence_axes(tiny_model, tmp_path):
@@ -63,7 +63,7 @@ def test_int32_inputs(tiny_model, tmp_path):
 def test_external_data_forced_on_a_tiny_model(tiny_model, tmp_path):
     result = _export(tiny_model("bert"), tmp_path, external_data=ExternalData.ALWAYS)
     record = result.manifest.variants["onnx-fp32"]
-    assert record["files"] == ["onnx-fp32/model.onnx", "onnx-fp32/model.onnx.data"]
+    assert record.files == ("onnx-fp32/model.onnx", "onnx-fp32/model.onnx.data")
     assert (result.path / "onnx-fp32" / "model.onnx.data").stat().st_size > 50_000
     assert (result.path / "onnx-fp32" / "model.onnx").stat().st_size < 50_000  # graph only
     assert result.parity.passed

@@ -264,7 +264,7 @@ def test_optimize_builds_validates_and_picks_a_decoder_variant(optimized_gpt2, t
     assert fp32.agreement.figures["mean_logit_cosine"] > 0.99999
     assert fp32.metric["perplexity"] == pytest.approx(summary.reference_metric["perplexity"], rel=1e-4)
     int8 = outcomes["onnx-int8-dynamic"]
-    assert int8.record["recipe"][-1]["pass"] == "ort-int8-dynamic" and int8.record["recipe"][-1]["per_channel"]
+    assert int8.record.recipe[-1]["pass"] == "ort-int8-dynamic" and int8.record.recipe[-1]["per_channel"]
     assert 0.5 < int8.agreement.figures["next_token_agreement"] <= 1.0
     openvino = outcomes["openvino-fp32"]  # validated through SharedSteps: the cache shared between two requests
     assert openvino.agreement.figures["next_token_agreement"] == 1.0
@@ -367,11 +367,13 @@ def test_triton_refuses_a_decoder_by_name(decoder_artifacts, tmp_path):
 
 
 def test_bench_times_first_token_and_per_token_latency_in_the_report(optimized_gpt2, tmp_path):
-    import json
+
+    from dataclasses import replace
 
     from typer.testing import CliRunner
 
     from kiln.bench.compare import compare
+    from kiln.bench.results import read_results
     from kiln.cli.app import app
 
     _, artifact = optimized_gpt2
@@ -379,18 +381,17 @@ def test_bench_times_first_token_and_per_token_latency_in_the_report(optimized_g
                                       "--seq-lens", "4,8,200", "--quick"])
     assert result.exit_code == 0, result.output
     assert "first token" in result.output and "ms per token" in result.output
-    results = json.loads((tmp_path / "b" / "results.json").read_text())
+    results = read_results(tmp_path / "b" / "results.json")
     # Every variant built (fp32 and the int8 the gate rejected or accepted) beside the PyTorch step graph.
-    assert [t["name"] for t in results["targets"]] == ["pytorch-fp32", "onnx-fp32", "onnx-int8-dynamic",
-                                                       "openvino-fp32"]
-    for target in results["targets"]:
-        assert target.get("error") is None
-        cells = {(c["batch_size"], c["prompt_tokens"]): c for c in target["generation"]}
+    assert [t.name for t in results.targets] == ["pytorch-fp32", "onnx-fp32", "onnx-int8-dynamic", "openvino-fp32"]
+    for target in results.targets:
+        assert target.error is None
+        cells = {(c.batch_size, c.prompt_tokens): c for c in target.generation}
         assert set(cells) == {(1, 4), (2, 4), (1, 8), (2, 8)}
-        assert all(c["new_tokens"] == 32 and c["ttft_ms"] > 0 and c["per_token_ms"] > 0 for c in cells.values())
-        assert {s["seq_len"] for s in target["skipped_cells"]} == {200}
-        assert "window of 128" in target["skipped_cells"][0]["reason"]
-    assert results["environment"]["int8_kernels"]
+        assert all(c.new_tokens == 32 and c.ttft_ms > 0 and c.per_token_ms > 0 for c in cells.values())
+        assert {s.seq_len for s in target.skipped_cells} == {200}
+        assert "window of 128" in target.skipped_cells[0].reason
+    assert results.environment["int8_kernels"]
     html = (tmp_path / "b" / "report.html").read_text()
     status = {o.name: o.status.value for o in optimized_gpt2[0].outcomes}
     for text in ("Generation: time to first token / per-token latency", "speed-up over PyTorch fp32 (first token",
@@ -399,8 +400,10 @@ def test_bench_times_first_token_and_per_token_latency_in_the_report(optimized_g
         assert text in html
     assert html.count("<svg") >= 4  # first token and per token vs prompt length, per batch size
     assert compare(results, results) == []
-    slower = json.loads(json.dumps(results))
-    slower["targets"][1]["generation"][0]["per_token_ms"] *= 2
+    fp32 = results.targets[1]
+    first = fp32.generation[0]
+    slower_fp32 = replace(fp32, generation=(replace(first, per_token_ms=2 * first.per_token_ms), *fp32.generation[1:]))
+    slower = replace(results, targets=(results.targets[0], slower_fp32, *results.targets[2:]))
     [change] = compare(results, slower)
     assert change.target == "onnx-fp32" and "per token" in change.what and not change.better
 

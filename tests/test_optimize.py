@@ -52,13 +52,13 @@ def test_output_files_and_manifest(optimized):
     out, summary = optimized
     assert {"manifest.json", "results.json", "summary.md", "best", "tokenizer"} <= {p.name for p in out.iterdir()}
     art = Artifact.open(out)  # every checksum verifies, best/ included
-    assert art.manifest.extra["best"] == summary.best
-    assert art.manifest.extra["cpu"]["features"] is not None
+    assert art.manifest.build.best == summary.best
+    assert art.manifest.build.cpu["features"] is not None
     for record in art.manifest.variants.values():
-        assert record["status"] in ("accepted", "rejected")
-        assert record["recipe"] and record["agreement"]["value"] > 0
+        assert record.status in ("accepted", "rejected")
+        assert record.recipe and record.agreement.value > 0
     results = json.loads((out / "results.json").read_text())
-    assert results["schema"] == "kiln.optimize/2"
+    assert results["schema"] == "kiln.optimize/3"
     assert results["best"] == summary.best and results["reference_timing"]["sequences"] > 0
     back = read_results(out / "results.json")  # typed records again, equal to what the run returned
     assert back.outcomes == summary.outcomes and back.reference_timing == summary.reference_timing
@@ -96,10 +96,10 @@ def test_tight_tolerance_triggers_sensitivity_and_records_it(tiny_model, tmp_pat
     assert int8.sensitivity is not None and int8.sensitivity.rounds and int8.sensitivity.ranking
     assert int8.status == "accepted", int8.reason
     excluded = int8.sensitivity.excluded
-    assert excluded and tuple(int8.record["recipe"][-1]["excluded_nodes"]) == excluded
+    assert excluded and tuple(int8.record.recipe[-1]["excluded_nodes"]) == excluded
     assert int8.sensitivity.speed_cost > 0
-    recorded = Artifact.open(tmp_path / "b").manifest.variants["onnx-int8-dynamic"]["sensitivity"]
-    assert tuple(recorded["excluded"]) == excluded
+    recorded = Artifact.open(tmp_path / "b").manifest.variants["onnx-int8-dynamic"].sensitivity
+    assert recorded.excluded == excluded
 
 
 def test_nothing_passing_is_an_error_with_every_reason(tiny_model, tmp_path):
@@ -144,7 +144,7 @@ def test_fp16_variant_builds_and_is_validated(tiny_model, tmp_path):
                                          output=tmp_path / "o", variants=("onnx-fp16",))).run()
     fp16 = summary.outcomes[0]
     assert fp16.status == "accepted", fp16.reason
-    assert fp16.record["recipe"][-1]["keep_io_types"] is True
+    assert fp16.record.recipe[-1]["keep_io_types"] is True
 
 
 def test_cli_bad_eval_file_names_the_line(tiny_model, tmp_path):
@@ -187,7 +187,7 @@ def test_a_variant_whose_retry_raises_is_reported_failed_and_the_run_goes_on(tin
     flaky_outcome, fp32 = summary.outcomes
     assert flaky_outcome.status == "failed" and "boom in the alternative build" in flaky_outcome.reason
     assert fp32.status == "accepted" and summary.best == "onnx-fp32"  # the run went on and kept its work
-    assert Artifact.open(tmp_path / "o").manifest.extra["skipped"]["flaky-int8"] == flaky_outcome.reason
+    assert Artifact.open(tmp_path / "o").manifest.build.skipped["flaky-int8"] == flaky_outcome.reason
 
 
 def test_the_reference_runs_on_the_runs_thread_count(tiny_model, tmp_path, monkeypatch):

@@ -25,7 +25,7 @@ def test_two_models_answer_a_pair_side_by_side(task_artifacts, tmp_path):
     from kiln.export.job import ExportConfig, run_export
 
     onnx = task_artifacts[TaskName.TEXT_CLASSIFICATION]
-    model_dir = kiln.Artifact.open(onnx).manifest.source["path"]
+    model_dir = kiln.Artifact.open(onnx).manifest.source.path
     scripted = tmp_path / "ts"
     run_export(ExportConfig(model=model_dir, task=TaskName.TEXT_CLASSIFICATION, format=ExportFormat.TORCHSCRIPT,
                             output=scripted))

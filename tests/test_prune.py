@@ -156,7 +156,7 @@ def test_fast_variants_of_a_pruned_model_stay_exact(pruned, tmp_path):
     outcomes = {o.name: o for o in summary.outcomes}
     assert all(outcomes[n].agreement.value > 0.9999 for n in ("onnx-fp32", "onnx-fused"))
     fused = Artifact.open(tmp_path / "opt").manifest.variants["onnx-fused"]
-    assert "Attention" not in json.dumps(fused["recipe"]) and "SkipLayerNormalization" in json.dumps(fused["recipe"])
+    assert "Attention" not in json.dumps(fused.recipe) and "SkipLayerNormalization" in json.dumps(fused.recipe)
 
 
 def test_bad_settings_are_one_clear_error():

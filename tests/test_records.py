@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import pytest
 
+from kiln.artifact.records import Round, Sensitivity, Status, VariantRecord
 from kiln.bench.measure import Timing
 from kiln.errors import ArtifactError
-from kiln.optimize.outcome import Outcome, Round, Sensitivity, Status
+from kiln.optimize.outcome import Outcome
 from kiln.records import read_record, write_json
 from kiln.validation.figures import Agreement, BucketFigure
 
 
 def test_a_record_comes_back_with_its_types(tmp_path):
-    outcome = Outcome("v", Status.ACCEPTED, "ok", record={"path": "v/model.onnx"},
+    outcome = Outcome("v", Status.ACCEPTED, "ok", record=VariantRecord("v", "onnxruntime", "v/model.onnx",
+                                                                     ("v/model.onnx",), ({"pass": "export-onnx"},)),
                       agreement=Agreement("min_cosine", 0.99, {"min_cosine": 0.99}, "cosine",
                                           (BucketFigure("1-16", 3, 0.995, 0.99),)),
                       timing=Timing(10, 0.5, 2), sensitivity=Sensitivity((("a", 0.1),), (Round(1, 0.98, False),),
@@ -29,3 +31,35 @@ def test_another_schema_is_refused(tmp_path):
     write_json(path, "kiln.test/1", Timing(1, 1.0, 1))
     with pytest.raises(ArtifactError, match="has schema 'kiln.test/1'; this kiln reads 'kiln.optimize/2'"):
         read_record(path, "kiln.optimize/2", Timing)
+
+
+def test_a_manifest_is_typed_and_a_schema_1_manifest_still_reads(tiny_artifact, tmp_path):
+    """Manifests are records (fields, not string keys); an artifact written before typed records (schema_version
+    1, the run's notes under ``extra``) opens and serves as before."""
+    import json
+    import shutil
+
+    from kiln.artifact.directory import Artifact
+    from kiln.artifact.manifest import MANIFEST_NAME, SCHEMA_VERSION, read_manifest
+    from kiln.artifact.records import TokenizerRecord
+
+    manifest = read_manifest(tiny_artifact)
+    record = manifest.variants["onnx-fp32"]
+    assert manifest.schema_version == SCHEMA_VERSION == 2
+    assert isinstance(manifest.tokenizer, TokenizerRecord) and record.engine == "onnxruntime"
+    assert record.parity.min_cosine > 0.9999 and manifest.build.best == "onnx-fp32"
+    old = tmp_path / "old"
+    shutil.copytree(tiny_artifact, old)
+    body = json.loads((old / MANIFEST_NAME).read_text())
+    body["schema_version"], body["extra"] = 1, body.pop("build")  # as kiln wrote it before typed records
+    body["extra"]["serving_default"] = {"variant": "onnx-fp32", "sessions": 1, "threads": 1, "batch_size": 8,
+                                        "pad_multiple": 1}
+    body["variants"]["onnx-fp32"]["parity"]["passed"] = True  # a derived key the old writer added
+    (old / MANIFEST_NAME).write_text(json.dumps(body))
+    art = Artifact.open(old)
+    assert art.manifest.build.best == "onnx-fp32" and art.serving_default().batch_size == 8
+    assert art.predictor().batch_size == 8 and len(art.predictor().predict(["still serves"])) == 1
+    body["schema_version"] = 99
+    (old / MANIFEST_NAME).write_text(json.dumps(body))
+    with pytest.raises(ArtifactError, match="has schema_version 99; this kiln reads schema_version 1, 2"):
+        read_manifest(old)

@@ -82,21 +82,22 @@ def write_json(path: Path, schema: str, record: Any) -> None:
     os.replace(tmp, path)
 
 
-def read_json(path: Path, schema: str) -> dict[str, Any]:
-    """The JSON document at ``path``, refused unless it declares ``schema``."""
+def read_json(path: Path, schema: str | tuple[str, ...]) -> dict[str, Any]:
+    """The JSON document at ``path``, refused unless it declares ``schema`` (or one of several)."""
+    schemas = (schema,) if isinstance(schema, str) else schema
     try:
         body = json.loads(Path(path).read_text())
     except FileNotFoundError as err:
         raise ArtifactError(f"{path} does not exist") from err
     except json.JSONDecodeError as err:
         raise ArtifactError(f"{path} is not valid JSON ({err})") from err
-    if not isinstance(body, dict) or body.get("schema") != schema:
+    if not isinstance(body, dict) or body.get("schema") not in schemas:
         got = body.get("schema") if isinstance(body, dict) else None
-        raise ArtifactError(f"{path} has schema {got!r}; this kiln reads {schema!r}")
+        raise ArtifactError(f"{path} has schema {got!r}; this kiln reads {' or '.join(map(repr, schemas))}")
     return body
 
 
-def read_record(path: Path, schema: str, kind: type[T]) -> T:
+def read_record(path: Path, schema: str | tuple[str, ...], kind: type[T]) -> T:
     """A typed record read back from a file written by :func:`write_json`."""
     try:
         return from_jsonable(kind, read_json(path, schema))

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from kiln.artifact.manifest import Manifest, read_manifest, verify
+from kiln.artifact.records import BuildRecord, ServingDefault, VariantRecord
 from kiln.engines import Engine, EngineOptions, create_engine, open_sessions
 from kiln.errors import ArtifactError, UsageError
 from kiln.runtime.predictor import Predictor
@@ -27,62 +27,61 @@ class Artifact:
 
     @property
     def task_config(self) -> TaskConfig:
-        return TaskConfig.from_dict(self.manifest.task)
+        return self.manifest.task
 
     def variant_name(self, name: str | None = None) -> str:
         variants = self.manifest.variants
         if name is None:
-            name = self.manifest.extra.get("best") or next(iter(variants), None)
+            name = self.manifest.build.best or next(iter(variants), None)
         if name not in variants:
             raise UsageError(f"--variant must be one of: {', '.join(variants) or '(none)'} (got {name!r})")
         return name
 
-    def variant(self, name: str | None = None) -> dict[str, Any]:
+    def variant(self, name: str | None = None) -> VariantRecord:
         return self.manifest.variants[self.variant_name(name)]
 
     def encoder(self) -> TextEncoder:
         spec = self.manifest.tokenizer
-        return TextEncoder.from_file(
-            self.path / spec["path"], max_length=self.task_config.max_length, pad_id=int(spec["pad_id"]),
-            input_names=spec["input_names"],
-        )
+        return TextEncoder.from_file(self.path / spec.path, max_length=self.task_config.max_length,
+                                     pad_id=spec.pad_id, input_names=spec.input_names)
 
-    def serving_default(self, variant: str | None = None, device: str = "cpu") -> dict[str, Any]:
-        """`kiln bench`'s best sessions x threads x batch size x padding for this variant ({} when it was not
+    def serving_default(self, variant: str | None = None, device: str = "cpu") -> ServingDefault | None:
+        """`kiln bench`'s best sessions x threads x batch size x padding for this variant (None when it was not
         benchmarked, or for a GPU device: the sweep ran on the CPU)."""
-        default = self.manifest.extra.get("serving_default") or {}
-        return default if device == "cpu" and default.get("variant") == self.variant_name(variant) else {}
+        default = self.manifest.build.serving_default
+        fits = default is not None and device == "cpu" and default.variant == self.variant_name(variant)
+        return default if fits else None
 
     def serving_plan(self, variant: str | None = None, *, threads: int | None = None, sessions: int | None = None,
                      batch_size: int | None = None, pad_multiple: int | None = None,
                      device: str = "cpu") -> ServingPlan:
         """How to run a variant: each setting from the caller, else from `kiln bench`'s serving default
         (serving.json), else kiln's default (all usable cores, 1 session, batches of 32, the engine's padding)."""
-        default = self.serving_default(variant, device)
-        threads = threads if threads is not None else default.get("threads")
+        default = self.serving_default(variant, device) or ServingDefault(self.variant_name(variant))
+        threads = threads if threads is not None else default.threads
         return ServingPlan(EngineOptions.for_variant(self.variant(variant), threads, device),
-                           sessions if sessions is not None else default.get("sessions", 1),
-                           batch_size if batch_size is not None else default.get("batch_size", 32),
-                           pad_multiple if pad_multiple is not None else default.get("pad_multiple"))
+                           sessions if sessions is not None else default.sessions,
+                           batch_size if batch_size is not None else default.batch_size,
+                           pad_multiple if pad_multiple is not None else default.pad_multiple)
 
     def engine(self, variant: str | None = None, options: EngineOptions | None = None) -> Engine:
         """The variant's engine; ``options`` default to what the variant's record asks for."""
         record = self.variant(variant)
         options = options or EngineOptions.for_variant(record)
-        model_path = self.path / record["path"]
+        model_path = self.path / record.path
         if not model_path.exists():
             raise ArtifactError(f"variant {self.variant_name(variant)} points at {model_path}, which is missing")
-        return create_engine(record["engine"], model_path, options)
+        return create_engine(record.engine, model_path, options)
 
     def predictor(self, variant: str | None = None, plan: ServingPlan | None = None) -> Predictor:
         """A predictor for the variant run as ``plan`` says (default: ``serving_plan``): ``plan.sessions`` engine
         sessions take batches side by side."""
         plan = plan or self.serving_plan(variant)
         record = self.variant(variant)
-        model_path = self.path / record["path"]
+        model_path = self.path / record.path
         if not model_path.exists():
             raise ArtifactError(f"variant {self.variant_name(variant)} points at {model_path}, which is missing")
-        engines = open_sessions(record["engine"], model_path, plan.options, plan.sessions)
+        engines = open_sessions(record.engine, model_path, plan.options, plan.sessions)
         return Predictor(self.task_config, self.encoder(), engines[0], batch_size=plan.batch_size,
                          sessions=engines[1:], pad_multiple=plan.pad_multiple)
 
@@ -114,16 +113,16 @@ def copy_variant(root: Path, manifest: Manifest, name: str | None, dest: Path) -
     from kiln.artifact.manifest import seal
 
     record = manifest.variants[name] if name is not None else None
-    tokenizer_dir = Path(manifest.tokenizer["path"]).parent
+    tokenizer_dir = Path(manifest.tokenizer.path).parent
     tokenizer_files = [p.relative_to(root).as_posix() for p in (root / tokenizer_dir).rglob("*") if p.is_file()]
-    for rel in [*(record["files"] if record else ()), *tokenizer_files]:
+    for rel in [*(record.files if record else ()), *tokenizer_files]:
         (dest / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(root / rel, dest / rel)
-    extra: dict[str, Any] = {"best": name}
-    if name is not None and manifest.extra.get("serving_default", {}).get("variant") == name:
-        extra["serving_default"] = manifest.extra["serving_default"]
+    default = manifest.build.serving_default
+    build = BuildRecord(best=name, serving_default=default if name is not None and default is not None
+                        and default.variant == name else None)
     seal(dest, Manifest(source=manifest.source, task=manifest.task, tokenizer=manifest.tokenizer,
-                        variants={name: record} if record else {}, extra=extra))
+                        variants={name: record} if record else {}, build=build))
     return dest
 
 

@@ -5,17 +5,22 @@ from __future__ import annotations
 import json
 import os
 import platform
-from dataclasses import asdict, dataclass, field
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from kiln.artifact.hashing import list_files, sha256_file
+from kiln.artifact.records import BuildRecord, SourceRecord, TokenizerRecord, VariantRecord
 from kiln.errors import ArtifactError
+from kiln.records import from_jsonable, to_jsonable
+from kiln.tasks.config import TaskConfig
 
 MANIFEST_NAME = "manifest.json"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: typed records (kiln.artifact.records), ``extra`` became ``build``
 
 # Libraries whose versions decide what an artifact computes; recorded, never imported for it.
 _TRACKED_PACKAGES = (
@@ -34,28 +39,30 @@ def library_versions() -> dict[str, str]:
     return versions
 
 
-@dataclass
+@dataclass(frozen=True)
 class FileRecord:
     sha256: str
     bytes: int
 
 
-@dataclass
+@dataclass(frozen=True)
 class Manifest:
-    """Serialised as manifest.json at the root of every artifact directory."""
+    """Serialised as manifest.json at the root of every artifact directory (by kiln.records)."""
 
-    source: dict[str, Any]
-    task: dict[str, Any]
-    variants: dict[str, dict[str, Any]]
-    tokenizer: dict[str, Any] = field(default_factory=dict)  # path, pad_id, input_names
-    versions: dict[str, str] = field(default_factory=library_versions)
+    source: SourceRecord
+    task: TaskConfig
+    variants: Mapping[str, VariantRecord]
+    tokenizer: TokenizerRecord
+    build: BuildRecord = BuildRecord()
+    versions: Mapping[str, str] = field(default_factory=library_versions)
     created: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
     schema_version: int = SCHEMA_VERSION
-    files: dict[str, FileRecord] = field(default_factory=dict)
-    extra: dict[str, Any] = field(default_factory=dict)
+    files: Mapping[str, FileRecord] = field(default_factory=dict)
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=2, sort_keys=True) + "\n"
+        body = {f.name: to_jsonable(getattr(self, f.name)) for f in fields(self)}
+        body["task"] = self.task.to_dict()
+        return json.dumps(body, indent=2, sort_keys=True) + "\n"
 
     @classmethod
     def from_json(cls, text: str, where: Path) -> Manifest:
@@ -63,25 +70,44 @@ class Manifest:
             raw = json.loads(text)
         except json.JSONDecodeError as err:
             raise ArtifactError(f"{where} is not valid JSON ({err}); the artifact is corrupted") from err
-        if not isinstance(raw, dict) or raw.get("schema_version") != SCHEMA_VERSION:
-            got = raw.get("schema_version") if isinstance(raw, dict) else None
-            raise ArtifactError(
-                f"{where} has schema_version {got!r}; this kiln reads schema_version {SCHEMA_VERSION}"
-            )
+        version = raw.get("schema_version") if isinstance(raw, dict) else None
+        if version not in READABLE_VERSIONS:
+            raise ArtifactError(f"{where} has schema_version {version!r}; this kiln reads schema_version "
+                                f"{', '.join(map(str, READABLE_VERSIONS))}")
         try:
-            files = {k: FileRecord(**v) for k, v in raw.pop("files").items()}
-            return cls(files=files, **raw)
-        except (KeyError, TypeError, AttributeError) as err:
+            raw = READABLE_VERSIONS[version](raw)
+            hints = typing.get_type_hints(cls)
+            parts = {f.name: from_jsonable(hints[f.name], raw[f.name]) for f in fields(cls)
+                     if f.name in raw and f.name != "task"}
+            return cls(task=TaskConfig.from_dict(raw["task"]), **parts)
+        except (KeyError, TypeError, AttributeError, ValueError) as err:
             raise ArtifactError(f"{where} is missing or has malformed fields ({err})") from err
+
+    def with_build(self, **changes: Any) -> Manifest:
+        """The same manifest with ``build`` fields changed."""
+        return replace(self, build=replace(self.build, **changes))
+
+
+def _from_version_1(raw: dict[str, Any]) -> dict[str, Any]:
+    """schema_version 1 (kiln before typed records): the run's notes were ``extra``; reference_timing carried
+    derived figures beside its fields (ignored on read, as every derived figure is)."""
+    raw = {**raw, "schema_version": SCHEMA_VERSION}
+    raw["build"] = raw.pop("extra", {}) or {}
+    return raw
+
+
+# schema_version -> how a manifest of that version becomes the current one's fields.
+READABLE_VERSIONS = {1: _from_version_1, SCHEMA_VERSION: lambda raw: raw}
 
 
 def seal(directory: Path, manifest: Manifest) -> Manifest:
-    """Record the checksum of every file in ``directory`` and write manifest.json last, atomically."""
-    manifest.files = {
+    """Record the checksum of every file in ``directory`` and write manifest.json last, atomically; returns the
+    manifest as written (with its file records)."""
+    manifest = replace(manifest, files={
         rel.as_posix(): FileRecord(sha256=sha256_file(directory / rel), bytes=(directory / rel).stat().st_size)
         for rel in list_files(directory)
         if rel.as_posix() != MANIFEST_NAME
-    }
+    })
     target = directory / MANIFEST_NAME
     tmp = target.with_suffix(".json.tmp")
     tmp.write_text(manifest.to_json())

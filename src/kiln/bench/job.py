@@ -10,15 +10,15 @@ from pathlib import Path
 from typing import Any
 
 from kiln.artifact.manifest import MANIFEST_NAME, read_manifest, seal, verify
+from kiln.artifact.records import ServingDefault, Status
 from kiln.bench import generation
-from kiln.bench import results as results_file
 from kiln.bench.environment import fingerprint
+from kiln.bench.results import RESULTS_FILE, SCHEMA, BenchResults, OptimizeSection, ServingRecord, SettingsRecord
 from kiln.bench.worker import PYTORCH, BenchSettings, Target, TargetResult, worker_main
 from kiln.choices import Scheduling
 from kiln.data.texts import texts_of_lengths
 from kiln.errors import UsageError
 from kiln.records import to_jsonable, write_json
-from kiln.report.data import optimize_section
 from kiln.system.children import ChildDied, receive
 from kiln.system.cpu import cpu_info
 from kiln.system.invocation import invocation
@@ -109,10 +109,10 @@ class BenchJob:
             names = list(cfg.variants) if cfg.variants else \
                 list(art.manifest.variants) if plan.every_variant else [art.variant_name()]
             if names == ["all"]:
-                names = [n for n, r in art.manifest.variants.items() if r.get("status", "accepted") == "accepted"]
+                names = [n for n, r in art.manifest.variants.items() if r.status is Status.ACCEPTED]
             for name in names:
                 art.variant_name(name)  # a clear error for an unknown variant
-            source_dir = art.manifest.source.get("path")
+            source_dir = art.manifest.source.path
             model = source_dir if source_dir and Path(source_dir).is_dir() else None
             targets = [Target(n, str(path), None, art.task_config.task) for n in names]
             if cfg.baseline and model:
@@ -124,7 +124,7 @@ class BenchJob:
             raise UsageError("--variants needs an artifact directory (written by kiln optimize or kiln export)")
         return [Target(PYTORCH, None, cfg.target, cfg.task)], None, None
 
-    def run(self) -> dict[str, Any]:
+    def run(self) -> BenchResults:
         cfg = self.config
         targets, artifact, manifest = self._targets()
         encoder = artifact.encoder() if artifact else _source_encoder(cfg)
@@ -139,12 +139,13 @@ class BenchJob:
         if bar is not None:
             bar.close()
         serving = self._serving_default(measured, artifact)
-        out = results_file.build(
-            invocation(), fingerprint(), settings, measured, artifact=str(artifact.path) if artifact else None,
-            model=manifest.source.get("model") if manifest else (cfg.target or "bundled all-MiniLM-L6-v2"),
-            task=task, optimize=optimize_section(manifest) if manifest else None, serving_default=serving)
+        out = BenchResults(
+            model=manifest.source.model if manifest else (cfg.target or "bundled all-MiniLM-L6-v2"), task=task,
+            command=invocation(), environment=fingerprint(), artifact=str(artifact.path) if artifact else None,
+            settings=SettingsRecord.of(settings), targets=tuple(measured),
+            optimize=OptimizeSection.of(manifest) if manifest else None, serving_default=serving)
         cfg.output.mkdir(parents=True, exist_ok=True)
-        write_json(cfg.output / "results.json", results_file.SCHEMA, out)  # atomic, as every kiln record
+        write_json(cfg.output / RESULTS_FILE, SCHEMA, out)  # atomic, as every kiln record
         from kiln.report.html import write_report
 
         write_report(cfg.output, out)
@@ -210,16 +211,14 @@ class BenchJob:
             self.progress(f"{target.name}: FAILED ({result.error})")
         return result
 
-    def _serving_default(self, measured: list[TargetResult], artifact) -> dict[str, Any] | None:
+    def _serving_default(self, measured: list[TargetResult], artifact) -> ServingRecord | None:
         """The best sweep point of the first variant becomes the artifact's serving default (serving.json)."""
         variant = next((r for r in measured if r.name != PYTORCH and r.sweep and not r.error), None)
         if variant is None or artifact is None:
             return None
         best = max(variant.sweep, key=lambda p: p.sorted_per_s)
-        default = {"variant": variant.name, "sessions": best.sessions, "threads": best.threads,
-                   "batch_size": best.batch_size, "pad_multiple": best.pad_multiple,
-                   "measured_sorted_per_s": best.sorted_per_s,
-                   "sweep": to_jsonable(variant.sweep)}
+        default = ServingRecord(variant.name, best.sessions, best.threads, best.batch_size, best.pad_multiple,
+                                best.sorted_per_s, variant.sweep)
         verify(artifact.path)  # never re-seal over a file altered since it was written (best/ included)
         written = []
         best_dir = artifact.path / "best"
@@ -249,18 +248,15 @@ class TimingPlan:
 PLANS: dict[Scheduling, TimingPlan] = {Scheduling.BATCH: TimingPlan(BenchJob._settings),
                                        Scheduling.DECODE: TimingPlan(BenchJob._generation_settings, True)}
 
-SERVING_KEYS = ("variant", "sessions", "threads", "batch_size", "pad_multiple")
-
-
-def write_serving_default(directory: Path, default: dict[str, Any], *, check: bool = True) -> None:
+def write_serving_default(directory: Path, default: ServingRecord, *, check: bool = True) -> None:
     """Write serving.json into an artifact and re-seal its manifest so checksums stay valid."""
     if check:
         verify(directory)  # never re-seal over a file that was altered since the artifact was written
-    (directory / SERVING_FILE).with_suffix(".tmp").write_text(json.dumps(default, indent=2) + "\n")
+    (directory / SERVING_FILE).with_suffix(".tmp").write_text(json.dumps(to_jsonable(default), indent=2) + "\n")
     (directory / SERVING_FILE).with_suffix(".tmp").replace(directory / SERVING_FILE)
-    manifest = read_manifest(directory)
-    manifest.extra["serving_default"] = {k: default[k] for k in SERVING_KEYS if k in default}
-    seal(directory, manifest)
+    recorded = ServingDefault(default.variant, default.sessions, default.threads, default.batch_size,
+                              default.pad_multiple)
+    seal(directory, read_manifest(directory).with_build(serving_default=recorded))
 
 
 def _source_encoder(config: BenchConfig):
@@ -275,11 +271,12 @@ def bench(target: str | Path | None = None, *, output: str | Path = "kiln-bench"
           variants: Sequence[str] | None = None, batch_sizes: Sequence[int] | None = None,
           seq_lens: Sequence[int] | None = None, texts: str | Path | None = None, lengths: str | Path | None = None,
           threads: int | None = None, quick: bool = False, sweep: bool = True,
-          progress: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
+          progress: Callable[[str], None] = lambda _: None) -> BenchResults:
     """``kiln bench`` from Python: time ``target`` (an artifact directory, a model directory for PyTorch alone, or
     None for the bundled MiniLM) against the PyTorch fp32 baseline, each in its own process; write results.json,
-    report.html and report.md to ``output`` and return the results (the results.json document). With ``sweep`` the
-    fastest sessions x threads x batch size is written into the artifact as its serving default."""
+    report.html and report.md to ``output`` and return the results (:class:`kiln.bench.results.BenchResults`).
+    With ``sweep`` the fastest sessions x threads x batch size is written into the artifact as its serving
+    default."""
     config = BenchConfig(target=str(target) if target is not None else None, output=Path(output),
                          variants=tuple(variants) if variants else None,
                          batch_sizes=tuple(batch_sizes) if batch_sizes else None,

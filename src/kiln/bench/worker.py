@@ -224,7 +224,7 @@ def _gemm_bound(target: Target, engine, encoder, settings: BenchSettings) -> Gem
     art = Artifact.open(target.artifact, check=False)
     reached = latency_cell(engine.run, synthetic_batch(encoder, 32, length), budget_s=settings.budget_s,
                            min_runs=settings.min_runs).sequences_per_second
-    return gemm_bound(art.path / art.variant(target.name)["path"], reached, settings.threads,
+    return gemm_bound(art.path / art.variant(target.name).path, reached, settings.threads,
                       budget_s=settings.budget_s * 3, min_runs=settings.min_runs)
 
 

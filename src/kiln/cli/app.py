@@ -252,18 +252,17 @@ def bench(
     )
     results = BenchJob(config, console.progress, console.progress_bar).run()
     out = output.expanduser().resolve()
-    for t in results["targets"]:
-        if t.get("generation"):
-            first = t["generation"][0]
-            console.out.print(f"{t['name']:<28} load {t['load_seconds']:.2f}s  peak RSS {t['peak_rss_mb']:.0f} MB  "
-                              f"batch {first['batch_size']} x {first['prompt_tokens']} prompt tokens: first token "
-                              f"{first['ttft_ms']:.1f} ms, then {first['per_token_ms']:.1f} ms per token")
-        elif t.get("mix"):
-            console.out.print(f"{t['name']:<28} load {t['load_seconds']:.2f}s  peak RSS {t['peak_rss_mb']:.0f} MB  "
-                              f"mix sorted {t['mix']['sorted_per_s']:.1f} seq/s, unsorted "
-                              f"{t['mix']['unsorted_per_s']:.1f} seq/s")
+    for t in results.targets:
+        loaded = f"{t.name:<28} load {t.load_seconds:.2f}s  peak RSS {t.peak_rss_mb:.0f} MB  "
+        if t.generation:
+            first = t.generation[0]
+            console.out.print(f"{loaded}batch {first.batch_size} x {first.prompt_tokens} prompt tokens: first token "
+                              f"{first.ttft_ms:.1f} ms, then {first.per_token_ms:.1f} ms per token")
+        elif t.mix:
+            console.out.print(f"{loaded}mix sorted {t.mix.sorted_per_s:.1f} seq/s, unsorted "
+                              f"{t.mix.unsorted_per_s:.1f} seq/s")
         else:
-            console.out.print(f"{t['name']:<28} FAILED: {t.get('error')}")
+            console.out.print(f"{t.name:<28} FAILED: {t.error}")
     console.out.print(f"report: {out / 'report.html'} (report.md, results.json beside it)")
 
 
@@ -385,16 +384,15 @@ def info(
     m = art.manifest
     console.out.print(f"artifact   {art.path.resolve()}")
     console.out.print(f"created    {m.created} by kiln {m.versions.get('kiln', '?')}")
-    console.out.print(f"source     {m.source.get('model')} ({m.source.get('model_type')}, "
-                      f"{m.source.get('parameters', 0):,} parameters)")
-    console.out.print(f"source sha {m.source.get('content_sha256')}")
-    console.out.print(f"task       {m.task['task']} (max {m.task['max_length']} tokens)")
+    console.out.print(f"source     {m.source.model} ({m.source.model_type}, {m.source.parameters:,} parameters)")
+    console.out.print(f"source sha {m.source.content_sha256}")
+    console.out.print(f"task       {m.task.task} (max {m.task.max_length} tokens)")
     for name, record in m.variants.items():
-        parity = record.get("parity") or {}
-        mark = " (best)" if m.extra.get("best") == name else ""
-        summary = (f"max |diff| {parity['max_abs_diff']:.2e}, min cosine {parity['min_cosine']:.6f}"
+        parity = record.parity
+        mark = " (best)" if m.build.best == name else ""
+        summary = (f"max |diff| {parity.max_abs_diff:.2e}, min cosine {parity.min_cosine:.6f}"
                    if parity else "no parity recorded")
-        console.out.print(f"variant    {name}{mark}: {record['engine']} {record['path']}; {summary}")
+        console.out.print(f"variant    {name}{mark}: {record.engine} {record.path}; {summary}")
     console.out.print(f"checksums  {len(m.files)} files verified")
 
 

@@ -66,7 +66,7 @@ class EmbedSummary:
 
 def artifact_identity(artifact: Artifact, variant: str) -> str:
     """sha256 over the checksums of the variant's files and the tokenizer's: what decides the vectors."""
-    prefixes = (artifact.variant(variant)["path"], artifact.manifest.tokenizer.get("path", "tokenizer"))
+    prefixes = (artifact.variant(variant).path, artifact.manifest.tokenizer.path)
     digest = hashlib.sha256()
     for name, record in sorted(artifact.manifest.files.items()):
         if name.startswith(prefixes):

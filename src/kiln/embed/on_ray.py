@@ -71,7 +71,8 @@ def _connect(ray: Any, address: str) -> None:
 def _run(ray: Any, config: Any, artifact: Artifact, variant: str, corpus: Corpus,
          parts: list[tuple[int, list[range]]], advance: Callable[[int], None]) -> Iterator[tuple[int, np.ndarray]]:
     pa = pyarrow_module()
-    threads = config.threads or artifact.serving_default(variant).get("threads") or 1
+    default = artifact.serving_default(variant)
+    threads = config.threads or (default.threads if default else None) or 1
     cpus = int(ray.cluster_resources().get("CPU", 1))
     actors = config.actors or max(1, cpus // threads)
     if actors * threads > cpus:  # Ray would wait for CPUs that never come: refuse instead of hanging

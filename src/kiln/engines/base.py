@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 from kiln.choices import Device, Precision, parse_choice
 from kiln.errors import UsageError
+
+if TYPE_CHECKING:
+    from kiln.artifact.records import VariantRecord
 
 
 class Engine(Protocol):
@@ -46,12 +49,11 @@ class EngineOptions:
 
 
     @classmethod
-    def for_variant(cls, record: dict, threads: int | None = None, device: Device | str = Device.CPU
+    def for_variant(cls, record: VariantRecord, threads: int | None = None, device: Device | str = Device.CPU
                     ) -> EngineOptions:
         """Options a manifest variant record asks for (precision hint, streams), with the caller's threads."""
-        options = record.get("options") or {}
-        return cls(intra_op_threads=threads, device=device, precision=Precision(options.get("precision", "fp32")),
-                   streams=options.get("streams"))
+        return cls(intra_op_threads=threads, device=device, precision=record.options.precision,
+                   streams=record.options.streams)
 
 
 

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from kiln.artifact.manifest import Manifest, seal
+from kiln.artifact.records import BuildRecord, TokenizerRecord, VariantRecord
 from kiln.choices import ExportFormat, ExternalData
 from kiln.engines import EngineOptions, create_engine
 from kiln.errors import ParityError, UsageError
@@ -49,14 +50,13 @@ class ExportResult:
     parity: ParityReport
 
 
-def write_tokenizer(source: SourceModel, directory: Path) -> dict[str, Any]:
+def write_tokenizer(source: SourceModel, directory: Path) -> TokenizerRecord:
     """Save the tokenizer files; return the manifest's ``tokenizer`` section."""
     source.tokenizer.save_pretrained(directory / TOKENIZER_DIR)
-    return {"path": f"{TOKENIZER_DIR}/tokenizer.json", "pad_id": pad_token_id(source),
-            "input_names": list(source.input_names)}
+    return TokenizerRecord(f"{TOKENIZER_DIR}/tokenizer.json", pad_token_id(source), tuple(source.input_names))
 
 
-def export_variant(source: SourceModel, config: ExportConfig, directory: Path) -> dict[str, Any]:
+def export_variant(source: SourceModel, config: ExportConfig, directory: Path) -> VariantRecord:
     """Write one format into ``directory/<variant>/``; return its manifest record (without parity)."""
     name, engine, filename = FORMATS[config.format]
     (directory / name).mkdir()
@@ -76,8 +76,8 @@ def export_variant(source: SourceModel, config: ExportConfig, directory: Path) -
     else:
         files = export_torchscript(module, example, path)
         recipe = [{"pass": "export-torchscript", "method": "trace+freeze"}]
-    return {"name": name, "engine": engine, "path": f"{name}/{filename}",
-            "files": [f.relative_to(directory).as_posix() for f in files], "recipe": recipe}
+    return VariantRecord(name, engine, f"{name}/{filename}", tuple(f.relative_to(directory).as_posix() for f in files),
+                         tuple(recipe))
 
 
 def run_export(config: ExportConfig, progress: Progress = lambda _: None) -> ExportResult:
@@ -91,18 +91,15 @@ def run_export(config: ExportConfig, progress: Progress = lambda _: None) -> Exp
         progress(f"exporting {source.model_type} to {config.format.value}")
         record = export_variant(source, config, stage)
         progress("checking parity against PyTorch")
-        engine = create_engine(record["engine"], stage / record["path"], EngineOptions())
+        engine = create_engine(record.engine, stage / record.path, EngineOptions())
         candidate = Predictor(source.task_config, reference.encoder, engine)
         parity = measure_parity(reference, candidate, task_spec(config.task).parity_inputs(),
                                 tolerance=config.tolerance)
         if not parity.passed:
-            raise ParityError(f"{record['name']} disagrees with PyTorch beyond tolerance: {parity.summary()}")
-        record["parity"] = parity.to_dict()
-        manifest = Manifest(
-            source=source.describe(), task=source.task_config.to_dict(), tokenizer=tokenizer,
-            variants={record["name"]: record}, extra={"best": record["name"]},
-        )
-        seal(stage, manifest)
+            raise ParityError(f"{record.name} disagrees with PyTorch beyond tolerance: {parity.summary()}")
+        record = replace(record, parity=parity)
+        manifest = seal(stage, Manifest(source=source.describe(), task=source.task_config, tokenizer=tokenizer,
+                                        variants={record.name: record}, build=BuildRecord(best=record.name)))
     return ExportResult(path=config.output.expanduser().resolve(), manifest=manifest, parity=parity)
 
 

@@ -125,7 +125,7 @@ def hf_model(path: str | Path, variant: str | None = None, *, threads: int | Non
 def hf_tokenizer(path: str | Path) -> Any:
     """The artifact's tokenizer as a transformers fast tokenizer, its maximum length set to the model's."""
     artifact = Artifact.open(path)
-    directory = artifact.path / Path(artifact.manifest.tokenizer["path"]).parent
+    directory = artifact.path / Path(artifact.manifest.tokenizer.path).parent
     tokenizer = transformers.AutoTokenizer.from_pretrained(directory)
     tokenizer.model_max_length = artifact.task_config.max_length
     return tokenizer

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from kiln.artifact.hashing import directory_hash, list_files
+from kiln.artifact.records import SourceRecord
 from kiln.compress.layout import CONFIG_KEY as PRUNED_KEY
 from kiln.errors import ModelLoadError, UnsupportedModelError
 from kiln.model.architectures import arch_spec, check_task
@@ -40,16 +41,11 @@ class SourceModel:
     def model_type(self) -> str:
         return str(self.model.config.model_type)
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> SourceRecord:
         """The manifest's ``source`` section."""
-        return {
-            "model": self.name,
-            "path": str(self.path),
-            "content_sha256": self.content_sha256,
-            "model_type": self.model_type,
-            "architecture": type(self.model).__name__,
-            "parameters": parameter_count(self.model),
-        }
+        return SourceRecord(model=self.name, path=str(self.path), content_sha256=self.content_sha256,
+                            model_type=self.model_type, architecture=type(self.model).__name__,
+                            parameters=parameter_count(self.model))
 
 
 def pad_token_id(source: SourceModel) -> int:

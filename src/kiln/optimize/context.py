@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from kiln.artifact.records import EngineHints, VariantRecord
 from kiln.choices import CalibrationMethod, ExportFormat, Target
 from kiln.export.job import ExportConfig, export_variant
 from kiln.model.reference import example_inputs, task_module
@@ -25,11 +26,10 @@ class BuiltVariant:
     path: str  # model file, relative to the artifact root
     files: list[str]  # every file the variant needs (may be shared with another variant)
     recipe: list[dict[str, Any]]
-    options: dict[str, Any] = field(default_factory=dict)  # engine options: precision, streams
+    options: EngineHints = EngineHints()  # precision hint, streams
 
-    def record(self) -> dict[str, Any]:
-        return {"name": self.name, "engine": self.engine, "path": self.path, "files": self.files,
-                "recipe": self.recipe, "options": self.options}
+    def record(self) -> VariantRecord:
+        return VariantRecord(self.name, self.engine, self.path, tuple(self.files), tuple(self.recipe), self.options)
 
 
 @dataclass
@@ -55,7 +55,8 @@ class BuildContext:
         def build() -> BuiltVariant:
             config = ExportConfig(model=None, task=self.source.task_config.task, format=ExportFormat.ONNX,
                                   output=self.stage)
-            return BuiltVariant(**{k: v for k, v in export_variant(self.source, config, self.stage).items()})
+            record = export_variant(self.source, config, self.stage)
+            return BuiltVariant(record.name, record.engine, record.path, list(record.files), list(record.recipe))
         return self.once("onnx-fp32", build)
 
     def variant_dir(self, name: str) -> Path:

@@ -15,8 +15,10 @@ from tokenizers import Encoding
 
 from kiln.artifact.directory import copy_variant
 from kiln.artifact.manifest import Manifest, library_versions, seal
+from kiln.artifact.records import BuildRecord, ReferenceTiming, Sensitivity, Status, TokenizerRecord, VariantRecord
 from kiln.artifact.staging import staged_directory
 from kiln.bench.measure import Timing, time_predictor
+from kiln.bench.results import BenchResults, OptimizeSection
 from kiln.choices import CalibrationMethod, Target, parse_choice
 from kiln.engines import EngineOptions, create_engine
 from kiln.errors import KilnError, UsageError
@@ -25,10 +27,9 @@ from kiln.model.reference import reference_predictor, timing_predictor, vanilla_
 from kiln.model.source import SourceModel, load_source
 from kiln.optimize import datasets
 from kiln.optimize.context import BuildContext, BuiltVariant
-from kiln.optimize.outcome import Outcome, RunSummary, Sensitivity, Status, write_summaries
+from kiln.optimize.outcome import Outcome, RunSummary, write_summaries
 from kiln.optimize.sensitivity import exclusion_search
 from kiln.optimize.variants import VARIANTS, VariantSpec, default_variants, remove_variant_files
-from kiln.report.data import optimize_section
 from kiln.report.html import write_report
 from kiln.runtime.predictor import Predictor
 from kiln.system.cpu import cpu_info, int8_scheme
@@ -151,9 +152,8 @@ class OptimizeJob:
             if best is None:
                 raise NothingPassed(_nothing_passed(outcomes), summary)
             write_best(stage, manifest, best.name)
-            write_report(stage, {"model": summary.model, "task": summary.task, "command": summary.command,
-                                 "created": manifest.created, "environment": summary.environment,
-                                 "optimize": optimize_section(manifest)})
+            write_report(stage, BenchResults(summary.model, summary.task, summary.command, summary.environment,
+                                             created=manifest.created, optimize=OptimizeSection.of(manifest)))
             seal(stage, manifest)
         return summary
 
@@ -288,9 +288,9 @@ class OptimizeJob:
         return chosen, Sensitivity(top, search.rounds, search.excluded, True, speed_cost=seconds / full_seconds)
 
     # -- timing, choice, records ---------------------------------------------------------------------------
-    def _predictor(self, record: dict[str, Any]) -> Predictor:
-        device = self.device if record["engine"] != "openvino" else "cpu"
-        engine = create_engine(record["engine"], self.ctx.stage / record["path"],
+    def _predictor(self, record: VariantRecord) -> Predictor:
+        device = self.device if record.engine != "openvino" else "cpu"
+        engine = create_engine(record.engine, self.ctx.stage / record.path,
                                EngineOptions.for_variant(record, self.threads, device))
         return Predictor(self.source.task_config, self.reference.encoder, engine, batch_size=self.config.batch_size)
 
@@ -323,26 +323,24 @@ class OptimizeJob:
             environment={"cpu": self.cpu.to_dict(), "threads": self.threads, "versions": library_versions()},
         )
 
-    def _manifest(self, summary: RunSummary, tokenizer: dict[str, Any]) -> Manifest:
-        from kiln.records import to_jsonable
-
-        outcomes = summary.outcomes
+    def _manifest(self, summary: RunSummary, tokenizer: TokenizerRecord) -> Manifest:
+        outcomes, timing = summary.outcomes, summary.reference_timing
         return Manifest(
-            source=self.source.describe(), task=self.source.task_config.to_dict(), tokenizer=tokenizer,
-            variants={o.name: {**o.record, **o.validation()} for o in outcomes if o.record},
-            extra={"best": summary.best, "skipped": {o.name: o.reason for o in outcomes if not o.record},
-                   "tolerance": self.tolerance, "cpu": self.cpu.to_dict(),
-                   "calibration": self.work.calibration_source,
-                   "reference_timing": {**to_jsonable(summary.reference_timing),
-                                        "attention": summary.baseline_attention},
-                   "eval": self.work.eval_set.source if self.work.eval_set else None,
-                   "reference": self.original.describe() if self.original is not self.source else None,
-                   "reference_metric": self.work.reference_metric},
+            source=self.source.describe(), task=self.source.task_config, tokenizer=tokenizer,
+            variants={o.name: o.recorded() for o in outcomes if o.record},
+            build=BuildRecord(
+                best=summary.best, skipped={o.name: o.reason for o in outcomes if not o.record},
+                tolerance=self.tolerance, cpu=self.cpu.to_dict(), calibration=self.work.calibration_source,
+                reference_timing=ReferenceTiming(timing.sequences, timing.seconds, timing.batch_size,
+                                                 summary.baseline_attention),
+                eval=self.work.eval_set.source if self.work.eval_set else None,
+                reference=self.original.describe() if self.original is not self.source else None,
+                reference_metric=self.work.reference_metric),
         )
 
     def _prune(self, outcomes: list[Outcome]) -> None:
         """Remove intermediates no recorded variant uses (e.g. a fused graph built only to quantize)."""
-        used = {Path(f).parts[0] for o in outcomes if o.record for f in o.record["files"]}
+        used = {Path(f).parts[0] for o in outcomes if o.record for f in o.record.files}
         for child in self.ctx.stage.iterdir():
             if child.is_dir() and child.name not in used | {"tokenizer"}:
                 shutil.rmtree(child)

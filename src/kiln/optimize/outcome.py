@@ -2,45 +2,20 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from enum import Enum
 from pathlib import Path
 from typing import Any
 
+from kiln.artifact.records import Sensitivity, Status, VariantRecord
 from kiln.bench.measure import Timing
-from kiln.records import read_record, to_jsonable, write_json
+from kiln.records import read_record, write_json
 from kiln.validation.figures import Agreement
 
-RESULTS_SCHEMA = "kiln.optimize/2"
+RESULTS_SCHEMA = "kiln.optimize/3"  # 3: each outcome's record is a VariantRecord (2: a plain dict, still read)
+READABLE_SCHEMAS = ("kiln.optimize/2", RESULTS_SCHEMA)
 RESULTS_FILE = "results.json"
-
-
-class Status(str, Enum):
-    ACCEPTED = "accepted"  # built, validated, within tolerance
-    REJECTED = "rejected"  # built and validated, outside tolerance
-    SKIPPED = "skipped"  # cannot be built here (missing package, CPU feature)
-    FAILED = "failed"  # a pass or its validation raised
-
-
-@dataclass(frozen=True)
-class Round:
-    """One attempt of the exclusion search: how many layers were kept in fp32, and the result."""
-
-    excluded: int
-    agreement: float
-    accepted: bool
-
-
-@dataclass(frozen=True)
-class Sensitivity:
-    """The int8 exclusion search of one variant: the ranking it used and what it found."""
-
-    ranking: tuple[tuple[str, float], ...]  # (layer, relative int8 error), worst first (top 10)
-    rounds: tuple[Round, ...]
-    excluded: tuple[str, ...]  # layers kept in fp32 in the final variant
-    accepted: bool
-    speed_cost: float | None = None  # time with the exclusions / time fully quantized (> 1: slower)
 
 
 @dataclass(frozen=True)
@@ -48,7 +23,7 @@ class Outcome:
     name: str
     status: Status
     reason: str
-    record: Mapping[str, Any] | None = None  # the built variant's manifest record
+    record: VariantRecord | None = None  # the built variant's files and recipe (no validation yet)
     agreement: Agreement | None = None
     metric: Mapping[str, float] | None = None
     timing: Timing | None = None
@@ -57,11 +32,12 @@ class Outcome:
     sensitivity: Sensitivity | None = None
     build_seconds: float = 0.0
 
-    def validation(self) -> dict[str, Any]:
-        """What the manifest records about this variant beside its files and recipe."""
-        return to_jsonable({"status": self.status, "reason": self.reason, "agreement": self.agreement,
-                            "task_metric": self.metric, "timing": self.timing, "size_bytes": self.size_bytes,
-                            "parameters": self.parameters, "sensitivity": self.sensitivity})
+    def recorded(self) -> VariantRecord:
+        """The manifest's record of this variant: its files and recipe with how it fared."""
+        assert self.record is not None, "only a built variant has a record"
+        return dataclasses.replace(self.record, status=self.status, reason=self.reason, agreement=self.agreement,
+                                   task_metric=self.metric, timing=self.timing, size_bytes=self.size_bytes,
+                                   parameters=self.parameters, sensitivity=self.sensitivity)
 
 
 @dataclass(frozen=True)
@@ -124,5 +100,5 @@ def write_summaries(directory: Path, summary: RunSummary) -> None:
 
 
 def read_results(path: Path) -> RunSummary:
-    """A results.json written by `kiln optimize` (refused if it declares another schema)."""
-    return read_record(path, RESULTS_SCHEMA, RunSummary)
+    """A results.json written by `kiln optimize` (refused if it declares a schema this kiln does not read)."""
+    return read_record(path, READABLE_SCHEMAS, RunSummary)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kiln.optimize.outcome import Round
+from kiln.artifact.records import Round
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from kiln.artifact.records import EngineHints
 from kiln.choices import Precision, Target, VariantName
 from kiln.optimize import onnx_passes, openvino_passes, torch_passes
 from kiln.optimize.context import BuildContext, BuiltVariant
@@ -123,7 +124,7 @@ def _openvino_bf16(ctx: BuildContext, exclude: Sequence[str] = ()) -> BuiltVaria
     ir = _openvino_fp32_ir(ctx)
     return BuiltVariant("openvino-bf16", "openvino", ir.path, ir.files,
                         [*ir.recipe, {"pass": "runtime-hint", "inference_precision": "bf16"}],
-                        {"precision": Precision.BF16.value})
+                        EngineHints(Precision.BF16))
 
 
 def _openvino_int8(ctx: BuildContext, exclude: Sequence[str] = (), smooth_quant_alpha: float | None = None
@@ -134,10 +135,10 @@ def _openvino_int8(ctx: BuildContext, exclude: Sequence[str] = (), smooth_quant_
                                          smooth_quant_alpha=smooth_quant_alpha)
     rel = path.relative_to(ctx.stage).as_posix()
     recipe = [*ir.recipe, step]
-    options = {}
+    options = EngineHints()
     if ctx.cpu.has_bf16:  # the layers NNCF leaves in float run in bf16 where the CPU has it
         recipe.append({"pass": "runtime-hint", "inference_precision": "bf16"})
-        options["precision"] = Precision.BF16.value
+        options = EngineHints(Precision.BF16)
     return BuiltVariant("openvino-int8-static", "openvino", rel, _ov_files(rel), recipe, options)
 
 
@@ -179,7 +180,7 @@ def _torch_autocast(precision: Precision) -> Builder:
     def build(ctx: BuildContext, exclude: Sequence[str] = ()) -> BuiltVariant:
         rel, files, step = _torch_weights(ctx)
         return BuiltVariant(f"torch-{precision.value}", "torch", rel, files,
-                            [step, {"pass": "autocast", "dtype": precision.value}], {"precision": precision.value})
+                            [step, {"pass": "autocast", "dtype": precision.value}], EngineHints(precision))
     return build
 
 

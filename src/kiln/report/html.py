@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 from html import escape
 from pathlib import Path
-from typing import Any
 
+from kiln.artifact.records import Status
+from kiln.bench.results import BenchResults
+from kiln.records import to_jsonable
 from kiln.report import svg, tables
 
 CSS = """
@@ -39,75 +41,80 @@ def _table(table: tables.Table | None) -> str:
     return f"<table><tr>{head}</tr>{''.join(body)}</table>"
 
 
-def _charts(data: dict[str, Any]) -> list[str]:
+def _charts(data: BenchResults) -> list[str]:
     charts = []
-    targets = [t for t in data.get("targets") or [] if not t.get("error") and t.get("grid")]
+    targets = [t for t in data.targets if not t.error and t.grid]
     for t in targets:
         by_len: dict[str, list[tuple[float, float]]] = {}
-        for c in t["grid"]:
-            by_len.setdefault(f"{c['seq_len']} tokens", []).append((c["batch_size"], c["ms_per_sequence"]))
-        charts.append(svg.line_chart(by_len, title=f"{t['name']}: latency per sequence vs batch size",
+        for c in t.grid:
+            by_len.setdefault(f"{c.seq_len} tokens", []).append((c.batch_size, c.ms_per_sequence))
+        charts.append(svg.line_chart(by_len, title=f"{t.name}: latency per sequence vs batch size",
                                      x_label="batch size", y_label="ms per sequence"))
-    b1 = {t["name"]: [(c["seq_len"], c["median_ms"]) for c in t["grid"] if c["batch_size"] == 1] for t in targets}
+    b1 = {t.name: [(c.seq_len, c.median_ms) for c in t.grid if c.batch_size == 1] for t in targets}
     if any(b1.values()):
         charts.append(svg.line_chart(b1, title="batch-1 latency vs sequence length", x_label="tokens",
                                      y_label="ms (median)"))
-    mixes = {t["name"]: {"sorted": t["mix"]["sorted_per_s"], "unsorted": t["mix"]["unsorted_per_s"]}
-             for t in targets if t.get("mix")}
+    mixes = {t.name: {"sorted": t.mix.sorted_per_s, "unsorted": t.mix.unsorted_per_s} for t in targets if t.mix}
     if mixes:
         charts.append(svg.bar_chart(mixes, title="throughput on the length mix", y_label="sequences / s"))
-    opt = data.get("optimize")
-    if opt and (opt.get("reference_timing") or {}).get("ms_per_sequence"):
-        base = opt["reference_timing"]["ms_per_sequence"]
+    opt = data.optimize
+    if opt and opt.reference_timing:
+        base = opt.reference_timing.ms_per_sequence
         points = {}
-        for name, v in opt["variants"].items():
-            ms = (v.get("timing") or {}).get("ms_per_sequence")
-            agreement = v.get("agreement") or {}
-            if agreement.get("value") is not None:
-                points[name] = (base / ms if ms else 0.0, agreement["value"], v.get("status") == "accepted")
-        tolerance = opt.get("tolerance")
+        for name, v in opt.variants.items():
+            ms = v.timing.ms_per_sequence if v.timing else None
+            if v.agreement is not None:
+                points[name] = (base / ms if ms else 0.0, v.agreement.value, v.status is Status.ACCEPTED)
+        tolerance = opt.tolerance
         charts.append(svg.scatter(points, title="speed vs fidelity (green: accepted)",
                                   x_label="speed-up vs PyTorch fp32 (0: not timed)",
                                   y_label="agreement (primary figure)",
                                   threshold=1 - tolerance if tolerance is not None else None,
                                   threshold_label=f"gate: {1 - tolerance:g} (tolerance {tolerance:g})"
                                   if tolerance is not None else "",
-                                  labelled=[n for n, (_, _, ok) in points.items() if not ok or n == opt.get("best")]))
+                                  labelled=[n for n, (_, _, ok) in points.items() if not ok or n == opt.best]))
     return charts
 
 
-def _generation_charts(data: dict[str, Any]) -> list[str]:
+def _generation_charts(data: BenchResults) -> list[str]:
     """Per batch size: time to first token, and per-token latency, against prompt length, one line per target."""
-    targets = [t for t in data.get("targets") or [] if not t.get("error") and t.get("generation")]
+    targets = [t for t in data.targets if not t.error and t.generation]
     charts = []
-    for batch in sorted({c["batch_size"] for t in targets for c in t["generation"]}):
+    for batch in sorted({c.batch_size for t in targets for c in t.generation}):
         for key, what in (("ttft_ms", "time to first token"), ("per_token_ms", "per-token latency")):
-            series = {t["name"]: [(c["prompt_tokens"], c[key]) for c in t["generation"] if c["batch_size"] == batch]
+            series = {t.name: [(c.prompt_tokens, getattr(c, key)) for c in t.generation if c.batch_size == batch]
                       for t in targets}
             charts.append(svg.line_chart(series, title=f"batch {batch}: {what} vs prompt length",
                                          x_label="prompt tokens", y_label="ms (median)"))
     return charts
 
 
-def render(data: dict[str, Any]) -> str:
-    title = f"kiln report: {data.get('model')} ({data.get('task')})"
-    command = escape(data.get("command", ""))
+def _notes(data: BenchResults) -> list[tuple[str, str]]:
+    """(label, text) sentences under the variants table."""
+    opt = data.optimize
+    notes = []
+    if opt and opt.calibration:
+        notes.append(("Calibration:", f"{opt.calibration}."))
+    if opt and opt.reference:
+        notes.append(("Judged and timed against:", f"{opt.reference} (the reference, PyTorch fp32), not the model "
+                                                   "itself."))
+    return notes
+
+
+def render(data: BenchResults) -> str:
+    title = f"kiln report: {data.model} ({data.task})"
     parts = [f"<h1>{escape(title)}</h1>",
-             f"<p>Created {escape(str(data.get('created', '')))}. Command: <code>{command}</code></p>"]
+             f"<p>Created {escape(data.created)}. Command: <code>{escape(data.command)}</code></p>"]
     summary = tables.summary(data)
     if summary[1]:
         parts += ["<h2>Variants</h2>", _table(summary)]
-        if calibration := (data.get("optimize") or {}).get("calibration"):
-            parts.append(f"<p><strong>Calibration:</strong> {escape(calibration)}.</p>")
-        if reference := (data.get("optimize") or {}).get("reference"):
-            parts.append(f"<p><strong>Judged and timed against:</strong> {escape(reference)} (the reference, "
-                         "PyTorch fp32), not the model itself.</p>")
-    if data.get("targets"):
+        parts += [f"<p><strong>{escape(label)}</strong> {escape(text)}</p>" for label, text in _notes(data)]
+    if data.targets:
         parts += [f"<h2>{tables.targets_title(data)}</h2>", _table(tables.targets_table(data))]
     generation = tables.generation_table(data)
     if generation:
         parts += [f"<h2>{GENERATION_TITLE}</h2>", _table(generation), f"<p>{escape(tables.generation_note(data))}</p>"]
-        if kernels := (data.get("environment") or {}).get("int8_kernels"):
+        if kernels := data.environment.get("int8_kernels"):
             parts.append(f"<p><strong>int8 kernels on this CPU:</strong> {escape(kernels)}.</p>")
         speedup = tables.generation_speedup(data)
         if speedup:
@@ -116,28 +123,28 @@ def render(data: dict[str, Any]) -> str:
     charts = _charts(data)
     if charts:
         parts += ["<h2>Charts</h2>", '<div class="charts">', *charts, "</div>"]
-    for t in data.get("targets") or []:
-        if t.get("error") or not t.get("grid"):
+    for t in data.targets:
+        if t.error or not t.grid:
             continue
-        parts += [f"<h2>{escape(t['name'])}: ms per sequence (batch size x tokens)</h2>",
-                  _table(tables.latency_grid(data, t["name"]))]
-        speedup = tables.speedup_grid(data, t["name"])
+        parts += [f"<h2>{escape(t.name)}: ms per sequence (batch size x tokens)</h2>",
+                  _table(tables.latency_grid(data, t.name))]
+        speedup = tables.speedup_grid(data, t.name)
         if speedup:
-            parts += [f"<h3>{escape(t['name'])}: speed-up over PyTorch fp32</h3>", _table(speedup)]
+            parts += [f"<h3>{escape(t.name)}: speed-up over PyTorch fp32</h3>", _table(speedup)]
     gemm = tables.gemm_table(data)
     if gemm:
         parts += ["<h2>GEMM bound at 128 tokens</h2>", _table(gemm), f"<p>{escape(tables.GEMM_NOTE)}</p>"]
     sweep = tables.sweep_table(data)
     if sweep:
         parts += ["<h2>Thread sweep</h2>", _table(sweep)]
-        if data.get("serving_default"):
-            parts.append(f"<p>{escape(tables.serving_sentence(data['serving_default']))}</p>")
-    parts += ["<h2>Environment</h2>", f"<pre>{escape(json.dumps(data.get('environment'), indent=2))}</pre>"]
+        if data.serving_default:
+            parts.append(f"<p>{escape(tables.serving_sentence(data.serving_default))}</p>")
+    parts += ["<h2>Environment</h2>", f"<pre>{escape(json.dumps(to_jsonable(data.environment), indent=2))}</pre>"]
     return (f"<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>{escape(title)}</title>"
             f"<style>{CSS}</style></head><body>{''.join(parts)}</body></html>\n")
 
 
-def markdown(data: dict[str, Any]) -> str:
+def markdown(data: BenchResults) -> str:
     def md(table: tables.Table | None) -> list[str]:
         if table is None or not table[1]:
             return []
@@ -145,41 +152,38 @@ def markdown(data: dict[str, Any]) -> str:
         return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header),
                 *["| " + " | ".join(c.replace("|", "/") for c in row) + " |" for row in rows], ""]
 
-    lines = [f"# kiln report: {data.get('model')} ({data.get('task')})", "", f"Command: `{data.get('command')}`", ""]
+    lines = [f"# kiln report: {data.model} ({data.task})", "", f"Command: `{data.command}`", ""]
     lines += md(tables.summary(data))
-    if calibration := (data.get("optimize") or {}).get("calibration"):
-        lines += [f"**Calibration:** {calibration}.", ""]
-    if reference := (data.get("optimize") or {}).get("reference"):
-        lines += [f"**Judged and timed against:** {reference} (the reference, PyTorch fp32), not the model itself.",
-                  ""]
-    if data.get("targets"):
+    for label, text in _notes(data):
+        lines += [f"**{label}** {text}", ""]
+    if data.targets:
         lines += [f"## {tables.targets_title(data)}", "", *md(tables.targets_table(data))]
     generation = md(tables.generation_table(data))
     if generation:
         lines += [f"## {GENERATION_TITLE}", "", *generation, tables.generation_note(data), ""]
-        if kernels := (data.get("environment") or {}).get("int8_kernels"):
+        if kernels := data.environment.get("int8_kernels"):
             lines += [f"**int8 kernels on this CPU:** {kernels}.", ""]
         speedup = md(tables.generation_speedup(data))
         if speedup:
             lines += [f"### {GENERATION_SPEEDUP_TITLE}", "", *speedup]
-    for t in data.get("targets") or []:
-        if not t.get("error") and t.get("grid"):
-            lines += [f"## {t['name']}: ms per sequence", "", *md(tables.latency_grid(data, t["name"]))]
-            speedup = md(tables.speedup_grid(data, t["name"]))
+    for t in data.targets:
+        if not t.error and t.grid:
+            lines += [f"## {t.name}: ms per sequence", "", *md(tables.latency_grid(data, t.name))]
+            speedup = md(tables.speedup_grid(data, t.name))
             if speedup:
-                lines += [f"### {t['name']}: speed-up over PyTorch fp32", "", *speedup]
+                lines += [f"### {t.name}: speed-up over PyTorch fp32", "", *speedup]
     gemm = md(tables.gemm_table(data))
     if gemm:
         lines += ["## GEMM bound at 128 tokens", "", *gemm, tables.GEMM_NOTE, ""]
     sweep = md(tables.sweep_table(data))
     if sweep:
         lines += ["## Thread sweep", "", *sweep]
-        if data.get("serving_default"):
-            lines += [tables.serving_sentence(data["serving_default"]), ""]
+        if data.serving_default:
+            lines += [tables.serving_sentence(data.serving_default), ""]
     return "\n".join(lines) + "\n"
 
 
-def write_report(directory: Path, data: dict[str, Any]) -> None:
+def write_report(directory: Path, data: BenchResults) -> None:
     for name, text in (("report.html", render(data)), ("report.md", markdown(data))):
         tmp = directory / (name + ".tmp")
         tmp.write_text(text, encoding="utf-8")

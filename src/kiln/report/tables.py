@@ -3,60 +3,62 @@
 from __future__ import annotations
 
 import math
-from typing import Any
+
+from kiln.artifact.records import Status
+from kiln.bench.results import BenchResults, ServingRecord
+from kiln.bench.worker import TargetResult
 
 Table = tuple[list[str], list[list[str]]]
 PYTORCH = "pytorch-fp32"
 
 
-def _targets(data: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    return {t["name"]: t for t in data.get("targets") or [] if not t.get("error")}
+def _targets(data: BenchResults) -> dict[str, TargetResult]:
+    return {t.name: t for t in data.targets if not t.error}
 
 
-def summary(data: dict[str, Any]) -> Table:
+def summary(data: BenchResults) -> Table:
     """variant | size MB | agreement | task metric | ms/seq | speed-up vs PyTorch fp32 | status."""
-    opt = data.get("optimize")
-    metric_label = f"task metric ({next(iter((opt or {}).get('reference_metric') or {}), 'none')})"
-    header = ["variant", "size MB", "agreement", metric_label, "ms/seq", "speed-up vs PyTorch fp32", "status"]
-    rows = []
-    if opt:
-        ref = opt.get("reference_timing") or {}
-        base = ref.get("ms_per_sequence")
-        metric_name = next(iter(opt.get("reference_metric") or {}), None)
-        rows.append([f"PyTorch fp32 ({ref.get('attention', 'eager')} attention)", "-", "1.0000",
-                     _num((opt.get("reference_metric") or {}).get(metric_name)), _num(base, 2), "1.00x", "baseline"])
-        for name, v in opt["variants"].items():
-            ms = (v.get("timing") or {}).get("ms_per_sequence")
-            agreement = v.get("agreement") or {}
-            status = (v.get("status") or "accepted") + (" (best)" if name == opt.get("best") else "")
-            if v.get("status") == "rejected":
-                status += f": {v.get('reason')}"
-            rows.append([name, _num((v.get("size_bytes") or 0) / 1e6, 1),
-                         f"{agreement.get('primary', '')} {_num(agreement.get('value'))}".strip(),
-                         _num((v.get("task_metric") or {}).get(metric_name)), _num(ms, 2),
-                         f"{base / ms:.2f}x" if ms and base else "-", status])
-        for name, reason in (opt.get("skipped") or {}).items():
-            rows.append([name, "-", "-", "-", "-", "-", f"skipped/failed: {reason}"])
+    opt = data.optimize
+    metric_name = next(iter(opt.reference_metric or {}), None) if opt else None
+    header = ["variant", "size MB", "agreement", f"task metric ({metric_name or 'none'})", "ms/seq",
+              "speed-up vs PyTorch fp32", "status"]
+    rows: list[list[str]] = []
+    if opt is None:
+        return header, rows
+    ref = opt.reference_timing
+    base = ref.ms_per_sequence if ref else None
+    rows.append([f"PyTorch fp32 ({ref.attention if ref else 'eager'} attention)", "-", "1.0000",
+                 _num((opt.reference_metric or {}).get(metric_name)), _num(base, 2), "1.00x", "baseline"])
+    for name, v in opt.variants.items():
+        ms = v.timing.ms_per_sequence if v.timing else None
+        status = v.status.value + (" (best)" if name == opt.best else "")
+        if v.status is Status.REJECTED:
+            status += f": {v.reason}"
+        agreement = f"{v.agreement.primary} {_num(v.agreement.value)}" if v.agreement else ""
+        rows.append([name, _num(v.size_bytes / 1e6, 1), agreement, _num((v.task_metric or {}).get(metric_name)),
+                     _num(ms, 2), f"{base / ms:.2f}x" if ms and base else "-", status])
+    for name, reason in opt.skipped.items():
+        rows.append([name, "-", "-", "-", "-", "-", f"skipped/failed: {reason}"])
     return header, rows
 
 
-def latency_grid(data: dict[str, Any], name: str) -> Table:
+def latency_grid(data: BenchResults, name: str) -> Table:
     target = _targets(data)[name]
-    lens = sorted({c["seq_len"] for c in target["grid"]})
-    sizes = sorted({c["batch_size"] for c in target["grid"]})
-    cells = {(c["batch_size"], c["seq_len"]): c for c in target["grid"]}
+    lens = sorted({c.seq_len for c in target.grid})
+    sizes = sorted({c.batch_size for c in target.grid})
+    cells = {(c.batch_size, c.seq_len): c for c in target.grid}
     header = ["batch \\ tokens", *map(str, lens)]
-    rows = [[str(b), *[f"{cells[(b, n)]['ms_per_sequence']:.2f}" if (b, n) in cells else "-" for n in lens]]
+    rows = [[str(b), *[f"{cells[(b, n)].ms_per_sequence:.2f}" if (b, n) in cells else "-" for n in lens]]
             for b in sizes]
     return header, rows
 
 
-def speedup_grid(data: dict[str, Any], name: str) -> Table | None:
+def speedup_grid(data: BenchResults, name: str) -> Table | None:
     targets = _targets(data)
     if PYTORCH not in targets or name == PYTORCH:
         return None
-    base = {(c["batch_size"], c["seq_len"]): c["median_ms"] for c in targets[PYTORCH]["grid"]}
-    mine = {(c["batch_size"], c["seq_len"]): c["median_ms"] for c in targets[name]["grid"]}
+    base = {(c.batch_size, c.seq_len): c.median_ms for c in targets[PYTORCH].grid}
+    mine = {(c.batch_size, c.seq_len): c.median_ms for c in targets[name].grid}
     lens = sorted({k[1] for k in mine})
     sizes = sorted({k[0] for k in mine})
     header = ["batch \\ tokens", *map(str, lens)]
@@ -65,49 +67,45 @@ def speedup_grid(data: dict[str, Any], name: str) -> Table | None:
     return header, rows
 
 
-def targets_title(data: dict[str, Any]) -> str:
-    return "Engines on the length mix" if any(t.get("mix") for t in data.get("targets") or []) else "Engines"
+def targets_title(data: BenchResults) -> str:
+    return "Engines on the length mix" if any(t.mix for t in data.targets) else "Engines"
 
 
-def targets_table(data: dict[str, Any]) -> Table:
+def targets_table(data: BenchResults) -> Table:
     """Load time and memory per engine, then its length-mix figures (a decoder's bench has no mix: status)."""
-    targets = data.get("targets") or []
-    has_mix = any(t.get("mix") for t in targets)
+    has_mix = any(t.mix for t in data.targets)
     header = ["engine", "load s", "peak RSS MB"]
     header += ["mix sorted seq/s", "mix unsorted seq/s", "padding eff. sorted", "padding eff. unsorted",
                "speed-up sorted vs PyTorch"] if has_mix else ["status"]
-    base = next((t["mix"]["sorted_per_s"] for t in targets if t["name"] == PYTORCH and t.get("mix")), None)
+    base = next((t.mix.sorted_per_s for t in data.targets if t.name == PYTORCH and t.mix), None)
     rows = []
-    for t in targets:
-        if t.get("error"):
-            rows.append([t["name"], *["-"] * (len(header) - 2), f"failed: {t['error']}"])
+    for t in data.targets:
+        if t.error:
+            rows.append([t.name, *["-"] * (len(header) - 2), f"failed: {t.error}"])
             continue
-        mix = t.get("mix")
-        figures = [f"{mix['sorted_per_s']:.1f}", f"{mix['unsorted_per_s']:.1f}",
-                   f"{mix['sorted_padding_efficiency']:.2f}", f"{mix['unsorted_padding_efficiency']:.2f}",
-                   f"{mix['sorted_per_s'] / base:.2f}x" if base else "-"] if mix else ["-"] * 5
-        rows.append([t["name"], f"{t['load_seconds']:.2f}", f"{t['peak_rss_mb']:.0f}",
-                     *(figures if has_mix else ["timed"])])
+        mix = t.mix
+        figures = [f"{mix.sorted_per_s:.1f}", f"{mix.unsorted_per_s:.1f}", f"{mix.sorted_padding_efficiency:.2f}",
+                   f"{mix.unsorted_padding_efficiency:.2f}",
+                   f"{mix.sorted_per_s / base:.2f}x" if base else "-"] if mix else ["-"] * 5
+        rows.append([t.name, f"{t.load_seconds:.2f}", f"{t.peak_rss_mb:.0f}", *(figures if has_mix else ["timed"])])
     return header, rows
 
 
-def sweep_table(data: dict[str, Any]) -> Table | None:
-    rows = [[t["name"], str(p["sessions"]), str(p["threads"]), str(p.get("batch_size", "-")),
-             str(p.get("pad_multiple", "-")), f"{p['sorted_per_s']:.1f}", f"{p['b1_128_ms']:.2f}"]
-            for t in data.get("targets") or [] for p in t.get("sweep") or []]
+def sweep_table(data: BenchResults) -> Table | None:
+    rows = [[t.name, str(p.sessions), str(p.threads), str(p.batch_size), str(p.pad_multiple), f"{p.sorted_per_s:.1f}",
+             f"{p.b1_128_ms:.2f}"] for t in data.targets for p in t.sweep]
     if not rows:
         return None
     return ["engine", "sessions (OpenVINO: streams)", "threads each", "batch size", "padded to a multiple of",
             "mix sorted seq/s", "batch-1 ms @128"], rows
 
 
-def gemm_table(data: dict[str, Any]) -> Table | None:
+def gemm_table(data: BenchResults) -> Table | None:
     """Each variant at 32 x 128 tokens against its weight GEMMs timed alone (kiln/bench/gemm.py)."""
-    rows = [[t["name"], f"{g['int8_gemms']}/{g['gemms']}", f"{g['gop_per_sequence']:.2f}",
-             f"{g['int8_gops']:.0f}", f"{g['fp32_gops']:.0f}", f"{g['int8_bound_per_s']:.1f}",
-             f"{g['own_bound_per_s']:.1f}", f"{g['reached_per_s']:.1f}", f"{100 * g['of_int8_bound']:.0f}%",
-             f"{100 * g['of_own_bound']:.0f}%"]
-            for t in data.get("targets") or [] if (g := t.get("gemm"))]
+    rows = [[t.name, f"{g.int8_gemms}/{g.gemms}", f"{g.gop_per_sequence:.2f}", f"{g.int8_gops:.0f}",
+             f"{g.fp32_gops:.0f}", f"{g.int8_bound_per_s:.1f}", f"{g.own_bound_per_s:.1f}", f"{g.reached_per_s:.1f}",
+             f"{100 * g.of_int8_bound:.0f}%", f"{100 * g.of_own_bound:.0f}%"]
+            for t in data.targets if (g := t.gemm)]
     if not rows:
         return None
     return ["engine", "int8 weight GEMMs", "GOP per sequence", "int8 GOP/s", "fp32 GOP/s", "int8 bound seq/s",
@@ -120,64 +118,63 @@ GEMM_NOTE = ("The weight GEMMs of each variant's graph, timed alone with ONNX Ru
              "fraction reached says what the other work costs.")
 
 
-def serving_sentence(default: dict[str, Any]) -> str:
+def serving_sentence(default: ServingRecord) -> str:
     """What the sweep wrote into the artifact, in one sentence (plain text)."""
-    return (f"Serving default written to the artifact: {default['sessions']} session(s) x {default['threads']} "
-            f"thread(s), batches of {default.get('batch_size', '-')} padded to a multiple of "
-            f"{default.get('pad_multiple', '-')} for {default['variant']}; kiln.load and kiln serve use it.")
+    return (f"Serving default written to the artifact: {default.sessions} session(s) x {default.threads} "
+            f"thread(s), batches of {default.batch_size} padded to a multiple of {default.pad_multiple} for "
+            f"{default.variant}; kiln.load and kiln serve use it.")
 
 
 def _num(value: float | None, digits: int = 4) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
-def _generation_targets(data: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    return {name: t for name, t in _targets(data).items() if t.get("generation")}
+def _generation_targets(data: BenchResults) -> dict[str, TargetResult]:
+    return {name: t for name, t in _targets(data).items() if t.generation}
 
 
-def _gated_name(data: dict[str, Any], name: str) -> str:
+def _gated_name(data: BenchResults, name: str) -> str:
     """A variant's name with its gate status from kiln optimize (a decoder's bench times rejected ones too)."""
-    status = (((data.get("optimize") or {}).get("variants") or {}).get(name) or {}).get("status")
-    return f"{name} ({status})" if status else name
+    variant = data.optimize.variants.get(name) if data.optimize else None
+    return f"{name} ({variant.status.value})" if variant else name
 
 
-def generation_table(data: dict[str, Any]) -> Table | None:
+def generation_table(data: BenchResults) -> Table | None:
     """Per batch size x prompt length, each target's "time to first token / per-token" latency in ms."""
     targets = _generation_targets(data)
     if not targets:
         return None
-    cells = {name: {(c["batch_size"], c["prompt_tokens"]): c for c in t["generation"]} for name, t in targets.items()}
+    cells = {name: {(c.batch_size, c.prompt_tokens): c for c in t.generation} for name, t in targets.items()}
     keys = sorted({k for by_key in cells.values() for k in by_key})
-    rows = [[str(b), str(n), *[f"{_ms(c['ttft_ms'])} / {_ms(c['per_token_ms'])}" if (c := cells[name].get((b, n)))
+    rows = [[str(b), str(n), *[f"{_ms(c.ttft_ms)} / {_ms(c.per_token_ms)}" if (c := cells[name].get((b, n)))
                                else "-" for name in targets]] for b, n in keys]
     return ["batch", "prompt tokens", *[_gated_name(data, name) for name in targets]], rows
 
 
-def generation_speedup(data: dict[str, Any]) -> Table | None:
+def generation_speedup(data: BenchResults) -> Table | None:
     """Each variant's "first token / per token" speed-up over the PyTorch fp32 step graph, cell by cell."""
     targets = _generation_targets(data)
     if PYTORCH not in targets or len(targets) < 2:
         return None
-    cells = {name: {(c["batch_size"], c["prompt_tokens"]): c for c in t["generation"]} for name, t in targets.items()}
+    cells = {name: {(c.batch_size, c.prompt_tokens): c for c in t.generation} for name, t in targets.items()}
     base = cells.pop(PYTORCH)
-    rows = [[str(b), str(n), *[f"{ref['ttft_ms'] / c['ttft_ms']:.2f}x / {ref['per_token_ms'] / c['per_token_ms']:.2f}x"
+    rows = [[str(b), str(n), *[f"{ref.ttft_ms / c.ttft_ms:.2f}x / {ref.per_token_ms / c.per_token_ms:.2f}x"
                                if (c := cells[name].get((b, n))) else "-" for name in cells]]
             for (b, n), ref in sorted(base.items())]
     return ["batch", "prompt tokens", *[_gated_name(data, name) for name in cells]], rows
 
 
-def generation_note(data: dict[str, Any]) -> str:
+def generation_note(data: BenchResults) -> str:
     """How the decoder cells were measured, and which int8 kernels this CPU has (plain text)."""
-    settings = data.get("settings") or {}
-    skipped = sorted({(s["seq_len"], s["reason"]) for t in data.get("targets") or [] for s in
-                      t.get("skipped_cells") or []})
+    new_tokens = data.settings.new_tokens if data.settings else 32
+    runs = data.settings.generation_runs if data.settings else "?"
+    skipped = sorted({(s.seq_len, s.reason) for t in data.targets for s in t.skipped_cells})
     return " ".join(filter(None, [
         f"Each cell: time to first token (the prefill of the whole batch and its first token) / per-token latency "
-        f"(the mean of the next {settings.get('new_tokens', 32) - 1} single-token steps), ms, median of "
-        f"{settings.get('generation_runs', '?')} greedy runs making {settings.get('new_tokens', 32)} new tokens per "
-        "row (EOS ignored) on prompts of real text; kiln's own decoding loop, the KV cache kept in the runtime "
-        "(ONNX Runtime IOBinding; OpenVINO shares each step's output memory with the next). PyTorch fp32 runs the "
-        "same step graph eagerly.",
+        f"(the mean of the next {new_tokens - 1} single-token steps), ms, median of {runs} greedy runs making "
+        f"{new_tokens} new tokens per row (EOS ignored) on prompts of real text; kiln's own decoding loop, the KV "
+        "cache kept in the runtime (ONNX Runtime IOBinding; OpenVINO shares each step's output memory with the "
+        "next). PyTorch fp32 runs the same step graph eagerly.",
         "Skipped: " + "; ".join(reason for _, reason in skipped) + "." if skipped else ""]))
 
 

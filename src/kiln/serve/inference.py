@@ -18,6 +18,7 @@ from kiln.artifact.directory import Artifact
 from kiln.choices import Scheduling
 from kiln.errors import KilnError, UsageError
 from kiln.log import get_logger
+from kiln.records import to_jsonable
 from kiln.runtime.predictor import Predictor
 from kiln.serve.batcher import Batcher, BatchLimits, BatchStats, BatchTrace
 from kiln.serve.endpoints import HTTPError
@@ -74,8 +75,8 @@ def load_served(name: str, path: Path, limits: BatchLimits, metrics: Metrics, *,
     plan = artifact.serving_plan(variant, threads=threads, sessions=sessions)
     predictor = artifact.predictor(variant, plan)
     if limits.max_batch_size is None:  # the sweep's batch size where kiln bench measured one
-        limits = replace(limits, max_batch_size=artifact.serving_default(variant).get("batch_size",
-                                                                                    limits.batch_cap))
+        default = artifact.serving_default(variant)
+        limits = replace(limits, max_batch_size=default.batch_size if default else limits.batch_cap)
 
     def observe(stats: BatchStats) -> None:
         metrics.batch_size.observe(stats.size)
@@ -84,9 +85,11 @@ def load_served(name: str, path: Path, limits: BatchLimits, metrics: Metrics, *,
         metrics.inference_seconds.observe(stats.inference_seconds)
 
     task = artifact.task_config.task
-    info = {"model": name, "task": task, "variant": variant, "engine": record["engine"],
-            "max_length": artifact.task_config.max_length, "source": artifact.manifest.source,
-            "validation": {k: record.get(k) for k in ("status", "agreement", "task_metric", "parity") if k in record},
+    validation = {"status": record.status, "agreement": record.agreement, "task_metric": record.task_metric,
+                  "parity": record.parity}
+    info = {"model": name, "task": task, "variant": variant, "engine": record.engine,
+            "max_length": artifact.task_config.max_length, "source": to_jsonable(artifact.manifest.source),
+            "validation": to_jsonable({k: v for k, v in validation.items() if v is not None}),
             "threads": plan.options.intra_op_threads, "sessions": len(predictor.sessions),
             "max_batch_size": limits.max_batch_size, "pad_multiple": predictor.pad_multiple}
     scheduler = SCHEDULERS[predictor.handler.scheduling](predictor, limits, observe)

@@ -100,17 +100,17 @@ def write_repository(config: TritonConfig) -> Path:
         raise UsageError(refusal)
     variant = artifact.variant_name()
     record = artifact.variant(variant)
-    python_model = config.python_model or record["engine"] != "onnxruntime"
+    python_model = config.python_model or record.engine != "onnxruntime"
     if not python_model and spec.triton_windows:
         raise UsageError(f"{spec.name} inputs become several windows each, an axis Triton's onnxruntime backend "
                          "cannot take: use --device cpu --python-model (the model step flattens the windows)")
     if config.device != Device.CPU and python_model:
         raise UsageError(f"--device {config.device} needs an ONNX variant on Triton's onnxruntime backend; {variant} "
-                         f"runs on {record['engine']} (use --device cpu, or an ONNX variant)")
+                         f"runs on {record.engine} (use --device cpu, or an ONNX variant)")
     name = config.name or (artifact.path.resolve().parent.name if artifact.path.name == "best"
                            else artifact.path.resolve().name)
     serving = artifact.serving_default(variant)
-    instances = config.instances or serving.get("sessions") or 1
+    instances = config.instances or (serving.sessions if serving else 1)
     buckets = tuple(sorted(config.buckets)) if config.buckets else default_buckets(artifact)
     engine = artifact.engine(variant)
     input_names, output_names = engine.input_names, engine.output_names
@@ -154,8 +154,8 @@ def _configs(pb, config: TritonConfig, spec, name: str, input_names, output_rank
         model = pb.ModelConfig(name=f"{name}_model", backend="onnxruntime", platform="onnxruntime_onnx",
                                max_batch_size=mbs, input=token_inputs, output=model_outputs,
                                instance_group=[pb.ModelInstanceGroup(count=instances, kind=kind)])
-        if config.device == "cpu" and serving.get("threads"):
-            model.parameters["intra_op_thread_count"].string_value = str(serving["threads"])
+        if config.device == Device.CPU and serving and serving.threads:
+            model.parameters["intra_op_thread_count"].string_value = str(serving.threads)
         if config.device == Device.TENSORRT:
             accelerator = model.optimization.execution_accelerators.gpu_execution_accelerator.add(name="tensorrt")
             accelerator.parameters["precision_mode"] = "FP16"
@@ -185,7 +185,7 @@ def _write_steps(stage: Path, name: str, artifact: Artifact, variant: str, bucke
     if python_model:
         steps[f"{name}_model"] = ("ModelStep", {"threads": serving.get("threads")}, True)
     else:
-        for rel in record["files"]:  # Triton's ONNX Runtime backend reads 1/model.onnx (+ its weights file)
+        for rel in record.files:  # Triton's ONNX Runtime backend reads 1/model.onnx (+ its weights file)
             shutil.copy2(artifact.path / rel, stage / f"{name}_model" / "1" / Path(rel).name)
     for model, (cls, settings, runs_model) in steps.items():
         version = stage / model / "1"

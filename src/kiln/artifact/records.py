@@ -1,0 +1,139 @@
+"""The typed parts of an artifact's manifest: where the model came from, its tokenizer, each variant (files,
+recipe, engine hints and, after kiln optimize, how it fared), and what the build recorded about the run.
+
+Frozen dataclasses, serialised only by :mod:`kiln.records`; code reads fields, never string keys.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from kiln.bench.measure import Timing
+from kiln.choices import Choice, Precision
+from kiln.validation.figures import Agreement
+from kiln.validation.parity import ParityReport
+
+
+class Status(Choice):
+    """What happened to a variant in kiln optimize."""
+
+    ACCEPTED = "accepted"  # built, validated, within tolerance
+    REJECTED = "rejected"  # built and validated, outside tolerance
+    SKIPPED = "skipped"  # cannot be built here (missing package, CPU feature)
+    FAILED = "failed"  # a pass or its validation raised
+
+
+@dataclass(frozen=True)
+class SourceRecord:
+    """The model an artifact was built from."""
+
+    model: str = ""  # as the user named it (directory, hub id, or the bundled model's name)
+    path: str | None = None  # where it was read from on the building machine
+    content_sha256: str = ""
+    model_type: str = ""
+    architecture: str = ""
+    parameters: int = 0
+
+
+@dataclass(frozen=True)
+class TokenizerRecord:
+    path: str  # tokenizer.json, relative to the artifact root
+    pad_id: int
+    input_names: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class EngineHints:
+    """Engine settings a variant needs to compute what was validated (OpenVINO's precision hint, its streams)."""
+
+    precision: Precision = Precision.FP32
+    streams: int | None = None
+
+
+@dataclass(frozen=True)
+class Round:
+    """One attempt of the int8 exclusion search: how many layers were kept in fp32, and the result."""
+
+    excluded: int
+    agreement: float
+    accepted: bool
+
+
+@dataclass(frozen=True)
+class Sensitivity:
+    """The int8 exclusion search of one variant: the ranking it used and what it found."""
+
+    ranking: tuple[tuple[str, float], ...]  # (layer, relative int8 error), worst first (top 10)
+    rounds: tuple[Round, ...]
+    excluded: tuple[str, ...]  # layers kept in fp32 in the final variant
+    accepted: bool
+    speed_cost: float | None = None  # time with the exclusions / time fully quantized (> 1: slower)
+
+
+@dataclass(frozen=True)
+class VariantRecord:
+    """One variant: its files and how they were made (every artifact), and how it fared (after kiln optimize)."""
+
+    name: str
+    engine: str  # the kiln.engines registry name
+    path: str  # the model file, relative to the artifact root
+    files: tuple[str, ...]  # every file it needs (some may be shared with another variant)
+    recipe: tuple[Mapping[str, Any], ...] = ()  # the passes that made it, each with its own parameters
+    options: EngineHints = EngineHints()
+    parity: ParityReport | None = None  # kiln export's check against PyTorch
+    status: Status = Status.ACCEPTED
+    reason: str = ""  # why it was accepted or rejected, in the gate's words
+    agreement: Agreement | None = None
+    task_metric: Mapping[str, float] | None = None
+    timing: Timing | None = None
+    size_bytes: int = 0
+    parameters: Mapping[str, Any] = field(default_factory=dict)  # alternative build parameters that were kept
+    sensitivity: Sensitivity | None = None
+
+    @property
+    def validated(self) -> bool:
+        """Judged by kiln optimize (a plain export carries parity only)."""
+        return self.agreement is not None or self.status is not Status.ACCEPTED
+
+
+@dataclass(frozen=True)
+class ServingDefault:
+    """kiln bench's fastest way to run one variant on the machine it measured (serving.json)."""
+
+    variant: str
+    sessions: int = 1
+    threads: int | None = None
+    batch_size: int = 32
+    pad_multiple: int | None = None
+
+
+@dataclass(frozen=True)
+class ReferenceTiming:
+    """The PyTorch fp32 baseline's timing, and the attention implementation it ran."""
+
+    sequences: int
+    seconds: float
+    batch_size: int
+    attention: str = "eager"
+
+    @property
+    def ms_per_sequence(self) -> float:
+        return 1000 * self.seconds / self.sequences
+
+
+@dataclass(frozen=True)
+class BuildRecord:
+    """What the run that built the artifact recorded beside its variants."""
+
+    best: str | None = None  # the variant kiln.load picks by default
+    skipped: Mapping[str, str] = field(default_factory=dict)  # variants with no files: why
+    tolerance: float | None = None
+    cpu: Mapping[str, Any] = field(default_factory=dict)  # kiln.system.cpu.CpuInfo.to_dict() of the building CPU
+    calibration: str | None = None  # where the int8 calibration inputs came from
+    reference_timing: ReferenceTiming | None = None
+    eval: str | None = None  # where the task metric's labelled data came from
+    reference: SourceRecord | None = None  # the original judged against, when not the model itself
+    reference_metric: Mapping[str, float] | None = None
+    serving_default: ServingDefault | None = None
