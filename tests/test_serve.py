@@ -158,11 +158,11 @@ def test_sessions_and_threads_come_from_the_serving_default(artifacts, tmp_path)
     import shutil
 
     from kiln.bench.job import write_serving_default
+    from kiln.bench.results import ServingRecord
 
     path = tmp_path / "art"
     shutil.copytree(artifacts[TaskName.FEATURE_EXTRACTION], path)
-    write_serving_default(path, {"variant": "onnx-fp32", "sessions": 2, "threads": 1, "batch_size": 4,
-                                 "pad_multiple": 8})
+    write_serving_default(path, ServingRecord("onnx-fp32", sessions=2, threads=1, batch_size=4, pad_multiple=8))
     texts = list(builtin_sentences()[:8])
     batches = []
     with client(artifacts, models={"m": path}) as c:

@@ -13,17 +13,18 @@ from kiln.choices import (
     Device,
     ExportFormat,
     ExternalData,
-    LogFormatName,
     Target,
     VariantName,
     names,
 )
 from kiln.cli import console
+from kiln.cli.bench import bench
 from kiln.cli.compress import distill, prune
 from kiln.cli.embed import embed
-from kiln.cli.options import DEFAULT_TASK_OPT, ForceOpt, ModelArg, PickleOpt, TaskOpt
+from kiln.cli.options import DEFAULT_TASK_OPT, ForceOpt, ModelArg, PickleOpt, TaskOpt, int_list
+from kiln.cli.serve import serve
 from kiln.errors import KilnError
-from kiln.tasks import TASKS, TaskName
+from kiln.tasks import TASKS
 
 app = typer.Typer(
     name="kiln",
@@ -158,7 +159,7 @@ def optimize(
         variants=tuple(v.strip() for v in variants.split(",") if v.strip()) if variants else None,
         threads=threads, batch_size=batch_size, allow_pickle=allow_pickle, overwrite=force,
         sensitivity=sensitivity, reference=reference,
-        matryoshka_dims=_int_list(matryoshka_dims, "--matryoshka-dims") or (),
+        matryoshka_dims=int_list(matryoshka_dims, "--matryoshka-dims") or (),
     )
     students = StudentPlan(parse_students(distill_layers, prune or ()),  # before the long run: a typo fails at once
                            student_texts, student_epochs)
@@ -176,167 +177,8 @@ def optimize(
 app.command()(distill)
 app.command()(prune)
 app.command()(embed)
-
-
-def _int_list(value: str | None, flag: str) -> tuple[int, ...] | None:
-    from kiln.errors import UsageError
-
-    if value is None:
-        return None
-    try:
-        numbers = tuple(int(v) for v in value.split(",") if v.strip())
-    except ValueError:
-        raise UsageError(f"{flag} must be comma-separated positive integers (got {value!r})") from None
-    if not numbers or min(numbers) < 1:
-        raise UsageError(f"{flag} must be comma-separated positive integers (got {value!r})")
-    return numbers
-
-
-@app.command()
-def bench(
-    target: Annotated[Optional[str], typer.Argument(  # noqa: UP045
-        help="Artifact directory (from kiln optimize/export), or a model directory to time PyTorch alone. "
-        "Omit it for the bundled MiniLM.", show_default=False)] = None,
-    task: Annotated[TaskName, typer.Option("--task", "-t", help="For a model directory: the task to time it for "
-                                           "(an artifact knows its own).")] = DEFAULT_TASK_OPT,
-    output: Annotated[Path, typer.Option("--output", "-o", help="Where results.json, report.html and report.md "
-                                         "go.")] = Path("kiln-bench"),
-    variants: Annotated[Optional[str], typer.Option(  # noqa: UP045
-        help="Comma-separated variants of the artifact to time, or 'all' (every accepted one). Default: best; "
-        "for a decoder every variant built (fp32 against int8, accepted or not).", show_default=False)] = None,
-    batch_sizes: Annotated[Optional[str], typer.Option(  # noqa: UP045
-        help="Batch sizes of the latency grid [default: 1,2,4,8,16,32,64; decoders: 1,4].",
-        show_default=False)] = None,
-    seq_lens: Annotated[Optional[str], typer.Option(  # noqa: UP045
-        help="Sequence lengths of the grid [default: 16,32,64,128,256,512]; longer than the model's maximum "
-        "are skipped. Decoders: prompt lengths [default: 4,16,64,128,256,512], each generating 32 tokens; "
-        "a prompt that leaves no room for them in the window is skipped.", show_default=False)] = None,
-    texts: Annotated[Optional[Path], typer.Option(  # noqa: UP045
-        help="Your texts, one per line, for the length-mix throughput (sorted and unsorted).",
-        show_default=False)] = None,
-    lengths: Annotated[Optional[Path], typer.Option(  # noqa: UP045
-        help="Token lengths, one per line, to build the length mix from (when texts are private).",
-        show_default=False)] = None,
-    threads: Annotated[Optional[int], typer.Option(  # noqa: UP045
-        help="Intra-op threads for the grid and mix (default: usable cores). The thread sweep tries others.",
-        show_default=False)] = None,
-    quick: Annotated[bool, typer.Option(help="A small grid (1,8,32 x 16,128), 128 texts, no sweep: under a "
-                                        "minute on MiniLM; for a first look, not for decisions.")] = False,
-    sweep: Annotated[bool, typer.Option(help="Sweep intra-op threads, sessions x threads (OpenVINO: streams) and "
-                                        "batch size (16, 32), then padding multiples (1, 8, 16, 32) at the best "
-                                        "point; the best is written into the artifact as its serving default, "
-                                        "which kiln.load and kiln serve use.")] = True,
-    compare: Annotated[Optional[tuple[Path, Path]], typer.Option(  # noqa: UP045
-        help="OLD.json NEW.json: print what got slower or faster beyond noise (10% or the cell's p90 spread), "
-        "then exit.", show_default=False)] = None,
-) -> None:
-    """Latency grid (batch sizes x lengths), length-mix throughput, memory, load time and a thread sweep,
-    for the chosen variants and the PyTorch fp32 baseline, each in its own process, in one run. For a decoder:
-    time to first token and per-token latency (32 new tokens) per batch size x prompt length."""
-    if compare is not None:
-        from kiln.bench.compare import compare as diff
-        from kiln.bench.compare import load
-
-        changes = diff(load(compare[0]), load(compare[1]))
-        for change in changes:
-            console.out.print(change.describe(), markup=False)
-        if not changes:
-            console.out.print("no change beyond noise")
-        return
-    from kiln.bench.job import BenchConfig, BenchJob
-
-    config = BenchConfig(
-        target=target, output=output, variants=tuple(v.strip() for v in variants.split(",")) if variants else None,
-        batch_sizes=_int_list(batch_sizes, "--batch-sizes"), seq_lens=_int_list(seq_lens, "--seq-lens"),
-        texts_file=texts, lengths_file=lengths, threads=threads, quick=quick, sweep=sweep, task=task.value,
-    )
-    results = BenchJob(config, console.progress, console.progress_bar).run()
-    out = output.expanduser().resolve()
-    for t in results.targets:
-        loaded = f"{t.name:<28} load {t.load_seconds:.2f}s  peak RSS {t.peak_rss_mb:.0f} MB  "
-        if t.generation:
-            first = t.generation[0]
-            console.out.print(f"{loaded}batch {first.batch_size} x {first.prompt_tokens} prompt tokens: first token "
-                              f"{first.ttft_ms:.1f} ms, then {first.per_token_ms:.1f} ms per token")
-        elif t.mix:
-            console.out.print(f"{loaded}mix sorted {t.mix.sorted_per_s:.1f} seq/s, unsorted "
-                              f"{t.mix.unsorted_per_s:.1f} seq/s")
-        else:
-            console.out.print(f"{t.name:<28} FAILED: {t.error}")
-    console.out.print(f"report: {out / 'report.html'} (report.md, results.json beside it)")
-
-
-@app.command()
-def serve(
-    artifact: Annotated[Optional[Path], typer.Argument(  # noqa: UP045
-        help="Artifact directory to serve (e.g. kiln-out/best). Use --model for several.", show_default=False)] = None,
-    host: Annotated[str, typer.Option(help="Interface to listen on.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="TCP port.", min=1, max=65535)] = 8000,
-    model: Annotated[Optional[list[str]], typer.Option(  # noqa: UP045
-        "--model", help="NAME=ARTIFACT to serve several models; requests pick one with their 'model' field.",
-        show_default=False)] = None,
-    max_batch_tokens: Annotated[int, typer.Option(
-        help="Cap on a batch's padded tokens (longest x count). Below it, kiln groups waiting inputs of similar "
-        "length, cutting where padding would cost more than another engine call.", min=16)] = 16384,
-    max_batch_size: Annotated[Optional[int], typer.Option(  # noqa: UP045
-        help="Most inputs per batch (default: the batch size kiln bench found fastest, from serving.json, else "
-        "64).", show_default=False, min=1)] = None,
-    max_delay_ms: Annotated[float, typer.Option(
-        help="While every engine session is busy, how long the first waiting input may wait for others before the "
-        "next batch closes. A request reaching an idle engine runs at once.", min=0)] = 5.0,
-    max_concurrent: Annotated[int, typer.Option(help="In-flight requests before new ones get 429 + Retry-After.",
-                                                min=1)] = 512,
-    api_key: Annotated[Optional[str], typer.Option(  # noqa: UP045
-        help="Require 'Authorization: Bearer KEY' (or X-API-Key) on inference routes.", show_default=False)] = None,
-    threads: Annotated[Optional[int], typer.Option(  # noqa: UP045
-        help="Engine threads per session (default: the artifact's serving.json from kiln bench, else all usable "
-        "cores).", show_default=False, min=1)] = None,
-    sessions: Annotated[Optional[int], typer.Option(  # noqa: UP045
-        help="Engine instances running batches side by side, each on its own thread (default: serving.json, "
-        "else 1).", show_default=False, min=1)] = None,
-    max_inputs_per_request: Annotated[int, typer.Option(
-        help="Inputs one request may carry (413 above it): bounds the work and memory a single client can ask "
-        "for at once; raise it for bulk clients, lower it to protect latency.", min=1)] = 64,
-    access_log: Annotated[bool, typer.Option(help="Log every request (uvicorn's access log, in --log-format). "
-                                             "Costs event-loop time at hundreds of requests a second.")] = False,
-    log_format: Annotated[LogFormatName, typer.Option(help="text: one readable line per record; json: one JSON "
-                                                      "object per line (time, level, logger, message, request_id) "
-                                                      "for log collectors.")] = LogFormatName.TEXT,
-    restart_loops: Annotated[bool, typer.Option(help="Restart a model's batching (or decoding) loop if it dies. "
-                                                "Either way its queued requests get a 500 and the death is logged "
-                                                "and counted (kiln_loop_deaths_total); without it /ready stays 503 "
-                                                "so an orchestrator replaces the process.")] = False,
-    otlp_endpoint: Annotated[Optional[str], typer.Option(  # noqa: UP045
-        help="OpenTelemetry collector (OTLP/HTTP, e.g. http://localhost:4318): each request becomes a span with "
-        "tokenize, queue, batch, engine and postprocess children. Needs pip install 'kiln[otel]'.",
-        show_default=False)] = None,
-) -> None:
-    """Serve an artifact over HTTP with dynamic batching, Prometheus metrics and backpressure (uvicorn)."""
-    from kiln.errors import UsageError
-    from kiln.serve.app import ServeConfig, create_app
-    from kiln.serve.batcher import BatchLimits
-    from kiln.serve.server import run_server
-
-    models: dict[str, Path] = {}
-    for item in model or []:
-        name, sep, path = item.partition("=")
-        if not sep or not name or not path:
-            raise UsageError(f"--model must be NAME=ARTIFACT (got {item!r})")
-        models[name] = Path(path)
-    if artifact is not None:
-        models.setdefault(artifact.name if artifact.name != "best" else artifact.resolve().parent.name, artifact)
-    if not models:
-        raise UsageError("name an artifact to serve: kiln serve kiln-out/best (or --model NAME=ARTIFACT)")
-    from kiln.artifact.directory import Artifact
-
-    for path in models.values():
-        Artifact.open(path)  # a clear error before the server starts
-    config = ServeConfig(models=models, limits=BatchLimits(max_batch_tokens, max_batch_size, max_delay_ms / 1000),
-                         max_concurrent=max_concurrent, api_key=api_key, threads=threads,
-                         sessions=sessions, max_inputs_per_request=max_inputs_per_request,
-                         restart_loops=restart_loops, otlp_endpoint=otlp_endpoint)
-    if not run_server(create_app(config), host, port, access_log=access_log, log_format=log_format.value):
-        raise typer.Exit(1)  # uvicorn has logged why (port in use, a model that failed to load)
+app.command()(bench)
+app.command()(serve)
 
 
 @app.command()
@@ -367,7 +209,7 @@ def triton(
 
     path = write_repository(TritonConfig(
         artifact=artifact, output=output, device=device, python_model=python_model,
-        buckets=_int_list(buckets, "--buckets"), max_batch_size=max_batch_size,
+        buckets=int_list(buckets, "--buckets"), max_batch_size=max_batch_size,
         max_queue_delay_us=max_queue_delay_us, instances=instances, overwrite=force))
     console.out.print(f"Triton repository: {path} (checked: every config parses and the ensemble is wired)")
     console.out.print(f"start it: tritonserver --model-repository={path}  (see {path / 'README.md'})")

@@ -29,3 +29,18 @@ PickleOpt = Annotated[
 
 
 DEFAULT_TASK_OPT = TaskName(DEFAULT_TASK)
+
+
+def int_list(value: str | None, flag: str) -> tuple[int, ...] | None:
+    """``"1,8,32"`` as (1, 8, 32); a UsageError naming ``flag`` for anything else."""
+    from kiln.errors import UsageError
+
+    if value is None:
+        return None
+    try:
+        numbers = tuple(int(v) for v in value.split(",") if v.strip())
+    except ValueError:
+        raise UsageError(f"{flag} must be comma-separated positive integers (got {value!r})") from None
+    if not numbers or min(numbers) < 1:
+        raise UsageError(f"{flag} must be comma-separated positive integers (got {value!r})")
+    return numbers

@@ -25,6 +25,7 @@ from kiln.compress.student import build_student, depth, evenly_spaced, parse_kee
 from kiln.compress.trainer import Distiller, Epoch, Features, Recipe
 from kiln.errors import UsageError
 from kiln.records import write_json
+from kiln.tasks import DEFAULT_TASK
 
 LINEAGE_FILE = "kiln-distill.json"  # kiln prune writes kiln-prune.json
 LINEAGE_SCHEMA = "kiln.compress/1"
@@ -274,7 +275,7 @@ def _copy_sentence_transformers_files(teacher_dir: Path, stage: Path) -> None:
             shutil.copytree(teacher_dir / path, stage / path)
 
 
-def distill(teacher: str | Path | None = None, *, task: str = "feature-extraction", output: str | Path = "kiln-student",
+def distill(teacher: str | Path | None = None, *, task: str = DEFAULT_TASK, output: str | Path = "kiln-student",
             layers: int | None = None, keep_layers: Sequence[int] | None = None, texts: str | Path | None = None,
             train: str | Path | None = None, recipe: Mapping[str, Any] | None = None, held_out: float = 0.05,
             threads: int | None = None, resume: bool = False, overwrite: bool = False, allow_pickle: bool = False,

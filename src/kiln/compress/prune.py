@@ -24,6 +24,7 @@ from kiln.compress.distill import DistillConfig, DistillResult, Student, Student
 from kiln.compress.importance import choose, measure
 from kiln.compress.trainer import Features, Recipe, model_inputs
 from kiln.errors import UsageError
+from kiln.tasks import DEFAULT_TASK
 
 # Recovery starts next to the unpruned model, so it takes smaller steps than a student built from layers
 # (kiln distill's 5e-4). Not swept; see benchmarks/RESULTS.md for what it reached.
@@ -107,7 +108,7 @@ def run_prune(config: DistillConfig, settings: PruneSettings,
     return run_compression(config, pruned_student(settings, seed), progress)
 
 
-def prune(model: str | Path | None = None, *, task: str = "feature-extraction", output: str | Path = "kiln-pruned",
+def prune(model: str | Path | None = None, *, task: str = DEFAULT_TASK, output: str | Path = "kiln-pruned",
           heads: float = 0.0, ffn: float = 0.0, scope: PruneScope | str = PruneScope.GLOBAL,
           texts: str | Path | None = None, train: str | Path | None = None, recipe: Mapping[str, Any] | None = None,
           threads: int | None = None, overwrite: bool = False, allow_pickle: bool = False,

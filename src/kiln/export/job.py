@@ -17,7 +17,7 @@ from kiln.export.torchscript import export_torchscript
 from kiln.model.reference import example_inputs, reference_predictor, task_module
 from kiln.model.source import SourceModel, load_source, pad_token_id
 from kiln.runtime.predictor import Predictor
-from kiln.tasks import task_spec
+from kiln.tasks import DEFAULT_TASK, task_spec
 from kiln.validation.parity import ParityReport, ParityTolerance, measure_parity
 
 TOKENIZER_DIR = "tokenizer"
@@ -103,7 +103,7 @@ def run_export(config: ExportConfig, progress: Progress = lambda _: None) -> Exp
     return ExportResult(path=config.output.expanduser().resolve(), manifest=manifest, parity=parity)
 
 
-def export(model: str | Path | None = None, *, task: str = "feature-extraction",
+def export(model: str | Path | None = None, *, task: str = DEFAULT_TASK,
            format: ExportFormat | str = ExportFormat.ONNX, output: str | Path = "kiln-out", opset: int = DEFAULT_OPSET,
            int32_inputs: bool = False, external_data: ExternalData | str = ExternalData.AUTO, atol: float = 1e-4,
            min_cosine: float = 0.99999, allow_pickle: bool = False, overwrite: bool = False,

@@ -32,7 +32,7 @@ from kiln.serve.inference import Served, infer, load_served
 from kiln.serve.metrics import STOPPED, Metrics
 from kiln.serve.request_id import RequestId
 from kiln.serve.schemas import INFERENCE_ERRORS, ErrorBody, Health, Info, ModelCard, ModelList, Ready
-from kiln.tasks import TaskConfig, task_spec
+from kiln.tasks import task_spec
 from kiln.tasks.http import Route
 
 LATENCY_HEADER = "x-kiln-latency-ms"
@@ -58,7 +58,7 @@ def create_app(config: ServeConfig, tracer_provider: Any = None) -> FastAPI:
     """The server for ``config.models``: routes of their tasks, probes, metrics, errors as JSON. Request spans go
     to ``tracer_provider`` when given (tests pass one with an in-memory exporter), else to an OTLP exporter at
     ``config.otlp_endpoint`` when set."""
-    configs = {name: TaskConfig.from_dict(read_manifest(Path(path).expanduser()).task)
+    configs = {name: read_manifest(Path(path).expanduser()).task
                for name, path in config.models.items()}
     tasks = {name: c.task for name, c in configs.items()}
     app = FastAPI(title="kiln", lifespan=_lifespan, description="Dynamic-batching inference for a kiln artifact.",

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from kiln.artifact.directory import Artifact
+from kiln.artifact.records import ServingDefault, VariantRecord
 from kiln.artifact.staging import staged_directory
 from kiln.choices import Device, parse_choice
 from kiln.engines.base import warmup_inputs
@@ -133,7 +134,7 @@ def write_repository(config: TritonConfig) -> Path:
 
 
 def _configs(pb, config: TritonConfig, spec, name: str, input_names, output_ranks: dict[str, int],
-             python_model: bool, instances: int, serving: dict[str, Any]) -> dict[str, Any]:
+             python_model: bool, instances: int, serving: ServingDefault | None) -> dict[str, Any]:
     output_names = list(output_ranks)
     mbs = config.max_batch_size
     windows = (-1,) if spec.triton_windows else ()  # QA: a windows axis after the batch axis
@@ -175,7 +176,7 @@ def _configs(pb, config: TritonConfig, spec, name: str, input_names, output_rank
 
 
 def _write_steps(stage: Path, name: str, artifact: Artifact, variant: str, buckets: tuple[int, ...],
-                 output_names, python_model: bool, record: dict[str, Any], serving: dict[str, Any]) -> None:
+                 output_names, python_model: bool, record: VariantRecord, serving: ServingDefault | None) -> None:
     """The Python steps' model.py and settings, each with its own copy of the artifact's served variant."""
     from kiln.artifact.directory import extract_variant
 
@@ -183,7 +184,7 @@ def _write_steps(stage: Path, name: str, artifact: Artifact, variant: str, bucke
     steps = {f"{name}_tokenizer": ("TokenizeStep", {"buckets": list(buckets)}, False),
              f"{name}_post": ("PostStep", {"model_outputs": list(output_names)}, False)}
     if python_model:
-        steps[f"{name}_model"] = ("ModelStep", {"threads": serving.get("threads")}, True)
+        steps[f"{name}_model"] = ("ModelStep", {"threads": serving.threads if serving else None}, True)
     else:
         for rel in record.files:  # Triton's ONNX Runtime backend reads 1/model.onnx (+ its weights file)
             shutil.copy2(artifact.path / rel, stage / f"{name}_model" / "1" / Path(rel).name)

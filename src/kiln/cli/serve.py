@@ -1,0 +1,82 @@
+"""`kiln serve`: an artifact over HTTP with dynamic batching, probes, metrics and loud failures (kiln/serve)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from kiln.choices import LogFormatName
+
+
+def serve(
+    artifact: Annotated[Optional[Path], typer.Argument(  # noqa: UP045
+        help="Artifact directory to serve (e.g. kiln-out/best). Use --model for several.", show_default=False)] = None,
+    host: Annotated[str, typer.Option(help="Interface to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="TCP port.", min=1, max=65535)] = 8000,
+    model: Annotated[Optional[list[str]], typer.Option(  # noqa: UP045
+        "--model", help="NAME=ARTIFACT to serve several models; requests pick one with their 'model' field.",
+        show_default=False)] = None,
+    max_batch_tokens: Annotated[int, typer.Option(
+        help="Cap on a batch's padded tokens (longest x count). Below it, kiln groups waiting inputs of similar "
+        "length, cutting where padding would cost more than another engine call.", min=16)] = 16384,
+    max_batch_size: Annotated[Optional[int], typer.Option(  # noqa: UP045
+        help="Most inputs per batch (default: the batch size kiln bench found fastest, from serving.json, else "
+        "64).", show_default=False, min=1)] = None,
+    max_delay_ms: Annotated[float, typer.Option(
+        help="While every engine session is busy, how long the first waiting input may wait for others before the "
+        "next batch closes. A request reaching an idle engine runs at once.", min=0)] = 5.0,
+    max_concurrent: Annotated[int, typer.Option(help="In-flight requests before new ones get 429 + Retry-After.",
+                                                min=1)] = 512,
+    api_key: Annotated[Optional[str], typer.Option(  # noqa: UP045
+        help="Require 'Authorization: Bearer KEY' (or X-API-Key) on inference routes.", show_default=False)] = None,
+    threads: Annotated[Optional[int], typer.Option(  # noqa: UP045
+        help="Engine threads per session (default: the artifact's serving.json from kiln bench, else all usable "
+        "cores).", show_default=False, min=1)] = None,
+    sessions: Annotated[Optional[int], typer.Option(  # noqa: UP045
+        help="Engine instances running batches side by side, each on its own thread (default: serving.json, "
+        "else 1).", show_default=False, min=1)] = None,
+    max_inputs_per_request: Annotated[int, typer.Option(
+        help="Inputs one request may carry (413 above it): bounds the work and memory a single client can ask "
+        "for at once; raise it for bulk clients, lower it to protect latency.", min=1)] = 64,
+    access_log: Annotated[bool, typer.Option(help="Log every request (uvicorn's access log, in --log-format). "
+                                             "Costs event-loop time at hundreds of requests a second.")] = False,
+    log_format: Annotated[LogFormatName, typer.Option(help="text: one readable line per record; json: one JSON "
+                                                      "object per line (time, level, logger, message, request_id) "
+                                                      "for log collectors.")] = LogFormatName.TEXT,
+    restart_loops: Annotated[bool, typer.Option(help="Restart a model's batching (or decoding) loop if it dies. "
+                                                "Either way its queued requests get a 500 and the death is logged "
+                                                "and counted (kiln_loop_deaths_total); without it /ready stays 503 "
+                                                "so an orchestrator replaces the process.")] = False,
+    otlp_endpoint: Annotated[Optional[str], typer.Option(  # noqa: UP045
+        help="OpenTelemetry collector (OTLP/HTTP, e.g. http://localhost:4318): each request becomes a span with "
+        "tokenize, queue, batch, engine and postprocess children. Needs pip install 'kiln[otel]'.",
+        show_default=False)] = None,
+) -> None:
+    """Serve an artifact over HTTP with dynamic batching, Prometheus metrics and backpressure (uvicorn)."""
+    from kiln.errors import UsageError
+    from kiln.serve.app import ServeConfig, create_app
+    from kiln.serve.batcher import BatchLimits
+    from kiln.serve.server import run_server
+
+    models: dict[str, Path] = {}
+    for item in model or []:
+        name, sep, path = item.partition("=")
+        if not sep or not name or not path:
+            raise UsageError(f"--model must be NAME=ARTIFACT (got {item!r})")
+        models[name] = Path(path)
+    if artifact is not None:
+        models.setdefault(artifact.name if artifact.name != "best" else artifact.resolve().parent.name, artifact)
+    if not models:
+        raise UsageError("name an artifact to serve: kiln serve kiln-out/best (or --model NAME=ARTIFACT)")
+    from kiln.artifact.directory import Artifact
+
+    for path in models.values():
+        Artifact.open(path)  # a clear error before the server starts
+    config = ServeConfig(models=models, limits=BatchLimits(max_batch_tokens, max_batch_size, max_delay_ms / 1000),
+                         max_concurrent=max_concurrent, api_key=api_key, threads=threads,
+                         sessions=sessions, max_inputs_per_request=max_inputs_per_request,
+                         restart_loops=restart_loops, otlp_endpoint=otlp_endpoint)
+    if not run_server(create_app(config), host, port, access_log=access_log, log_format=log_format.value):
+        raise typer.Exit(1)  # uvicorn has logged why (port in use, a model that failed to load)
