@@ -59,3 +59,24 @@ def test_otlp_endpoint_without_the_extra_names_the_install(monkeypatch):
     monkeypatch.setattr(builtins, "__import__", blocked)
     with pytest.raises(MissingDependencyError, match=r"pip install 'kiln\[otel\]'"):
         tracer_provider("http://127.0.0.1:4318")
+
+
+def test_a_generation_request_is_a_span_too(tiny_model, tmp_path):
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from kiln.choices import ExportFormat
+    from kiln.export.job import ExportConfig, run_export
+    from kiln.tasks import TaskName
+
+    art = tmp_path / "gpt2"
+    run_export(ExportConfig(model=str(tiny_model("gpt2", TaskName.TEXT_GENERATION)), task=TaskName.TEXT_GENERATION,
+                            format=ExportFormat.ONNX, output=art))
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    with TestClient(create_app(ServeConfig(models={"g": art}), tracer_provider=provider)) as c:
+        assert c.post("/generate", json={"inputs": "Once", "max_new_tokens": 4}).status_code == 200
+    (span,) = exporter.get_finished_spans()
+    assert span.name == "POST /generate" and span.attributes["kiln.task"] == "text-generation"

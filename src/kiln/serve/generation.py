@@ -26,7 +26,7 @@ from fastapi.responses import StreamingResponse
 from kiln.decoder.batch import DecodeBatch, Decoding, Emitted, new_sequence
 from kiln.decoder.generate import prompt_ids
 from kiln.errors import UsageError
-from kiln.log import get_logger
+from kiln.log import get_logger, request_id
 from kiln.runtime.predictor import Predictor
 from kiln.serve.batcher import BatchLimits
 from kiln.serve.endpoints import HTTPError, JSONBody, pick, post_endpoint
@@ -253,8 +253,11 @@ def mount_route(app: FastAPI, route: Route) -> None:
     answer = ANSWERS[route.path]
 
     async def endpoint(body: Any) -> Any:
-        served = pick(app, body.model, route)
-        result = await answer(app, served, body)
+        # A streamed answer's span ends when streaming starts (the first token is in it; later ones are not).
+        with app.state.tracing.request(route.path, request_id=request_id.get(), stream=body.stream) as trace:
+            served = pick(app, body.model, route)
+            trace.set(model=served.name, task=served.task, variant=served.variant)
+            result = await answer(app, served, body)
         return result if isinstance(result, StreamingResponse) else JSONBody(result)
 
     post_endpoint(app, route, endpoint, {**INFERENCE_ERRORS, **STREAM_DOC})
