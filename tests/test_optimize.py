@@ -64,7 +64,8 @@ def test_output_files_and_manifest(optimized):
     assert back.outcomes == summary.outcomes and back.reference_timing == summary.reference_timing
     assert to_jsonable(back) == to_jsonable(summary)
     table = (out / "summary.md").read_text()
-    assert "| variant | size MB | agreement | task metric | ms/seq | speed-up vs PyTorch fp32 | status |" in table
+    assert ("| variant | size MB | agreement (worst batching) | batch drift | task metric | ms/seq | speed-up vs "
+            "PyTorch fp32 | status |") in table
     assert f"| {summary.best} |" in table
 
 
@@ -226,3 +227,55 @@ def test_openvino_int8_is_left_out_by_default_only_where_its_kernels_are_slow():
     assert spec.not_by_default(SimpleNamespace(cpu=vnni)) is None
     assert all(VARIANTS[n].not_by_default(SimpleNamespace(cpu=avx2)) is None for n in ("onnx-int8-dynamic",
                                                                                        "openvino-fp32"))
+
+
+class BatchOrderSensitive:
+    """An ONNX Runtime engine whose answers depend on which rows share the batch (here: on how out of length order
+    they are), as a per-batch activation scale makes them: alone and in length-sorted batches it is exact, in
+    mixed-length batches off. A variant that passes the friendly batching and fails another."""
+
+    def __init__(self, path, options):
+        from kiln.engines.onnxruntime import OnnxRuntimeEngine
+
+        self._engine = OnnxRuntimeEngine(path, options)
+        self.input_names, self.output_names = self._engine.input_names, self._engine.output_names
+        self.name, self.providers, self.is_padded, self.pad_multiple = "batch-order-sensitive", ("cpu",), True, 1
+
+    def run(self, inputs):
+        out = self._engine.run(inputs)
+        hidden = out["last_hidden_state"]
+        lengths = inputs["attention_mask"].sum(1)
+        unsorted = float(np.mean(np.diff(lengths) < 0)) if len(lengths) > 1 else 0.0  # 0 for sorted or alone
+        direction = np.sin(np.arange(hidden.shape[-1]))  # a fixed direction, the same for every row
+        out["last_hidden_state"] = hidden + 2.0 * unsorted * direction
+        return out
+
+    def warmup(self):
+        self._engine.warmup()
+
+
+def test_the_gate_judges_the_worst_batching_and_records_the_drift(tiny_model, tmp_path, monkeypatch):
+    """A variant within tolerance in sorted batches but not in mixed ones is rejected, the batching named; onnx-fp32
+    is batch-invariant (bit-identical alone and batched) and says so in the manifest and the report."""
+    from kiln import engines
+    from kiln.optimize import variants
+    from kiln.optimize.context import BuiltVariant
+
+    def drifty(ctx, excluded=(), **params):
+        fp32 = variants._fp32(ctx)
+        return BuiltVariant("drifty", "batch-order-sensitive", fp32.path, fp32.files, fp32.recipe)
+
+    monkeypatch.setitem(engines.ENGINES, "batch-order-sensitive", BatchOrderSensitive)
+    monkeypatch.setitem(variants.VARIANTS, "drifty", variants.VariantSpec("drifty", drifty, variants.CPU))
+    summary = OptimizeJob(OptimizeConfig(model=str(tiny_model("bert")), task=TaskName.FEATURE_EXTRACTION,
+                                         output=tmp_path / "o", variants=("drifty", "onnx-fp32"))).run()
+    drifted, fp32 = summary.outcomes
+    assert drifted.batched.agreements["sorted"].value >= 0.99  # the friendly batching alone would have passed
+    assert drifted.status == "rejected" and drifted.reason.endswith("(mixed batches)")
+    assert drifted.agreement == drifted.batched.agreements["mixed"]
+    assert not drifted.batched.drift.invariant and drifted.batched.drift.min_cosine < 0.99
+    assert fp32.status == "accepted" and fp32.batched.drift.invariant and fp32.batched.drift.max_abs_diff == 0
+    record = Artifact.open(tmp_path / "o").manifest.variants["onnx-fp32"]
+    assert record.batch_invariant and set(record.batched.agreements) == {"sorted", "mixed", "alone"}
+    page = (tmp_path / "o" / "report.html").read_text()
+    assert "Batch-invariant: onnx-fp32" in page and "batch drift" in page

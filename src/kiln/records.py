@@ -68,7 +68,10 @@ def from_jsonable(kind: Any, data: Any) -> Any:
         return tuple(from_jsonable(a, v) for a, v in zip(args, data))
     if origin in (dict, Mapping, typing.Mapping) or kind in (dict, Mapping):
         args = typing.get_args(kind)
-        return {k: from_jsonable(args[1], v) for k, v in data.items()} if args else dict(data)
+        if not args:
+            return dict(data)
+        key = args[0] if isinstance(args[0], type) and issubclass(args[0], Enum) else None  # JSON keys are strings
+        return {(key(k) if key else k): from_jsonable(args[1], v) for k, v in data.items()}
     if origin is list:
         return [from_jsonable(typing.get_args(kind)[0], v) for v in data]
     return data

@@ -12,6 +12,7 @@ from typing import Any
 
 from kiln.bench.measure import Timing
 from kiln.choices import Choice, Precision
+from kiln.validation.batching import BatchedAgreement
 from kiln.validation.figures import Agreement
 from kiln.validation.parity import ParityReport
 
@@ -91,6 +92,12 @@ class VariantRecord:
     size_bytes: int = 0
     parameters: Mapping[str, Any] = field(default_factory=dict)  # alternative build parameters that were kept
     sensitivity: Sensitivity | None = None
+    batched: BatchedAgreement | None = None  # agreement under each batching, and the drift between them
+
+    @property
+    def batch_invariant(self) -> bool | None:
+        """Bit-identical answers whatever the batch (None: not measured, e.g. a plain export)."""
+        return self.batched.drift.invariant if self.batched else None
 
     @property
     def validated(self) -> bool:

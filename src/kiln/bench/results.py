@@ -18,6 +18,7 @@ from kiln.bench.measure import Timing
 from kiln.bench.worker import BenchSettings, SweepPoint, TargetResult
 from kiln.errors import ArtifactError
 from kiln.records import from_jsonable, read_json
+from kiln.validation.batching import BatchedAgreement
 from kiln.validation.figures import Agreement
 
 SCHEMA = "kiln.bench/2"  # 2: typed records; 1 still read
@@ -35,6 +36,7 @@ class VariantSummary:
     task_metric: Mapping[str, float] | None = None
     timing: Timing | None = None
     size_bytes: int = 0
+    batched: BatchedAgreement | None = None
 
 
 @dataclass(frozen=True)
@@ -56,8 +58,8 @@ class OptimizeSection:
             return None
         build = manifest.build
         return cls(
-            variants={name: VariantSummary(r.status, r.reason, r.agreement, r.task_metric, r.timing, r.size_bytes)
-                      for name, r in manifest.variants.items()},
+            variants={name: VariantSummary(r.status, r.reason, r.agreement, r.task_metric, r.timing, r.size_bytes,
+                                           r.batched) for name, r in manifest.variants.items()},
             best=build.best, tolerance=build.tolerance, reference_timing=build.reference_timing,
             reference_metric=build.reference_metric, skipped=build.skipped, calibration=build.calibration,
             reference=build.reference.model if build.reference else None)

@@ -36,6 +36,7 @@ from kiln.system.cpu import cpu_info, int8_scheme
 from kiln.system.invocation import invocation
 from kiln.tasks import task_spec
 from kiln.validation.agreement import agreement_inputs, measure_agreement
+from kiln.validation.batching import BatchedAgreement, Batching, measure_batchings
 from kiln.validation.figures import Agreement, AgreementInputs, EvalSet
 from kiln.validation.gate import Verdict, judge, tolerance_for
 
@@ -99,10 +100,11 @@ class Checked:
     """One build of a variant and how it fared against the original."""
 
     built: BuiltVariant
-    agreement: Agreement
+    agreement: Agreement  # under the worst batching: what the gate judged
     metric: dict[str, float] | None
     verdict: Verdict
     parameters: dict[str, Any] = dataclasses.field(default_factory=dict)
+    batched: BatchedAgreement | None = None
 
 
 @dataclass(frozen=True)
@@ -223,7 +225,7 @@ class OptimizeJob:
             return self._failed(spec, err, start)
         status = Status.ACCEPTED if checked.verdict.accepted else Status.REJECTED
         outcome = Outcome(spec.name, status, checked.verdict.reason, record=checked.built.record(),
-                          agreement=checked.agreement, metric=checked.metric,
+                          agreement=checked.agreement, metric=checked.metric, batched=checked.batched,
                           size_bytes=sum((self.ctx.stage / f).stat().st_size for f in checked.built.files),
                           parameters=checked.parameters, sensitivity=sensitivity,
                           build_seconds=time.perf_counter() - start)
@@ -241,14 +243,20 @@ class OptimizeJob:
 
     def _check(self, built: BuiltVariant, params: dict[str, Any]) -> Checked:
         predictor = self._predictor(built.record())
-        agreement = measure_agreement(self.work.agreement, predictor)
+        # Judged under every batching a server may give its inputs (sorted, mixed, alone): the worst one counts.
+        batched = measure_batchings(self.work.agreement, predictor)
+        worst = batched.worst
+        agreement = batched.agreements[worst]
         data = self.work.eval_set
         metric = self.spec.evaluate(predictor, data) if data is not None else None
         reference = self.work.reference_metric
         verdict = judge(self.config.task, agreement, self.tolerance,
                         metric[self.spec.metric] if metric else None,
                         reference[self.spec.metric] if reference else None)
-        return Checked(built, agreement, metric, verdict, params)
+        if worst is not Batching.SORTED:
+            verdict = dataclasses.replace(verdict, reason=f"{verdict.reason} ({worst.value} batches)"
+                                          if worst is Batching.MIXED else f"{verdict.reason} (run alone)")
+        return Checked(built, agreement, metric, verdict, params, batched)
 
     def _alternatives(self, spec: VariantSpec, default: Checked) -> Checked:
         """Try the variant's alternative parameters in order; keep the first that passes, else the best."""

@@ -11,6 +11,7 @@ from typing import Any
 from kiln.artifact.records import Sensitivity, Status, VariantRecord
 from kiln.bench.measure import Timing
 from kiln.records import read_record, write_json
+from kiln.validation.batching import BatchedAgreement
 from kiln.validation.figures import Agreement
 
 RESULTS_SCHEMA = "kiln.optimize/3"  # 3: each outcome's record is a VariantRecord (2: a plain dict, still read)
@@ -31,13 +32,15 @@ class Outcome:
     parameters: Mapping[str, Any] = field(default_factory=dict)  # alternative parameters that were kept
     sensitivity: Sensitivity | None = None
     build_seconds: float = 0.0
+    batched: BatchedAgreement | None = None  # agreement per batching and the drift between them
 
     def recorded(self) -> VariantRecord:
         """The manifest's record of this variant: its files and recipe with how it fared."""
         assert self.record is not None, "only a built variant has a record"
         return dataclasses.replace(self.record, status=self.status, reason=self.reason, agreement=self.agreement,
                                    task_metric=self.metric, timing=self.timing, size_bytes=self.size_bytes,
-                                   parameters=self.parameters, sensitivity=self.sensitivity)
+                                   parameters=self.parameters, sensitivity=self.sensitivity,
+                                   batched=self.batched)
 
 
 @dataclass(frozen=True)
@@ -57,23 +60,27 @@ class RunSummary:
     environment: Mapping[str, Any] = field(default_factory=dict)
 
     def rows(self) -> list[list[str]]:
-        """variant | size MB | agreement | task metric | ms/seq | speed-up vs PyTorch fp32 | status."""
+        """variant | size MB | agreement | batch drift | task metric | ms/seq | speed-up vs PyTorch fp32 | status."""
         base_ms = self.reference_timing.ms_per_sequence
         metric = self.reference_metric.get(self.primary_metric) if self.reference_metric else None
-        rows = [[f"pytorch-fp32 ({self.baseline_attention} attention)", "-", "1.0000", _fmt(metric),
+        rows = [[f"pytorch-fp32 ({self.baseline_attention} attention)", "-", "1.0000", "-", _fmt(metric),
                  f"{base_ms:.2f}", "1.00x", "baseline"]]
         for o in self.outcomes:
             agreement = f"{o.agreement.primary} {o.agreement.value:.4f}" if o.agreement else "-"
+            if o.batched and o.batched.worst != "sorted":
+                agreement += f" ({o.batched.worst})"
+            drift = o.batched.drift.describe() if o.batched else "-"
             task_metric = _fmt(o.metric.get(self.primary_metric)) if o.metric and self.primary_metric else "-"
             ms = o.timing.ms_per_sequence if o.timing else None
             status = o.status.value + (" (best)" if o.name == self.best else "")
-            rows.append([o.name, f"{o.size_bytes / 1e6:.1f}" if o.size_bytes else "-", agreement, task_metric,
+            rows.append([o.name, f"{o.size_bytes / 1e6:.1f}" if o.size_bytes else "-", agreement, drift, task_metric,
                          f"{ms:.2f}" if ms else "-", f"{base_ms / ms:.2f}x" if ms else "-",
                          status if o.status is Status.ACCEPTED else f"{status}: {o.reason}"])
         return rows
 
 
-HEADER = ["variant", "size MB", "agreement", "task metric", "ms/seq", "speed-up vs PyTorch fp32", "status"]
+HEADER = ["variant", "size MB", "agreement (worst batching)", "batch drift", "task metric", "ms/seq",
+          "speed-up vs PyTorch fp32", "status"]
 
 
 def _fmt(value: float | None) -> str:

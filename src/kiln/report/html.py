@@ -93,6 +93,8 @@ def _notes(data: BenchResults) -> list[tuple[str, str]]:
     """(label, text) sentences under the variants table."""
     opt = data.optimize
     notes = []
+    if invariant := tables.invariant_sentence(data):
+        notes.append(("Batching:", f"{invariant} {tables.DRIFT_NOTE}"))
     if opt and opt.calibration:
         notes.append(("Calibration:", f"{opt.calibration}."))
     if opt and opt.reference:

@@ -20,14 +20,14 @@ def summary(data: BenchResults) -> Table:
     """variant | size MB | agreement | task metric | ms/seq | speed-up vs PyTorch fp32 | status."""
     opt = data.optimize
     metric_name = next(iter(opt.reference_metric or {}), None) if opt else None
-    header = ["variant", "size MB", "agreement", f"task metric ({metric_name or 'none'})", "ms/seq",
-              "speed-up vs PyTorch fp32", "status"]
+    header = ["variant", "size MB", "agreement (worst batching)", "batch drift",
+              f"task metric ({metric_name or 'none'})", "ms/seq", "speed-up vs PyTorch fp32", "status"]
     rows: list[list[str]] = []
     if opt is None:
         return header, rows
     ref = opt.reference_timing
     base = ref.ms_per_sequence if ref else None
-    rows.append([f"PyTorch fp32 ({ref.attention if ref else 'eager'} attention)", "-", "1.0000",
+    rows.append([f"PyTorch fp32 ({ref.attention if ref else 'eager'} attention)", "-", "1.0000", "-",
                  _num((opt.reference_metric or {}).get(metric_name)), _num(base, 2), "1.00x", "baseline"])
     for name, v in opt.variants.items():
         ms = v.timing.ms_per_sequence if v.timing else None
@@ -35,11 +35,32 @@ def summary(data: BenchResults) -> Table:
         if v.status is Status.REJECTED:
             status += f": {v.reason}"
         agreement = f"{v.agreement.primary} {_num(v.agreement.value)}" if v.agreement else ""
-        rows.append([name, _num(v.size_bytes / 1e6, 1), agreement, _num((v.task_metric or {}).get(metric_name)),
+        if v.batched and v.batched.worst != "sorted":
+            agreement += f" ({v.batched.worst})"
+        drift = v.batched.drift.describe() if v.batched else "-"
+        rows.append([name, _num(v.size_bytes / 1e6, 1), agreement, drift, _num((v.task_metric or {}).get(metric_name)),
                      _num(ms, 2), f"{base / ms:.2f}x" if ms and base else "-", status])
     for name, reason in opt.skipped.items():
-        rows.append([name, "-", "-", "-", "-", "-", f"skipped/failed: {reason}"])
+        rows.append([name, "-", "-", "-", "-", "-", "-", f"skipped/failed: {reason}"])
     return header, rows
+
+
+DRIFT_NOTE = ("Agreement is measured with the agreement inputs in length-sorted batches, in mixed-length batches in "
+              "arrival order, and one at a time, as a server may run them; the gate judges the worst of the three "
+              "(named when it is not the sorted one). Batch drift: how far one input's output moves between those "
+              "batchings; batch-invariant variants answer bit-identically whatever shares their batch (kiln serve "
+              "--deterministic serves only those).")
+
+
+def invariant_sentence(data: BenchResults) -> str:
+    """Which variants answer the same whatever the batch (plain text; empty without kiln optimize's figures)."""
+    opt = data.optimize
+    if opt is None or not any(v.batched for v in opt.variants.values()):
+        return ""
+    invariant = [n for n, v in opt.variants.items() if v.batched and v.batched.drift.invariant]
+    drifting = [n for n, v in opt.variants.items() if v.batched and not v.batched.drift.invariant]
+    return (f"Batch-invariant: {', '.join(invariant) or 'none'}. Drifting with the batch: "
+            f"{', '.join(drifting) or 'none'}.")
 
 
 def latency_grid(data: BenchResults, name: str) -> Table:
