@@ -279,3 +279,37 @@ def test_the_gate_judges_the_worst_batching_and_records_the_drift(tiny_model, tm
     assert record.batch_invariant and set(record.batched.agreements) == {"sorted", "mixed", "alone"}
     page = (tmp_path / "o" / "report.html").read_text()
     assert "Batch-invariant: onnx-fp32" in page and "batch drift" in page
+
+
+def test_serve_deterministic_serves_only_a_batch_invariant_variant(optimized, tmp_path):
+    """kiln serve --deterministic keeps best when it is batch-invariant, else the fastest invariant variant, and
+    refuses in one line (exit 2, the measured drift named) when none is."""
+    import shutil
+
+    from fastapi.testclient import TestClient
+
+    from kiln.artifact.manifest import MANIFEST_NAME
+    from kiln.serve.app import ServeConfig, create_app
+    from kiln.serve.inference import served_variant
+
+    out, summary = optimized
+    art = Artifact.open(out)
+    invariant = {n for n, r in art.manifest.variants.items() if r.batch_invariant}
+    assert "onnx-fp32" in invariant
+    chosen = served_variant(art, deterministic=True)
+    assert chosen in invariant and (chosen == summary.best or summary.best not in invariant)
+    with TestClient(create_app(ServeConfig(models={"m": out}, deterministic=True))) as c:
+        info = c.get("/info").json()["models"][0]
+    assert info["variant"] == chosen and info["validation"]["batch_invariant"] is True
+    # An artifact whose every variant drifts: the manifest says so, and the server refuses to start.
+    drifting = tmp_path / "drifting"
+    shutil.copytree(out, drifting)
+    body = json.loads((drifting / MANIFEST_NAME).read_text())
+    for record in body["variants"].values():
+        if record.get("batched"):
+            record["batched"]["drift"]["max_abs_diff"] = 0.025
+    (drifting / MANIFEST_NAME).write_text(json.dumps(body))
+    refused = subprocess.run([sys.executable, "-m", "kiln", "serve", str(drifting), "--deterministic"],
+                             capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr
+    assert "--deterministic: no variant of" in refused.stderr and "max |diff| 2.5e-02" in refused.stderr

@@ -49,6 +49,10 @@ def serve(
                                                 "Either way its queued requests get a 500 and the death is logged "
                                                 "and counted (kiln_loop_deaths_total); without it /ready stays 503 "
                                                 "so an orchestrator replaces the process.")] = False,
+    deterministic: Annotated[bool, typer.Option(help="Serve only a variant whose answers kiln optimize measured to be "
+                                                "bit-identical whatever shares its batch (alone, sorted or mixed "
+                                                "batches): the best one if it is, else the fastest that is; refuse "
+                                                "with the measured drift when none is. Dynamic int8 is not.")] = False,
     otlp_endpoint: Annotated[Optional[str], typer.Option(  # noqa: UP045
         help="OpenTelemetry collector (OTLP/HTTP, e.g. http://localhost:4318): each request becomes a span with "
         "tokenize, queue, batch, engine and postprocess children. Needs pip install 'kiln[otel]'.",
@@ -71,12 +75,13 @@ def serve(
     if not models:
         raise UsageError("name an artifact to serve: kiln serve kiln-out/best (or --model NAME=ARTIFACT)")
     from kiln.artifact.directory import Artifact
+    from kiln.serve.inference import served_variant
 
-    for path in models.values():
-        Artifact.open(path)  # a clear error before the server starts
+    for path in models.values():  # a clear error before the server starts
+        served_variant(Artifact.open(path), deterministic=deterministic)
     config = ServeConfig(models=models, limits=BatchLimits(max_batch_tokens, max_batch_size, max_delay_ms / 1000),
                          max_concurrent=max_concurrent, api_key=api_key, threads=threads,
                          sessions=sessions, max_inputs_per_request=max_inputs_per_request,
-                         restart_loops=restart_loops, otlp_endpoint=otlp_endpoint)
+                         restart_loops=restart_loops, otlp_endpoint=otlp_endpoint, deterministic=deterministic)
     if not run_server(create_app(config), host, port, access_log=access_log, log_format=log_format.value):
         raise typer.Exit(1)  # uvicorn has logged why (port in use, a model that failed to load)

@@ -52,6 +52,7 @@ class ServeConfig:
     max_inputs_per_request: int = 64  # like TEI's --max-client-batch-size; 413 above it
     restart_loops: bool = False  # a batcher/decode loop that dies is restarted (its queued requests still fail)
     otlp_endpoint: str | None = None  # OpenTelemetry collector (OTLP/HTTP) for request spans; needs kiln[otel]
+    deterministic: bool = False  # serve only batch-invariant variants (kiln optimize measured their drift)
 
 
 def create_app(config: ServeConfig, tracer_provider: Any = None) -> FastAPI:
@@ -90,7 +91,7 @@ async def _lifespan(app: FastAPI):
     state, config = app.state, app.state.config
     for name, path in config.models.items():
         state.models[name] = load_served(name, Path(path), config.limits, state.metrics, threads=config.threads,
-                                         sessions=config.sessions)
+                                         sessions=config.sessions, deterministic=config.deterministic)
         state.models[name].set_ready(False, state.metrics)
     for served in state.models.values():
         served.start(state.metrics, restart=config.restart_loops)

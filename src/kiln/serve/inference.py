@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from kiln.artifact.directory import Artifact
+from kiln.artifact.records import Status
 from kiln.choices import Scheduling
 from kiln.errors import KilnError, UsageError
 from kiln.log import get_logger
@@ -67,10 +68,33 @@ class Served:
         self.scheduler.start(died)
 
 
+def served_variant(artifact: Artifact, *, deterministic: bool = False) -> str:
+    """The variant to serve: the artifact's best, or with ``deterministic`` the fastest accepted variant whose
+    answers kiln optimize measured to be bit-identical whatever the batch (UsageError naming why there is none)."""
+    best = artifact.variant_name()
+    if not deterministic:
+        return best
+    variants = artifact.manifest.variants
+    if variants[best].batch_invariant:
+        return best
+    invariant = [(r.timing.ms_per_sequence if r.timing else float("inf"), n) for n, r in variants.items()
+                 if r.batch_invariant and r.status is Status.ACCEPTED]
+    if invariant:
+        chosen = min(invariant)[1]
+        log.warning("--deterministic: serving %s instead of %s, whose answers move with the batch (%s)", chosen,
+                    best, variants[best].batched.drift.describe() if variants[best].batched else "not measured")
+        return chosen
+    drifts = "; ".join(f"{n}: {r.batched.drift.describe() if r.batched else 'batch drift not measured'}"
+                       for n, r in variants.items())
+    raise UsageError(f"--deterministic: no variant of {artifact.path} is batch-invariant ({drifts}); serve the whole "
+                     "kiln optimize output (not only best/) so an invariant variant can be picked, or drop "
+                     "--deterministic")
+
+
 def load_served(name: str, path: Path, limits: BatchLimits, metrics: Metrics, *, threads: int | None,
-                sessions: int | None) -> Served:
+                sessions: int | None, deterministic: bool = False) -> Served:
     artifact = Artifact.open(path)
-    variant = artifact.variant_name()
+    variant = served_variant(artifact, deterministic=deterministic)
     record = artifact.variant(variant)
     plan = artifact.serving_plan(variant, threads=threads, sessions=sessions)
     predictor = artifact.predictor(variant, plan)
@@ -86,7 +110,8 @@ def load_served(name: str, path: Path, limits: BatchLimits, metrics: Metrics, *,
 
     task = artifact.task_config.task
     validation = {"status": record.status, "agreement": record.agreement, "task_metric": record.task_metric,
-                  "parity": record.parity}
+                  "parity": record.parity, "batch_drift": record.batched.drift if record.batched else None,
+                  "batch_invariant": record.batch_invariant}
     info = {"model": name, "task": task, "variant": variant, "engine": record.engine,
             "max_length": artifact.task_config.max_length, "source": to_jsonable(artifact.manifest.source),
             "validation": to_jsonable({k: v for k, v in validation.items() if v is not None}),
