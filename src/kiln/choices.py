@@ -114,6 +114,13 @@ class Scheduling(Choice):
     DECODE = "decode"  # token by token on a KV cache; sequences join and leave a running batch (continuous)
 
 
+class ShadowPolicy(Choice):
+    """What kiln serve does when live agreement (--shadow-rate) falls below the artifact's gate."""
+
+    LOG = "log"  # log it, and log when it recovers
+    UNREADY = "unready"  # also answer /ready with 503 until it recovers
+
+
 class LogFormatName(Choice):
     """How kiln serve writes its log (kiln.log)."""
 

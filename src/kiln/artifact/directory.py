@@ -64,6 +64,10 @@ class Artifact:
                            batch_size if batch_size is not None else default.batch_size,
                            pad_multiple if pad_multiple is not None else default.pad_multiple)
 
+    def reference_variant(self) -> VariantRecord | None:
+        """The fp32 export live answers are compared with: the kept reference, else an onnx-fp32 variant."""
+        return self.manifest.build.reference_variant or self.manifest.variants.get("onnx-fp32")
+
     def engine(self, variant: str | None = None, options: EngineOptions | None = None) -> Engine:
         """The variant's engine; ``options`` default to what the variant's record asks for."""
         record = self.variant(variant)
@@ -77,10 +81,13 @@ class Artifact:
         """A predictor for the variant run as ``plan`` says (default: ``serving_plan``): ``plan.sessions`` engine
         sessions take batches side by side."""
         plan = plan or self.serving_plan(variant)
-        record = self.variant(variant)
+        return self.predictor_of(self.variant(variant), plan)
+
+    def predictor_of(self, record: VariantRecord, plan: ServingPlan) -> Predictor:
+        """A predictor for one variant record of this artifact (a variant, or the kept fp32 reference)."""
         model_path = self.path / record.path
         if not model_path.exists():
-            raise ArtifactError(f"variant {self.variant_name(variant)} points at {model_path}, which is missing")
+            raise ArtifactError(f"variant {record.name} points at {model_path}, which is missing")
         engines = open_sessions(record.engine, model_path, plan.options, plan.sessions)
         return Predictor(self.task_config, self.encoder(), engines[0], batch_size=plan.batch_size,
                          sessions=engines[1:], pad_multiple=plan.pad_multiple)
@@ -115,12 +122,16 @@ def copy_variant(root: Path, manifest: Manifest, name: str | None, dest: Path) -
     record = manifest.variants[name] if name is not None else None
     tokenizer_dir = Path(manifest.tokenizer.path).parent
     tokenizer_files = [p.relative_to(root).as_posix() for p in (root / tokenizer_dir).rglob("*") if p.is_file()]
-    for rel in [*(record.files if record else ()), *tokenizer_files]:
+    reference = manifest.build.reference_variant if record else None  # live agreement needs it beside the variant
+    files = dict.fromkeys([*(record.files if record else ()), *(reference.files if reference else ()),
+                           *tokenizer_files])
+    for rel in files:
         (dest / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(root / rel, dest / rel)
     default = manifest.build.serving_default
     build = BuildRecord(best=name, serving_default=default if name is not None and default is not None
-                        and default.variant == name else None)
+                        and default.variant == name else None, reference_variant=reference,
+                        tolerance=manifest.build.tolerance)
     seal(dest, Manifest(source=manifest.source, task=manifest.task, tokenizer=manifest.tokenizer,
                         variants={name: record} if record else {}, build=build))
     return dest

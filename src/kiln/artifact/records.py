@@ -144,3 +144,6 @@ class BuildRecord:
     reference: SourceRecord | None = None  # the original judged against, when not the model itself
     reference_metric: Mapping[str, float] | None = None
     serving_default: ServingDefault | None = None
+    # The original exported in fp32, kept beside the variants (never a candidate for best): what kiln serve
+    # --shadow-rate runs sampled live inputs through to measure the served variant's agreement.
+    reference_variant: VariantRecord | None = None

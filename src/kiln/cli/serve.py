@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from kiln.choices import LogFormatName
+from kiln.choices import LogFormatName, ShadowPolicy
 
 
 def serve(
@@ -53,6 +53,16 @@ def serve(
                                                 "bit-identical whatever shares its batch (alone, sorted or mixed "
                                                 "batches): the best one if it is, else the fastest that is; refuse "
                                                 "with the measured drift when none is. Dynamic int8 is not.")] = False,
+    shadow_rate: Annotated[Optional[float], typer.Option(  # noqa: UP045
+        help="Rerun this share of requests (0 < R <= 1) through the artifact's fp32 reference while the engine "
+        "would otherwise idle, and export the live agreement (kiln_shadow_agreement, /info). Costs CPU only when "
+        "idle, within --shadow-max-share.", show_default=False)] = None,
+    shadow_max_share: Annotated[float, typer.Option(help="Most of the wall time the shadow reference may run "
+                                                    "(it waits past it).")] = 0.10,
+    shadow_policy: Annotated[ShadowPolicy, typer.Option(help="log: log when the live agreement falls below the "
+                                                        "artifact's gate and when it recovers; unready: also turn "
+                                                        "/ready to 503 until it recovers (requests that still "
+                                                        "arrive are answered).")] = ShadowPolicy.LOG,
     otlp_endpoint: Annotated[Optional[str], typer.Option(  # noqa: UP045
         help="OpenTelemetry collector (OTLP/HTTP, e.g. http://localhost:4318): each request becomes a span with "
         "tokenize, queue, batch, engine and postprocess children. Needs pip install 'kiln[otel]'.",
@@ -76,12 +86,15 @@ def serve(
         raise UsageError("name an artifact to serve: kiln serve kiln-out/best (or --model NAME=ARTIFACT)")
     from kiln.artifact.directory import Artifact
     from kiln.serve.inference import served_variant
+    from kiln.serve.shadow import ShadowConfig
 
     for path in models.values():  # a clear error before the server starts
         served_variant(Artifact.open(path), deterministic=deterministic)
     config = ServeConfig(models=models, limits=BatchLimits(max_batch_tokens, max_batch_size, max_delay_ms / 1000),
                          max_concurrent=max_concurrent, api_key=api_key, threads=threads,
                          sessions=sessions, max_inputs_per_request=max_inputs_per_request,
-                         restart_loops=restart_loops, otlp_endpoint=otlp_endpoint, deterministic=deterministic)
+                         restart_loops=restart_loops, otlp_endpoint=otlp_endpoint, deterministic=deterministic,
+                         shadow=ShadowConfig(shadow_rate, shadow_max_share, shadow_policy)
+                         if shadow_rate is not None else None)
     if not run_server(create_app(config), host, port, access_log=access_log, log_format=log_format.value):
         raise typer.Exit(1)  # uvicorn has logged why (port in use, a model that failed to load)

@@ -147,10 +147,11 @@ class OptimizeJob:
             reference_timing, attention = self._time_reference()
             outcomes = [self._time(o) for o in outcomes]
             best = choose(outcomes)
-            self._prune(outcomes)
+            kept = self._reference_variant()
+            self._prune(outcomes, kept)
             summary = self._summary(outcomes, best, reference_timing, attention)
             write_summaries(stage, summary)
-            manifest = self._manifest(summary, tokenizer)
+            manifest = self._manifest(summary, tokenizer).with_build(reference_variant=kept)
             if best is None:
                 raise NothingPassed(_nothing_passed(outcomes), summary)
             write_best(stage, manifest, best.name)
@@ -346,9 +347,20 @@ class OptimizeJob:
                 reference_metric=self.work.reference_metric),
         )
 
-    def _prune(self, outcomes: list[Outcome]) -> None:
-        """Remove intermediates no recorded variant uses (e.g. a fused graph built only to quantize)."""
+    def _reference_variant(self) -> VariantRecord | None:
+        """The fp32 export, kept as the artifact's reference for live agreement (kiln serve --shadow-rate); built
+        now if no variant needed it. None where it cannot be built (the run's export failed for every variant)."""
+        try:
+            return self.ctx.fp32_onnx().record()
+        except Exception as err:  # recorded as missing, said once: shadowing is then refused with this reason
+            self.progress(f"no fp32 reference kept for live agreement ({type(err).__name__}: {err})")
+            return None
+
+    def _prune(self, outcomes: list[Outcome], reference: VariantRecord | None = None) -> None:
+        """Remove intermediates no recorded variant (or the kept reference) uses (e.g. a fused graph built only to
+        quantize)."""
         used = {Path(f).parts[0] for o in outcomes if o.record for f in o.record.files}
+        used |= {Path(f).parts[0] for f in (reference.files if reference else ())}
         for child in self.ctx.stage.iterdir():
             if child.is_dir() and child.name not in used | {"tokenizer"}:
                 shutil.rmtree(child)

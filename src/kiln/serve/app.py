@@ -32,6 +32,7 @@ from kiln.serve.inference import Served, infer, load_served
 from kiln.serve.metrics import STOPPED, Metrics
 from kiln.serve.request_id import RequestId
 from kiln.serve.schemas import INFERENCE_ERRORS, ErrorBody, Health, Info, ModelCard, ModelList, Ready
+from kiln.serve.shadow import ShadowConfig
 from kiln.tasks import task_spec
 from kiln.tasks.http import Route
 
@@ -53,6 +54,7 @@ class ServeConfig:
     restart_loops: bool = False  # a batcher/decode loop that dies is restarted (its queued requests still fail)
     otlp_endpoint: str | None = None  # OpenTelemetry collector (OTLP/HTTP) for request spans; needs kiln[otel]
     deterministic: bool = False  # serve only batch-invariant variants (kiln optimize measured their drift)
+    shadow: ShadowConfig | None = None  # live agreement against the fp32 reference (--shadow-rate)
 
 
 def create_app(config: ServeConfig, tracer_provider: Any = None) -> FastAPI:
@@ -91,7 +93,8 @@ async def _lifespan(app: FastAPI):
     state, config = app.state, app.state.config
     for name, path in config.models.items():
         state.models[name] = load_served(name, Path(path), config.limits, state.metrics, threads=config.threads,
-                                         sessions=config.sessions, deterministic=config.deterministic)
+                                         sessions=config.sessions, deterministic=config.deterministic,
+                                         shadow=config.shadow)
         state.models[name].set_ready(False, state.metrics)
     for served in state.models.values():
         served.start(state.metrics, restart=config.restart_loops)
@@ -100,7 +103,7 @@ async def _lifespan(app: FastAPI):
     yield
     for served in state.models.values():
         served.set_ready(False, state.metrics, "the server is shutting down")
-        await served.scheduler.close()
+        await served.close()
     state.pool.shutdown(wait=True)
     counts = state.metrics.status_counts()  # uvicorn has sent every response by now: these are final
     log.info(f"{STOPPED} %d inference requests, by status: %s", sum(counts.values()),
@@ -151,7 +154,7 @@ def _mount_probes(app: FastAPI) -> None:
     @app.get("/ready", response_model=Ready, responses=unready_doc)
     async def ready():
         models: dict[str, Served] = app.state.models
-        error = not_ready(models)
+        error = not_ready(models, probe=True)
         if error is not None:
             raise error
         return {"ready": True, "models": list(models)}
@@ -159,7 +162,7 @@ def _mount_probes(app: FastAPI) -> None:
     @app.get("/info", response_model=Info)
     async def info():
         config: ServeConfig = app.state.config
-        return {"models": [m.info for m in app.state.models.values()],
+        return {"models": [m.describe() for m in app.state.models.values()],
                 "limits": {**asdict(config.limits), "max_concurrent": config.max_concurrent,
                            "max_body_bytes": config.max_body_bytes,
                            "max_inputs_per_request": config.max_inputs_per_request}}

@@ -91,6 +91,7 @@ class _Request:
     remaining: int
     request_id: str | None = None
     traces: list[BatchTrace] | None = None
+    shadowed: bool = False  # its served outputs go to the shadow (kiln.serve.shadow) once answered
 
 
 @dataclass(order=True)
@@ -140,6 +141,9 @@ class Batcher(OwnedLoop):
         self._busy = 0  # batches taken and not finished
         self._slot_held = False  # the loop holds a slot for the batch it is forming (given back if it dies)
         self._running: set[asyncio.Task] = set()
+        self.idle = asyncio.Event()  # set while nothing is queued or running: when a shadow may use the CPU
+        self.idle.set()
+        self.shadow: Any = None  # kiln.serve.shadow.Shadow when --shadow-rate is given
 
     @property
     def sessions(self) -> int:
@@ -169,7 +173,9 @@ class Batcher(OwnedLoop):
             raise RuntimeError("the batcher is shutting down")
         self.check_alive()
         future = asyncio.get_running_loop().create_future()
-        request = _Request(future, [None] * len(encodings), len(encodings), request_id.get(), traces)
+        shadowed = self.shadow is not None and self.shadow.config.sample()
+        request = _Request(future, [None] * len(encodings), len(encodings), request_id.get(), traces, shadowed)
+        self.idle.clear()
         now = time.perf_counter()
         for slot, encoding in enumerate(encodings):
             self._pending.append(_Item(len(encoding.ids), now, encoding, request, slot))
@@ -232,6 +238,8 @@ class Batcher(OwnedLoop):
                 self._pending = [i for i in self._pending if not i.request.future.done()]  # client gone: drop
                 if self._ready():
                     break
+                if not self._pending and self._busy == 0:
+                    self.idle.set()  # every queued client went away: nothing runs
                 if self._closing and not self._pending:
                     self._slot_held = False
                     self._slots.release()
@@ -282,6 +290,10 @@ class Batcher(OwnedLoop):
                 self._free.put_nowait(session)
             finished = time.perf_counter()
             self.on_batch(BatchStats(len(batch), int(arrays["input_ids"].size), queued, finished - start))
+            if self.shadow is not None:
+                sampled = [(i.encoding, value) for i, value in zip(batch, reduced) if i.request.shadowed]
+                if sampled:
+                    self.shadow.offer(sampled)
             for item, value in zip(batch, reduced):
                 request = item.request
                 request.results[item.slot] = value
@@ -305,3 +317,5 @@ class Batcher(OwnedLoop):
             self._busy -= 1
             self._slots.release()
             self._wakeup.set()  # the engine may now be idle: a waiting batch can go at once
+            if self._busy == 0 and not self._pending:
+                self.idle.set()

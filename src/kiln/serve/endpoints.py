@@ -36,12 +36,17 @@ class JSONBody(JSONResponse):
         return orjson.dumps(content, option=orjson.OPT_SERIALIZE_NUMPY)
 
 
-def not_ready(models: dict[str, Served]) -> HTTPError | None:
-    """The 503 to answer while any served model is not ready (loading, dead loop, draining), else None."""
+def not_ready(models: dict[str, Served], *, probe: bool = False) -> HTTPError | None:
+    """The 503 to answer while any served model cannot answer (loading, dead loop, draining), else None. The
+    ``probe`` (/ready) also fails while a model's live agreement is below its gate under --shadow-policy unready:
+    an orchestrator should route elsewhere, but requests that still arrive are answered, so the live figure can
+    show the recovery."""
     if not models:
         return HTTPError(503, "not_ready", "the model is still loading")
-    waiting = [m for m in models.values() if not m.ready]
-    return HTTPError(503, "not_ready", "; ".join(m.unready_reason for m in waiting)) if waiting else None
+    reasons = [m.unready_reason for m in models.values() if not m.ready]
+    if probe:
+        reasons += [m.fidelity_problem for m in models.values() if m.fidelity_problem]
+    return HTTPError(503, "not_ready", "; ".join(reasons)) if reasons else None
 
 
 def pick(app: FastAPI, name: str | None, route: Route) -> Served:

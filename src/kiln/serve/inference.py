@@ -14,9 +14,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from kiln.artifact.directory import Artifact
+from kiln.artifact.directory import Artifact, ServingPlan
 from kiln.artifact.records import Status
-from kiln.choices import Scheduling
+from kiln.choices import Scheduling, ShadowPolicy
+from kiln.engines import EngineOptions
 from kiln.errors import KilnError, UsageError
 from kiln.log import get_logger
 from kiln.records import to_jsonable
@@ -25,8 +26,10 @@ from kiln.serve.batcher import Batcher, BatchLimits, BatchStats, BatchTrace
 from kiln.serve.endpoints import HTTPError
 from kiln.serve.generation import DecodeLoop
 from kiln.serve.metrics import Metrics
+from kiln.serve.shadow import BATCH, Shadow, ShadowConfig
 from kiln.serve.supervision import LoopDied, OwnedLoop
 from kiln.serve.tracing import NO_TRACE
+from kiln.tasks import task_spec
 from kiln.tasks.http import RequestBody
 
 log = get_logger("serve.inference")
@@ -43,6 +46,8 @@ class Served:
     ready: bool = False
     info: dict[str, Any] = field(default_factory=dict)
     unready_reason: str = "the model is still loading"
+    shadow: Shadow | None = None  # live agreement against the fp32 reference (--shadow-rate)
+    fidelity_problem: str = ""  # set while the live agreement is below the gate under --shadow-policy unready
 
     def set_ready(self, ready: bool, metrics: Metrics, reason: str = "") -> None:
         self.ready = ready
@@ -66,6 +71,21 @@ class Served:
                 self.set_ready(True, metrics)
 
         self.scheduler.start(died)
+        if self.shadow is not None:
+            self.shadow.start(lambda loop, error: (metrics.loop_deaths.labels(self.name, loop.kind).inc(),
+                                                   log.error("model %s: the shadow loop died (%s: %s); live agreement "
+                                                             "is no longer measured", self.name,
+                                                             type(error).__name__, error)))
+
+    async def close(self) -> None:
+        """Finish every accepted request, then stop the shadow."""
+        await self.scheduler.close()
+        if self.shadow is not None:
+            await self.shadow.close()
+
+    def describe(self) -> dict[str, Any]:
+        """/info's entry for this model."""
+        return {**self.info, **({"shadow": self.shadow.summary()} if self.shadow else {})}
 
 
 def served_variant(artifact: Artifact, *, deterministic: bool = False) -> str:
@@ -92,7 +112,7 @@ def served_variant(artifact: Artifact, *, deterministic: bool = False) -> str:
 
 
 def load_served(name: str, path: Path, limits: BatchLimits, metrics: Metrics, *, threads: int | None,
-                sessions: int | None, deterministic: bool = False) -> Served:
+                sessions: int | None, deterministic: bool = False, shadow: ShadowConfig | None = None) -> Served:
     artifact = Artifact.open(path)
     variant = served_variant(artifact, deterministic=deterministic)
     record = artifact.variant(variant)
@@ -119,7 +139,36 @@ def load_served(name: str, path: Path, limits: BatchLimits, metrics: Metrics, *,
             "max_batch_size": limits.max_batch_size, "pad_multiple": predictor.pad_multiple}
     scheduler = SCHEDULERS[predictor.handler.scheduling](predictor, limits, observe)
     info["max_batch_size"] = scheduler.batch_cap
-    return Served(name, artifact, predictor, scheduler, variant, task, info=info)
+    served = Served(name, artifact, predictor, scheduler, variant, task, info=info)
+    if shadow is not None:
+        served.shadow = _shadow(served, shadow, metrics)
+    return served
+
+
+def _shadow(served: Served, config: ShadowConfig, metrics: Metrics) -> Shadow:
+    """The served model's shadow: its artifact's fp32 reference on one thread, batches of shadow.BATCH."""
+    artifact, scheduler = served.artifact, served.scheduler
+    reference = artifact.reference_variant()
+    if not isinstance(scheduler, Batcher):
+        raise UsageError(f"--shadow-rate: model {served.name!r} decodes token by token; live agreement is measured "
+                         "for one-pass tasks")
+    if reference is None:
+        raise UsageError(f"--shadow-rate: {artifact.path} keeps no fp32 reference (re-run kiln optimize: it keeps "
+                         "one beside the variants, best/ included)")
+    predictor = artifact.predictor_of(reference, ServingPlan(EngineOptions(intra_op_threads=1), 1, BATCH))
+    tolerance = artifact.manifest.build.tolerance
+    floor = 1 - (tolerance if tolerance is not None else task_spec(served.task).default_tolerance)
+    shadow = Shadow(served.name, predictor, served.predictor.handler.comparable, config, metrics, floor,
+                    scheduler.idle, lambda healthy, reason: _shadow_health(served, config, metrics, healthy, reason))
+    scheduler.shadow = shadow
+    served.info["shadow_reference"] = reference.name
+    return shadow
+
+
+def _shadow_health(served: Served, config: ShadowConfig, metrics: Metrics, healthy: bool, reason: str) -> None:
+    if config.policy is ShadowPolicy.UNREADY:
+        served.fidelity_problem = "" if healthy else reason
+        metrics.model_ready.labels(served.name).set(1 if healthy and served.ready else 0)
 
 
 def _batcher(predictor: Predictor, limits: BatchLimits, observe: Callable[[BatchStats], None]) -> Batcher:

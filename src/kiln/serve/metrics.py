@@ -30,6 +30,17 @@ class Metrics:
                                      registry=r)
         self.model_ready = Gauge("kiln_model_ready", "1 while the model answers requests, 0 while loading or after "
                                  "its loop died", ["model"], registry=r)
+        self.shadow_cosine = Histogram("kiln_shadow_cosine", "Cosine of a shadowed input's served output to the fp32 "
+                                       "reference's", ["model"], registry=r,
+                                       buckets=(0.9, 0.95, 0.98, 0.99, 0.995, 0.999, 0.9999, 0.999999, 1.0))
+        self.shadow_agreement = Gauge("kiln_shadow_agreement", "Live agreement with the fp32 reference over the "
+                                      "rolling window of shadowed inputs", ["model", "figure"], registry=r)
+        self.shadow_items = Counter("kiln_shadow_items", "Inputs rerun through the fp32 reference", ["model"],
+                                    registry=r)
+        self.shadow_dropped = Counter("kiln_shadow_dropped", "Sampled inputs not measured", ["model", "reason"],
+                                      registry=r)
+        self.shadow_share = Gauge("kiln_shadow_cpu_share", "Share of wall time the reference has run", ["model"],
+                                  registry=r)
         self.batch_tokens = Histogram("kiln_batch_tokens", "Padded tokens per batch (longest x count)",
                                       buckets=(64, 256, 1024, 4096, 8192, 16384, 32768), registry=r)
 

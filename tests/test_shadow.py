@@ -1,0 +1,97 @@
+"""Live agreement (kiln serve --shadow-rate): sampled requests rerun through the artifact's fp32 reference while the
+engine idles; the rolling figure matches offline agreement on the same texts; below the gate it is logged and,
+with --shadow-policy unready, /ready turns 503 until it recovers."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+
+from kiln.artifact.directory import Artifact, ServingPlan
+from kiln.data.texts import builtin_sentences
+from kiln.engines import EngineOptions
+from kiln.errors import UsageError
+from kiln.optimize.job import OptimizeConfig, OptimizeJob
+from kiln.serve.app import ServeConfig, create_app
+from kiln.serve.shadow import ShadowConfig, cosine
+from kiln.tasks import TaskName
+from tests.waiting import wait_until
+
+
+@pytest.fixture(scope="module")
+def int8_artifact(tiny_model, tmp_path_factory):
+    """A tiny artifact whose best is dynamic int8 (not bit-equal to fp32), with its fp32 reference kept."""
+    out = tmp_path_factory.mktemp("shadow") / "art"
+    OptimizeJob(OptimizeConfig(model=str(tiny_model("bert")), task=TaskName.FEATURE_EXTRACTION, output=out,
+                               variants=("onnx-int8-dynamic",), tolerance=0.05)).run()
+    return out
+
+
+def metric(text: str, name: str) -> float:
+    return float(next(line.split()[-1] for line in text.splitlines() if line.startswith(name)))
+
+
+def test_best_keeps_the_fp32_reference_and_the_live_figure_matches_offline_agreement(int8_artifact):
+    texts = list(builtin_sentences()[:40])
+    best = Artifact.open(int8_artifact / "best")
+    reference = best.reference_variant()
+    assert reference is not None and reference.name == "onnx-fp32" and best.variant_name() == "onnx-int8-dynamic"
+    served = best.predictor()
+    fp32 = best.predictor_of(reference, ServingPlan(EngineOptions(intra_op_threads=1), 1, 8))
+    # offline: each text alone, as the server's idle engine runs a lone request
+    offline = [cosine(served.with_batch_size(1).predict([t])[0], fp32.predict([t])[0]) for t in texts]
+    app = create_app(ServeConfig(models={"m": int8_artifact / "best"}, shadow=ShadowConfig(rate=1.0, max_share=1.0)))
+    with TestClient(app) as c:
+        for text in texts:  # one at a time: each runs alone, as the offline figure did
+            assert c.post("/embed", json={"inputs": text}).status_code == 200
+        wait_until(lambda: app.state.models["m"].shadow.items == len(texts), "every request to be shadowed")
+        scraped = c.get("/metrics").text
+        info = c.get("/info").json()["models"][0]["shadow"]
+    assert metric(scraped, 'kiln_shadow_agreement{figure="min_cosine",model="m"}') == pytest.approx(min(offline),
+                                                                                                    abs=1e-6)
+    assert info["mean_cosine"] == pytest.approx(float(np.mean(offline)), abs=1e-6) and info["items"] == len(texts)
+    assert info["below_floor"] is False and 0 < info["cpu_share"] <= 1
+    assert metric(scraped, 'kiln_shadow_items_total{model="m"}') == len(texts)
+
+
+def test_below_the_gate_is_logged_and_unready_until_it_recovers(int8_artifact, caplog):
+    app = create_app(ServeConfig(models={"m": int8_artifact / "best"},
+                                 shadow=ShadowConfig(rate=1.0, max_share=1.0, policy="unready")))
+    with TestClient(app) as c, caplog.at_level(logging.INFO, logger="kiln"):
+        shadow = app.state.models["m"].shadow
+        shadow.floor = 1.5  # injected: a gate no variant meets, so the live figure is below it
+        c.post("/embed", json={"inputs": "falls below"})
+        wait_until(lambda: shadow.below, "the live agreement to fall below the floor")
+        unready = c.get("/ready")
+        shadow.floor = -1.0  # and recovers
+        c.post("/embed", json={"inputs": "recovers"})
+        wait_until(lambda: not shadow.below, "the live agreement to recover")
+        ready = c.get("/ready")
+    assert unready.status_code == 503 and "live agreement of model 'm' fell below its gate" in unready.text
+    assert ready.status_code == 200
+    assert any("fell below its gate" in r.getMessage() for r in caplog.records)
+    assert any("back within its gate" in r.getMessage() for r in caplog.records)
+
+
+def test_sampled_inputs_are_bounded_and_bad_flags_refused(int8_artifact, tiny_model, tmp_path):
+    with pytest.raises(UsageError, match=r"--shadow-rate must be in \(0, 1\] \(got 0\)"):
+        ShadowConfig(rate=0)
+    with pytest.raises(UsageError, match=r"--shadow-max-share must be in \(0, 1\]"):
+        ShadowConfig(rate=0.5, max_share=2)
+    app = create_app(ServeConfig(models={"m": int8_artifact / "best"},
+                                 shadow=ShadowConfig(rate=1.0, max_share=1.0, queue=4)))
+    with TestClient(app) as c:
+        shadow = app.state.models["m"].shadow
+        shadow.offer([(None, None)] * 10)  # more than the queue holds: the oldest are dropped and counted
+        assert len(shadow._waiting) == 4
+        dropped = metric(c.get("/metrics").text, 'kiln_shadow_dropped_total{model="m",reason="queue_full"}')
+        shadow._waiting.clear()
+    assert dropped == 6
+    refused = subprocess.run([sys.executable, "-m", "kiln", "serve", str(int8_artifact), "--shadow-rate", "1.5"],
+                             capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2 and "--shadow-rate must be in (0, 1] (got 1.5)" in refused.stderr
