@@ -121,6 +121,15 @@ class ShadowPolicy(Choice):
     UNREADY = "unready"  # also answer /ready with 503 until it recovers
 
 
+class WireProtocol(Choice):
+    """How kiln audit asks a deployment for embeddings."""
+
+    OPENAI = "openai"  # POST /v1/embeddings {"input": [...], "model": M} -> {"data": [{"embedding": [...]}]}
+    TEI = "tei"  # POST /embed {"inputs": [...]} -> [[...], ...] (Hugging Face text-embeddings-inference)
+    KILN = "kiln"  # POST /embed {"inputs": [...]} -> {"embeddings": [[...], ...]}
+    V2 = "v2"  # POST /v2/models/{M}/infer, a BYTES tensor TEXT -> the first output tensor (KServe / Triton)
+
+
 class LogFormatName(Choice):
     """How kiln serve writes its log (kiln.log)."""
 

@@ -18,6 +18,7 @@ from kiln.choices import (
     names,
 )
 from kiln.cli import console
+from kiln.cli.audit import audit
 from kiln.cli.bench import bench
 from kiln.cli.compress import distill, prune
 from kiln.cli.embed import embed
@@ -179,6 +180,7 @@ app.command()(prune)
 app.command()(embed)
 app.command()(bench)
 app.command()(serve)
+app.command()(audit)
 
 
 @app.command()

@@ -1,0 +1,84 @@
+"""The original model's fp32 PyTorch vectors, as configured and as the usual misconfigurations would make them.
+
+A :class:`Recipe` is one way of turning the model's token states into a vector: pooling, normalisation, the
+truncation length and a prefix. The configured recipe (the model's sentence-transformers settings) is what a
+deployment should reproduce; the others are what `kiln audit` tries, to find which one the deployment's vectors
+actually match.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+POOLINGS = ("mean", "cls", "last", "max")
+
+
+@dataclass(frozen=True)
+class Recipe:
+    pooling: str
+    normalize: bool
+    max_length: int
+    prefix: str = ""
+
+    def describe(self) -> str:
+        prefix = f", prefix {self.prefix!r}" if self.prefix else ""
+        return (f"{self.pooling} pooling, {'normalized' if self.normalize else 'not normalized'}, truncated at "
+                f"{self.max_length} tokens{prefix}")
+
+    def but(self, **changes: Any) -> Recipe:
+        return replace(self, **changes)
+
+
+class Reference:
+    """The source model run eagerly in fp32; vectors cached per (recipe, texts)."""
+
+    def __init__(self, source: Any, batch_size: int = 16) -> None:
+        import torch
+
+        self.model, self.tokenizer, self.batch_size = source.model.eval(), source.tokenizer, batch_size
+        config = source.task_config
+        self.configured = Recipe(config.pooling.value, config.normalize, config.max_length)
+        self._torch = torch
+        self._cache: dict[tuple[Recipe, tuple[str, ...]], np.ndarray] = {}
+
+    def token_counts(self, texts: Sequence[str]) -> list[int]:
+        """Tokens per text, special tokens included, untruncated."""
+        return [len(ids) for ids in self.tokenizer(list(texts), add_special_tokens=True)["input_ids"]]
+
+    def vectors(self, texts: Sequence[str], recipe: Recipe) -> np.ndarray:
+        key = (recipe, tuple(texts))
+        if key not in self._cache:
+            parts = [self._batch([recipe.prefix + t for t in texts[i : i + self.batch_size]], recipe)
+                     for i in range(0, len(texts), self.batch_size)]
+            self._cache[key] = np.concatenate(parts)
+        return self._cache[key]
+
+    def _batch(self, texts: list[str], recipe: Recipe) -> np.ndarray:
+        torch = self._torch
+        enc = self.tokenizer(texts, truncation=True, max_length=recipe.max_length, padding=True, return_tensors="pt")
+        with torch.inference_mode():
+            hidden = self.model(**enc).last_hidden_state.float()
+        mask = enc["attention_mask"].unsqueeze(-1).float()
+        if recipe.pooling == "mean":
+            pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1)
+        elif recipe.pooling == "cls":
+            pooled = hidden[:, 0]
+        elif recipe.pooling == "last":
+            last = enc["attention_mask"].sum(1) - 1  # right-padded: each row's last real token
+            pooled = hidden[torch.arange(hidden.shape[0]), last]
+        else:  # max over real tokens
+            pooled = hidden.masked_fill(mask == 0, float("-inf")).max(1).values
+        if recipe.normalize:
+            pooled = torch.nn.functional.normalize(pooled, dim=-1)
+        return pooled.numpy()
+
+
+def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Row-wise cosine of two [n, d] arrays."""
+    a, b = a.astype(np.float64), b.astype(np.float64)
+    norm = np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1)
+    return np.where(norm > 0, (a * b).sum(1) / np.maximum(norm, 1e-300), 0.0)

@@ -1,0 +1,56 @@
+"""`kiln audit URL`: score a running embedding deployment against the original model (kiln/audit)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from kiln.choices import WireProtocol
+from kiln.cli import console
+from kiln.cli.options import ModelArg, PickleOpt
+
+
+def audit(
+    url: Annotated[str, typer.Argument(help="The deployment's base URL, e.g. http://127.0.0.1:8000.",
+                                       show_default=False)],
+    model: ModelArg = None,
+    protocol: Annotated[WireProtocol, typer.Option(
+        help="How to ask it: openai (/v1/embeddings: Infinity, vLLM, kiln), tei (/embed: text-embeddings-inference), "
+        "kiln (/embed), v2 (KServe / Triton /v2/models/NAME/infer with a TEXT tensor).")] = WireProtocol.OPENAI,
+    model_name: Annotated[Optional[str], typer.Option(  # noqa: UP045
+        help="The model's name on the server (OpenAI's 'model', v2's NAME).", show_default=False)] = None,
+    texts: Annotated[Optional[Path], typer.Option(  # noqa: UP045
+        help="Your traffic, one text per line (at least 8). Default: held-out documentation text of lengths up to "
+        "past the model's maximum, so truncation shows.", show_default=False)] = None,
+    count: Annotated[int, typer.Option(help="Built-in texts to send.", min=8)] = 96,
+    tolerance: Annotated[Optional[float], typer.Option(  # noqa: UP045
+        help="Largest drop allowed: min cosine >= 1 - t and mean >= 1 - t/2 against the original (default "
+        "feature-extraction's 0.01).", show_default=False)] = None,
+    timeout: Annotated[float, typer.Option(help="Seconds to wait for each answer.", min=0.1)] = 30.0,
+    api_key: Annotated[Optional[str], typer.Option(  # noqa: UP045
+        help="Sent as Authorization: Bearer KEY.", show_default=False)] = None,
+    output: Annotated[Path, typer.Option("--output", "-o", help="Where audit.json, audit.md and audit.html go.")]
+    = Path("kiln-audit"),
+    allow_pickle: PickleOpt = False,
+) -> None:
+    """Send texts to a running embedding deployment, score its vectors against MODEL's fp32 PyTorch outputs by
+    input length, and diagnose a gap by measurement: pooling, normalisation, truncation, prefixes, batch drift.
+
+    Exits 4 when the deployment is outside --tolerance, 3 when it cannot be asked (unreachable, timeout, not
+    JSON, wrong shapes).
+    """
+    from kiln.audit.job import AuditConfig, OutsideTolerance, run_audit
+    from kiln.audit.protocols import Endpoint
+
+    endpoint = Endpoint(url, protocol, model_name, timeout,
+                        (("Authorization", f"Bearer {api_key}"),) if api_key else ())
+    result = run_audit(AuditConfig(endpoint, model, texts, count, tolerance, output, allow_pickle), console.progress)
+    for finding in result.findings:
+        console.out.print(f"{finding.cause:<14} {'DIFFERS' if finding.differs else 'same   '} {finding.found}",
+                          markup=False)
+    console.out.print(f"report: {output.expanduser().resolve() / 'audit.html'}")
+    if not result.within_tolerance:
+        raise OutsideTolerance(result.verdict())
+    console.out.print(result.verdict(), markup=False)
