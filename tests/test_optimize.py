@@ -312,4 +312,38 @@ def test_serve_deterministic_serves_only_a_batch_invariant_variant(optimized, tm
     refused = subprocess.run([sys.executable, "-m", "kiln", "serve", str(drifting), "--deterministic"],
                              capture_output=True, text=True, timeout=120)
     assert refused.returncode == 2 and "Traceback" not in refused.stderr
-    assert "--deterministic: no variant of" in refused.stderr and "max |diff| 2.5e-02" in refused.stderr
+    assert "--deterministic: no variant of" in refused.stderr and "max abs diff 2.5e-02" in refused.stderr
+
+
+class BatchSizeSigned(BatchOrderSensitive):
+    """Off the original by the same small amount alone and batched, but in opposite directions: within tolerance
+    of the original in every batching, yet a text's answer moves by twice that between them."""
+
+    def run(self, inputs):
+        out = self._engine.run(inputs)
+        hidden = out["last_hidden_state"]
+        sign = 1.0 if hidden.shape[0] == 1 else -1.0
+        out["last_hidden_state"] = hidden + sign * 0.1 * np.sin(np.arange(hidden.shape[-1]))
+        return out
+
+
+def test_the_gate_rejects_a_variant_whose_drift_alone_exceeds_the_tolerance(tiny_model, tmp_path, monkeypatch):
+    from kiln import engines
+    from kiln.optimize import variants
+    from kiln.optimize.context import BuiltVariant
+
+    def two_faced(ctx, excluded=(), **params):
+        fp32 = variants._fp32(ctx)
+        return BuiltVariant("two-faced", "batch-size-signed", fp32.path, fp32.files, fp32.recipe)
+
+    monkeypatch.setitem(engines.ENGINES, "batch-size-signed", BatchSizeSigned)
+    monkeypatch.setitem(variants.VARIANTS, "two-faced", variants.VariantSpec("two-faced", two_faced, variants.CPU))
+    summary = OptimizeJob(OptimizeConfig(model=str(tiny_model("bert")), task=TaskName.FEATURE_EXTRACTION,
+                                         output=tmp_path / "o", variants=("two-faced", "onnx-fp32"))).run()
+    two_faced_outcome = summary.outcomes[0]
+    floor = 0.99
+    assert all(a.value >= floor for a in two_faced_outcome.batched.agreements.values())  # each batching passes
+    assert two_faced_outcome.batched.drift.consistency < floor
+    assert two_faced_outcome.status == "rejected"
+    assert two_faced_outcome.reason.startswith("batch drift: min_cosine 0.98") and "between batchings" in \
+        two_faced_outcome.reason

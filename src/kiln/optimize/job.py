@@ -38,7 +38,7 @@ from kiln.tasks import task_spec
 from kiln.validation.agreement import agreement_inputs, measure_agreement
 from kiln.validation.batching import BatchedAgreement, Batching, measure_batchings
 from kiln.validation.figures import Agreement, AgreementInputs, EvalSet
-from kiln.validation.gate import Verdict, judge, tolerance_for
+from kiln.validation.gate import Verdict, judge, judge_drift, tolerance_for
 
 Progress = Callable[[str], None]
 TIE = 0.02  # variants within 2% of the fastest count as tied; the smaller file wins
@@ -257,6 +257,7 @@ class OptimizeJob:
         if worst is not Batching.SORTED:
             verdict = dataclasses.replace(verdict, reason=f"{verdict.reason} ({worst.value} batches)"
                                           if worst is Batching.MIXED else f"{verdict.reason} (run alone)")
+        verdict = judge_drift(verdict, batched.drift, self.tolerance)
         return Checked(built, agreement, metric, verdict, params, batched)
 
     def _alternatives(self, spec: VariantSpec, default: Checked) -> Checked:

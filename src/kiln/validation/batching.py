@@ -46,7 +46,7 @@ class BatchDrift:
     def describe(self) -> str:
         if self.invariant:
             return "batch-invariant"
-        return f"max |diff| {self.max_abs_diff:.1e}, min cosine {self.min_cosine:.5f} ({self.figure} " \
+        return f"max abs diff {self.max_abs_diff:.1e}, min cosine {self.min_cosine:.5f} ({self.figure} " \
                f"{self.consistency:.4f})"
 
 

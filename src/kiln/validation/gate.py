@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from kiln.errors import UsageError
 from kiln.tasks import task_spec
+from kiln.validation.batching import BatchDrift
 from kiln.validation.figures import Agreement
 
 
@@ -23,6 +24,17 @@ def tolerance_for(task: str, tolerance: float | None) -> float:
     if not 0 < tolerance < 1:
         raise UsageError(f"--tolerance must be between 0 and 1 (got {tolerance:g})")
     return tolerance
+
+
+def judge_drift(verdict: Verdict, drift: BatchDrift, tolerance: float) -> Verdict:
+    """An accepted verdict stands only if the same input's answer moves less than the tolerance between batchings:
+    a variant within tolerance of the original in every batching can still differ from itself by twice as much
+    (alone a little one way, batched the other), and a server would give both answers."""
+    floor = 1 - tolerance
+    if verdict.accepted and drift.consistency < floor:
+        return Verdict(False, f"batch drift: {drift.figure} {drift.consistency:.4f} between batchings of the same "
+                       f"inputs < {floor:.4f}")
+    return verdict
 
 
 def judge(task: str, agreement: Agreement, tolerance: float,
