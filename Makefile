@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.kiln-installed
 DEMO_OUT ?= kiln-out
 
-.PHONY: demo test install browser triton-server slim lint clean
+.PHONY: demo test install browser triton-server slim infinity-server lint clean
 
 install: $(STAMP)
 
@@ -63,11 +63,25 @@ $(SLIM_STAMP): pyproject.toml constraints.txt
 	$(SLIM_VENV)/bin/pip install -q --disable-pip-version-check -c constraints.txt -e '.[serve,embed]'
 	touch $(SLIM_STAMP)
 
-test: install browser triton-server slim
+test: install browser triton-server slim infinity-server
 	$(PY) -m pytest -q
 
 lint: install
 	$(VENV)/bin/ruff check src tests
 
 clean:
-	rm -rf $(VENV) $(TRITON_VENV) $(SLIM_VENV) $(DEMO_OUT) .pytest_cache
+	rm -rf $(VENV) $(TRITON_VENV) $(SLIM_VENV) $(INFINITY_VENV) $(DEMO_OUT) .pytest_cache
+
+# A real deployment nobody here wrote, for kiln audit's test: Infinity (infinity-emb 0.0.78) in its own venv. It pins
+# transformers 4.57 and numpy < 2; torch 2.13.0 first, as everywhere (any other version pulls CUDA wheels).
+INFINITY_VENV ?= .venv-infinity
+INFINITY_STAMP := $(INFINITY_VENV)/.kiln-infinity
+infinity-server: $(INFINITY_STAMP)
+
+$(INFINITY_STAMP):
+	$(PYTHON) -m venv $(INFINITY_VENV)
+	$(INFINITY_VENV)/bin/pip install -q --disable-pip-version-check torch==2.13.0
+	$(INFINITY_VENV)/bin/pip install -q --disable-pip-version-check 'infinity-emb[server,torch]==0.0.78' \
+	  'transformers==4.57.*' 'numpy<2' \
+	  || { echo "make: infinity-emb could not be installed; the Infinity audit test will be skipped"; exit 0; }
+	touch $(INFINITY_STAMP)

@@ -105,3 +105,27 @@ def test_bad_urls_and_nothing_listening(tiny_model, tmp_path):
         from kiln.audit.protocols import embed
 
         embed(Endpoint(f"http://127.0.0.1:{port}", "tei"), ["x"])
+
+
+INFINITY = __import__("pathlib").Path(__file__).resolve().parents[1] / ".venv-infinity" / "bin" / "infinity_emb"
+
+
+@pytest.mark.skipif(not INFINITY.is_file(), reason="no Infinity venv (run `make infinity-server`)")
+def test_infinity_serving_the_bundled_minilm_agrees_with_it(minilm_dir, tmp_path):
+    """A deployment nobody here wrote: Infinity (infinity-emb 0.0.78, PyTorch engine) serving the bundled MiniLM."""
+    import os
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    proc, port = process.start_server([str(INFINITY), "v2", "--model-id", str(minilm_dir), "--served-model-name",
+                                       "minilm", "--engine", "torch", "--device", "cpu", "--host", "127.0.0.1",
+                                       "--no-bettertransformer"], timeout_s=180)
+    try:
+        result = run_audit(AuditConfig(Endpoint(f"http://127.0.0.1:{port}", "openai", "minilm"), None, count=24,
+                                       output=tmp_path))
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+    assert result.within_tolerance and result.min_cosine > 0.9999, result.verdict()
+    assert {f.cause: f.differs for f in result.findings} == {"pooling": False, "normalisation": False,
+                                                             "truncation": False, "prefix": False,
+                                                             "batch drift": False}

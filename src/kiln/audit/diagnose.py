@@ -130,7 +130,7 @@ def diagnose(endpoint: Endpoint, reference: Reference, texts: Sequence[str], tol
     drift = float(np.abs(singles - served[: len(few)]).max())
     drift_cos = float(cosines(singles, served[: len(few)]).min())
     findings.append(Finding("batch drift", "none: the same vectors alone and in batches" if drift == 0 else
-                            f"max |diff| {drift:.1e}, min cosine {drift_cos:.6f} between a text sent alone and in a "
+                            f"max abs diff {drift:.1e}, min cosine {drift_cos:.6f} between a text sent alone and in a "
                             "batch of 16", drift_cos < 1 - tolerance / 10, drift))
 
     floor = 1 - tolerance
