@@ -2,7 +2,8 @@
 
 One form per served task, with the fields its route declares (text; text + optional pair; question + context),
 a checkbox per model of that task, and each model's answer with the server-side latency (the
-``x-kiln-latency-ms`` header) and its validation summary (from ``/info``). No external asset: it works offline.
+``x-kiln-latency-ms`` header), its validation summary and, with --shadow-rate, its live agreement (from
+``/info``, read when the page loads). No external asset: it works offline.
 """
 
 from __future__ import annotations
@@ -39,7 +40,13 @@ fetch('/info').then(r => r.json()).then(d => {
     const v = m.validation || {};
     const a = v.agreement ? `${v.agreement.primary} ${Number(v.agreement.value).toFixed(4)}` :
       (v.parity ? `parity min cosine ${Number(v.parity.min_cosine).toFixed(6)}` : 'no validation recorded');
-    el.textContent = `${m.variant} on ${m.engine}; ${v.status || 'exported'}; ${a}`;
+    const drift = v.batch_invariant === true ? '; batch-invariant' :
+      v.batch_invariant === false ? '; drifts with the batch' : '';
+    const s = m.shadow;
+    const live = !s ? '' : s.min_cosine === null ? '; live agreement: no shadowed input yet' :
+      `; live (shadowed ${s.items}): min cosine ${Number(s.min_cosine).toFixed(4)}` +
+      (s.below_floor ? ' BELOW ITS GATE' : '');
+    el.textContent = `${m.variant} on ${m.engine}; ${v.status || 'exported'}; ${a}${drift}${live}`;
   });
 });
 function body(form) {
