@@ -82,6 +82,7 @@ class Shadow(OwnedLoop):
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kiln-shadow")
         self._started = time.perf_counter()
         self._busy_s = 0.0
+        self._last_run_s = 0.0  # the previous reference run's time: the next one is expected to cost as much
         self.items = 0
         self.below = False
 
@@ -123,8 +124,8 @@ class Shadow(OwnedLoop):
                 await self._arrived.wait()
                 continue
             await self.idle.wait()  # only while no live request is queued or running
-            over = self._busy_s / self.config.max_share - (time.perf_counter() - self._started)
-            if over > 0:  # past its share of wall time: wait until it is back under
+            over = (self._busy_s + self._last_run_s) / self.config.max_share - (time.perf_counter() - self._started)
+            if over > 0:  # the next run would take it past its share of wall time: wait until it would not
                 await asyncio.sleep(min(over, 1.0))
                 continue
             if self._closing:
@@ -133,7 +134,8 @@ class Shadow(OwnedLoop):
             start = time.perf_counter()
             reference = await loop.run_in_executor(self._thread, self.reference.run_features,
                                                    [e for e, _ in taken])
-            self._busy_s += time.perf_counter() - start
+            self._last_run_s = time.perf_counter() - start
+            self._busy_s += self._last_run_s
             self._record([cosine(self.comparable(s), self.comparable(r)) for (_, s), r in zip(taken, reference)])
 
     def _record(self, cosines: list[float]) -> None:
