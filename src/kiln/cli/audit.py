@@ -10,6 +10,7 @@ import typer
 from kiln.choices import WireProtocol
 from kiln.cli import console
 from kiln.cli.options import ModelArg, PickleOpt
+from kiln.tasks import DEFAULT_TASK, task_spec
 
 
 def audit(
@@ -26,8 +27,8 @@ def audit(
         "past the model's maximum, so truncation shows.", show_default=False)] = None,
     count: Annotated[int, typer.Option(help="Built-in texts to send.", min=8)] = 96,
     tolerance: Annotated[Optional[float], typer.Option(  # noqa: UP045
-        help="Largest drop allowed: min cosine >= 1 - t and mean >= 1 - t/2 against the original (default "
-        "feature-extraction's 0.01).", show_default=False)] = None,
+        help="Largest drop allowed: min cosine >= 1 - t and mean >= 1 - t/2 against the original (default: the "
+        f"embedding task's {task_spec(DEFAULT_TASK).default_tolerance:g}).", show_default=False)] = None,
     timeout: Annotated[float, typer.Option(help="Seconds to wait for each answer.", min=0.1)] = 30.0,
     api_key: Annotated[Optional[str], typer.Option(  # noqa: UP045
         help="Sent as Authorization: Bearer KEY.", show_default=False)] = None,
