@@ -183,3 +183,27 @@ def test_one_predictor_answers_8_threads_at_once_as_it_answers_one(artifacts, fm
         got = concurrently([lambda t=t: np.stack(predictor.predict(t)) for t in calls], "8 concurrent predict() calls")
         for g, w in zip(got, want):
             np.testing.assert_allclose(g, w, atol=1e-5)
+
+
+def test_rows_alone_answers_each_input_as_if_it_ran_by_itself(artifacts, tmp_path):
+    """RowByRow (EngineOptions(rows_alone=True)) over dynamic int8: an input's output no longer depends on its batch,
+    and equals the plain engine's on that input alone; per-token outputs are padded back to the batch's width."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    from kiln.engines.rows import RowByRow
+
+    art = Artifact.open(artifacts[ExportFormat.ONNX])
+    quantize_dynamic(art.path / art.variant().path, tmp_path / "int8.onnx", weight_type=QuantType.QInt8)
+    plain = create_engine("onnxruntime", tmp_path / "int8.onnx", EngineOptions(intra_op_threads=1))
+    rows = create_engine("onnxruntime", tmp_path / "int8.onnx", EngineOptions(intra_op_threads=1, rows_alone=True))
+    assert isinstance(rows, RowByRow) and rows.sequence_outputs == {"last_hidden_state"}
+    encoder = art.encoder()
+    texts = [SHORT, *LONG]
+    batch = encoder.collate(encoder.encode(texts))
+    together = rows.run(batch)["last_hidden_state"]
+    assert together.shape == plain.run(batch)["last_hidden_state"].shape
+    for i, text in enumerate(texts):
+        alone = plain.run(encoder.collate(encoder.encode([text])))["last_hidden_state"][0]
+        n = alone.shape[0]
+        np.testing.assert_array_equal(together[i, :n], alone)  # bit-identical to running it by itself
+        assert not together[i, n:].any()  # padding positions are zeros

@@ -347,3 +347,20 @@ def test_the_gate_rejects_a_variant_whose_drift_alone_exceeds_the_tolerance(tiny
     assert two_faced_outcome.status == "rejected"
     assert two_faced_outcome.reason.startswith("batch drift: min_cosine 0.98") and "between batchings" in \
         two_faced_outcome.reason
+
+
+def test_dynamic_int8_run_row_by_row_is_batch_invariant(tiny_model, tmp_path):
+    """onnx-int8-dynamic's per-batch activation scale makes it drift; onnx-int8-dynamic-rows (the same quantized
+    graph, each input run on its own) is bit-identical across batchings, and its manifest record says how it runs."""
+    summary = OptimizeJob(OptimizeConfig(model=str(tiny_model("bert")), task=TaskName.FEATURE_EXTRACTION,
+                                         output=tmp_path / "o", tolerance=0.05,
+                                         variants=("onnx-int8-dynamic", "onnx-int8-dynamic-rows"))).run()
+    dynamic, rows = summary.outcomes
+    assert dynamic.batched.drift.max_abs_diff > 0
+    assert rows.batched.drift.invariant and rows.record.options.rows_alone
+    assert rows.record.recipe[-1] == {"pass": "rows-alone"}
+    predictor = Artifact.open(tmp_path / "o").predictor("onnx-int8-dynamic-rows")
+    texts = list(builtin_sentences()[:9])
+    batched, alone = predictor.predict(texts), [predictor.with_batch_size(1).predict([t])[0] for t in texts]
+    for a, b in zip(batched, alone):
+        np.testing.assert_array_equal(a, b)

@@ -95,6 +95,7 @@ class VariantName(Choice):
     ONNX_FUSED = "onnx-fused"
     ONNX_FUSED_GELU_APPROX = "onnx-fused-gelu-approx"
     ONNX_INT8_DYNAMIC = "onnx-int8-dynamic"
+    ONNX_INT8_DYNAMIC_ROWS = "onnx-int8-dynamic-rows"  # each input run alone: batch-invariant dynamic int8
     ONNX_INT8_STATIC = "onnx-int8-static"
     OPENVINO_FP32 = "openvino-fp32"
     OPENVINO_BF16 = "openvino-bf16"

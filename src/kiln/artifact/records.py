@@ -51,6 +51,7 @@ class EngineHints:
 
     precision: Precision = Precision.FP32
     streams: int | None = None
+    rows_alone: bool = False  # each row of a batch run on its own: batch-invariant (kiln.engines.rows)
 
 
 @dataclass(frozen=True)

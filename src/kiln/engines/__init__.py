@@ -46,7 +46,12 @@ ENGINES: dict[str, Callable[[Path, EngineOptions], Engine]] = {
 def create_engine(name: str, path: Path, options: EngineOptions = EngineOptions()) -> Engine:
     if name not in ENGINES:
         raise UsageError(f"engine must be one of: {', '.join(ENGINES)} (got {name!r})")
-    return ENGINES[name](path, options)
+    engine = ENGINES[name](path, options)
+    if options.rows_alone:  # batch-invariant: each row of a batch on its own (kiln.engines.rows)
+        from kiln.engines.rows import RowByRow
+
+        return RowByRow(engine)
+    return engine
 
 
 # Engines that run parallel requests on one compiled model (OpenVINO CPU streams): their sessions are infer

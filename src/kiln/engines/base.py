@@ -40,6 +40,7 @@ class EngineOptions:
     device: Device = Device.CPU  # tensorrt: ONNX Runtime only
     precision: Precision = Precision.FP32  # torch: autocast dtype; OpenVINO: inference precision hint
     streams: int | None = None  # OpenVINO CPU streams: one per session (engines.open_sessions)
+    rows_alone: bool = False  # run each row of a batch on its own (kiln.engines.rows): batch-invariant answers
 
     def __post_init__(self) -> None:
         for flag, value in (("--threads", self.intra_op_threads), ("--inter-op-threads", self.inter_op_threads)):
@@ -53,7 +54,7 @@ class EngineOptions:
                     ) -> EngineOptions:
         """Options a manifest variant record asks for (precision hint, streams), with the caller's threads."""
         return cls(intra_op_threads=threads, device=device, precision=record.options.precision,
-                   streams=record.options.streams)
+                   streams=record.options.streams, rows_alone=record.options.rows_alone)
 
 
 

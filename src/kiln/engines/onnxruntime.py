@@ -52,6 +52,9 @@ class OnnxRuntimeEngine:
         self._input_types = {i.name: _NUMPY_TYPES.get(i.type, np.int64) for i in self.session.get_inputs()}
         self.input_names = tuple(self._input_types)
         self.output_names = tuple(o.name for o in self.session.get_outputs())
+        # Outputs with a token axis (kiln's export names dynamic axis 1 "sequence"): what RowByRow pads back.
+        self.sequence_outputs = frozenset(o.name for o in self.session.get_outputs()
+                                          if len(o.shape) > 1 and o.shape[1] == "sequence")
         self._on_gpu = options.device != "cpu"
 
     def _feed(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

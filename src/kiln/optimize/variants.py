@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -80,11 +81,18 @@ def _int8_source(ctx: BuildContext) -> tuple[Path, list[dict]]:
     return fused, [fuse_step]
 
 
-def _int8_dynamic(ctx: BuildContext, exclude: Sequence[str] = ()) -> BuiltVariant:
+def _int8_dynamic(ctx: BuildContext, exclude: Sequence[str] = (), name: str = "onnx-int8-dynamic") -> BuiltVariant:
     source, steps = _int8_source(ctx)
-    path = ctx.variant_dir("onnx-int8-dynamic") / "model.onnx"
+    path = ctx.variant_dir(name) / "model.onnx"
     step = onnx_passes.quantize_dynamic_int8(source, path, ctx.scheme, per_channel=True, exclude=exclude)
-    return _onnx_file(ctx, "onnx-int8-dynamic", [*_fp32(ctx).recipe, *steps, step], path)
+    return _onnx_file(ctx, name, [*_fp32(ctx).recipe, *steps, step], path)
+
+
+def _int8_dynamic_rows(ctx: BuildContext, exclude: Sequence[str] = ()) -> BuiltVariant:
+    """Dynamic int8 with each input run on its own: its activation scales see that input alone (batch-invariant)."""
+    built = _int8_dynamic(ctx, exclude, name="onnx-int8-dynamic-rows")
+    return dataclasses.replace(built, recipe=[*built.recipe, {"pass": "rows-alone"}],
+                               options=EngineHints(rows_alone=True))
 
 
 def _int8_static(ctx: BuildContext, exclude: Sequence[str] = ()) -> BuiltVariant:
@@ -232,6 +240,8 @@ VARIANTS: dict[VariantName, VariantSpec] = {VariantName(spec.name): spec for spe
     VariantSpec("onnx-fused", _fused, ALL),
     VariantSpec("onnx-fused-gelu-approx", lambda ctx, ex=(): _fused(ctx, ex, gelu=True), ALL),
     VariantSpec("onnx-int8-dynamic", _int8_dynamic, CPU,
+                rank=lambda ctx, batches: rank_layers(_int8_source(ctx)[0], batches, static=False)),
+    VariantSpec("onnx-int8-dynamic-rows", _int8_dynamic_rows, CPU,
                 rank=lambda ctx, batches: rank_layers(_int8_source(ctx)[0], batches, static=False)),
     VariantSpec("onnx-int8-static", _int8_static, CPU,
                 rank=lambda ctx, batches: rank_layers(ctx.stage / _fp32(ctx).path, batches, static=True)),
