@@ -16,7 +16,7 @@ from kiln.errors import UsageError
 from kiln.model.reference import reference_predictor
 from kiln.model.source import load_source
 from kiln.optimize.job import NothingPassed, OptimizeConfig, OptimizeJob
-from kiln.optimize.outcome import read_results
+from kiln.optimize.outcome import RunSummary, read_results
 from kiln.optimize.variants import VARIANTS, default_variants
 from kiln.records import to_jsonable
 from kiln.tasks import TaskName
@@ -229,6 +229,23 @@ def test_openvino_int8_is_left_out_by_default_only_where_its_kernels_are_slow():
                                                                                        "openvino-fp32"))
 
 
+def _optimize_with_engine(engine_class, tiny_model, tmp_path, monkeypatch) -> RunSummary:
+    """kiln optimize on the tiny BERT with a variant "under-test" (the fp32 graph run by ``engine_class``) beside
+    onnx-fp32."""
+    from kiln import engines
+    from kiln.optimize import variants
+    from kiln.optimize.context import BuiltVariant
+
+    def under_test(ctx, excluded=(), **params):
+        fp32 = variants._fp32(ctx)
+        return BuiltVariant("under-test", "engine-under-test", fp32.path, fp32.files, fp32.recipe)
+
+    monkeypatch.setitem(engines.ENGINES, "engine-under-test", engine_class)
+    monkeypatch.setitem(variants.VARIANTS, "under-test", variants.VariantSpec("under-test", under_test, variants.CPU))
+    return OptimizeJob(OptimizeConfig(model=str(tiny_model("bert")), task=TaskName.FEATURE_EXTRACTION,
+                                      output=tmp_path / "o", variants=("under-test", "onnx-fp32"))).run()
+
+
 class BatchOrderSensitive:
     """An ONNX Runtime engine whose answers depend on which rows share the batch (here: on how out of length order
     they are), as a per-batch activation scale makes them: alone and in length-sorted batches it is exact, in
@@ -257,18 +274,7 @@ class BatchOrderSensitive:
 def test_the_gate_judges_the_worst_batching_and_records_the_drift(tiny_model, tmp_path, monkeypatch):
     """A variant within tolerance in sorted batches but not in mixed ones is rejected, the batching named; onnx-fp32
     is batch-invariant (bit-identical alone and batched) and says so in the manifest and the report."""
-    from kiln import engines
-    from kiln.optimize import variants
-    from kiln.optimize.context import BuiltVariant
-
-    def drifty(ctx, excluded=(), **params):
-        fp32 = variants._fp32(ctx)
-        return BuiltVariant("drifty", "batch-order-sensitive", fp32.path, fp32.files, fp32.recipe)
-
-    monkeypatch.setitem(engines.ENGINES, "batch-order-sensitive", BatchOrderSensitive)
-    monkeypatch.setitem(variants.VARIANTS, "drifty", variants.VariantSpec("drifty", drifty, variants.CPU))
-    summary = OptimizeJob(OptimizeConfig(model=str(tiny_model("bert")), task=TaskName.FEATURE_EXTRACTION,
-                                         output=tmp_path / "o", variants=("drifty", "onnx-fp32"))).run()
+    summary = _optimize_with_engine(BatchOrderSensitive, tiny_model, tmp_path, monkeypatch)
     drifted, fp32 = summary.outcomes
     assert drifted.batched.agreements["sorted"].value >= 0.99  # the friendly batching alone would have passed
     assert drifted.status == "rejected" and drifted.reason.endswith("(mixed batches)")
@@ -328,19 +334,7 @@ class BatchSizeSigned(BatchOrderSensitive):
 
 
 def test_the_gate_rejects_a_variant_whose_drift_alone_exceeds_the_tolerance(tiny_model, tmp_path, monkeypatch):
-    from kiln import engines
-    from kiln.optimize import variants
-    from kiln.optimize.context import BuiltVariant
-
-    def two_faced(ctx, excluded=(), **params):
-        fp32 = variants._fp32(ctx)
-        return BuiltVariant("two-faced", "batch-size-signed", fp32.path, fp32.files, fp32.recipe)
-
-    monkeypatch.setitem(engines.ENGINES, "batch-size-signed", BatchSizeSigned)
-    monkeypatch.setitem(variants.VARIANTS, "two-faced", variants.VariantSpec("two-faced", two_faced, variants.CPU))
-    summary = OptimizeJob(OptimizeConfig(model=str(tiny_model("bert")), task=TaskName.FEATURE_EXTRACTION,
-                                         output=tmp_path / "o", variants=("two-faced", "onnx-fp32"))).run()
-    two_faced_outcome = summary.outcomes[0]
+    two_faced_outcome = _optimize_with_engine(BatchSizeSigned, tiny_model, tmp_path, monkeypatch).outcomes[0]
     floor = 0.99
     assert all(a.value >= floor for a in two_faced_outcome.batched.agreements.values())  # each batching passes
     assert two_faced_outcome.batched.drift.consistency < floor
