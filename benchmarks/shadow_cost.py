@@ -39,7 +39,7 @@ def scrape(port: int) -> dict[str, float]:
 def offline_agreement(artifact: str, texts: list[str]) -> tuple[float, float]:
     from kiln.artifact.directory import Artifact, ServingPlan
     from kiln.engines import EngineOptions
-    from kiln.serve.shadow import cosine
+    from kiln.validation.parity import cosine
 
     art = Artifact.open(artifact)
     served = art.predictor()

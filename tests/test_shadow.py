@@ -18,8 +18,9 @@ from kiln.engines import EngineOptions
 from kiln.errors import UsageError
 from kiln.optimize.job import OptimizeConfig, OptimizeJob
 from kiln.serve.app import ServeConfig, create_app
-from kiln.serve.shadow import ShadowConfig, cosine
+from kiln.serve.shadow import ShadowConfig
 from kiln.tasks import TaskName
+from kiln.validation.parity import cosine
 from tests.waiting import wait_until
 
 

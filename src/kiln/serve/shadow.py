@@ -37,6 +37,7 @@ from kiln.log import get_logger
 from kiln.runtime.predictor import Predictor
 from kiln.serve.metrics import Metrics
 from kiln.serve.supervision import OwnedLoop
+from kiln.validation.parity import cosine
 
 log = get_logger("serve.shadow")
 BATCH = 8  # reference rows per shadow run: small, so a live request never waits long behind one
@@ -59,12 +60,6 @@ class ShadowConfig:
 
     def sample(self) -> bool:
         return random.random() < self.rate
-
-
-def cosine(a: np.ndarray, b: np.ndarray) -> float:
-    a, b = a.astype(np.float64), b.astype(np.float64)
-    norm = np.linalg.norm(a) * np.linalg.norm(b)
-    return float(a @ b / norm) if norm > 0 else float(np.array_equal(a, b))
 
 
 class Shadow(OwnedLoop):

@@ -19,6 +19,7 @@ from kiln.choices import Choice
 from kiln.runtime.predictor import Predictor
 from kiln.tasks import task_spec
 from kiln.validation.figures import Agreement, AgreementInputs, Run
+from kiln.validation.parity import cosine
 
 
 class Batching(Choice):
@@ -85,8 +86,7 @@ def _drift(candidate: Predictor, data: AgreementInputs, runs: Mapping[Batching, 
         for a, b in zip(alone.reduced, run.reduced):
             x, y = handler.comparable(a).astype(np.float64), handler.comparable(b).astype(np.float64)
             worst_diff = max(worst_diff, float(np.max(np.abs(x - y))) if x.size else 0.0)
-            norm = np.linalg.norm(x) * np.linalg.norm(y)
-            worst_cos = min(worst_cos, float(x @ y / norm) if norm > 0 else float(np.array_equal(x, y)))
+            worst_cos = min(worst_cos, cosine(x, y))
         # The task's own agreement, with the alone run as the reference: the share of labels, ranks or next
         # tokens that stay the same, or the cosine, between batchings.
         against_alone = spec.agreement(AgreementInputs(data.prepared, alone, data.config), run)
