@@ -23,10 +23,10 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from kiln.artifact.manifest import read_manifest
 from kiln.errors import KilnError, UsageError
-from kiln.log import get_logger, request_id
+from kiln.log import get_logger
 from kiln.serve import generation, playground, tracing
 from kiln.serve.batcher import BatchLimits
-from kiln.serve.endpoints import HTTPError, JSONBody, not_ready, pick, post_endpoint
+from kiln.serve.endpoints import HTTPError, JSONBody, not_ready, picked, post_endpoint
 from kiln.serve.guard import Guard
 from kiln.serve.inference import Served, infer, load_served
 from kiln.serve.metrics import STOPPED, Metrics
@@ -122,9 +122,7 @@ def _served_routes(tasks: dict[str, str]) -> list[Route]:
 def _mount_route(app: FastAPI, route: Route) -> None:
     async def endpoint(body: Any) -> JSONBody:
         start = time.perf_counter()
-        with app.state.tracing.request(route.path, request_id=request_id.get()) as trace:
-            served = pick(app, body.model, route)
-            trace.set(model=served.name, task=served.task, variant=served.variant)
+        with picked(app, body.model, route) as (served, trace):
             prepared, results = await infer(served, body, app.state.pool, app.state.metrics,
                                             app.state.config.max_inputs_per_request, trace)
             answer = route.render(body, served.name, prepared, results)

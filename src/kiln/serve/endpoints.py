@@ -5,13 +5,16 @@ routes (generation) and inference (inference) all import this module and none of
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import orjson
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
+from kiln.log import request_id
 from kiln.tasks import task_spec
 from kiln.tasks.http import Route
 
@@ -66,6 +69,16 @@ def pick(app: FastAPI, name: str | None, route: Route) -> Served:
         paths = ", ".join(r.path for r in task_spec(served.task).routes)
         raise HTTPError(404, "wrong_route", f"model {name!r} does {served.task}; use {paths}")
     return served
+
+
+@contextlib.contextmanager
+def picked(app: FastAPI, name: str | None, route: Route, **attributes: Any) -> Iterator[tuple[Served, Any]]:
+    """The served model a request names (:func:`pick`), inside the request's span (kiln.serve.tracing), which is
+    stamped with the model, task and variant: (served, trace)."""
+    with app.state.tracing.request(route.path, request_id=request_id.get(), **attributes) as trace:
+        served = pick(app, name, route)
+        trace.set(model=served.name, task=served.task, variant=served.variant)
+        yield served, trace
 
 
 def post_endpoint(app: FastAPI, route: Route, endpoint: Any, responses: dict[int | str, Any]) -> None:

@@ -26,10 +26,10 @@ from fastapi.responses import StreamingResponse
 from kiln.decoder.batch import DecodeBatch, Decoding, Emitted, new_sequence
 from kiln.decoder.generate import prompt_ids
 from kiln.errors import UsageError
-from kiln.log import get_logger, request_id
+from kiln.log import get_logger
 from kiln.runtime.predictor import Predictor
 from kiln.serve.batcher import BatchLimits
-from kiln.serve.endpoints import HTTPError, JSONBody, pick, post_endpoint
+from kiln.serve.endpoints import HTTPError, JSONBody, picked, post_endpoint
 from kiln.serve.schemas import INFERENCE_ERRORS
 from kiln.serve.supervision import OwnedLoop
 from kiln.tasks.http import Route
@@ -85,9 +85,12 @@ class DecodeLoop(OwnedLoop):
 
     def fail_pending(self, err: Exception) -> None:
         """Every waiting and decoding stream gets ``err``; the loop's batch starts empty if it is restarted."""
-        streams = [s.owner for s in self.batch.sequences] + [stream for stream, _ in self.waiting]
-        self.waiting.clear()
-        for stream in streams:
+        waiting, self.waiting = [stream for stream, _ in self.waiting], deque()
+        self._fail_batch(err, waiting)
+
+    def _fail_batch(self, err: Exception, others: list[Stream]) -> None:
+        """``err`` to every stream in the batch and to ``others``; the batch starts again empty."""
+        for stream in [s.owner for s in self.batch.sequences] + others:
             stream.events.put_nowait(err)
         self.batch = DecodeBatch(self.predictor.engine.steps, self.predictor.encoder.pad_id)
 
@@ -117,10 +120,7 @@ class DecodeLoop(OwnedLoop):
             except Exception as err:  # every sequence in the batch gets the error; the loop goes on empty
                 log.error("a decoding round of %d sequences failed: %s: %s", len(self.batch) + len(joining),
                           type(err).__name__, err, exc_info=err)
-                failed = [s.owner for s in self.batch.sequences] + [stream for stream, _ in joining]
-                for stream in failed:
-                    stream.events.put_nowait(err)
-                self.batch = DecodeBatch(self.predictor.engine.steps, self.predictor.encoder.pad_id)
+                self._fail_batch(err, [stream for stream, _ in joining])
                 continue
             self.steps += 1
             for e in emitted:
@@ -254,9 +254,7 @@ def mount_route(app: FastAPI, route: Route) -> None:
 
     async def endpoint(body: Any) -> Any:
         # A streamed answer's span ends when streaming starts (the first token is in it; later ones are not).
-        with app.state.tracing.request(route.path, request_id=request_id.get(), stream=body.stream) as trace:
-            served = pick(app, body.model, route)
-            trace.set(model=served.name, task=served.task, variant=served.variant)
+        with picked(app, body.model, route, stream=body.stream) as (served, _):
             result = await answer(app, served, body)
         return result if isinstance(result, StreamingResponse) else JSONBody(result)
 

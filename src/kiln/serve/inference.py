@@ -70,12 +70,14 @@ class Served:
                 metrics.loop_restarts.labels(self.name, loop.kind).inc()
                 self.set_ready(True, metrics)
 
+        def shadow_died(loop: OwnedLoop, error: BaseException) -> None:  # serving goes on unmeasured
+            metrics.loop_deaths.labels(self.name, loop.kind).inc()
+            log.error("model %s: the shadow loop died (%s: %s); live agreement is no longer measured", self.name,
+                      type(error).__name__, error)
+
         self.scheduler.start(died)
         if self.shadow is not None:
-            self.shadow.start(lambda loop, error: (metrics.loop_deaths.labels(self.name, loop.kind).inc(),
-                                                   log.error("model %s: the shadow loop died (%s: %s); live agreement "
-                                                             "is no longer measured", self.name,
-                                                             type(error).__name__, error)))
+            self.shadow.start(shadow_died)
 
     async def close(self) -> None:
         """Finish every accepted request, then stop the shadow."""
