@@ -193,3 +193,12 @@ def test_json_logs_carry_the_request_id_and_uvicorn_access_lines_share_the_forma
     assert first["message"] == "boom 7" and first["request_id"] == "abc-1" and first["status"] == 500
     assert first["logger"] == "kiln.serve" and first["level"] == "error"
     assert second["logger"] == "uvicorn.access" and second["path"] == "/embed" and second["status"] == 200
+
+
+def test_the_text_format_leaves_the_record_as_it_was_logged():
+    """uvicorn's access record reaches other handlers with its own message and args after kiln formats it."""
+    record = logging.LogRecord("uvicorn.access", logging.INFO, __file__, 1, '%s - "%s %s HTTP/%s" %d',
+                               ("127.0.0.1:5", "POST", "/embed", "1.1", 200), None)
+    line = kiln_log.TextFormatter().format(record)
+    assert line.endswith("uvicorn.access 127.0.0.1:5 POST /embed -> 200")
+    assert record.getMessage() == '127.0.0.1:5 - "POST /embed HTTP/1.1" 200' and not hasattr(record, "rid")

@@ -75,6 +75,9 @@ class TextFormatter(logging.Formatter):
         super().__init__("%(asctime)s %(levelname)-7s %(name)s%(rid)s %(message)s")
 
     def format(self, record: logging.LogRecord) -> str:
+        # A copy: the record is shared with every other handler (a test's caplog, a second sink), which must see
+        # it as it was logged.
+        record = logging.makeLogRecord(record.__dict__)
         rid = getattr(record, "request_id", None)
         record.rid = f" [{rid}]" if rid else ""
         access = _access_fields(record)

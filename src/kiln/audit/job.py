@@ -76,23 +76,21 @@ def run_audit(config: AuditConfig, progress: Callable[[str], None] = lambda _: N
 
 
 def write_audit(directory: Path, result: AuditResult) -> None:
+    """audit.json, and audit.md / audit.html in the report's style (kiln.report.html), each written atomically."""
+    from kiln.report.html import html_table, markdown_table, page, write_pages
+
     directory.mkdir(parents=True, exist_ok=True)
     write_json(directory / "audit.json", SCHEMA, result)
-    rows = [[f.cause, "differs" if f.differs else "same", f.found] for f in result.findings]
-    buckets = [[b.tokens, str(b.count), f"{b.mean:.4f}", f"{b.min:.4f}"] for b in result.buckets]
-    lines = [f"# kiln audit: {result.url}", "", f"Original: {result.model} ({result.configured}); protocol "
-             f"{result.protocol}; {result.texts} texts; tolerance {result.tolerance:g}.", "",
-             f"**Verdict:** {result.verdict()}.", "", "| tokens | texts | mean cosine | min cosine |",
-             "|---|---|---|---|", *[f"| {' | '.join(r)} |" for r in buckets], "",
-             "| cause | vs the original | measured |", "|---|---|---|", *[f"| {' | '.join(r)} |" for r in rows], ""]
-    (directory / "audit.md").write_text("\n".join(lines))
-    from kiln.report.html import CSS, _table
-
-    page = (f"<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>kiln audit</title>"
-            f"<style>{CSS}</style></head><body><h1>kiln audit: {escape(result.url)}</h1>"
-            f"<p>Original: {escape(result.model)} ({escape(result.configured)}); protocol {escape(result.protocol)}; "
-            f"{result.texts} texts; tolerance {result.tolerance:g}.</p>"
-            f"<p><strong>Verdict:</strong> {escape(result.verdict())}.</p><h2>Agreement by input length</h2>"
-            f"{_table((['tokens', 'texts', 'mean cosine', 'min cosine'], buckets))}<h2>Diagnosis</h2>"
-            f"{_table((['cause', 'vs the original', 'measured'], rows))}</body></html>\n")
-    (directory / "audit.html").write_text(page)
+    buckets = (["tokens", "texts", "mean cosine", "min cosine"],
+               [[b.tokens, str(b.count), f"{b.mean:.4f}", f"{b.min:.4f}"] for b in result.buckets])
+    findings = (["cause", "vs the original", "measured"],
+                [[f.cause, "differs" if f.differs else "same", f.found] for f in result.findings])
+    about = (f"Original: {result.model} ({result.configured}); protocol {result.protocol}; {result.texts} texts; "
+             f"tolerance {result.tolerance:g}.")
+    lines = [f"# kiln audit: {result.url}", "", about, "", f"**Verdict:** {result.verdict()}.", "",
+             *markdown_table(buckets), *markdown_table(findings)]
+    html = page("kiln audit", [f"<h1>kiln audit: {escape(result.url)}</h1>", f"<p>{escape(about)}</p>",
+                               f"<p><strong>Verdict:</strong> {escape(result.verdict())}.</p>",
+                               "<h2>Agreement by input length</h2>", html_table(buckets), "<h2>Diagnosis</h2>",
+                               html_table(findings)])
+    write_pages(directory, {"audit.md": "\n".join(lines), "audit.html": html})

@@ -25,7 +25,7 @@ GENERATION_TITLE = "Generation: time to first token / per-token latency, ms (bat
 GENERATION_SPEEDUP_TITLE = "Generation: speed-up over PyTorch fp32 (first token / per token)"
 
 
-def _table(table: tables.Table | None) -> str:
+def html_table(table: tables.Table | None) -> str:
     if table is None or not table[1]:
         return ""
     header, rows = table
@@ -109,18 +109,19 @@ def render(data: BenchResults) -> str:
              f"<p>Created {escape(data.created)}. Command: <code>{escape(data.command)}</code></p>"]
     summary = tables.summary(data)
     if summary[1]:
-        parts += ["<h2>Variants</h2>", _table(summary)]
+        parts += ["<h2>Variants</h2>", html_table(summary)]
         parts += [f"<p><strong>{escape(label)}</strong> {escape(text)}</p>" for label, text in _notes(data)]
     if data.targets:
-        parts += [f"<h2>{tables.targets_title(data)}</h2>", _table(tables.targets_table(data))]
+        parts += [f"<h2>{tables.targets_title(data)}</h2>", html_table(tables.targets_table(data))]
     generation = tables.generation_table(data)
     if generation:
-        parts += [f"<h2>{GENERATION_TITLE}</h2>", _table(generation), f"<p>{escape(tables.generation_note(data))}</p>"]
+        parts += [f"<h2>{GENERATION_TITLE}</h2>", html_table(generation),
+                  f"<p>{escape(tables.generation_note(data))}</p>"]
         if kernels := data.environment.get("int8_kernels"):
             parts.append(f"<p><strong>int8 kernels on this CPU:</strong> {escape(kernels)}.</p>")
         speedup = tables.generation_speedup(data)
         if speedup:
-            parts += [f"<h3>{GENERATION_SPEEDUP_TITLE}</h3>", _table(speedup)]
+            parts += [f"<h3>{GENERATION_SPEEDUP_TITLE}</h3>", html_table(speedup)]
         parts += ['<div class="charts">', *_generation_charts(data), "</div>"]
     charts = _charts(data)
     if charts:
@@ -129,31 +130,39 @@ def render(data: BenchResults) -> str:
         if t.error or not t.grid:
             continue
         parts += [f"<h2>{escape(t.name)}: ms per sequence (batch size x tokens)</h2>",
-                  _table(tables.latency_grid(data, t.name))]
+                  html_table(tables.latency_grid(data, t.name))]
         speedup = tables.speedup_grid(data, t.name)
         if speedup:
-            parts += [f"<h3>{escape(t.name)}: speed-up over PyTorch fp32</h3>", _table(speedup)]
+            parts += [f"<h3>{escape(t.name)}: speed-up over PyTorch fp32</h3>", html_table(speedup)]
     gemm = tables.gemm_table(data)
     if gemm:
-        parts += ["<h2>GEMM bound at 128 tokens</h2>", _table(gemm), f"<p>{escape(tables.GEMM_NOTE)}</p>"]
+        parts += ["<h2>GEMM bound at 128 tokens</h2>", html_table(gemm), f"<p>{escape(tables.GEMM_NOTE)}</p>"]
     sweep = tables.sweep_table(data)
     if sweep:
-        parts += ["<h2>Thread sweep</h2>", _table(sweep)]
+        parts += ["<h2>Thread sweep</h2>", html_table(sweep)]
         if data.serving_default:
             parts.append(f"<p>{escape(tables.serving_sentence(data.serving_default))}</p>")
     parts += ["<h2>Environment</h2>", f"<pre>{escape(json.dumps(to_jsonable(data.environment), indent=2))}</pre>"]
+    return page(title, parts)
+
+
+def page(title: str, parts: list[str]) -> str:
+    """A self-contained page: ``parts`` (HTML) under the report's style."""
     return (f"<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>{escape(title)}</title>"
             f"<style>{CSS}</style></head><body>{''.join(parts)}</body></html>\n")
 
 
-def markdown(data: BenchResults) -> str:
-    def md(table: tables.Table | None) -> list[str]:
-        if table is None or not table[1]:
-            return []
-        header, rows = table
-        return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header),
-                *["| " + " | ".join(c.replace("|", "/") for c in row) + " |" for row in rows], ""]
+def markdown_table(table: tables.Table | None) -> list[str]:
+    """A Markdown table's lines (and a blank one), none for an empty table; a ``|`` in a cell becomes ``/``."""
+    if table is None or not table[1]:
+        return []
+    header, rows = table
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header),
+            *["| " + " | ".join(c.replace("|", "/") for c in row) + " |" for row in rows], ""]
 
+
+def markdown(data: BenchResults) -> str:
+    md = markdown_table
     lines = [f"# kiln report: {data.model} ({data.task})", "", f"Command: `{data.command}`", ""]
     lines += md(tables.summary(data))
     for label, text in _notes(data):
@@ -186,7 +195,12 @@ def markdown(data: BenchResults) -> str:
 
 
 def write_report(directory: Path, data: BenchResults) -> None:
-    for name, text in (("report.html", render(data)), ("report.md", markdown(data))):
+    write_pages(directory, {"report.html": render(data), "report.md": markdown(data)})
+
+
+def write_pages(directory: Path, pages: dict[str, str]) -> None:
+    """Each ``{name: text}`` into ``directory``, atomically (a reader never sees half a page)."""
+    for name, text in pages.items():
         tmp = directory / (name + ".tmp")
         tmp.write_text(text, encoding="utf-8")
         tmp.replace(directory / name)
