@@ -30,8 +30,12 @@ class Quick:
         return {"last_hidden_state": np.zeros((*inputs["input_ids"].shape, 32), dtype=np.float32)}
 
 
-async def lags(predictor, encodings, window: int, inline: bool) -> list[float]:
+async def lags(predictor, encodings, window: int, inline: bool, timeout_s: float = 120.0) -> tuple[list[float], int]:
+    """(the ticker's lags in seconds, sorted; batches formed) while ``encodings`` are queued at once and run; a
+    TimeoutError past ``timeout_s``."""
     batcher = Batcher(predictor, BatchLimits(window=window, max_batch_size=64, max_delay_s=0.001))
+    formed = []
+    batcher.on_batch = formed.append
     loop = asyncio.get_running_loop()
     if inline:  # the former thread's work done on the event loop itself
         original = loop.run_in_executor
@@ -54,13 +58,15 @@ async def lags(predictor, encodings, window: int, inline: bool) -> list[float]:
             seen.append(time.perf_counter() - before - 0.001)
 
     submitted = [asyncio.ensure_future(batcher.submit([e])) for e in encodings]
-    await asyncio.sleep(0)
+    await asyncio.sleep(0)  # every input queued (that burst of submits is not batch forming)
     tick = asyncio.ensure_future(ticker())
-    await asyncio.gather(*submitted)
-    done.set()
-    await tick
-    await batcher.close()
-    return sorted(seen)
+    try:
+        await asyncio.wait_for(asyncio.gather(*submitted), timeout=timeout_s)
+    finally:
+        done.set()
+        await tick
+        await batcher.close()
+    return sorted(seen), len(formed)
 
 
 def main() -> None:
@@ -75,7 +81,7 @@ def main() -> None:
     encodings = predictor.encoder.encode([" ".join(["word"] * rng.randint(5, 120)) for _ in range(args.window)])
     sys.setswitchinterval(args.switch_interval)
     for name, inline in (("loop", True), ("thread", False)):
-        worst = asyncio.run(lags(predictor, encodings, args.window, inline))[-5:]
+        worst = asyncio.run(lags(predictor, encodings, args.window, inline))[0][-5:]
         print(f"batch forming on the {name:<6}: worst ticker lags {[round(1000 * x, 1) for x in worst]} ms")
 
 
