@@ -1,8 +1,11 @@
-"""kiln audit: a deployment's vectors against the original's, with the cause of a gap found by measurement.
+"""kiln audit: a deployment's vectors (or a reranker's scores) against the original's, with the cause of a gap
+found by measurement.
 
 Against kiln serve (agrees), against a misconfigured server (CLS pooling, truncated at 32 tokens: the audit must
-name both), and every way asking can fail (bad URL, nothing listening, not JSON, wrong shapes, a timeout): one
-clear message and a non-zero exit each, never a traceback or a hang.
+name both), a misconfigured TEI-shaped reranker (raw logits of (text, query) pairs cut at 32 tokens: all three
+named), and every way asking can fail (bad URL, nothing listening, not JSON, wrong shapes, a timeout): one clear
+message and a non-zero exit each, never a traceback or a hang. The v2 adapter is tested against a real
+tritonserver in test_triton.py.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import json
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -20,6 +24,9 @@ from kiln.audit.job import AuditConfig, run_audit
 from kiln.audit.protocols import AuditError, Endpoint
 from kiln.serve import process
 from kiln.serve.app import ServeConfig, create_app
+from kiln.tasks import TaskName
+
+RANKING = TaskName.TEXT_RANKING.value
 
 
 def audit_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -32,7 +39,7 @@ def test_kiln_serve_agrees_with_its_original(tiny_model, tiny_artifact, tmp_path
         for protocol in ("openai", "kiln"):
             result = run_audit(AuditConfig(Endpoint(base, protocol, "m"), str(tiny_model("bert")), count=24,
                                            output=tmp_path / protocol))
-            assert result.within_tolerance and result.min_cosine > 0.9999, result.verdict()
+            assert result.within_tolerance and result.min_agreement > 0.9999, result.verdict()
             assert not any(f.differs for f in result.findings), result.findings
     page = (tmp_path / "kiln" / "audit.html").read_text()
     assert "within tolerance" in page and json.loads((tmp_path / "kiln" / "audit.json").read_text())["schema"]
@@ -54,6 +61,58 @@ def test_a_misconfigured_server_is_outside_tolerance_with_both_causes_named(tiny
     assert findings["truncation"]["differs"] and findings["truncation"]["found"].startswith("32 tokens")
     assert not findings["prefix"]["differs"] and not findings["normalisation"]["differs"]
     assert "explained by pooling, truncation" in run.stderr and "outside tolerance" in run.stderr
+
+
+def test_kiln_serve_reranks_like_its_original(tiny_model, task_artifacts, tmp_path):
+    with process.serve_in_thread(create_app(ServeConfig(models={"r": task_artifacts[TaskName.TEXT_RANKING]}))) as base:
+        result = run_audit(AuditConfig(Endpoint(base, "kiln", "r"), str(tiny_model("bert", TaskName.TEXT_RANKING)),
+                                       count=32, output=tmp_path, task=RANKING))
+    assert result.within_tolerance and result.min_agreement > 0.9999, result.verdict()
+    assert result.figures["max_score_diff"] < 1e-4 and result.figures["top1_agreement"] == 1.0
+    assert {f.cause for f in result.findings} == {"activation", "pair order", "truncation", "batch drift"}
+    assert not any(f.differs for f in result.findings), result.findings
+    assert "mean kendall tau" in (tmp_path / "audit.md").read_text()
+
+
+def _tei_reranker(artifact):
+    """A TEI-shaped /rerank that scores (text, query) pairs and answers raw logits: two misconfigurations."""
+    from fastapi import FastAPI
+
+    import kiln
+    from kiln.tasks import RerankQuery
+
+    predictor = kiln.load(artifact)
+    app = FastAPI()
+
+    @app.post("/rerank")
+    async def rerank(body: dict):
+        swapped = predictor.predict([RerankQuery(t, (body["query"],)) for t in body["texts"]], raw_scores=True)
+        return [{"index": i, "score": ranked[0].score} for i, ranked in enumerate(swapped)]
+
+    return app
+
+
+def test_a_misconfigured_reranker_is_outside_tolerance_with_every_cause_named(tiny_model, task_artifacts, tmp_path):
+    wrong = tmp_path / "wrong"
+    shutil.copytree(task_artifacts[TaskName.TEXT_RANKING], wrong)
+    manifest = json.loads((wrong / MANIFEST_NAME).read_text())
+    manifest["task"]["max_length"] = 32
+    (wrong / MANIFEST_NAME).write_text(json.dumps(manifest))
+    with process.serve_in_thread(_tei_reranker(wrong)) as base:
+        run = audit_cli(base, str(tiny_model("bert", TaskName.TEXT_RANKING)), "--task", RANKING, "--protocol", "tei",
+                        "--count", "48", "-o", str(tmp_path / "out"))
+    assert run.returncode == 4, run.stderr
+    findings = {f["cause"]: f for f in json.loads((tmp_path / "out" / "audit.json").read_text())["findings"]}
+    assert findings["activation"]["differs"] and findings["activation"]["found"].startswith("raw")
+    assert findings["pair order"]["differs"] and findings["pair order"]["found"].startswith("(text, query)")
+    assert findings["truncation"]["differs"] and findings["truncation"]["found"].startswith("32 tokens")
+    assert not findings["batch drift"]["differs"]
+    assert "explained by activation, pair order, truncation" in run.stderr, run.stderr
+
+
+def test_a_task_audit_cannot_check_is_refused_by_name(tmp_path):
+    run = audit_cli("http://127.0.0.1:9", "--task", TaskName.TOKEN_CLASSIFICATION.value, timeout=60)
+    assert run.returncode == 2 and "kiln audit checks embedding and reranker deployments" in run.stderr, run.stderr
 
 
 def _bad_app(mode: str):
@@ -107,25 +166,44 @@ def test_bad_urls_and_nothing_listening(tiny_model, tmp_path):
         embed(Endpoint(f"http://127.0.0.1:{port}", "tei"), ["x"])
 
 
-INFINITY = __import__("pathlib").Path(__file__).resolve().parents[1] / ".venv-infinity" / "bin" / "infinity_emb"
+INFINITY = Path(__file__).resolve().parents[1] / ".venv-infinity" / "bin" / "infinity_emb"
 
 
-@pytest.mark.skipif(not INFINITY.is_file(), reason="no Infinity venv (run `make infinity-server`)")
-def test_infinity_serving_the_bundled_minilm_agrees_with_it(minilm_dir, tmp_path):
-    """A deployment nobody here wrote: Infinity (infinity-emb 0.0.78, PyTorch engine) serving the bundled MiniLM."""
-    import os
+@pytest.fixture(scope="module")
+def infinity(minilm_dir, tiny_model, tmp_path_factory):
+    """A deployment nobody here wrote: Infinity (infinity-emb 0.0.78, PyTorch engine) serving the bundled MiniLM
+    ("minilm") and a tiny cross-encoder ("rr") in one process: (base URL, the cross-encoder's directory)."""
+    if not INFINITY.is_file():
+        pytest.skip("no Infinity venv (run `make infinity-server`)")
+    reranker = tmp_path_factory.mktemp("infinity") / "rr"
+    shutil.copytree(tiny_model("bert", TaskName.TEXT_RANKING), reranker)
+    # The fixture's tokenizer_config names transformers 5's TokenizersBackend; Infinity's transformers 4 needs the
+    # class by its older name (the tokenizer.json both read is the same file).
+    config = json.loads((reranker / "tokenizer_config.json").read_text())
+    (reranker / "tokenizer_config.json").write_text(json.dumps({**config, "tokenizer_class": "BertTokenizerFast"}))
+    proc, port = process.start_server([str(INFINITY), "v2", "--model-id", str(minilm_dir), "--model-id", str(reranker),
+                                       "--served-model-name", "minilm", "--served-model-name", "rr", "--engine",
+                                       "torch", "--device", "cpu", "--host", "127.0.0.1", "--no-bettertransformer"],
+                                      timeout_s=180)  # conftest set HF_HUB_OFFLINE=1, which the child inherits
+    yield f"http://127.0.0.1:{port}", reranker
+    proc.terminate()
+    proc.wait(timeout=60)
 
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    proc, port = process.start_server([str(INFINITY), "v2", "--model-id", str(minilm_dir), "--served-model-name",
-                                       "minilm", "--engine", "torch", "--device", "cpu", "--host", "127.0.0.1",
-                                       "--no-bettertransformer"], timeout_s=180)
-    try:
-        result = run_audit(AuditConfig(Endpoint(f"http://127.0.0.1:{port}", "openai", "minilm"), None, count=24,
-                                       output=tmp_path))
-    finally:
-        proc.terminate()
-        proc.wait(timeout=60)
-    assert result.within_tolerance and result.min_cosine > 0.9999, result.verdict()
+
+def test_infinity_serving_the_bundled_minilm_agrees_with_it(infinity, tmp_path):
+    base, _ = infinity
+    result = run_audit(AuditConfig(Endpoint(base, "openai", "minilm"), None, count=24, output=tmp_path))
+    assert result.within_tolerance and result.min_agreement > 0.9999, result.verdict()
     assert {f.cause: f.differs for f in result.findings} == {"pooling": False, "normalisation": False,
                                                              "truncation": False, "prefix": False,
                                                              "batch drift": False}
+
+
+def test_infinity_reranking_agrees_with_the_original_cross_encoder(infinity, tmp_path):
+    """Infinity's Cohere-style /rerank (the openai protocol's reranker route) against the original's scores."""
+    base, reranker = infinity
+    result = run_audit(AuditConfig(Endpoint(base, "openai", "rr"), str(reranker), count=48, output=tmp_path,
+                                   task=RANKING))
+    assert result.within_tolerance and result.min_agreement > 0.9999, result.verdict()
+    assert result.figures["max_score_diff"] < 1e-5, result.figures
+    assert not any(f.differs for f in result.findings), result.findings

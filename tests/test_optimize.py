@@ -282,7 +282,7 @@ def test_the_gate_judges_the_worst_batching_and_records_the_drift(tiny_model, tm
     assert not drifted.batched.drift.invariant and drifted.batched.drift.min_cosine < 0.99
     assert fp32.status == "accepted" and fp32.batched.drift.invariant and fp32.batched.drift.max_abs_diff == 0
     record = Artifact.open(tmp_path / "o").manifest.variants["onnx-fp32"]
-    assert record.batch_invariant and set(record.batched.agreements) == {"sorted", "mixed", "alone"}
+    assert record.batch_invariant and set(record.batched.agreements) == {"sorted", "mixed", "alone", "sessions"}
     page = (tmp_path / "o" / "report.html").read_text()
     assert "Batch-invariant: onnx-fp32" in page and "batch drift" in page
 

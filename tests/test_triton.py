@@ -189,3 +189,16 @@ def test_triton_scores_query_text_pairs_like_kiln_rerank(served, task_artifacts)
     got = client.infer(names[TaskName.TEXT_RANKING], inputs).as_numpy("SCORE")[:, 0]
     want = {r.index: r.score for r in kiln.load(task_artifacts[TaskName.TEXT_RANKING]).rerank(query, texts)}
     np.testing.assert_allclose(got, [want[i] for i in range(len(texts))], atol=1e-5)
+
+
+@pytest.mark.parametrize("task", [TaskName.FEATURE_EXTRACTION, TaskName.TEXT_RANKING])
+def test_kiln_audit_asks_triton_over_v2(served, tiny_model, task, tmp_path):
+    """kiln audit's v2 adapter against a real tritonserver: TEXT -> EMBEDDING, and (QUERY, TEXT) -> SCORE."""
+    from kiln.audit.job import AuditConfig, run_audit
+    from kiln.audit.protocols import Endpoint
+
+    running, names = served
+    result = run_audit(AuditConfig(Endpoint(f"http://127.0.0.1:{running.http_port}", "v2", names[task]),
+                                   str(tiny_model("bert", task)), count=24, output=tmp_path, task=task.value))
+    assert result.within_tolerance and result.min_agreement > 0.9999, result.verdict()
+    assert not any(f.differs for f in result.findings), result.findings

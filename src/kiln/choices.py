@@ -123,12 +123,17 @@ class ShadowPolicy(Choice):
 
 
 class WireProtocol(Choice):
-    """How kiln audit asks a deployment for embeddings."""
+    """How kiln audit asks a deployment for embeddings (and, for rerankers, scores)."""
 
-    OPENAI = "openai"  # POST /v1/embeddings {"input": [...], "model": M} -> {"data": [{"embedding": [...]}]}
-    TEI = "tei"  # POST /embed {"inputs": [...]} -> [[...], ...] (Hugging Face text-embeddings-inference)
-    KILN = "kiln"  # POST /embed {"inputs": [...]} -> {"embeddings": [[...], ...]}
-    V2 = "v2"  # POST /v2/models/{M}/infer, a BYTES tensor TEXT -> the first output tensor (KServe / Triton)
+    # POST /v1/embeddings {"input": [...], "model": M} -> {"data": [{"embedding": [...]}]}; rerank: Cohere's
+    # POST /rerank {"query", "documents"} -> {"results": [{"index", "relevance_score"}]} (Infinity, vLLM)
+    OPENAI = "openai"
+    # POST /embed {"inputs": [...]} -> [[...], ...]; POST /rerank {"query", "texts"} -> [{"index", "score"}]
+    # (Hugging Face text-embeddings-inference)
+    TEI = "tei"
+    KILN = "kiln"  # POST /embed -> {"embeddings": [[...], ...]}; POST /rerank -> {"results": [{"index", "score"}]}
+    # POST /v2/models/{M}/infer with BYTES tensors TEXT (and QUERY) -> EMBEDDING / SCORE (KServe, Triton)
+    V2 = "v2"
 
 
 class LogFormatName(Choice):

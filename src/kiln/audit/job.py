@@ -1,23 +1,26 @@
-"""`kiln audit URL`: texts to the deployment, the original's fp32 vectors beside them, the diagnosis, the report.
+"""`kiln audit URL`: inputs to the deployment, the original's fp32 outputs beside them, the diagnosis, the report.
 
-Writes audit.json (typed, kiln.records), audit.md and audit.html (the report page's style) into the output
-directory and returns the result; the CLI exits 4 when the deployment is outside tolerance.
+One audit kind per kind of answer (vectors for an embedding task, scores for a reranker), picked from the task
+spec; each has its reference (the original run eagerly), its inputs and its diagnosis. Writes audit.json (typed,
+kiln.records), audit.md and audit.html (the report page's style) into the output directory and returns the
+result; the CLI exits 4 when the deployment is outside tolerance.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from html import escape
 from pathlib import Path
+from typing import Any
 
-from kiln.audit.diagnose import AuditResult, diagnose
 from kiln.audit.protocols import Endpoint
+from kiln.audit.result import AuditResult
 from kiln.errors import KilnError, UsageError
 from kiln.records import write_json
-from kiln.tasks import DEFAULT_TASK
+from kiln.tasks import DEFAULT_TASK, TASKS, task_spec
 
-SCHEMA = "kiln.audit/1"
+SCHEMA = "kiln.audit/2"  # /1 had min_cosine/mean_cosine; /2 names its agreement figure (cosine, kendall tau)
 
 
 class OutsideTolerance(KilnError):
@@ -35,21 +38,27 @@ class AuditConfig:
     tolerance: float | None = None  # default: feature-extraction's
     output: Path = Path("kiln-audit")
     allow_pickle: bool = False
+    task: str = DEFAULT_TASK  # an embedding task or a reranker (see AUDITS)
 
     def __post_init__(self) -> None:
         if self.count < 8:
             raise UsageError(f"--count must be at least 8 (got {self.count})")
+        audit_kind(self.task)  # refuse a task kiln audit cannot check, naming the ones it can
+
+
+def _lines(config: AuditConfig) -> list[str]:
+    path = config.texts_file.expanduser()
+    if not path.is_file():
+        raise UsageError(f"--texts file {path} does not exist")
+    lines = [line.rstrip("\r\n") for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    if len(lines) < 8:
+        raise UsageError(f"--texts file {path} needs at least 8 non-empty lines (got {len(lines)})")
+    return lines
 
 
 def _texts(config: AuditConfig, reference) -> list[str]:
     if config.texts_file is not None:
-        path = config.texts_file.expanduser()
-        if not path.is_file():
-            raise UsageError(f"--texts file {path} does not exist")
-        lines = [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-        if len(lines) < 8:
-            raise UsageError(f"--texts file {path} needs at least 8 non-empty lines (got {len(lines)})")
-        return lines
+        return [line.strip() for line in _lines(config)]
     from kiln.data import corpus
     from kiln.data.texts import texts_of_lengths
 
@@ -60,17 +69,63 @@ def _texts(config: AuditConfig, reference) -> list[str]:
                             source=corpus.sentences("held-out"))
 
 
-def run_audit(config: AuditConfig, progress: Callable[[str], None] = lambda _: None) -> AuditResult:
+def _queries(config: AuditConfig, reference) -> list[Any]:
+    from kiln.audit.ranking import builtin_queries, queries_from_lines
+
+    if config.texts_file is not None:
+        return queries_from_lines(_lines(config), f"--texts file {config.texts_file}")
+    return builtin_queries(reference, config.count)
+
+
+@dataclass(frozen=True)
+class AuditKind:
+    """How one kind of answer is audited: the original's reference, the inputs to send, the diagnosis."""
+
+    reference: Callable[[Any], Any]  # source model -> reference
+    inputs: Callable[[AuditConfig, Any], Sequence[Any]]  # (config, reference) -> texts or queries
+    diagnose: Callable[..., AuditResult]  # (endpoint, reference, inputs, tolerance, model, task) -> result
+    what: str  # the inputs, in words
+
+
+def _vectors() -> AuditKind:
+    from kiln.audit import vectors
     from kiln.audit.reference import Reference
+
+    return AuditKind(Reference, _texts, vectors.diagnose, "texts")
+
+
+def _scores() -> AuditKind:
+    from kiln.audit import ranking
+
+    return AuditKind(ranking.ScoreReference, _queries, ranking.diagnose, "queries")
+
+
+# Audit kind, by what the task spec says its results are (TaskSpec.embeds / .ranks): imported when used, since
+# each pulls torch in through its reference.
+AUDITS: dict[str, Callable[[], AuditKind]] = {"embeds": _vectors, "ranks": _scores}
+
+
+def audit_kind(task: str) -> Callable[[], AuditKind]:
+    spec = task_spec(task)
+    found = next((kind for flag, kind in AUDITS.items() if getattr(spec, flag)), None)
+    if found is None:
+        can = ", ".join(name for name, s in TASKS.items() if any(getattr(s, flag) for flag in AUDITS))
+        raise UsageError(f"--task {task}: kiln audit checks embedding and reranker deployments ({can})")
+    return found
+
+
+def run_audit(config: AuditConfig, progress: Callable[[str], None] = lambda _: None) -> AuditResult:
     from kiln.model.source import load_source
     from kiln.validation.gate import tolerance_for
 
+    kind = audit_kind(config.task)()
     progress(f"loading the original {config.model or 'bundled all-MiniLM-L6-v2'} (fp32, PyTorch)")
-    source = load_source(config.model, DEFAULT_TASK, allow_pickle=config.allow_pickle)
-    reference = Reference(source)
-    texts = _texts(config, reference)
-    progress(f"sending {len(texts)} texts to {config.endpoint.url} ({config.endpoint.protocol.value})")
-    result = diagnose(config.endpoint, reference, texts, tolerance_for(DEFAULT_TASK, config.tolerance), source.name)
+    source = load_source(config.model, config.task, allow_pickle=config.allow_pickle)
+    reference = kind.reference(source)
+    inputs = kind.inputs(config, reference)
+    progress(f"sending {len(inputs)} {kind.what} to {config.endpoint.url} ({config.endpoint.protocol.value})")
+    result = kind.diagnose(config.endpoint, reference, inputs, tolerance_for(config.task, config.tolerance),
+                           source.name, config.task)
     write_audit(config.output.expanduser(), result)
     return result
 
@@ -81,16 +136,20 @@ def write_audit(directory: Path, result: AuditResult) -> None:
 
     directory.mkdir(parents=True, exist_ok=True)
     write_json(directory / "audit.json", SCHEMA, result)
-    buckets = (["tokens", "texts", "mean cosine", "min cosine"],
+    counted = "queries" if result.agreement != "cosine" else "texts"  # a tau is per query, a cosine per text
+    buckets = (["tokens", counted, f"mean {result.agreement}", f"min {result.agreement}"],
                [[b.tokens, str(b.count), f"{b.mean:.4f}", f"{b.min:.4f}"] for b in result.buckets])
     findings = (["cause", "vs the original", "measured"],
                 [[f.cause, "differs" if f.differs else "same", f.found] for f in result.findings])
-    about = (f"Original: {result.model} ({result.configured}); protocol {result.protocol}; {result.texts} texts; "
-             f"tolerance {result.tolerance:g}.")
+    figures = (["figure", "value"],
+               [[name.replace("_", " "), f"{value:.4g}"] for name, value in result.figures.items()])
+    about = (f"Original: {result.model}, {result.task} ({result.configured}); protocol {result.protocol}; "
+             f"{result.inputs} inputs; tolerance {result.tolerance:g}.")
     lines = [f"# kiln audit: {result.url}", "", about, "", f"**Verdict:** {result.verdict()}.", "",
-             *markdown_table(buckets), *markdown_table(findings)]
+             *markdown_table(buckets), *(markdown_table(figures) if result.figures else []), *markdown_table(findings)]
     html = page("kiln audit", [f"<h1>kiln audit: {escape(result.url)}</h1>", f"<p>{escape(about)}</p>",
                                f"<p><strong>Verdict:</strong> {escape(result.verdict())}.</p>",
-                               "<h2>Agreement by input length</h2>", html_table(buckets), "<h2>Diagnosis</h2>",
-                               html_table(findings)])
+                               "<h2>Agreement by input length</h2>", html_table(buckets),
+                               *(["<h2>Figures</h2>", html_table(figures)] if result.figures else []),
+                               "<h2>Diagnosis</h2>", html_table(findings)])
     write_pages(directory, {"audit.md": "\n".join(lines), "audit.html": html})

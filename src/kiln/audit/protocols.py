@@ -1,8 +1,9 @@
-"""How `kiln audit` asks a running deployment for embeddings: one adapter per wire format, a registry by name.
+"""How `kiln audit` asks a running deployment for embeddings or rerank scores: one adapter per wire format and
+kind of answer, a registry of each by protocol.
 
 Every failure a user can meet becomes one AuditError naming the URL and what was wrong: a bad URL, nothing
 listening, a timeout, an HTTP error status, a body that is not JSON, or JSON of the wrong shape (not one vector
-of equal length per text).
+of equal length per text, not one score per text).
 """
 
 from __future__ import annotations
@@ -99,18 +100,26 @@ def _kiln(endpoint: Endpoint, texts: Sequence[str]) -> np.ndarray:
     return _vectors(body["embeddings"], len(texts), f"{endpoint.url}/embed")
 
 
-def _v2(endpoint: Endpoint, texts: Sequence[str]) -> np.ndarray:
+def _v2_infer(endpoint: Endpoint, tensors: dict[str, Sequence[str]], output: str) -> tuple[np.ndarray, str]:
+    """POST BYTES tensors of shape [n, 1] to /v2/models/NAME/infer: the output named ``output`` (else the first
+    one) as an array, and where it came from."""
     if not endpoint.model:
         raise UsageError("--protocol v2 needs --model-name (the served model's name in /v2/models/NAME/infer)")
     path = f"/v2/models/{endpoint.model}/infer"
-    body = _post(endpoint, path, {"inputs": [{"name": "TEXT", "shape": [len(texts), 1], "datatype": "BYTES",
-                                              "data": list(texts)}]})
+    body = _post(endpoint, path, {"inputs": [{"name": name, "shape": [len(column), 1], "datatype": "BYTES",
+                                              "data": list(column)} for name, column in tensors.items()]})
     try:
-        output = body["outputs"][0]
-        array = np.asarray(output["data"], dtype=np.float32).reshape(output["shape"])
-    except (KeyError, TypeError, ValueError, IndexError) as err:
-        raise AuditError(f"{endpoint.url}{path}: not a v2 inference answer ({err})") from err
-    return _vectors(array.reshape(len(texts), -1), len(texts), f"{endpoint.url}{path}")
+        outputs = body["outputs"]
+        chosen = next((o for o in outputs if o.get("name") == output), outputs[0])
+        array = np.asarray(chosen["data"], dtype=np.float32).reshape(chosen["shape"])
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError) as err:
+        raise AuditError(f"{endpoint.url}{path}: not a v2 inference answer ({type(err).__name__}: {err})") from err
+    return array, f"{endpoint.url}{path}"
+
+
+def _v2(endpoint: Endpoint, texts: Sequence[str]) -> np.ndarray:
+    array, where = _v2_infer(endpoint, {"TEXT": texts}, "EMBEDDING")
+    return _vectors(array.reshape(len(texts), -1), len(texts), where)
 
 
 # Protocol -> how to get one vector per text.
@@ -120,3 +129,56 @@ CLIENTS: dict[Protocol, Callable[[Endpoint, Sequence[str]], np.ndarray]] = {
 
 def embed(endpoint: Endpoint, texts: Sequence[str]) -> np.ndarray:
     return CLIENTS[endpoint.protocol](endpoint, texts)
+
+
+def _scores(rows: Any, count: int, where: str, key: str = "score") -> np.ndarray:
+    """[{index, <key>}, ...] (any order, every index once) as the scores in request order."""
+    try:
+        pairs = [(int(row["index"]), float(row[key])) for row in rows]
+    except (KeyError, TypeError, ValueError) as err:
+        raise AuditError(f"{where}: not a list of {{'index', '{key}'}} results ({type(err).__name__}: {err})") from err
+    if sorted(i for i, _ in pairs) != list(range(count)):
+        raise AuditError(f"{where}: expected one score for each of the {count} texts, got indexes "
+                         f"{sorted(i for i, _ in pairs)[:12]}")
+    scores = np.array([s for _, s in sorted(pairs)], dtype=np.float64)
+    if not np.isfinite(scores).all():
+        raise AuditError(f"{where}: the scores hold NaN or infinite values")
+    return scores
+
+
+def _tei_rerank(endpoint: Endpoint, query: str, texts: Sequence[str]) -> np.ndarray:
+    body = _post(endpoint, "/rerank", {"query": query, "texts": list(texts), "raw_scores": False, "truncate": True})
+    return _scores(body, len(texts), f"{endpoint.url}/rerank")
+
+
+def _kiln_rerank(endpoint: Endpoint, query: str, texts: Sequence[str]) -> np.ndarray:
+    body = _post(endpoint, "/rerank", {"query": query, "texts": list(texts),
+                                       **({"model": endpoint.model} if endpoint.model else {})})
+    if not isinstance(body, dict) or "results" not in body:
+        raise AuditError(f"{endpoint.url}/rerank: not a kiln answer (no 'results')")
+    return _scores(body["results"], len(texts), f"{endpoint.url}/rerank")
+
+
+def _cohere_rerank(endpoint: Endpoint, query: str, texts: Sequence[str]) -> np.ndarray:
+    # The rerank route OpenAI-compatible servers add (Infinity, vLLM, Jina): Cohere's body and answer.
+    body = _post(endpoint, "/rerank", {"query": query, "documents": list(texts), "model": endpoint.model or "default",
+                                       "return_documents": False})
+    if not isinstance(body, dict) or "results" not in body:
+        raise AuditError(f"{endpoint.url}/rerank: not a Cohere-style rerank answer (no 'results')")
+    return _scores(body["results"], len(texts), f"{endpoint.url}/rerank", key="relevance_score")
+
+
+def _v2_rerank(endpoint: Endpoint, query: str, texts: Sequence[str]) -> np.ndarray:
+    array, where = _v2_infer(endpoint, {"QUERY": [query] * len(texts), "TEXT": texts}, "SCORE")
+    if array.size != len(texts):
+        raise AuditError(f"{where}: expected {len(texts)} scores, got an array of shape {array.shape}")
+    return _scores([{"index": i, "score": s} for i, s in enumerate(array.reshape(-1))], len(texts), where)
+
+
+# Protocol -> how to get one relevance score per text for a query, in the texts' order.
+SCORERS: dict[Protocol, Callable[[Endpoint, str, Sequence[str]], np.ndarray]] = {
+    Protocol.OPENAI: _cohere_rerank, Protocol.TEI: _tei_rerank, Protocol.KILN: _kiln_rerank, Protocol.V2: _v2_rerank}
+
+
+def rerank(endpoint: Endpoint, query: str, texts: Sequence[str]) -> np.ndarray:
+    return SCORERS[endpoint.protocol](endpoint, query, texts)

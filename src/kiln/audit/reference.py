@@ -15,6 +15,21 @@ from typing import Any
 import numpy as np
 
 POOLINGS = ("mean", "cls", "last", "max")
+TRUNCATIONS = (16, 32, 64, 128, 256, 384, 512)  # lengths servers commonly cut at
+
+
+def position_limit(source: Any) -> int:
+    """The most tokens the model takes: its position table, or its tokenizer's limit where that is lower."""
+    positions = int(getattr(source.model.config, "max_position_embeddings", 0) or source.task_config.max_length)
+    return min(positions, int(getattr(source.tokenizer, "model_max_length", positions) or positions))
+
+
+def truncations(configured: int, limit: int, longest: int) -> list[int]:
+    """Truncation lengths worth trying on inputs of up to ``longest`` tokens: the usual ones below it, the
+    configured one, and ``min(limit, longest)`` (no cut at all, or the model's own limit; a server that ignores
+    the configured length cuts there, as TEI does at the position table's size)."""
+    top = min(limit, longest)
+    return sorted({t for t in TRUNCATIONS if t < top} | {configured, top})
 
 
 @dataclass(frozen=True)
@@ -42,6 +57,7 @@ class Reference:
         self.model, self.tokenizer, self.batch_size = source.model.eval(), source.tokenizer, batch_size
         config = source.task_config
         self.configured = Recipe(config.pooling.value, config.normalize, config.max_length)
+        self.limit = position_limit(source)
         self._torch = torch
         self._cache: dict[tuple[Recipe, tuple[str, ...]], np.ndarray] = {}
 

@@ -1,4 +1,4 @@
-"""`kiln audit URL`: score a running embedding deployment against the original model (kiln/audit)."""
+"""`kiln audit URL`: score a running embedding or reranker deployment against the original model (kiln/audit)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import typer
 
 from kiln.choices import WireProtocol
 from kiln.cli import console
-from kiln.cli.options import ModelArg, PickleOpt
+from kiln.cli.options import DEFAULT_TASK_OPT, ModelArg, PickleOpt, TaskOpt
 from kiln.tasks import DEFAULT_TASK, task_spec
 
 
@@ -17,18 +17,23 @@ def audit(
     url: Annotated[str, typer.Argument(help="The deployment's base URL, e.g. http://127.0.0.1:8000.",
                                        show_default=False)],
     model: ModelArg = None,
+    task: TaskOpt = DEFAULT_TASK_OPT,
     protocol: Annotated[WireProtocol, typer.Option(
-        help="How to ask it: openai (/v1/embeddings: Infinity, vLLM, kiln), tei (/embed: text-embeddings-inference), "
-        "kiln (/embed), v2 (KServe / Triton /v2/models/NAME/infer with a TEXT tensor).")] = WireProtocol.OPENAI,
+        help="How to ask it: openai (/v1/embeddings; a reranker: Cohere-style /rerank as Infinity and vLLM serve "
+        "it), tei (text-embeddings-inference's /embed, /rerank), kiln (kiln serve's /embed, /rerank), v2 (KServe / "
+        "Triton /v2/models/NAME/infer with TEXT (and QUERY) tensors).")] = WireProtocol.OPENAI,
     model_name: Annotated[Optional[str], typer.Option(  # noqa: UP045
         help="The model's name on the server (OpenAI's 'model', v2's NAME).", show_default=False)] = None,
     texts: Annotated[Optional[Path], typer.Option(  # noqa: UP045
-        help="Your traffic, one text per line (at least 8). Default: held-out documentation text of lengths up to "
-        "past the model's maximum, so truncation shows.", show_default=False)] = None,
-    count: Annotated[int, typer.Option(help="Built-in texts to send.", min=8)] = 96,
+        help="Your traffic, one text per line (at least 8); for a reranker, query<TAB>text lines (a query's lines "
+        "together). Default: held-out documentation text of lengths up to past the model's maximum, so truncation "
+        "shows.", show_default=False)] = None,
+    count: Annotated[int, typer.Option(help="Built-in texts to send (a reranker: that many pairs, 8 per query).",
+                                       min=8)] = 96,
     tolerance: Annotated[Optional[float], typer.Option(  # noqa: UP045
-        help="Largest drop allowed: min cosine >= 1 - t and mean >= 1 - t/2 against the original (default: the "
-        f"embedding task's {task_spec(DEFAULT_TASK).default_tolerance:g}).", show_default=False)] = None,
+        help="Largest drop allowed: embeddings, min cosine >= 1 - t and mean >= 1 - t/2 (default "
+        f"{task_spec(DEFAULT_TASK).default_tolerance:g}); rerankers, the task's own rule (--task's tolerance, as "
+        "kiln optimize judges it).", show_default=False)] = None,
     timeout: Annotated[float, typer.Option(help="Seconds to wait for each answer.", min=0.1)] = 30.0,
     api_key: Annotated[Optional[str], typer.Option(  # noqa: UP045
         help="Sent as Authorization: Bearer KEY.", show_default=False)] = None,
@@ -36,8 +41,9 @@ def audit(
     = Path("kiln-audit"),
     allow_pickle: PickleOpt = False,
 ) -> None:
-    """Send texts to a running embedding deployment, score its vectors against MODEL's fp32 PyTorch outputs by
-    input length, and diagnose a gap by measurement: pooling, normalisation, truncation, prefixes, batch drift.
+    """Send texts to a running embedding deployment (or queries to a reranker), score its answers against MODEL's
+    fp32 PyTorch outputs by input length, and diagnose a gap by measurement: pooling, normalisation, truncation,
+    prefixes, batch drift (rerankers: score activation, pair order, truncation, batch drift).
 
     Exits 4 when the deployment is outside --tolerance, 3 when it cannot be asked (unreachable, timeout, not
     JSON, wrong shapes).
@@ -47,7 +53,8 @@ def audit(
 
     endpoint = Endpoint(url, protocol, model_name, timeout,
                         (("Authorization", f"Bearer {api_key}"),) if api_key else ())
-    result = run_audit(AuditConfig(endpoint, model, texts, count, tolerance, output, allow_pickle), console.progress)
+    result = run_audit(AuditConfig(endpoint, model, texts, count, tolerance, output, allow_pickle, task.value),
+                       console.progress)
     for finding in result.findings:
         console.out.print(f"{finding.cause:<14} {'DIFFERS' if finding.differs else 'same   '} {finding.found}",
                           markup=False)

@@ -45,6 +45,11 @@ TIE = 0.02  # variants within 2% of the fastest count as tied; the smaller file 
 BEST_DIR = "best"
 
 
+# How a verdict names the batching it was judged on, when that is not the plain sorted one.
+WORST_WORDS = {Batching.MIXED: "mixed batches", Batching.ALONE: "run alone",
+               Batching.SESSIONS: "over one-thread sessions"}
+
+
 class NothingPassed(KilnError):
     """Every variant was rejected, skipped or failed."""
 
@@ -244,8 +249,9 @@ class OptimizeJob:
 
     def _check(self, built: BuiltVariant, params: dict[str, Any]) -> Checked:
         predictor = self._predictor(built.record())
-        # Judged under every batching a server may give its inputs (sorted, mixed, alone): the worst one counts.
-        batched = measure_batchings(self.work.agreement, predictor)
+        # Judged under every batching a server may give its inputs (sorted, mixed, alone, over several one-thread
+        # sessions): the worst one counts.
+        batched = measure_batchings(self.work.agreement, predictor, self._predictor(built.record(), sessions=2))
         worst = batched.worst
         agreement = batched.agreements[worst]
         data = self.work.eval_set
@@ -255,8 +261,7 @@ class OptimizeJob:
                         metric[self.spec.metric] if metric else None,
                         reference[self.spec.metric] if reference else None)
         if worst is not Batching.SORTED:
-            verdict = dataclasses.replace(verdict, reason=f"{verdict.reason} ({worst.value} batches)"
-                                          if worst is Batching.MIXED else f"{verdict.reason} (run alone)")
+            verdict = dataclasses.replace(verdict, reason=f"{verdict.reason} ({WORST_WORDS[worst]})")
         verdict = judge_drift(verdict, batched.drift, self.tolerance)
         return Checked(built, agreement, metric, verdict, params, batched)
 
@@ -298,11 +303,14 @@ class OptimizeJob:
         return chosen, Sensitivity(top, search.rounds, search.excluded, True, speed_cost=seconds / full_seconds)
 
     # -- timing, choice, records ---------------------------------------------------------------------------
-    def _predictor(self, record: VariantRecord) -> Predictor:
+    def _predictor(self, record: VariantRecord, sessions: int = 1) -> Predictor:
+        """The variant as validation runs it: one session with the run's threads, or ``sessions`` sessions of one
+        thread each (a multi-session serving plan)."""
         device = self.device if record.engine != "openvino" else "cpu"
-        engine = create_engine(record.engine, self.ctx.stage / record.path,
-                               EngineOptions.for_variant(record, self.threads, device))
-        return Predictor(self.source.task_config, self.reference.encoder, engine, batch_size=self.config.batch_size)
+        options = EngineOptions.for_variant(record, self.threads if sessions == 1 else 1, device)
+        engines = [create_engine(record.engine, self.ctx.stage / record.path, options) for _ in range(sessions)]
+        return Predictor(self.source.task_config, self.reference.encoder, engines[0], batch_size=self.config.batch_size,
+                         sessions=engines[1:])
 
     def _time_reference(self) -> tuple[Timing, str]:
         self.progress(f"timing the PyTorch fp32 reference on {len(self.work.timing)} sequences")

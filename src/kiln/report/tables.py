@@ -46,10 +46,10 @@ def summary(data: BenchResults) -> Table:
 
 
 DRIFT_NOTE = ("Agreement is measured with the agreement inputs in length-sorted batches, in mixed-length batches in "
-              "arrival order, and one at a time, as a server may run them; the gate judges the worst of the three "
-              "(named when it is not the sorted one). Batch drift: how far one input's output moves between those "
-              "batchings; batch-invariant variants answer bit-identically whatever shares their batch (kiln serve "
-              "--deterministic serves only those).")
+              "arrival order, one at a time, and spread over two one-thread sessions side by side, as a server may "
+              "run them; the gate judges the worst of these (named when it is not the sorted one). Batch drift: how "
+              "far one input's output moves between those batchings; batch-invariant variants answer bit-identically "
+              "whatever shares their batch (kiln serve --deterministic serves only those).")
 
 
 def invariant_sentence(data: BenchResults) -> str:

@@ -28,6 +28,10 @@ class Batching(Choice):
     SORTED = "sorted"  # length-sorted batches at the batch size, padded to the engine's multiple (offline path)
     MIXED = "mixed"  # arrival order: mixed lengths in one batch, padded to the longest (a busy server)
     ALONE = "alone"  # batch of one, no padding (an idle server)
+    # Sorted batches spread over two engine sessions of one thread each, run side by side: the plan kiln bench
+    # picks when sessions x threads beats one wide session (OpenVINO streams, ORT sessions). Fewer threads may
+    # change a kernel's reduction order, so a text's answer could depend on which plan serves it.
+    SESSIONS = "sessions"
 
 
 @dataclass(frozen=True)
@@ -64,7 +68,7 @@ class BatchedAgreement:
         return min(self.agreements, key=lambda b: self.agreements[b].value)
 
 
-def _runs(candidate: Predictor, data: AgreementInputs) -> dict[Batching, Run]:
+def _runs(candidate: Predictor, data: AgreementInputs, sessions: Predictor | None) -> dict[Batching, Run]:
     prepared, handler = data.prepared, candidate.handler
     options = handler.options()
     reduced = {
@@ -72,6 +76,8 @@ def _runs(candidate: Predictor, data: AgreementInputs) -> dict[Batching, Run]:
         Batching.MIXED: candidate.run_features(prepared.encodings, sort=False),
         Batching.ALONE: candidate.with_batch_size(1).run_features(prepared.encodings),
     }
+    if sessions is not None:
+        reduced[Batching.SESSIONS] = sessions.run_features(prepared.encodings, sort=True)
     return {b: Run(tuple(r), tuple(handler.finalize(prepared, r, options, candidate.encoder)))
             for b, r in reduced.items()}
 
@@ -95,8 +101,10 @@ def _drift(candidate: Predictor, data: AgreementInputs, runs: Mapping[Batching, 
     return BatchDrift(worst_diff, worst_cos, consistency, figure or "identical")
 
 
-def measure_batchings(data: AgreementInputs, candidate: Predictor) -> BatchedAgreement:
-    """Agreement with the original in sorted batches, mixed batches and alone, and the drift between them."""
+def measure_batchings(data: AgreementInputs, candidate: Predictor,
+                      sessions: Predictor | None = None) -> BatchedAgreement:
+    """Agreement with the original in sorted batches, mixed batches and alone (and, given ``sessions``, the same
+    variant loaded as several one-thread sessions), and the drift between them."""
     spec = task_spec(candidate.config.task)
-    runs = _runs(candidate, data)
+    runs = _runs(candidate, data, sessions)
     return BatchedAgreement({b: spec.agreement(data, run) for b, run in runs.items()}, _drift(candidate, data, runs))

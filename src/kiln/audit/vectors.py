@@ -1,4 +1,4 @@
-"""What `kiln audit` measures of a deployment's vectors against the original, and which cause explains a gap.
+"""What `kiln audit` measures of an embedding deployment's vectors against the original, and which cause explains a gap.
 
 Every cause is tested by measurement, not guessed:
 - pooling: which pooling of the original's token states (mean, CLS, last token, max) the served vectors match;
@@ -12,58 +12,16 @@ A cause *explains* the gap when the original, computed that way, agrees with the
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 
-from kiln.audit.protocols import Endpoint, embed
-from kiln.audit.reference import POOLINGS, Reference, cosines
-from kiln.validation.figures import BucketFigure, bucket_index, bucket_label
+from kiln.audit.protocols import AuditError, Endpoint, embed
+from kiln.audit.reference import POOLINGS, TRUNCATIONS, Reference, cosines, truncations
+from kiln.audit.result import AuditResult, Finding, buckets
 
 PREFIXES = ("query: ", "passage: ", "search_query: ", "search_document: ",
             "Represent this sentence for searching relevant passages: ")
-TRUNCATIONS = (16, 32, 64, 128, 256, 384, 512)
 UNIT = 1e-3  # |norm - 1| below this counts as normalized
-
-
-@dataclass(frozen=True)
-class Finding:
-    cause: str  # pooling | normalisation | truncation | prefix | batch drift
-    found: str  # what was measured, in words
-    differs: bool  # the deployment differs from the original's configuration here
-    figure: float  # the measurement behind it (mean cosine, norm, max |diff|)
-
-
-@dataclass(frozen=True)
-class AuditResult:
-    url: str
-    protocol: str
-    model: str
-    configured: str  # the original's recipe, in words
-    texts: int
-    tolerance: float
-    min_cosine: float  # served against the original as configured
-    mean_cosine: float
-    buckets: tuple[BucketFigure, ...]  # agreement by input length
-    findings: tuple[Finding, ...]
-    explained_by: tuple[str, ...]  # causes that, applied to the original, bring it within tolerance
-    explained_min_cosine: float | None  # the agreement once they are applied
-    within_tolerance: bool
-
-    def verdict(self) -> str:
-        if self.within_tolerance:
-            return (f"within tolerance: min cosine {self.min_cosine:.4f} >= {1 - self.tolerance:.4f}, mean "
-                    f"{self.mean_cosine:.4f}")
-        why = f"; explained by {', '.join(self.explained_by)} (min cosine {self.explained_min_cosine:.4f} once " \
-              "applied)" if self.explained_by else "; no single measured cause explains it"
-        return (f"outside tolerance: min cosine {self.min_cosine:.4f} < {1 - self.tolerance:.4f} (mean "
-                f"{self.mean_cosine:.4f}){why}")
-
-
-def _buckets(lengths: Sequence[int], values: np.ndarray) -> tuple[BucketFigure, ...]:
-    index = np.array([bucket_index(n) for n in lengths])
-    return tuple(BucketFigure(bucket_label(b), int((index == b).sum()), float(values[index == b].mean()),
-                              float(values[index == b].min())) for b in sorted(set(index.tolist())))
 
 
 def served_vectors(endpoint: Endpoint, texts: Sequence[str], batch: int = 16) -> np.ndarray:
@@ -71,14 +29,12 @@ def served_vectors(endpoint: Endpoint, texts: Sequence[str], batch: int = 16) ->
 
 
 def diagnose(endpoint: Endpoint, reference: Reference, texts: Sequence[str], tolerance: float, model: str,
-             alone: int = 24) -> AuditResult:
+             task: str, alone: int = 24) -> AuditResult:
     configured = reference.configured
     lengths = reference.token_counts(texts)
     served = served_vectors(endpoint, texts)
     original = reference.vectors(texts, configured)
     if served.shape[1] != original.shape[1]:
-        from kiln.audit.protocols import AuditError
-
         raise AuditError(f"{endpoint.url} returns {served.shape[1]}-dimensional vectors; {model} makes "
                          f"{original.shape[1]}: it serves another model (or cuts Matryoshka dimensions)")
     agree = cosines(served, original)
@@ -103,7 +59,7 @@ def diagnose(endpoint: Endpoint, reference: Reference, texts: Sequence[str], tol
     long_ones = [i for i, n in enumerate(lengths) if n > min(TRUNCATIONS)]
     if long_ones:
         subset = [texts[i] for i in long_ones]
-        candidates = sorted({t for t in TRUNCATIONS if t < max(lengths)} | {configured.max_length})
+        candidates = truncations(configured.max_length, reference.limit, max(lengths))
         scores = {t: float(cosines(served[long_ones], reference.vectors(subset, recipe.but(max_length=t))).mean())
                   for t in candidates}
         length = max(scores, key=scores.get)
@@ -146,7 +102,7 @@ def diagnose(endpoint: Endpoint, reference: Reference, texts: Sequence[str], tol
         explained = (*changed, *normalisation) if explained_min >= floor else ()
     elif normalisation:
         explained = normalisation
-    return AuditResult(endpoint.url, endpoint.protocol.value, model, configured.describe(), len(texts), tolerance,
-                       float(agree.min()), float(agree.mean()), _buckets(lengths, agree), tuple(findings),
-                       explained, explained_min, within)
+    return AuditResult(endpoint.url, endpoint.protocol.value, task, model, configured.describe(), len(texts),
+                       tolerance, "cosine", float(agree.min()), float(agree.mean()), floor, buckets(lengths, agree),
+                       tuple(findings), explained, explained_min, within)
 
