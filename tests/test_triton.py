@@ -71,6 +71,25 @@ def test_onnx_dims_are_checked_against_the_graph(tiny_artifact, tmp_path):
         check_repository(repo)
 
 
+def test_a_row_by_row_variant_keeps_its_batch_invariance_on_triton(tiny_artifact, tmp_path):
+    """onnx-int8-dynamic-rows is batch-invariant only inside kiln's engine (each row run alone): the repository runs
+    it in the Python step, and refuses a GPU backend that would batch it."""
+    import json
+    import shutil
+
+    from kiln.artifact.manifest import MANIFEST_NAME
+
+    rows = tmp_path / "rows"
+    shutil.copytree(tiny_artifact, rows)
+    manifest = json.loads((rows / MANIFEST_NAME).read_text())
+    manifest["variants"]["onnx-fp32"]["options"]["rows_alone"] = True
+    (rows / MANIFEST_NAME).write_text(json.dumps(manifest))
+    assert read_configs(_repo(rows, tmp_path / "r"))["r_model"].backend == "python"
+    assert read_configs(_repo(tiny_artifact, tmp_path / "plain"))["plain_model"].backend == "onnxruntime"
+    with pytest.raises(UsageError, match="runs each row of a batch alone to stay batch-invariant"):
+        _repo(rows, tmp_path / "gpu", device="cuda")
+
+
 def test_question_answering_needs_the_python_model_step(task_artifacts, tmp_path):
     with pytest.raises(UsageError, match="question-answering inputs become several windows each.*--python-model"):
         _repo(task_artifacts[TaskName.QUESTION_ANSWERING], tmp_path / "qa", device="cuda")

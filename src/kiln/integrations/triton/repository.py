@@ -101,13 +101,20 @@ def write_repository(config: TritonConfig) -> Path:
         raise UsageError(refusal)
     variant = artifact.variant_name()
     record = artifact.variant(variant)
-    python_model = config.python_model or record.engine != "onnxruntime"
+    # Triton's onnxruntime backend runs a whole batch in one call: a variant that must run each row alone to stay
+    # batch-invariant (dynamic int8 with per-row scales) keeps that only in kiln's own engine, the Python step.
+    python_model = config.python_model or record.engine != "onnxruntime" or record.options.rows_alone
     if not python_model and spec.triton_windows:
         raise UsageError(f"{spec.name} inputs become several windows each, an axis Triton's onnxruntime backend "
                          "cannot take: use --device cpu --python-model (the model step flattens the windows)")
-    if config.device != Device.CPU and python_model:
+    if config.device != Device.CPU and python_model and not config.python_model:
+        why = ("runs each row of a batch alone to stay batch-invariant, which the backend's batched call would undo"
+               if record.options.rows_alone else f"runs on {record.engine}")
         raise UsageError(f"--device {config.device} needs an ONNX variant on Triton's onnxruntime backend; {variant} "
-                         f"runs on {record.engine} (use --device cpu, or an ONNX variant)")
+                         f"{why} (use --device cpu, or another ONNX variant with kiln optimize --variants)")
+    if config.device != Device.CPU and python_model:
+        raise UsageError(f"--device {config.device} runs the model on Triton's onnxruntime backend; --python-model "
+                         "runs kiln's engine on the CPU (drop one of them)")
     name = config.name or (artifact.path.resolve().parent.name if artifact.path.name == "best"
                            else artifact.path.resolve().name)
     serving = artifact.serving_default(variant)
