@@ -16,7 +16,7 @@ $(PY):
 # kiln's `torch>=2.4` is already satisfied and pip installs nothing more for it.
 $(STAMP): pyproject.toml constraints.txt | $(PY)
 	$(PY) -m pip install -q --disable-pip-version-check torch==2.13.0
-	$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[build,test,openvino,serve,triton,embed,ray,otel]'
+	$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[build,test,openvino,serve,triton,grpc,embed,ray,otel]'
 	touch $(STAMP)
 
 demo: install

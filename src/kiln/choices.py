@@ -16,6 +16,17 @@ class Choice(str, Enum):
 
     __format__ = str.__format__  # the value, as a plain string would format
 
+    @classmethod
+    def parse_list(cls, value: str, flag: str) -> tuple[Choice, ...]:
+        """``"a,b"`` as (A, B), or a UsageError naming ``flag`` and the allowed values."""
+        from kiln.errors import UsageError
+
+        parts = [v.strip() for v in value.split(",") if v.strip()]
+        wrong = [v for v in parts if v not in {str(m.value) for m in cls}]
+        if wrong or not parts:
+            raise UsageError(f"{flag} takes comma-separated values of {names(cls)} (got {value!r})")
+        return tuple(dict.fromkeys(cls(v) for v in parts))
+
 
 def names(enum: type[Enum]) -> str:
     """``a, b, c``: the values of ``enum``, for help texts and error messages."""
@@ -123,7 +134,8 @@ class ShadowPolicy(Choice):
 
 
 class WireProtocol(Choice):
-    """How kiln audit asks a deployment for embeddings (and, for rerankers, scores)."""
+    """An inference API: what kiln serve speaks (--protocols) and how kiln audit asks a deployment for embeddings
+    (and, for rerankers, scores)."""
 
     # POST /v1/embeddings {"input": [...], "model": M} -> {"data": [{"embedding": [...]}]}; rerank: Cohere's
     # POST /rerank {"query", "documents"} -> {"results": [{"index", "relevance_score"}]} (Infinity, vLLM)

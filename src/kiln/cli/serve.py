@@ -67,8 +67,17 @@ def serve(
         help="OpenTelemetry collector (OTLP/HTTP, e.g. http://localhost:4318): each request becomes a span with "
         "tokenize, queue, batch, engine and postprocess children. Needs pip install 'kiln[otel]'.",
         show_default=False)] = None,
+    protocols: Annotated[str, typer.Option(
+        help="The APIs to serve, comma-separated: kiln (its own routes), openai (/v1/embeddings, /v1/completions), "
+        "v2 (KServe's Open Inference Protocol: /v2/..., and gRPC with --grpc-port), tei (text-embeddings-inference's "
+        "routes). Where kiln's and TEI's share a path (/embed, /rerank, /embed_sparse) kiln's is served; leave kiln "
+        "out for TEI's (TEI mode).")] = "kiln,openai,v2,tei",
+    grpc_port: Annotated[Optional[int], typer.Option(  # noqa: UP045
+        help="Also serve the v2 protocol over gRPC (inference.GRPCInferenceService) on this port, through the same "
+        "batcher and limits. Needs pip install 'kiln[grpc]'.", min=1, max=65535, show_default=False)] = None,
 ) -> None:
     """Serve an artifact over HTTP with dynamic batching, Prometheus metrics and backpressure (uvicorn)."""
+    from kiln.choices import WireProtocol
     from kiln.errors import UsageError
     from kiln.serve.app import ServeConfig, create_app
     from kiln.serve.batcher import BatchLimits
@@ -95,6 +104,7 @@ def serve(
                          sessions=sessions, max_inputs_per_request=max_inputs_per_request,
                          restart_loops=restart_loops, otlp_endpoint=otlp_endpoint, deterministic=deterministic,
                          shadow=ShadowConfig(shadow_rate, shadow_max_share, shadow_policy)
-                         if shadow_rate is not None else None)
+                         if shadow_rate is not None else None,
+                         protocols=WireProtocol.parse_list(protocols, "--protocols"), grpc_port=grpc_port)
     if not run_server(create_app(config), host, port, access_log=access_log, log_format=log_format.value):
         raise typer.Exit(1)  # uvicorn has logged why (port in use, a model that failed to load)

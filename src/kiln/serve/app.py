@@ -7,6 +7,7 @@ the inputs' ``maxItems`` is --max-inputs-per-request, ``model`` lists the served
 from __future__ import annotations
 
 import json
+import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
@@ -14,6 +15,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import orjson
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
@@ -22,11 +24,12 @@ from prometheus_client import generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from kiln.artifact.manifest import read_manifest
+from kiln.choices import WireProtocol
 from kiln.errors import KilnError, UsageError
 from kiln.log import get_logger
 from kiln.serve import generation, playground, tracing
 from kiln.serve.batcher import BatchLimits
-from kiln.serve.endpoints import HTTPError, JSONBody, not_ready, picked, post_endpoint
+from kiln.serve.endpoints import HTTPError, JSONBody, error_content, not_ready, picked, post_endpoint
 from kiln.serve.guard import Guard
 from kiln.serve.inference import Served, infer, load_served
 from kiln.serve.metrics import STOPPED, Metrics
@@ -38,6 +41,8 @@ from kiln.tasks.http import Route
 
 LATENCY_HEADER = "x-kiln-latency-ms"
 log = get_logger("serve")
+PROTOCOLS = tuple(WireProtocol)  # --protocols' default: every API (kiln's wins a path TEI's also has)
+V2_INFER = re.compile(r"^/v2/models/[^/]+(/versions/[^/]+)?/infer$")
 
 
 @dataclass(frozen=True)
@@ -55,6 +60,15 @@ class ServeConfig:
     otlp_endpoint: str | None = None  # OpenTelemetry collector (OTLP/HTTP) for request spans; needs kiln[otel]
     deterministic: bool = False  # serve only batch-invariant variants (kiln optimize measured their drift)
     shadow: ShadowConfig | None = None  # live agreement against the fp32 reference (--shadow-rate)
+    protocols: tuple[WireProtocol, ...] = PROTOCOLS  # the APIs served (--protocols)
+    grpc_port: int | None = None  # the v2 gRPC service's port (--grpc-port); None: no gRPC
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "protocols", tuple(WireProtocol(p) for p in self.protocols))
+        if not self.protocols:
+            raise UsageError(f"--protocols needs at least one of {', '.join(p.value for p in WireProtocol)}")
+        if self.grpc_port is not None and WireProtocol.V2 not in self.protocols:
+            raise UsageError("--grpc-port serves the v2 protocol over gRPC: add v2 to --protocols")
 
 
 def create_app(config: ServeConfig, tracer_provider: Any = None) -> FastAPI:
@@ -73,15 +87,31 @@ def create_app(config: ServeConfig, tracer_provider: Any = None) -> FastAPI:
     app.state.tracing = tracing.Tracing(tracer_provider.get_tracer("kiln.serve") if tracer_provider else None)
     app.state.pool = ThreadPoolExecutor(max_workers=config.tokenizer_threads, thread_name_prefix="kiln-tokenize")
     app.state.playground = playground.page(tasks)
-    routes = _served_routes(tasks)
+    routes = _served_routes(tasks, config.protocols)
     # Which served models answer each route: fixed once the artifacts are known, read on every request.
     app.state.route_models = {r.path: [n for n, t in tasks.items() if r in task_spec(t).routes] for r in routes}
+    app.state.path_protocols = {r.path: r.protocol for r in routes}
     for route in routes:
         MOUNTS[route.kind](app, route)
     _mount_probes(app)
+    if WireProtocol.V2 in config.protocols:
+        from kiln.serve.v2 import http as v2_http
+
+        v2_http.mount(app)
     _install_error_handlers(app)
-    app.add_middleware(Guard, routes={r.path for r in routes}, metrics=app.state.metrics, api_key=config.api_key,
-                       max_body_bytes=config.max_body_bytes, max_concurrent=config.max_concurrent)
+    task_paths = {r.path for r in routes}
+    serves_v2 = WireProtocol.V2 in config.protocols
+
+    def route_of(path: str) -> str | None:
+        """The label an inference path is counted under, or None for a path the guard leaves alone."""
+        if path in task_paths:
+            return path
+        return "/v2/models/{name}/infer" if serves_v2 and V2_INFER.match(path) else None
+
+    app.add_middleware(Guard, route_of=route_of, metrics=app.state.metrics, api_key=config.api_key,
+                       max_body_bytes=config.max_body_bytes, max_concurrent=config.max_concurrent,
+                       error=lambda path, kind, message: orjson.dumps(error_content(_protocol_of(app, path), kind,
+                                                                                    message)))
     app.add_middleware(RequestId)  # outermost: the id is set for the guard's refusals and echoed on every answer
     app.openapi = lambda: _exact_openapi(app, routes)  # type: ignore[method-assign]
     return app
@@ -100,7 +130,14 @@ async def _lifespan(app: FastAPI):
         served.start(state.metrics, restart=config.restart_loops)
         await served.scheduler.warmup()
         served.set_ready(True, state.metrics)
+    grpc_server = None
+    if config.grpc_port is not None:
+        from kiln.serve.v2 import grpc as v2_grpc
+
+        grpc_server = await v2_grpc.start(app, config.grpc_port)
     yield
+    if grpc_server is not None:  # drain: new RPCs are refused, those in flight finish
+        await v2_grpc.stop(grpc_server)
     for served in state.models.values():
         served.set_ready(False, state.metrics, "the server is shutting down")
         await served.close()
@@ -110,13 +147,26 @@ async def _lifespan(app: FastAPI):
              json.dumps(counts, sort_keys=True))
 
 
-def _served_routes(tasks: dict[str, str]) -> list[Route]:
-    """Each route of the served tasks, once (several models of one task share its routes)."""
+def _served_routes(tasks: dict[str, str], protocols: tuple[WireProtocol, ...]) -> list[Route]:
+    """Each route of the served tasks in the served protocols, once (several models of one task share its routes).
+    Where kiln's own route and TEI's share a path (/embed, /rerank, /embed_sparse) their answers differ and a
+    request cannot say which it wants: kiln's is served, unless kiln is left out of --protocols (TEI mode)."""
     routes: dict[str, Route] = {}
     for task in dict.fromkeys(tasks.values()):
         for route in task_spec(task).routes:
-            routes.setdefault(route.path, route)
+            if route.protocol not in protocols:
+                continue
+            held = routes.get(route.path)
+            if held is None or (held.protocol is WireProtocol.TEI and route.protocol is WireProtocol.KILN):
+                routes[route.path] = route
     return list(routes.values())
+
+
+def _protocol_of(app: FastAPI, path: str) -> WireProtocol:
+    """The API a path belongs to, for its errors' shape."""
+    if path == "/v2" or path.startswith("/v2/"):
+        return WireProtocol.V2
+    return app.state.path_protocols.get(path, WireProtocol.KILN)
 
 
 def _mount_route(app: FastAPI, route: Route) -> None:
@@ -177,40 +227,44 @@ def _mount_probes(app: FastAPI) -> None:
                                  media_type="text/plain; version=0.0.4")
 
 
-def _error(status: int, kind: str, message: str, headers: dict[str, str] | None = None) -> JSONBody:
-    return JSONBody({"error": {"type": kind, "message": message}}, status_code=status, headers=headers)
-
-
 def _install_error_handlers(app: FastAPI) -> None:
-    """One table from exceptions to statuses; every error body is ErrorBody, never a traceback."""
+    """One table from exceptions to statuses; every error body is in the shape of the path's protocol (kiln's
+    ErrorBody, TEI's ErrorResponse, v2's {"error": message}), never a traceback."""
+
+    def _error(request: Request, status: int, kind: str, message: str,
+               headers: dict[str, str] | None = None) -> JSONBody:
+        protocol = _protocol_of(app, request.url.path)
+        if protocol is WireProtocol.V2 and status == 422:
+            status = 400  # the protocol's answer to a bad request
+        return JSONBody(error_content(protocol, kind, message), status_code=status, headers=headers)
 
     @app.exception_handler(HTTPError)
     async def _http_error(request: Request, exc: HTTPError):
-        return _error(exc.status, exc.kind, exc.message, exc.headers)
+        return _error(request, exc.status, exc.kind, exc.message, exc.headers)
 
     @app.exception_handler(StarletteHTTPException)
     async def _starlette(request: Request, exc: StarletteHTTPException):  # unknown path, wrong method, bad JSON
         if exc.status_code == 400:  # FastAPI's "error parsing the body": the body is not JSON
-            return _error(422, "validation_error", f"body: not valid JSON ({exc.detail})")
+            return _error(request, 422, "validation_error", f"body: not valid JSON ({exc.detail})")
         paths = sorted({r.path for r in app.routes if hasattr(r, "methods")})
         message = f"{request.method} {request.url.path}: {exc.detail}"
         if exc.status_code == 404:
             message += f" (this server has: {', '.join(paths)})"
-        return _error(exc.status_code, "not_found" if exc.status_code == 404 else "http_error", message,
+        return _error(request, exc.status_code, "not_found" if exc.status_code == 404 else "http_error", message,
                       dict(exc.headers or {}))
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError):
-        return _error(422, "validation_error", "; ".join(dict.fromkeys(_problem(e) for e in exc.errors())))
+        return _error(request, 422, "validation_error", "; ".join(dict.fromkeys(_problem(e) for e in exc.errors())))
 
     @app.exception_handler(KilnError)
     async def _kiln_error(request: Request, exc: KilnError):
-        return _error(422 if isinstance(exc, UsageError) else 500, "invalid_request", exc.message)
+        return _error(request, 422 if isinstance(exc, UsageError) else 500, "invalid_request", exc.message)
 
     @app.exception_handler(Exception)
     async def _internal(request: Request, exc: Exception):
         log.error("unhandled %s on %s %s", type(exc).__name__, request.method, request.url.path, exc_info=exc)
-        return _error(500, "internal_error", f"{type(exc).__name__}: the server failed to handle this request")
+        return _error(request, 500, "internal_error", f"{type(exc).__name__}: the server failed to handle this request")
 
 
 def _problem(error: dict[str, Any]) -> str:
@@ -222,12 +276,28 @@ def _problem(error: dict[str, Any]) -> str:
     return f"{'.'.join(path) or 'body'}: {message}"
 
 
+def _v2_names(schema: dict[str, Any], names: list[str]) -> None:
+    """The v2 paths' {name} can only be a served model's name, and {version} only 1."""
+    for path, item in schema.get("paths", {}).items():
+        if path.startswith("/v2/models/"):
+            for operation in item.values():
+                for parameter in operation.get("parameters", []):
+                    if parameter.get("in") == "path":
+                        parameter["schema"] = {"type": "string", "enum": names if parameter["name"] == "name"
+                                               else ["1"]}
+
+
 def _exact_openapi(app: FastAPI, routes: list[Route]) -> dict[str, Any]:
     """FastAPI's schema, with this server's limits and model names filled in."""
     if app.openapi_schema:
         return app.openapi_schema
     schema = get_openapi(title=app.title, version="1", description=app.description, routes=app.routes)
-    components = schema.get("components", {}).get("schemas", {})
+    components = schema.setdefault("components", {}).setdefault("schemas", {})
+    if WireProtocol.V2 in app.state.config.protocols:
+        from kiln.serve.v2 import http as v2_http
+
+        components.update(v2_http.schemas())
+        _v2_names(schema, list(app.state.tasks))
     limit = app.state.config.max_inputs_per_request
     for route in routes:
         model = components.get(route.request.__name__, {})

@@ -14,6 +14,7 @@ import orjson
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
+from kiln.choices import WireProtocol
 from kiln.log import request_id
 from kiln.tasks import task_spec
 from kiln.tasks.http import Route
@@ -37,6 +38,21 @@ class JSONBody(JSONResponse):
 
     def render(self, content: Any) -> bytes:
         return orjson.dumps(content, option=orjson.OPT_SERIALIZE_NUMPY)
+
+
+# kiln's error kinds -> TEI's ErrorType (TEI's clients branch on it).
+TEI_ERROR_TYPES = {"overloaded": "Overloaded", "not_ready": "Unhealthy", "inference_failed": "Backend",
+                   "preprocessing_failed": "Tokenizer", "postprocessing_failed": "Backend"}
+
+
+def error_content(protocol: WireProtocol, kind: str, message: str) -> dict[str, Any]:
+    """An error body in the protocol's own shape: kiln's and OpenAI's {"error": {"type", "message"}}, TEI's
+    {"error", "error_type"}, the v2 protocol's {"error": message}."""
+    if protocol is WireProtocol.V2:
+        return {"error": message}
+    if protocol is WireProtocol.TEI:
+        return {"error": message, "error_type": TEI_ERROR_TYPES.get(kind, "Validation")}
+    return {"error": {"type": kind, "message": message}}
 
 
 def not_ready(models: dict[str, Served], *, probe: bool = False) -> HTTPError | None:

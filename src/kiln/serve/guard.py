@@ -29,33 +29,41 @@ def error_body(kind: str, message: str) -> bytes:
 
 
 class Guard:
-    def __init__(self, app: ASGIApp, *, routes: set[str], metrics: Metrics, api_key: str | None,
-                 max_body_bytes: int, max_concurrent: int) -> None:
-        self.app, self.routes, self.metrics = app, routes, metrics
+    """``route_of(path)``: the route label an inference path is counted under (a v2 path's template), or None for
+    paths the guard lets through untouched; ``error(path, kind, message)``: a refusal's body in the shape of the
+    protocol that owns the path."""
+
+    def __init__(self, app: ASGIApp, *, route_of: Callable[[str], str | None], metrics: Metrics,
+                 api_key: str | None, max_body_bytes: int, max_concurrent: int,
+                 error: Callable[[str, str, str], bytes] = lambda path, kind, message: error_body(kind, message)
+                 ) -> None:
+        self.app, self.route_of, self.metrics, self.error = app, route_of, metrics, error
         self.api_key, self.max_body_bytes, self.max_concurrent = api_key, max_body_bytes, max_concurrent
         self.inflight = 0
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] not in self.routes:
+        route = self.route_of(scope["path"]) if scope["type"] == "http" and scope["method"] == "POST" else None
+        if route is None:
             await self.app(scope, receive, send)
             return
-        path = scope["path"]
+        path, url_path = route, scope["path"]
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         if self.api_key is not None and not _authorized(headers, self.api_key):
-            await self._refuse(send, path, 401, "unauthorized", "missing or wrong API key (Authorization: Bearer KEY)")
+            await self._refuse(send, url_path, path, 401, "unauthorized",
+                               "missing or wrong API key (Authorization: Bearer KEY)")
             return
         length = headers.get("content-length", "")
         if length.isdigit() and int(length) > self.max_body_bytes:
-            await self._refuse(send, path, 413, "payload_too_large", f"request body of {length} bytes is over the "
-                               f"{self.max_body_bytes}-byte limit", reason="payload_too_large")
+            await self._refuse(send, url_path, path, 413, "payload_too_large", f"request body of {length} bytes is "
+                               f"over the {self.max_body_bytes}-byte limit", reason="payload_too_large")
             return
         if self.inflight >= self.max_concurrent:
-            await self._refuse(send, path, 429, "overloaded", f"more than {self.max_concurrent} requests in flight; "
-                               "retry shortly", reason="overloaded", extra=[(b"retry-after", b"1")])
+            await self._refuse(send, url_path, path, 429, "overloaded", f"more than {self.max_concurrent} requests in "
+                               "flight; retry shortly", reason="overloaded", extra=[(b"retry-after", b"1")])
             return
         body = await _read_at_most(receive, self.max_body_bytes)  # also bounds chunked bodies with no length
         if body is None:
-            await self._refuse(send, path, 413, "payload_too_large", f"request body is over the "
+            await self._refuse(send, url_path, path, 413, "payload_too_large", f"request body is over the "
                                f"{self.max_body_bytes}-byte limit", reason="payload_too_large")
             return
         self.inflight += 1
@@ -88,12 +96,12 @@ class Guard:
             self.metrics.inflight.dec()
             self.metrics.requests.labels(path, str(status["code"])).inc()
 
-    async def _refuse(self, send: Send, path: str, status: int, kind: str, message: str, *, reason: str | None = None,
-                      extra: list[tuple[bytes, bytes]] | None = None) -> None:
+    async def _refuse(self, send: Send, url_path: str, route: str, status: int, kind: str, message: str, *,
+                      reason: str | None = None, extra: list[tuple[bytes, bytes]] | None = None) -> None:
         if reason is not None:
             self.metrics.rejections.labels(reason).inc()
-        self.metrics.requests.labels(path, str(status)).inc()
-        body = error_body(kind, message)
+        self.metrics.requests.labels(route, str(status)).inc()
+        body = self.error(url_path, kind, message)
         await send({"type": "http.response.start", "status": status,
                     "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
                                 *(extra or [])]})

@@ -18,7 +18,7 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import Field
 
-from kiln.choices import Pooling
+from kiln.choices import Pooling, WireProtocol
 from kiln.errors import UnsupportedModelError, UsageError
 from kiln.tasks.base import Prepared, TaskSpec, field, read_json
 from kiln.tasks.chunking import Chunking, ChunkingModel, as_chunking, by_owner, chunked, span
@@ -175,7 +175,7 @@ class FeatureExtraction(TaskSpec):
         Route("/embed", "Sentence embeddings", EmbedRequest, EmbedResponse, _embed,
               form=(FormField("text", "Text", multiline=True),)),
         Route("/v1/embeddings", "OpenAI-compatible embeddings", OpenAIEmbeddingRequest, OpenAIEmbeddingResponse,
-              _openai, any_model_name=True, inputs_field="input"),
+              _openai, any_model_name=True, inputs_field="input", protocol=WireProtocol.OPENAI),
     )
 
     def __init__(self, config) -> None:

@@ -14,6 +14,8 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints
 
+from kiln.choices import WireProtocol
+
 # A string with a character other than ASCII whitespace. Spelled out, not \\S: JSON Schema (ECMA) and pydantic
 # (Rust) disagree on whether U+0085 is whitespace, and the schema must say exactly what validation does.
 NonBlank = Annotated[str, StringConstraints(pattern=r"[^ \t\n\r\f\x0b]")]
@@ -88,3 +90,6 @@ class Route:
     # How the server answers it (kiln.serve.app's MOUNTS): "infer" runs the batcher and ``render``; "generate" is a
     # decoder's step loop, with streaming.
     kind: str = "infer"
+    # Whose API this route is (kiln serve --protocols): kiln's own, OpenAI's, or TEI's. Its errors take that
+    # protocol's shape.
+    protocol: WireProtocol = WireProtocol.KILN

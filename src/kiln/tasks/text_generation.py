@@ -19,6 +19,7 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from kiln.choices import WireProtocol
 from kiln.data import corpus
 from kiln.data.texts import length_mix
 from kiln.decoder.graph import CacheShape, dynamic_axes, make_decoder_module, positions
@@ -203,7 +204,8 @@ class TextGeneration(GenerativeTask):
         Route("/generate", "Generate a continuation (optionally streamed as server-sent events)", GenerateRequest,
               GenerateResponse, _no_render, inputs_field="inputs", kind="generate"),
         Route("/v1/completions", "OpenAI-compatible completions (optionally streamed)", CompletionRequest,
-              CompletionResponse, _no_render, any_model_name=True, inputs_field="prompt", kind="generate"),
+              CompletionResponse, _no_render, any_model_name=True, inputs_field="prompt", kind="generate",
+              protocol=WireProtocol.OPENAI),
     )
     pipeline = TextGenerationPipeline
 
