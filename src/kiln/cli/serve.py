@@ -97,8 +97,6 @@ def serve(
     from kiln.serve.inference import served_variant
     from kiln.serve.shadow import ShadowConfig
 
-    for path in models.values():  # a clear error before the server starts
-        served_variant(Artifact.open(path), deterministic=deterministic)
     config = ServeConfig(models=models, limits=BatchLimits(max_batch_tokens, max_batch_size, max_delay_ms / 1000),
                          max_concurrent=max_concurrent, api_key=api_key, threads=threads,
                          sessions=sessions, max_inputs_per_request=max_inputs_per_request,
@@ -106,5 +104,7 @@ def serve(
                          shadow=ShadowConfig(shadow_rate, shadow_max_share, shadow_policy)
                          if shadow_rate is not None else None,
                          protocols=WireProtocol.parse_list(protocols, "--protocols"), grpc_port=grpc_port)
+    for path in models.values():  # a clear error before the server starts
+        served_variant(Artifact.open(path), deterministic=deterministic)
     if not run_server(create_app(config), host, port, access_log=access_log, log_format=log_format.value):
         raise typer.Exit(1)  # uvicorn has logged why (port in use, a model that failed to load)

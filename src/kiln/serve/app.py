@@ -27,7 +27,7 @@ from kiln.artifact.manifest import read_manifest
 from kiln.choices import WireProtocol
 from kiln.errors import KilnError, UsageError
 from kiln.log import get_logger
-from kiln.serve import generation, playground, tracing
+from kiln.serve import generation, playground, tei, tracing
 from kiln.serve.batcher import BatchLimits
 from kiln.serve.endpoints import HTTPError, JSONBody, error_content, not_ready, picked, post_endpoint
 from kiln.serve.guard import Guard
@@ -93,13 +93,16 @@ def create_app(config: ServeConfig, tracer_provider: Any = None) -> FastAPI:
     app.state.path_protocols = {r.path: r.protocol for r in routes}
     for route in routes:
         MOUNTS[route.kind](app, route)
-    _mount_probes(app)
+    _mount_probes(app, kiln_info=not tei.serves_info(config.protocols))
+    if WireProtocol.TEI in config.protocols:
+        tei.mount(app, info=tei.serves_info(config.protocols))
+        app.state.path_protocols.update({path: WireProtocol.TEI for path in tei.SERVER_PATHS})
     if WireProtocol.V2 in config.protocols:
         from kiln.serve.v2 import http as v2_http
 
         v2_http.mount(app)
     _install_error_handlers(app)
-    task_paths = {r.path for r in routes}
+    task_paths = {r.path for r in routes} | (set(tei.SERVER_PATHS) if WireProtocol.TEI in config.protocols else set())
     serves_v2 = WireProtocol.V2 in config.protocols
 
     def route_of(path: str) -> str | None:
@@ -166,7 +169,11 @@ def _protocol_of(app: FastAPI, path: str) -> WireProtocol:
     """The API a path belongs to, for its errors' shape."""
     if path == "/v2" or path.startswith("/v2/"):
         return WireProtocol.V2
-    return app.state.path_protocols.get(path, WireProtocol.KILN)
+    protocols = app.state.config.protocols
+    # Elsewhere (an unknown path, the probes): kiln's shape, or TEI's in TEI mode, where a TEI client expects it.
+    fallback = WireProtocol.TEI if WireProtocol.TEI in protocols and WireProtocol.KILN not in protocols \
+        else WireProtocol.KILN
+    return app.state.path_protocols.get(path, fallback)
 
 
 def _mount_route(app: FastAPI, route: Route) -> None:
@@ -187,7 +194,7 @@ def _mount_route(app: FastAPI, route: Route) -> None:
 MOUNTS = {"infer": _mount_route, "generate": generation.mount_route}
 
 
-def _mount_probes(app: FastAPI) -> None:
+def _mount_probes(app: FastAPI, *, kiln_info: bool = True) -> None:
     unready_doc = {503: {"model": ErrorBody, "description": "The model is still loading, is shutting down, or its "
                        "batching loop died (the message says which)."}}
 
@@ -207,13 +214,14 @@ def _mount_probes(app: FastAPI) -> None:
             raise error
         return {"ready": True, "models": list(models)}
 
-    @app.get("/info", response_model=Info)
-    async def info():
-        config: ServeConfig = app.state.config
-        return {"models": [m.describe() for m in app.state.models.values()],
-                "limits": {**asdict(config.limits), "max_concurrent": config.max_concurrent,
-                           "max_body_bytes": config.max_body_bytes,
-                           "max_inputs_per_request": config.max_inputs_per_request}}
+    if kiln_info:
+        @app.get("/info", response_model=Info)
+        async def info():
+            config: ServeConfig = app.state.config
+            return {"models": [m.describe() for m in app.state.models.values()],
+                    "limits": {**asdict(config.limits), "max_concurrent": config.max_concurrent,
+                               "max_body_bytes": config.max_body_bytes,
+                               "max_inputs_per_request": config.max_inputs_per_request}}
 
     @app.get("/v1/models", response_model=ModelList)
     async def openai_models():

@@ -20,6 +20,7 @@ from pydantic import Field
 
 from kiln.choices import Pooling, WireProtocol
 from kiln.errors import UnsupportedModelError, UsageError
+from kiln.tasks import tei
 from kiln.tasks.base import Prepared, TaskSpec, field, read_json
 from kiln.tasks.chunking import Chunking, ChunkingModel, as_chunking, by_owner, chunked, span
 from kiln.tasks.http import Count, FormField, NonBlank, RequestBody, ResponseModel, Route, Texts, listify
@@ -176,6 +177,7 @@ class FeatureExtraction(TaskSpec):
               form=(FormField("text", "Text", multiline=True),)),
         Route("/v1/embeddings", "OpenAI-compatible embeddings", OpenAIEmbeddingRequest, OpenAIEmbeddingResponse,
               _openai, any_model_name=True, inputs_field="input", protocol=WireProtocol.OPENAI),
+        tei.route("/embed"),
     )
 
     def __init__(self, config) -> None:

@@ -23,6 +23,7 @@ from pydantic import Field
 from kiln.data import corpus
 from kiln.data.texts import builtin_pairs, builtin_sentences, length_mix
 from kiln.errors import UnsupportedModelError, UsageError
+from kiln.tasks import tei
 from kiln.tasks.base import Prepared, TaskSpec, field, sigmoid, softmax
 from kiln.tasks.http import Count, NonBlank, RequestBody, ResponseModel, Route
 from kiln.tasks.text_classification import TextClassification
@@ -134,7 +135,7 @@ class Rerank(TaskSpec):
     metric = "ndcg@10"
     eval_fields = ("query", "text", "relevance")
     routes = (Route("/rerank", "Rank texts by relevance to a query", RerankRequest, RerankResponse, _render,
-                    inputs_field="texts"),)
+                    inputs_field="texts"), tei.route("/rerank"))
     triton_inputs = ("QUERY", "TEXT")  # one (query, text) pair per row
     triton_outputs = (("SCORE", "TYPE_FP32", (1,)),)
 

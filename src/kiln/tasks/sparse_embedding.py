@@ -22,6 +22,7 @@ import numpy as np
 from pydantic import Field
 
 from kiln.errors import UsageError
+from kiln.tasks import tei
 from kiln.tasks.base import Prepared, TaskSpec
 from kiln.tasks.feature_extraction import FeatureExtraction
 from kiln.tasks.http import Count, FormField, RequestBody, ResponseModel, Route, Texts, listify
@@ -90,7 +91,7 @@ class SparseEmbedding(TaskSpec):
     eval_fields = FeatureExtraction.eval_fields
     has_builtin_eval = True
     routes = (Route("/embed_sparse", "Sparse (SPLADE) embeddings", SparseRequest, SparseResponse, _render,
-                    form=(FormField("text", "Text", multiline=True),)),)
+                    form=(FormField("text", "Text", multiline=True),)), tei.route("/embed_sparse"))
 
     @classmethod
     def settings(cls, model_dir: Path, hf_config: Any) -> dict[str, Any]:

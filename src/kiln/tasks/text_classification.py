@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from kiln.data.texts import builtin_pairs, parity_texts
 from kiln.errors import UsageError
+from kiln.tasks import tei
 from kiln.tasks.base import NO_LABEL, Prepared, TaskSpec, field, one_per_input, sigmoid, softmax
 from kiln.tasks.chunking import Chunking, ChunkingModel, as_chunking, by_owner, chunked
 from kiln.tasks.http import Count, FormField, NonBlank, RequestBody, ResponseModel, Route, listify, render_results
@@ -124,7 +125,7 @@ class TextClassification(TaskSpec):
     routes = (Route("/classify", "Classify texts or text pairs", ClassifyRequest, ClassifyResponse, render_results,
                     form=(FormField("text", "Text", multiline=True),
                           FormField("text_pair", "Second text (optional: classifies the pair)", required=False,
-                                    multiline=True))),)
+                                    multiline=True))), tei.route("/predict"))
 
     @classmethod
     def settings(cls, model_dir: Path, hf_config: Any) -> dict[str, Any]:

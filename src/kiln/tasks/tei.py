@@ -1,0 +1,163 @@
+"""Hugging Face text-embeddings-inference's API for the tasks TEI serves: /embed, /embed_sparse, /rerank, /predict.
+
+The bodies and answers are TEI's (tests/data/tei-openapi.json, TEI 1.9.3), so a TEI client works unchanged:
+a bare list of vectors, of {index, value} terms, of {index, score} ranks, of {label, score} predictions. Each
+task module adds its route to ``routes`` with ``protocol=WireProtocol.TEI``; kiln serve mounts them with
+--protocols tei (kiln's own route wins a path both declare, unless kiln is left out: TEI mode).
+
+What kiln does not do is refused by the schema, not ignored: token-id inputs, truncation from the left, prompts
+by name (kiln artifacts carry no prompt table), raw classification logits.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+import numpy as np
+from pydantic import Field, RootModel
+
+from kiln.choices import WireProtocol
+from kiln.tasks.http import Count, NonBlank, NonBlankList, RequestBody, ResponseModel, Route, Texts, listify
+
+TRUNCATE_HELP = "Cut inputs longer than the model's maximum; false (TEI's default): a 413 instead."
+
+
+class TEIRequest(RequestBody):
+    """What TEI's bodies share. TEI's truncate defaults to false (the server's --auto-truncate, off by default)."""
+
+    truncate: bool | None = Field(False, description=TRUNCATE_HELP)  # type: ignore[assignment]
+    truncation_direction: Literal["Right", "right"] = Field("Right", description="kiln cuts the end of an input.")
+
+
+class TEIEmbedRequest(TEIRequest):
+    inputs: Texts = Field(description="A text or a list of texts.")
+    normalize: bool = Field(True, description="Unit-length vectors; false: the vectors as the model makes them "
+                            "(a model whose sentence-transformers config normalizes gives unit vectors either way).")
+    dimensions: Count | None = Field(None, description="Keep the first `dimensions` values (Matryoshka models).")
+    prompt_name: None = Field(None, description="kiln artifacts carry no prompt table: leave it out.")
+
+    def items(self) -> list[Any]:
+        return listify(self.inputs)
+
+    def options(self) -> dict[str, Any]:
+        return {"dimensions": self.dimensions}
+
+
+class TEIEmbedResponse(RootModel[list[list[float]]]):
+    pass
+
+
+def _embed(body: TEIEmbedRequest, model: str, prepared: Any, results: list[Any]) -> Any:
+    vectors = np.stack(results).astype(np.float32)
+    if body.normalize:
+        vectors = vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
+    return vectors
+
+
+class TEISparseRequest(TEIRequest):
+    inputs: Texts = Field(description="A text or a list of texts.")
+    prompt_name: None = Field(None, description="kiln artifacts carry no prompt table: leave it out.")
+
+    def items(self) -> list[Any]:
+        return listify(self.inputs)
+
+
+class SparseValue(ResponseModel):
+    index: int
+    value: float
+
+
+class TEISparseResponse(RootModel[list[list[SparseValue]]]):
+    pass
+
+
+def _sparse(body: TEISparseRequest, model: str, prepared: Any, results: list[Any]) -> Any:
+    return [[{"index": int(i), "value": float(v)} for i, v in zip(r.indices, r.values)] for r in results]
+
+
+class TEIRerankRequest(TEIRequest):
+    query: NonBlank
+    texts: NonBlankList = Field(description="The texts to rank for the query.")
+    raw_scores: bool = Field(False, description="The model's logit instead of a 0-1 relevance score.")
+    return_text: bool = Field(False, description="Include each text in its rank.")
+
+    def items(self) -> list[Any]:
+        from kiln.tasks.rerank import RerankQuery
+
+        return [RerankQuery(self.query, tuple(self.texts))]
+
+    def input_count(self) -> int:
+        return len(self.texts)
+
+    def options(self) -> dict[str, Any]:
+        return {"raw_scores": self.raw_scores, "return_documents": self.return_text}
+
+
+class Rank(ResponseModel):
+    index: int
+    score: float
+    text: str | None = None
+
+
+class TEIRerankResponse(RootModel[list[Rank]]):
+    pass
+
+
+def _rerank(body: TEIRerankRequest, model: str, prepared: Any, results: list[Any]) -> Any:
+    return [{"index": r.index, "score": r.score, **({"text": r.text} if body.return_text else {})}
+            for r in results[0]]
+
+
+Pair = Annotated[list[NonBlank], Field(min_length=2, max_length=2)]
+OneOrPair = Annotated[list[NonBlank], Field(min_length=1, max_length=2)]
+
+
+class TEIPredictRequest(TEIRequest):
+    inputs: NonBlank | Pair | Annotated[list[OneOrPair], Field(min_length=1)] = Field(
+        description="A text, a pair of texts [a, b], or a batch of [text] and [a, b] items.")
+    raw_scores: Literal[False] = Field(False, description="kiln answers the model's probabilities only.")
+
+    def _batch(self) -> bool:
+        return isinstance(self.inputs, list) and bool(self.inputs) and isinstance(self.inputs[0], list)
+
+    def items(self) -> list[Any]:
+        from kiln.tasks.text_classification import TextPair
+
+        if not self._batch():
+            rows = [self.inputs if isinstance(self.inputs, list) else [self.inputs]]
+        else:
+            rows = self.inputs  # type: ignore[assignment]
+        return [row[0] if len(row) == 1 else TextPair(row[0], row[1]) for row in rows]
+
+    def options(self) -> dict[str, Any]:
+        return {"top_k": None}
+
+
+class Prediction(ResponseModel):
+    label: str
+    score: float
+
+
+class TEIPredictResponse(RootModel[list[Prediction] | list[list[Prediction]]]):
+    pass
+
+
+def _predict(body: TEIPredictRequest, model: str, prepared: Any, results: list[Any]) -> Any:
+    rows = [[{"label": p.label, "score": p.score} for p in result] for result in results]
+    return rows if body._batch() else rows[0]
+
+
+def route(path: str) -> Route:
+    """TEI's route at ``path`` (one of ROUTES)."""
+    summary, request, response, render, inputs = ROUTES[path]
+    return Route(path, f"{summary} (text-embeddings-inference's API)", request, response, render,
+                 inputs_field=inputs, protocol=WireProtocol.TEI)
+
+
+# path -> (summary, request, response, render, the field carrying the inputs)
+ROUTES: dict[str, tuple[str, Any, Any, Any, str]] = {
+    "/embed": ("Embeddings", TEIEmbedRequest, TEIEmbedResponse, _embed, "inputs"),
+    "/embed_sparse": ("Sparse embeddings", TEISparseRequest, TEISparseResponse, _sparse, "inputs"),
+    "/rerank": ("Rank texts for a query", TEIRerankRequest, TEIRerankResponse, _rerank, "texts"),
+    "/predict": ("Classify a text or a pair", TEIPredictRequest, TEIPredictResponse, _predict, "inputs"),
+}

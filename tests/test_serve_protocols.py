@@ -1,0 +1,220 @@
+"""kiln serve's other protocols: KServe v2 over HTTP (tritonclient.http) and gRPC (tritonclient.grpc), and TEI's
+API, answering with the same numbers as kiln's own route; TEI's answers checked against TEI's own OpenAPI document
+(tests/data/tei-openapi.json, copied from huggingface/text-embeddings-inference docs/openapi.json, TEI 1.9.3);
+errors in each protocol's shape."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+import kiln
+from kiln.data.texts import builtin_sentences, joined
+from kiln.serve import process
+from kiln.serve.app import ServeConfig, create_app
+from kiln.tasks import TaskName
+
+TEXTS = [builtin_sentences()[3], "Anna Schmidt works for Acme Corporation in Berlin.", joined(5, 6)]
+TEI_SPEC = json.loads((Path(__file__).parent / "data" / "tei-openapi.json").read_text())
+
+
+def _json_schema(node):
+    """OpenAPI 3.0's ``nullable: true`` as JSON Schema's null type (jsonschema does not know the keyword)."""
+    if isinstance(node, dict):
+        node = {k: _json_schema(v) for k, v in node.items()}
+        if node.pop("nullable", False) and "type" in node:
+            node["type"] = [node["type"], "null"]
+        return node
+    return [_json_schema(v) for v in node] if isinstance(node, list) else node
+
+
+def _tei_schema(name: str) -> dict:
+    """One of TEI's component schemas, its $refs resolvable (jsonschema reads them from the whole document)."""
+    return {"$ref": f"#/components/schemas/{name}", "components": _json_schema(TEI_SPEC["components"])}
+
+
+def _valid(instance, name: str) -> None:
+    import jsonschema
+
+    jsonschema.validate(instance, _tei_schema(name))
+
+
+def _names(task_artifacts) -> dict[str, Path]:
+    """Served names as kiln triton names its models: the task with underscores."""
+    return {t.value.replace("-", "_"): p for t, p in task_artifacts.items()}
+
+
+@pytest.fixture(scope="module")
+def server(task_artifacts):
+    """kiln serve with every protocol (kiln's routes win the paths TEI shares) and gRPC: (base URL, gRPC port)."""
+    grpc_port = process.free_port()
+    app = create_app(ServeConfig(models=_names(task_artifacts), grpc_port=grpc_port))
+    with process.serve_in_thread(app) as base:
+        yield base, grpc_port
+
+
+@pytest.fixture(scope="module")
+def tei_server(task_artifacts):
+    """TEI mode: --protocols tei,v2 (kiln's own routes left out, so TEI's answer /embed, /rerank, /info)."""
+    models = {"fe": task_artifacts[TaskName.FEATURE_EXTRACTION]}
+    with process.serve_in_thread(create_app(ServeConfig(models=models, protocols=("tei", "v2")))) as base:
+        yield base
+
+
+def test_every_protocol_gives_the_same_numbers(server, tei_server, task_artifacts):
+    import openai
+    import tritonclient.grpc as grpc
+    import tritonclient.http as http
+
+    base, grpc_port = server
+    name = "feature_extraction"
+    kiln_route = np.array(httpx.post(f"{base}/embed", json={"inputs": TEXTS, "model": name}).json()["embeddings"])
+    client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused")
+    via_openai = np.array([d.embedding for d in client.embeddings.create(model=name, input=TEXTS).data])
+    results = {"openai": via_openai}
+    for label, module, address in (("v2 http", http, base.removeprefix("http://")),
+                                   ("v2 grpc", grpc, f"127.0.0.1:{grpc_port}")):
+        tensor = module.InferInput("TEXT", [len(TEXTS), 1], "BYTES")
+        tensor.set_data_from_numpy(np.array([[t.encode()] for t in TEXTS], dtype=object))
+        results[label] = module.InferenceServerClient(address).infer(name, [tensor]).as_numpy("EMBEDDING")
+    json_tensor = http.InferInput("TEXT", [len(TEXTS), 1], "BYTES")  # the JSON form of the v2 body
+    json_tensor.set_data_from_numpy(np.array([[t.encode()] for t in TEXTS], dtype=object), binary_data=False)
+    results["v2 http json"] = http.InferenceServerClient(base.removeprefix("http://")).infer(
+        name, [json_tensor], outputs=[http.InferRequestedOutput("EMBEDDING", binary_data=False)]).as_numpy("EMBEDDING")
+    results["tei"] = np.array(httpx.post(f"{tei_server}/embed", json={"inputs": TEXTS, "normalize": False,
+                                                                        "truncate": True}).json())
+    for label, got in results.items():
+        np.testing.assert_allclose(got, kiln_route, atol=1e-6, err_msg=label)
+    offline = np.stack(kiln.load(task_artifacts[TaskName.FEATURE_EXTRACTION]).predict(TEXTS))
+    np.testing.assert_allclose(kiln_route, offline, atol=1e-5)
+    unit = np.array(httpx.post(f"{tei_server}/embed", json={"inputs": TEXTS, "truncate": True}).json())  # normalized
+    np.testing.assert_allclose(unit, offline / np.linalg.norm(offline, axis=1, keepdims=True), atol=1e-5)
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_tritonclient_code_for_the_triton_repository_runs_against_kiln_serve(server, task_artifacts, protocol):
+    """test_triton's own client code, pointed at kiln serve: only the URL changes."""
+    import tritonclient.grpc as grpc
+    import tritonclient.http as http
+
+    from tests.test_triton import _infer
+
+    base, grpc_port = server
+    module, port = (http, int(base.rsplit(":", 1)[1])) if protocol == "http" else (grpc, grpc_port)
+    names = {t: t.value.replace("-", "_") for t in task_artifacts}
+    embeddings = _infer(module, port, names[TaskName.FEATURE_EXTRACTION], TEXTS, "EMBEDDING")
+    np.testing.assert_allclose(embeddings, np.stack(kiln.load(task_artifacts[TaskName.FEATURE_EXTRACTION])
+                                                    .predict(TEXTS)), atol=1e-5)
+    for task in (TaskName.TEXT_CLASSIFICATION, TaskName.TOKEN_CLASSIFICATION):
+        got = [json.loads(row[0]) for row in _infer(module, port, names[task], TEXTS, "RESULT")]
+        want = kiln.load(task_artifacts[task]).predict(TEXTS)
+        for g, w in zip(got, want):
+            assert [x["label"] for x in g] == [x.label for x in w]
+            np.testing.assert_allclose([x["score"] for x in g], [x.score for x in w], atol=1e-5)
+    query, texts = builtin_sentences()[3], list(builtin_sentences()[10:14])
+    client = module.InferenceServerClient(f"127.0.0.1:{port}")
+    inputs = []
+    for tensor_name, column in (("QUERY", [query] * len(texts)), ("TEXT", texts)):
+        tensor = module.InferInput(tensor_name, [len(texts), 1], "BYTES")
+        tensor.set_data_from_numpy(np.array([[t.encode()] for t in column], dtype=object))
+        inputs.append(tensor)
+    scores = client.infer(names[TaskName.TEXT_RANKING], inputs).as_numpy("SCORE")[:, 0]
+    want = {r.index: r.score for r in kiln.load(task_artifacts[TaskName.TEXT_RANKING]).rerank(query, texts)}
+    np.testing.assert_allclose(scores, [want[i] for i in range(len(texts))], atol=1e-5)
+    metadata = client.get_model_metadata(names[TaskName.TEXT_RANKING])
+    inputs_meta = metadata["inputs"] if protocol == "http" else [{"name": t.name} for t in metadata.inputs]
+    assert [t["name"] for t in inputs_meta] == ["QUERY", "TEXT"]
+    assert client.is_server_live() and client.is_server_ready()
+
+
+def test_tei_answers_match_teis_own_schemas(server, tei_server, task_artifacts):
+    base, _ = server
+    answers = {
+        "EmbedResponse": httpx.post(f"{tei_server}/embed", json={"inputs": "hello there"}),
+        "RerankResponse": httpx.post(f"{tei_server}/rerank", json={"query": "q", "texts": ["a b", "c"]}),
+        "TokenizeResponse": httpx.post(f"{tei_server}/tokenize", json={"inputs": ["hello there", "x"]}),
+        "DecodeResponse": httpx.post(f"{tei_server}/decode", json={"ids": [[101, 102], [103]]}),
+        "Info": httpx.get(f"{tei_server}/info"),
+        "PredictResponse": httpx.post(f"{base}/predict", json={"inputs": [["a text"], ["a", "pair"]]}),
+        "EmbedSparseResponse": None,
+    }
+    # The reranker needs a reranker: TEI mode above serves an embedding model, so /rerank there is a 404 naming it.
+    assert answers["RerankResponse"].status_code == 404
+    _valid(answers["RerankResponse"].json(), "ErrorResponse")
+    with process.serve_in_thread(create_app(ServeConfig(models={
+            "r": task_artifacts[TaskName.TEXT_RANKING], "s": task_artifacts[TaskName.SPARSE_EMBEDDING]},
+            protocols=("tei",)))) as tei_rerank:
+        answers["RerankResponse"] = httpx.post(f"{tei_rerank}/rerank", json={"query": "q", "texts": ["a b", "c"],
+                                                                            "return_text": True})
+        answers["EmbedSparseResponse"] = httpx.post(f"{tei_rerank}/embed_sparse", json={"inputs": ["a b", "c"]})
+    for schema, response in answers.items():
+        assert response.status_code == 200, (schema, response.text)
+        _valid(response.json(), schema)
+    ranks = answers["RerankResponse"].json()
+    assert sorted(r["index"] for r in ranks) == [0, 1] and ranks[0]["score"] >= ranks[1]["score"]
+    assert [r["text"] for r in sorted(ranks, key=lambda r: r["index"])] == ["a b", "c"]
+    single = httpx.post(f"{base}/predict", json={"inputs": "one text"}).json()
+    _valid(single, "PredictResponse")
+    assert isinstance(single[0], dict) and len(single) == len(kiln.load(
+        task_artifacts[TaskName.TEXT_CLASSIFICATION]).config.id2label)
+    too_long = httpx.post(f"{tei_server}/embed", json={"inputs": joined(0, 40)})  # TEI's truncate defaults to false
+    assert too_long.status_code == 413
+    _valid(too_long.json(), "ErrorResponse")
+    bad = httpx.post(f"{tei_server}/embed", json={"inputs": "x", "truncation_direction": "Left"})
+    assert bad.status_code == 422 and "truncation_direction" in bad.json()["error"]
+    _valid(bad.json(), "ErrorResponse")
+
+
+def test_v2_errors_have_the_protocols_shape(task_artifacts):
+    import grpc as grpc_lib
+    import tritonclient.grpc as grpc
+    from tritonclient.utils import InferenceServerException
+
+    grpc_port = process.free_port()
+    app = create_app(ServeConfig(models={"fe": task_artifacts[TaskName.FEATURE_EXTRACTION]}, api_key="k",
+                                 grpc_port=grpc_port, max_inputs_per_request=4))
+    with process.serve_in_thread(app) as base:
+        key = {"Authorization": "Bearer k"}
+        body = {"inputs": [{"name": "TEXT", "shape": [1, 1], "datatype": "BYTES", "data": ["x"]}]}
+        cases = {
+            401: httpx.post(f"{base}/v2/models/fe/infer", json=body),
+            404: httpx.post(f"{base}/v2/models/nope/infer", json=body, headers=key),
+            400: httpx.post(f"{base}/v2/models/fe/infer", headers=key, json={"inputs": [
+                {"name": "WRONG", "shape": [1, 1], "datatype": "BYTES", "data": ["x"]}]}),
+            413: httpx.post(f"{base}/v2/models/fe/infer", headers=key, json={"inputs": [
+                {"name": "TEXT", "shape": [5, 1], "datatype": "BYTES", "data": ["x"] * 5}]}),
+        }
+        for status, response in cases.items():
+            assert response.status_code == status and set(response.json()) == {"error"}, (status, response.text)
+            assert isinstance(response.json()["error"], str)
+        assert "takes inputs TEXT" in cases[400].json()["error"]
+        assert httpx.post(f"{base}/v2/models/fe/infer", headers=key, json=body).status_code == 200
+        assert httpx.post(f"{base}/embed", json={"inputs": "x"}).json()["error"]["type"] == "unauthorized"
+        client = grpc.InferenceServerClient(f"127.0.0.1:{grpc_port}")
+        tensor = grpc.InferInput("TEXT", [1, 1], "BYTES")
+        tensor.set_data_from_numpy(np.array([[b"x"]], dtype=object))
+        with pytest.raises(InferenceServerException) as refused:
+            client.infer("fe", [tensor])
+        assert refused.value.status() == str(grpc_lib.StatusCode.UNAUTHENTICATED)
+        answer = client.infer("fe", [tensor], headers={"authorization": "Bearer k"}).as_numpy("EMBEDDING")
+        assert answer.shape == (1, 32)
+        metrics = httpx.get(f"{base}/metrics").text
+        assert 'kiln_requests_total{route="grpc:ModelInfer",status="401"} 1.0' in metrics
+        assert 'kiln_requests_total{route="/v2/models/{name}/infer",status="401"} 1.0' in metrics
+
+
+def test_protocol_flags_are_checked():
+    def serve(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "kiln", "serve", "x", *args], capture_output=True, text=True,
+                              timeout=120)
+
+    wrong = serve("--protocols", "kiln,grpc")
+    assert wrong.returncode == 2 and "--protocols takes comma-separated values of openai, tei, kiln, v2" in wrong.stderr
+    no_v2 = serve("--protocols", "kiln", "--grpc-port", "9001")
+    assert no_v2.returncode == 2 and "add v2 to --protocols" in no_v2.stderr, no_v2.stderr
