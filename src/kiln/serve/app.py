@@ -34,7 +34,7 @@ from kiln.serve.guard import Guard
 from kiln.serve.inference import Served, infer, load_served
 from kiln.serve.metrics import STOPPED, Metrics
 from kiln.serve.request_id import RequestId
-from kiln.serve.schemas import INFERENCE_ERRORS, ErrorBody, Health, Info, ModelCard, ModelList, Ready
+from kiln.serve.schemas import INFERENCE_ERRORS, TEI_ERRORS, ErrorBody, Health, Info, ModelCard, ModelList, Ready
 from kiln.serve.shadow import ShadowConfig
 from kiln.tasks import task_spec
 from kiln.tasks.http import Route
@@ -187,7 +187,7 @@ def _mount_route(app: FastAPI, route: Route) -> None:
         latency = {LATENCY_HEADER: f"{1000 * (time.perf_counter() - start):.2f}"}
         return JSONBody(answer, headers=latency)
 
-    post_endpoint(app, route, endpoint, INFERENCE_ERRORS)
+    post_endpoint(app, route, endpoint, TEI_ERRORS if route.protocol is WireProtocol.TEI else INFERENCE_ERRORS)
 
 
 # Route kind (tasks.http.Route.kind) -> how it is mounted.
@@ -306,14 +306,16 @@ def _exact_openapi(app: FastAPI, routes: list[Route]) -> dict[str, Any]:
 
         components.update(v2_http.schemas())
         _v2_names(schema, list(app.state.tasks))
+    if WireProtocol.TEI in app.state.config.protocols and app.state.models:
+        tei.exact_schema(schema, next(iter(app.state.models.values())))
     limit = app.state.config.max_inputs_per_request
     for route in routes:
         model = components.get(route.request.__name__, {})
         properties = model.get("properties", {})
         inputs = properties.get(route.inputs_field, {})
         for variant in inputs.get("anyOf", [inputs]):
-            if variant.get("type") == "array":
-                variant["maxItems"] = limit
+            if variant.get("type") == "array":  # a pair keeps its own maxItems (TEI's [a, b])
+                variant["maxItems"] = min(limit, variant.get("maxItems", limit))
         doing = app.state.route_models[route.path]
         sizes = [app.state.task_configs[n].dimension for n in doing]
         if "dimensions" in properties and sizes and None not in sizes:  # Matryoshka: at most the served size

@@ -48,6 +48,13 @@ class ModelList(_Model):
     data: list[ModelCard]
 
 
+class TEIError(BaseModel):
+    """TEI's ErrorResponse: what its routes answer on kiln serve when they fail."""
+
+    error: str
+    error_type: Literal["Unhealthy", "Backend", "Overloaded", "Validation", "Tokenizer", "Empty"]
+
+
 # Responses every inference route may give besides 200 (the guard and the error table produce them).
 INFERENCE_ERRORS: dict[int | str, dict[str, Any]] = {
     status: {"model": ErrorBody, "description": text} for status, text in (
@@ -60,3 +67,7 @@ INFERENCE_ERRORS: dict[int | str, dict[str, Any]] = {
         (503, "The model is still loading."),
     )
 }
+
+# The same, for TEI's routes: TEI's error shape.
+TEI_ERRORS: dict[int | str, dict[str, Any]] = {status: {**entry, "model": TEIError}
+                                               for status, entry in INFERENCE_ERRORS.items()}

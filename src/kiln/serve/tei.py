@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import FastAPI
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from kiln.choices import WireProtocol
 from kiln.serve.endpoints import HTTPError, not_ready
@@ -17,7 +17,11 @@ from kiln.tasks import task_spec
 from kiln.tasks.http import NonBlank
 
 SERVER_PATHS = ("/tokenize", "/decode")  # POST routes of the server itself (guarded like inference routes)
-Ids = Annotated[list[Annotated[int, Field(ge=0, le=2**31 - 1)]], Field(min_length=1)]
+IDS_MAX = 2**31 - 1  # until the schema is made exact for the served tokenizer (exact_schema)
+# JSON Schema calls 3.0 an integer; strict mode alone would refuse it, so integral floats become ints first.
+TokenId = Annotated[int, Field(ge=0, le=IDS_MAX),
+                    BeforeValidator(lambda v: int(v) if isinstance(v, float) and v.is_integer() else v)]
+Ids = Annotated[list[TokenId], Field(min_length=1)]
 
 
 class _Strict(BaseModel):
@@ -76,8 +80,27 @@ def _model_type(served: Any) -> dict[str, Any]:
     return {kind: {"id2label": labels, "label2id": {v: int(k) for k, v in labels.items()}}}
 
 
+def exact_schema(schema: dict[str, Any], served: Any) -> None:
+    """/decode's ids can only be ids of the served tokenizer's vocabulary: say so in the schema."""
+    top = served.predictor.encoder.tokenizer.get_vocab_size() - 1
+
+    def cap(node: Any) -> None:
+        if isinstance(node, dict):
+            if node.get("type") == "integer" and node.get("maximum") == IDS_MAX:
+                node["maximum"] = top
+            for value in node.values():
+                cap(value)
+        elif isinstance(node, list):
+            for value in node:
+                cap(value)
+
+    cap(schema.get("components", {}).get("schemas", {}).get("DecodeRequest", {}))
+
+
 def mount(app: FastAPI, *, info: bool) -> None:
-    errors = {status: {"description": text} for status, text in (
+    from kiln.serve.schemas import TEIError
+
+    errors = {status: {"model": TEIError, "description": text} for status, text in (
         (413, "Too many inputs."), (422, "The body does not match this schema."), (503, "The model is loading."))}
 
     @app.post("/tokenize", response_model=list[list[SimpleToken]], responses=errors,

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 import numpy as np
-from pydantic import Field, RootModel
+from pydantic import BeforeValidator, Field, RootModel
 
 from kiln.choices import WireProtocol
 from kiln.tasks.http import Count, NonBlank, NonBlankList, RequestBody, ResponseModel, Route, Texts, listify
@@ -115,7 +115,8 @@ OneOrPair = Annotated[list[NonBlank], Field(min_length=1, max_length=2)]
 class TEIPredictRequest(TEIRequest):
     inputs: NonBlank | Pair | Annotated[list[OneOrPair], Field(min_length=1)] = Field(
         description="A text, a pair of texts [a, b], or a batch of [text] and [a, b] items.")
-    raw_scores: Literal[False] = Field(False, description="kiln answers the model's probabilities only.")
+    raw_scores: Annotated[Literal[False], BeforeValidator(lambda v: v if isinstance(v, bool) else "not a boolean")] = \
+        Field(False, description="kiln answers the model's probabilities only.")
 
     def _batch(self) -> bool:
         return isinstance(self.inputs, list) and bool(self.inputs) and isinstance(self.inputs[0], list)
