@@ -36,7 +36,7 @@ def audit_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
 
 def test_kiln_serve_agrees_with_its_original(tiny_model, tiny_artifact, tmp_path):
     with process.serve_in_thread(create_app(ServeConfig(models={"m": tiny_artifact}))) as base:
-        for protocol in ("openai", "kiln"):
+        for protocol in ("openai", "kiln", "v2"):
             result = run_audit(AuditConfig(Endpoint(base, protocol, "m"), str(tiny_model("bert")), count=24,
                                            output=tmp_path / protocol))
             assert result.within_tolerance and result.min_agreement > 0.9999, result.verdict()
@@ -72,6 +72,21 @@ def test_kiln_serve_reranks_like_its_original(tiny_model, task_artifacts, tmp_pa
     assert {f.cause for f in result.findings} == {"activation", "pair order", "truncation", "batch drift"}
     assert not any(f.differs for f in result.findings), result.findings
     assert "mean kendall tau" in (tmp_path / "audit.md").read_text()
+
+
+def test_kiln_serve_in_tei_mode_agrees_over_teis_api(tiny_model, task_artifacts, tmp_path):
+    """The TEI adapter against kiln serve speaking TEI's API (--protocols tei): /embed and /rerank."""
+    for task, name in ((TaskName.FEATURE_EXTRACTION, "m"), (TaskName.TEXT_RANKING, "r")):
+        app = create_app(ServeConfig(models={name: task_artifacts[task]}, protocols=("tei",)))
+        with process.serve_in_thread(app) as base:
+            result = run_audit(AuditConfig(Endpoint(base, "tei"), str(tiny_model("bert", task)), count=24,
+                                           output=tmp_path / name, task=task.value))
+        assert result.min_agreement > 0.9999, result.verdict()
+        if task is TaskName.TEXT_RANKING:
+            assert result.within_tolerance and not any(f.differs for f in result.findings), result.findings
+        else:  # TEI's /embed normalizes by default, this original does not: that alone is the finding
+            assert [f.cause for f in result.findings if f.differs] == ["normalisation"], result.findings
+            assert not result.within_tolerance and result.explained_by == ("normalisation",)
 
 
 def _tei_reranker(artifact):

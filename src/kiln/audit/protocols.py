@@ -90,7 +90,10 @@ def _openai(endpoint: Endpoint, texts: Sequence[str]) -> np.ndarray:
 
 
 def _tei(endpoint: Endpoint, texts: Sequence[str]) -> np.ndarray:
-    return _vectors(_post(endpoint, "/embed", {"inputs": list(texts)}), len(texts), f"{endpoint.url}/embed")
+    # TEI's truncate defaults to false (a 413 past the maximum, unless the server runs with --auto-truncate); its
+    # normalize defaults to true, which is what its clients get, so the audit asks the same way.
+    body = _post(endpoint, "/embed", {"inputs": list(texts), "truncate": True})
+    return _vectors(body, len(texts), f"{endpoint.url}/embed")
 
 
 def _kiln(endpoint: Endpoint, texts: Sequence[str]) -> np.ndarray:

@@ -51,8 +51,10 @@ class AuditResult:
         measured = f"{self.judged} {self.agreement} {value:.4f}"
         if self.within_tolerance:
             return f"within tolerance: {measured} >= {self.floor:.4f}, {other}"
-        why = (f"; explained by {', '.join(self.explained_by)} (min {self.agreement} {self.explained_min:.4f} once "
-               "applied)") if self.explained_by else "; no single measured cause explains it"
+        once = f" (min {self.agreement} {self.explained_min:.4f} once applied)" \
+            if self.explained_min is not None else ""  # normalisation alone leaves every cosine as it was
+        why = f"; explained by {', '.join(self.explained_by)}{once}" if self.explained_by else \
+            "; no single measured cause explains it"
         where = f"{measured} < {self.floor:.4f}" if value < self.floor else measured
         return f"outside tolerance: {where} ({other}){why}"
 
