@@ -218,3 +218,18 @@ def test_protocol_flags_are_checked():
     assert wrong.returncode == 2 and "--protocols takes comma-separated values of openai, tei, kiln, v2" in wrong.stderr
     no_v2 = serve("--protocols", "kiln", "--grpc-port", "9001")
     assert no_v2.returncode == 2 and "add v2 to --protocols" in no_v2.stderr, no_v2.stderr
+
+
+def test_overload_answers_429_in_each_protocols_shape(task_artifacts):
+    """--max-concurrent 0: every inference request is over the limit; the refusal takes the path's protocol."""
+    models = {"fe": task_artifacts[TaskName.FEATURE_EXTRACTION], "tc": task_artifacts[TaskName.TEXT_CLASSIFICATION]}
+    with process.serve_in_thread(create_app(ServeConfig(models=models, max_concurrent=0))) as base:
+        v2 = httpx.post(f"{base}/v2/models/fe/infer", json={"inputs": [
+            {"name": "TEXT", "shape": [1, 1], "datatype": "BYTES", "data": ["x"]}]})
+        tei = httpx.post(f"{base}/predict", json={"inputs": "x"})
+        own = httpx.post(f"{base}/embed", json={"inputs": "x"})
+    assert v2.status_code == tei.status_code == own.status_code == 429
+    assert v2.headers["retry-after"] == "1" and set(v2.json()) == {"error"}
+    _valid(tei.json(), "ErrorResponse")
+    assert tei.json()["error_type"] == "Overloaded"
+    assert own.json()["error"]["type"] == "overloaded"
