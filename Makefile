@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.kiln-installed
 DEMO_OUT ?= kiln-out
 
-.PHONY: demo test install browser triton-server slim infinity-server lint clean
+.PHONY: demo test install browser triton-server slim infinity-server kserve-client lint clean
 
 install: $(STAMP)
 
@@ -63,14 +63,14 @@ $(SLIM_STAMP): pyproject.toml constraints.txt
 	$(SLIM_VENV)/bin/pip install -q --disable-pip-version-check -c constraints.txt -e '.[serve,embed]'
 	touch $(SLIM_STAMP)
 
-test: install browser triton-server slim infinity-server
+test: install browser triton-server slim infinity-server kserve-client
 	$(PY) -m pytest -q
 
 lint: install
 	$(VENV)/bin/ruff check src tests
 
 clean:
-	rm -rf $(VENV) $(TRITON_VENV) $(SLIM_VENV) $(INFINITY_VENV) $(DEMO_OUT) .pytest_cache
+	rm -rf $(VENV) $(TRITON_VENV) $(SLIM_VENV) $(INFINITY_VENV) $(KSERVE_VENV) $(DEMO_OUT) .pytest_cache
 
 # A real deployment nobody here wrote, for kiln audit's test: Infinity (infinity-emb 0.0.78) in its own venv. It pins
 # transformers 4.57 and numpy < 2; torch 2.13.0 first, as everywhere (any other version pulls CUDA wheels).
@@ -85,3 +85,14 @@ $(INFINITY_STAMP):
 	  'transformers==4.57.*' 'numpy<2' \
 	  || { echo "make: infinity-emb could not be installed; the Infinity audit test will be skipped"; exit 0; }
 	touch $(INFINITY_STAMP)
+
+# KServe's own Python clients (REST v2 and gRPC), for tests/test_serve_protocols.py: a peer in its own venv, as
+# KServe's users install it (kserve pulls its own fastapi, grpcio-tools and numpy 2).
+KSERVE_VENV ?= .venv-kserve
+KSERVE_STAMP := $(KSERVE_VENV)/.kiln-kserve
+kserve-client: $(KSERVE_STAMP)
+
+$(KSERVE_STAMP):
+	$(PYTHON) -m venv $(KSERVE_VENV)
+	$(KSERVE_VENV)/bin/pip install -q --disable-pip-version-check 'kserve==0.21.0'
+	touch $(KSERVE_STAMP)

@@ -233,3 +233,21 @@ def test_overload_answers_429_in_each_protocols_shape(task_artifacts):
     _valid(tei.json(), "ErrorResponse")
     assert tei.json()["error_type"] == "Overloaded"
     assert own.json()["error"]["type"] == "overloaded"
+
+
+KSERVE = Path(__file__).resolve().parents[1] / ".venv-kserve" / "bin" / "python"
+
+
+@pytest.mark.skipif(not KSERVE.is_file(), reason="no KServe client venv (run `make kserve-client`)")
+def test_kserves_own_clients_get_the_same_numbers(server, task_artifacts):
+    """KServe's InferenceRESTClient (v2) and InferenceGRPCClient, in KServe's own venv, against kiln serve."""
+    base, grpc_port = server
+    run = subprocess.run([str(KSERVE), str(Path(__file__).parent / "peers" / "kserve_client.py"), base,
+                          f"127.0.0.1:{grpc_port}", "feature_extraction", *TEXTS], capture_output=True, text=True,
+                         timeout=180)
+    assert run.returncode == 0, run.stderr[-3000:]
+    answer = json.loads(run.stdout)
+    offline = np.stack(kiln.load(task_artifacts[TaskName.FEATURE_EXTRACTION]).predict(TEXTS))
+    for transport in ("rest", "grpc"):
+        np.testing.assert_allclose(np.array(answer[transport]), offline, atol=1e-5, err_msg=transport)
+    assert answer["rest_live"] and answer["grpc_ready"]

@@ -45,6 +45,9 @@ class OutputRequest(_Strict):
 
 class InferRequest(_Strict):
     id: str | None = None
+    # Not in the protocol's request, but KServe's own REST client sends them: accepted when they name the path's model.
+    model_name: str | None = None
+    model_version: str | None = None
     parameters: dict[str, Any] | None = Field(None, description="binary_data_output: every output in binary.")
     inputs: Annotated[list[InputTensor], Field(min_length=1)]
     outputs: list[OutputRequest] | None = None
@@ -117,6 +120,9 @@ def parse_request(name: str, version: str | None, body: bytes, header_length: st
     except ValidationError as err:
         problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}" for e in err.errors())
         raise HTTPError(400, "invalid_request", f"not a v2 inference request: {problems}") from err
+    if request.model_name not in (None, name) or request.model_version not in (None, "", version or VERSION):
+        raise HTTPError(400, "invalid_request", f"the body names model {request.model_name!r} version "
+                        f"{request.model_version!r}; the path names {name!r} version {version or VERSION!r}")
     columns, at = {}, 0
     for tensor in request.inputs:
         where = f"input {tensor.name}"
