@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from kiln.artifact.manifest import Manifest, read_manifest, verify
 from kiln.artifact.records import BuildRecord, ServingDefault, VariantRecord
 from kiln.engines import Engine, EngineOptions, create_engine, open_sessions
@@ -90,7 +92,19 @@ class Artifact:
             raise ArtifactError(f"variant {record.name} points at {model_path}, which is missing")
         engines = open_sessions(record.engine, model_path, plan.options, plan.sessions)
         return Predictor(self.task_config, self.encoder(), engines[0], batch_size=plan.batch_size,
-                         sessions=engines[1:], pad_multiple=plan.pad_multiple)
+                         sessions=engines[1:], pad_multiple=plan.pad_multiple,
+                         output_calibration=self.output_calibration())
+
+    def output_calibration(self) -> np.ndarray | None:
+        """The fp32 reference's vectors of the calibration texts (kiln optimize stores them for embedding tasks):
+        where int8/uint8 output precision takes its ranges. None when the artifact has none."""
+        name = self.manifest.build.output_calibration
+        if name is None:
+            return None
+        path = self.path / name
+        if not path.is_file():
+            raise ArtifactError(f"{self.path}: the manifest names output calibration {name}, which is missing")
+        return np.load(path, allow_pickle=False)
 
 
 @dataclass(frozen=True)
@@ -123,15 +137,16 @@ def copy_variant(root: Path, manifest: Manifest, name: str | None, dest: Path) -
     tokenizer_dir = Path(manifest.tokenizer.path).parent
     tokenizer_files = [p.relative_to(root).as_posix() for p in (root / tokenizer_dir).rglob("*") if p.is_file()]
     reference = manifest.build.reference_variant if record else None  # live agreement needs it beside the variant
+    calibration = manifest.build.output_calibration  # the vectors output precision takes its ranges from
     files = dict.fromkeys([*(record.files if record else ()), *(reference.files if reference else ()),
-                           *tokenizer_files])
+                           *tokenizer_files, *([calibration] if calibration else [])])
     for rel in files:
         (dest / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(root / rel, dest / rel)
     default = manifest.build.serving_default
     build = BuildRecord(best=name, serving_default=default if name is not None and default is not None
                         and default.variant == name else None, reference_variant=reference,
-                        tolerance=manifest.build.tolerance)
+                        tolerance=manifest.build.tolerance, output_calibration=calibration)
     seal(dest, Manifest(source=manifest.source, task=manifest.task, tokenizer=manifest.tokenizer,
                         variants={name: record} if record else {}, build=build))
     return dest

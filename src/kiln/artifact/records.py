@@ -148,3 +148,6 @@ class BuildRecord:
     # The original exported in fp32, kept beside the variants (never a candidate for best): what kiln serve
     # --shadow-rate runs sampled live inputs through to measure the served variant's agreement.
     reference_variant: VariantRecord | None = None
+    # Embedding tasks: the fp32 reference's vectors of the calibration texts (an .npy beside the manifest), which
+    # int8/uint8 output precision takes its per-dimension ranges from, so every server and job quantizes alike.
+    output_calibration: str | None = None

@@ -38,6 +38,10 @@ def embed(
     actors: Annotated[Optional[int], typer.Option(  # noqa: UP045
         help="Ray actors, one predictor each (default: the cluster's CPUs / --threads).", show_default=False,
         min=1)] = None,
+    precision: Annotated[str, typer.Option(
+        help="The stored vectors' precision: float32, int8, uint8 (per-dimension buckets from the artifact's "
+        "calibration, kiln optimize stores it), binary, ubinary (one bit per dimension, packed): sentence-"
+        "transformers' quantize_embeddings. Parquet columns of float32, int8 or uint8.")] = "float32",
     force: ForceOpt = False,
 ) -> None:
     """Embed every text of INPUT into ordered Parquet parts; --resume finishes a killed run, --ray scales out."""
@@ -45,7 +49,7 @@ def embed(
 
     config = EmbedConfig(artifact=artifact, input=input, output=output, text_field=text_field, id_field=id_field,
                          rows_per_part=rows_per_part, window=window, resume=resume, overwrite=force, variant=variant,
-                         threads=threads, ray=ray, actors=actors)
+                         threads=threads, ray=ray, actors=actors, precision=precision)
     report = _Progress()
     try:
         summary = run_embed(config, report)

@@ -20,6 +20,7 @@ from kiln.artifact.directory import Artifact
 from kiln.embed.corpus import Corpus, read_corpus
 from kiln.embed.parts import JobRecord, prepare_output, write_part, write_record
 from kiln.errors import UsageError
+from kiln.runtime.precision import parse_precision, quantize, ranges_of
 from kiln.tasks import task_spec
 
 Progress = Callable[[int, int], None]  # (texts done, texts in total)
@@ -40,6 +41,7 @@ class EmbedConfig:
     threads: int | None = None  # per engine session (per Ray actor); None: serving.json, else all cores
     ray: str | None = None  # a Ray address ("auto", "ray://host:port") or "local" to start one here
     actors: int | None = None  # Ray actors; None: the cluster's CPUs / threads per actor
+    precision: str = "float32"  # the stored vectors' precision (kiln.runtime.precision)
 
     def __post_init__(self) -> None:
         for flag, value in (("--rows-per-part", self.rows_per_part), ("--window", self.window),
@@ -80,10 +82,18 @@ def run_embed(config: EmbedConfig, progress: Progress = lambda done, total: None
     if not task_spec(task).embeds:
         raise UsageError(f"kiln embed needs an embedding artifact; {config.artifact} does {task}")
     variant = artifact.variant_name(config.variant)
+    precision = parse_precision(config.precision)
+    # Ranges from the artifact's calibration, checked before any text is embedded (int8/uint8 need them).
+    calibration = artifact.output_calibration() if precision.calibrated else None
+    ranges = ranges_of(calibration) if calibration is not None else None
+    if precision.calibrated and ranges is None:
+        raise UsageError(f"--precision {precision.value} takes its ranges from the artifact's output calibration, "
+                         f"which {config.artifact} has none of (kiln optimize stores it); binary and ubinary need "
+                         "none")
     corpus = read_corpus(config.input, config.text_field, config.id_field)
     record = JobRecord(str(config.input.resolve()), config.input.stat().st_size, config.text_field, config.id_field,
                        str(artifact.path.resolve()), artifact_identity(artifact, variant), variant, len(corpus),
-                       config.rows_per_part, artifact.task_config.dimension)
+                       config.rows_per_part, artifact.task_config.dimension, precision.value)
     done = prepare_output(config.output, record, resume=config.resume, overwrite=config.overwrite)
     todo = [i for i in range(record.parts) if i not in done]
     start = time.perf_counter()
@@ -97,7 +107,7 @@ def run_embed(config: EmbedConfig, progress: Progress = lambda done, total: None
     embedded, dimension = 0, record.dimension
     for index, vectors in _vectors_per_part(config, artifact, variant, corpus, record, todo, advance):
         rows = _part_rows(record, index)
-        write_part(config.output, index, corpus.ids[rows.start : rows.stop], vectors)
+        write_part(config.output, index, corpus.ids[rows.start : rows.stop], quantize(vectors, precision, ranges))
         embedded += len(rows)
         if dimension is None:
             dimension = vectors.shape[1]

@@ -38,6 +38,7 @@ class JobRecord:
     rows: int
     rows_per_part: int
     dimension: int | None = None  # known once the first part is written
+    precision: str = "float32"  # the vectors' (kiln.runtime.precision); binary ones are dimension / 8 bytes
 
     @property
     def parts(self) -> int:
@@ -90,11 +91,12 @@ def write_record(output: Path, record: JobRecord) -> None:
 
 
 def write_part(output: Path, index: int, ids: Any, vectors: np.ndarray) -> Path:
-    """One part, atomically: (id, vector) rows, the vector a fixed-size list of float32."""
+    """One part, atomically: (id, vector) rows, the vector a fixed-size list of float32 (or of int8 / uint8 at
+    another precision)."""
     pa = pyarrow_module()
     import pyarrow.parquet as pq
 
-    vectors = np.ascontiguousarray(vectors, dtype=np.float32)
+    vectors = np.ascontiguousarray(vectors, dtype=vectors.dtype if vectors.dtype.itemsize == 1 else np.float32)
     column = pa.FixedSizeListArray.from_arrays(pa.array(vectors.reshape(-1)), vectors.shape[1])
     table = pa.table({"id": ids, "vector": column})
     final = part_path(output, index)

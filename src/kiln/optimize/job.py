@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from tokenizers import Encoding
 
 from kiln.artifact.directory import copy_variant
@@ -31,6 +32,7 @@ from kiln.optimize.outcome import Outcome, RunSummary, write_summaries
 from kiln.optimize.sensitivity import exclusion_search
 from kiln.optimize.variants import VARIANTS, VariantSpec, default_variants, remove_variant_files
 from kiln.report.html import write_report
+from kiln.runtime.precision import CALIBRATION_FILE
 from kiln.runtime.predictor import Predictor
 from kiln.system.cpu import cpu_info, int8_scheme
 from kiln.system.invocation import invocation
@@ -156,7 +158,8 @@ class OptimizeJob:
             self._prune(outcomes, kept)
             summary = self._summary(outcomes, best, reference_timing, attention)
             write_summaries(stage, summary)
-            manifest = self._manifest(summary, tokenizer).with_build(reference_variant=kept)
+            manifest = self._manifest(summary, tokenizer).with_build(reference_variant=kept,
+                                                                     output_calibration=self._output_calibration(kept))
             if best is None:
                 raise NothingPassed(_nothing_passed(outcomes), summary)
             write_best(stage, manifest, best.name)
@@ -355,6 +358,16 @@ class OptimizeJob:
                 reference=self.original.describe() if self.original is not self.source else None,
                 reference_metric=self.work.reference_metric),
         )
+
+    def _output_calibration(self, kept: VariantRecord | None) -> str | None:
+        """Embedding tasks: the kept fp32 reference's vectors of the calibration texts, written beside the manifest;
+        int8/uint8 output precision takes its per-dimension ranges from them (kiln.runtime.precision), so every
+        server and job quantizes a text to the same bytes. None for other tasks, or without a kept reference."""
+        if not self.spec.embeds or kept is None:
+            return None
+        vectors = np.stack(self._predictor(kept).predict(self.work.calibration)).astype(np.float32)
+        np.save(self.ctx.stage / CALIBRATION_FILE, vectors, allow_pickle=False)
+        return CALIBRATION_FILE
 
     def _reference_variant(self) -> VariantRecord | None:
         """The fp32 export, kept as the artifact's reference for live agreement (kiln serve --shadow-rate); built

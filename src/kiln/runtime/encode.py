@@ -2,8 +2,10 @@
 
 Same arguments, meaning, shapes and dtypes, so swapping the import is the whole migration: a string gives a 1-D
 float32 array, a list a 2-D one; ``truncate_dim`` cuts each vector before ``normalize_embeddings`` rescales it
-(sentence-transformers' order); ``convert_to_tensor`` gives one torch tensor and ``convert_to_numpy=False`` a list
-of tensors (torch imported only then). What kiln cannot honour is refused by name, never ignored.
+(sentence-transformers' order), then ``precision`` quantizes it as sentence-transformers' ``quantize_embeddings``
+does, with ranges from the artifact's calibration (kiln.runtime.precision); ``convert_to_tensor`` gives one torch
+tensor and ``convert_to_numpy=False`` a list of tensors (torch imported only then). What kiln cannot honour is
+refused by name, never ignored.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from kiln.errors import UsageError
+from kiln.runtime.precision import Precision, parse_precision, quantize, ranges_of
 from kiln.tasks import task_spec
 
 if TYPE_CHECKING:
@@ -42,7 +45,8 @@ def encode(
     if not task_spec(predictor.config.task).embeds:
         raise UsageError(f"encode() needs a sentence-embedding artifact; this one does {predictor.config.task}: "
                          "use predict()")
-    _refuse(prompt_name=prompt_name, output_value=output_value, precision=precision, device=device)
+    _refuse(prompt_name=prompt_name, output_value=output_value, device=device)
+    precision = parse_precision(precision)
     single = isinstance(sentences, str)
     texts = [sentences] if single else list(sentences)
     if truncate_dim is not None and truncate_dim < 1:
@@ -55,8 +59,23 @@ def encode(
         vectors = vectors[:, :truncate_dim]
     if normalize_embeddings:
         vectors = vectors / np.clip(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12, None)
-    out = _convert(vectors.astype(np.float32, copy=False), convert_to_numpy, convert_to_tensor)
+    vectors = vectors.astype(np.float32, copy=False)
+    if precision is not Precision.FLOAT32 and len(vectors):
+        vectors = quantize(vectors, precision, _ranges(predictor, precision, truncate_dim, normalize_embeddings))
+    out = _convert(vectors, convert_to_numpy, convert_to_tensor)
     return out[0] if single and len(texts) else out
+
+
+def _ranges(predictor: Predictor, precision: Precision, truncate_dim: int | None,
+            normalize: bool) -> np.ndarray | None:
+    """int8/uint8 ranges from the artifact's calibration vectors, cut and normalised as the vectors were."""
+    if not precision.calibrated:
+        return None
+    if predictor.output_calibration is None:
+        raise UsageError(f"precision={precision.value!r} takes its ranges from the artifact's output calibration, "
+                         "which this artifact has none of (kiln optimize stores it; kiln export does not); "
+                         "'binary' and 'ubinary' need none")
+    return ranges_of(predictor.output_calibration, truncate_dim, normalize)
 
 
 def _embed(predictor: Predictor, texts: list[str], show_progress_bar: bool | None) -> np.ndarray:
@@ -89,15 +108,13 @@ def _convert(vectors: np.ndarray, convert_to_numpy: bool, convert_to_tensor: boo
     return vectors if len(vectors) else np.array([])
 
 
-def _refuse(*, prompt_name: str | None, output_value: str | None, precision: str, device: str | None) -> None:
+def _refuse(*, prompt_name: str | None, output_value: str | None, device: str | None) -> None:
     """sentence-transformers options kiln does not offer: a clear error, not a silent difference."""
     if prompt_name is not None:
         raise UsageError("prompt_name: kiln artifacts carry no named prompts; pass the text with prompt=")
     if output_value != "sentence_embedding":
         raise UsageError(f"output_value must be 'sentence_embedding' (got {output_value!r}); token embeddings "
                          "are not returned: kiln's embedding variants pool inside their post-processing")
-    if precision != "float32":
-        raise UsageError(f"precision must be 'float32' (got {precision!r}); quantize the vectors yourself")
     if device not in (None, "cpu"):
         raise UsageError(f"device: the artifact's engine decides where it runs (got {device!r}); load it with "
                          "kiln.load(path, device=...)")

@@ -91,6 +91,9 @@ class TaskSpec:
 
     def __init__(self, config: TaskConfig) -> None:
         self.config = config
+        # The artifact's output calibration vectors (set by the predictor): embedding tasks take int8/uint8 output
+        # ranges from them. None where the artifact has none.
+        self.output_calibration: np.ndarray | None = None
 
     # -- loading ------------------------------------------------------------------------------------------
     @classmethod

@@ -11,6 +11,7 @@ import base64
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from dataclasses import field as dataclass_field
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
@@ -20,6 +21,7 @@ from pydantic import Field
 
 from kiln.choices import Pooling, WireProtocol
 from kiln.errors import UnsupportedModelError, UsageError
+from kiln.runtime.precision import Precision, parse_precision, quantize, ranges_of
 from kiln.tasks import tei
 from kiln.tasks.base import Prepared, TaskSpec, field, read_json
 from kiln.tasks.chunking import Chunking, ChunkingModel, as_chunking, by_owner, chunked, span
@@ -33,6 +35,8 @@ class EmbedOptions:
     truncate: bool = True
     dimensions: int | None = None  # cut each vector to its first ``dimensions`` values (Matryoshka)
     chunking: Chunking | None = None  # long texts as windows: their mean, or every window
+    precision: Precision = Precision.FLOAT32  # then quantized (kiln.runtime.precision)
+    ranges: np.ndarray | None = dataclass_field(default=None, compare=False)  # int8/uint8: per-dimension [min; max]
 
 
 @dataclass(frozen=True)
@@ -73,6 +77,10 @@ ST_MODULES = {"Transformer", "Pooling", "Normalize"}
 
 DIMENSIONS_HELP = ("Keep the first `dimensions` values of each embedding (Matryoshka), re-normalised when the "
                    "model normalises; at most the model's size (422 above it).")
+PRECISION_HELP = ("The vectors' precision, as sentence-transformers' quantize_embeddings makes it (after "
+                  "`dimensions`): int8/uint8 per-dimension buckets from the artifact's calibration (422 when it has "
+                  "none), binary/ubinary one bit per dimension packed 8 to a byte (int8 minus 128 / uint8).")
+PrecisionName = Literal["float32", "int8", "uint8", "binary", "ubinary"]
 
 
 class EmbedChunking(ChunkingModel):
@@ -84,6 +92,7 @@ class EmbedChunking(ChunkingModel):
 class EmbedRequest(RequestBody):
     inputs: Texts = Field(description="A text or a list of texts.")
     dimensions: Count | None = Field(None, description=DIMENSIONS_HELP)
+    precision: PrecisionName = Field("float32", description=PRECISION_HELP)
     chunking: EmbedChunking | None = Field(None, description="Embed inputs longer than a window as overlapping "
                                            "token windows instead of truncating them.")
 
@@ -91,7 +100,7 @@ class EmbedRequest(RequestBody):
         return listify(self.inputs)
 
     def options(self) -> dict[str, Any]:
-        return {"dimensions": self.dimensions, "chunking": self.chunking}
+        return {"dimensions": self.dimensions, "chunking": self.chunking, "precision": self.precision}
 
 
 class WindowModel(ResponseModel):
@@ -113,8 +122,11 @@ class OpenAIEmbeddingRequest(RequestBody):
 
     input: Texts
     model: str  # type: ignore[assignment]  # OpenAI clients always name one
-    encoding_format: Literal["float", "base64"] = "float"
+    encoding_format: Literal["float", "base64"] = Field("float", description="float: lists of numbers; base64: "
+                                                        "each vector's bytes (float32 little-endian, or the "
+                                                        "precision's one byte per value) in base64, as OpenAI's.")
     dimensions: Count | None = Field(None, description=DIMENSIONS_HELP)
+    precision: PrecisionName = Field("float32", description=f"kiln's extension. {PRECISION_HELP}")
     user: NonBlank | None = None
     truncate: bool = True
 
@@ -122,7 +134,7 @@ class OpenAIEmbeddingRequest(RequestBody):
         return listify(self.input)
 
     def options(self) -> dict[str, Any]:
-        return {"dimensions": self.dimensions}
+        return {"dimensions": self.dimensions, "precision": self.precision}
 
 
 class OpenAIEmbedding(ResponseModel):
@@ -150,10 +162,16 @@ def _embed(body: EmbedRequest, model: str, prepared: Prepared, results: list[Any
     return {"model": model, "embeddings": np.stack(results), "truncated": list(prepared.truncated)}
 
 
+def _little_endian(vector: np.ndarray) -> np.ndarray:
+    """A vector's bytes as OpenAI's base64 carries them: float32 little-endian, or one byte per int8/uint8 value."""
+    vector = np.asarray(vector)
+    return vector if vector.dtype.itemsize == 1 else vector.astype("<f4")
+
+
 def _openai(body: OpenAIEmbeddingRequest, model: str, prepared: Prepared, results: list[Any]) -> dict[str, Any]:
     tokens = sum(len(e.ids) for e in prepared.encodings)
     data = [{"object": "embedding", "index": i,
-             "embedding": base64.b64encode(np.asarray(v, dtype=np.float32).tobytes()).decode()
+             "embedding": base64.b64encode(_little_endian(v).tobytes()).decode()
              if body.encoding_format == "base64" else np.asarray(v)} for i, v in enumerate(results)]
     return {"object": "list", "data": data, "model": model, "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
 
@@ -207,12 +225,23 @@ class FeatureExtraction(TaskSpec):
     def settings(cls, model_dir: Path, hf_config: Any) -> dict[str, Any]:
         return {**cls._pooling_settings(model_dir), "dimension": int(hf_config.hidden_size)}
 
-    def options(self, truncate: bool = True, dimensions: int | None = None, chunking: Any = None) -> EmbedOptions:
+    def options(self, truncate: bool = True, dimensions: int | None = None, chunking: Any = None,
+                precision: str | Precision = Precision.FLOAT32) -> EmbedOptions:
         size = self.config.dimension
         if dimensions is not None and (dimensions < 1 or (size is not None and dimensions > size)):
             raise UsageError(f"dimensions must be between 1 and the model's size {size} (got {dimensions})"
                              if size else f"dimensions must be at least 1 (got {dimensions})")
-        return EmbedOptions(truncate=truncate, dimensions=dimensions, chunking=as_chunking(chunking, CHUNK_MODES))
+        precision = parse_precision(precision)
+        ranges = None
+        if precision.calibrated:
+            if self.output_calibration is None:
+                raise UsageError(f"precision {precision.value} takes its ranges from the artifact's output "
+                                 "calibration, which this artifact has none of (kiln optimize stores it; kiln export "
+                                 "does not); float32, binary and ubinary need none")
+            # served vectors are cut, then re-normalised only when the model normalises (truncated())
+            ranges = ranges_of(self.output_calibration, dimensions, self.config.normalize and dimensions is not None)
+        return EmbedOptions(truncate=truncate, dimensions=dimensions, chunking=as_chunking(chunking, CHUNK_MODES),
+                            precision=precision, ranges=ranges)
 
     def prepare(self, inputs: Sequence[Any], encoder, options: EmbedOptions) -> Prepared:
         if options.chunking is not None:
@@ -226,7 +255,13 @@ class FeatureExtraction(TaskSpec):
         return list(pooled)
 
     def finalize(self, prepared: Prepared, reduced: Sequence[Any], options: EmbedOptions, encoder) -> list[Any]:
-        cut = (lambda v: self.truncated(v, options.dimensions)) if options.dimensions is not None else (lambda v: v)
+        # Truncate, re-normalise, then quantize: sentence-transformers' order.
+        def cut(vector: np.ndarray) -> np.ndarray:
+            if options.dimensions is not None:
+                vector = self.truncated(vector, options.dimensions)
+            return vector if options.precision is Precision.FLOAT32 else \
+                quantize(vector, options.precision, options.ranges)
+
         if options.chunking is None:
             return [cut(v) for v in reduced]
         results: list[Any] = []

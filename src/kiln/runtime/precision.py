@@ -1,0 +1,78 @@
+"""Output precision of embeddings: the vectors users store, quantized as sentence-transformers' ``quantize_embeddings``
+does it, with ranges every server and job shares.
+
+int8/uint8 cut each dimension's [min, max] into 256 buckets; kiln takes those ranges from the artifact's output
+calibration (the fp32 reference's vectors of the calibration texts, stored by kiln optimize), never from the
+vectors being quantized, so a text gets the same bytes alone, in a batch, in kiln serve or in kiln embed. With
+Matryoshka ``dimensions`` the calibration vectors are cut and re-normalised the same way first (truncate, then
+re-normalise, then quantize). binary/ubinary need no ranges: one bit per dimension (> 0), packed 8 to a byte.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kiln.choices import Choice
+from kiln.errors import UsageError
+
+CALIBRATION_FILE = "output_calibration.npy"  # in the artifact, beside manifest.json
+
+
+class Precision(Choice):
+    FLOAT32 = "float32"
+    INT8 = "int8"
+    UINT8 = "uint8"
+    BINARY = "binary"  # packed bits, as int8 (each byte minus 128), sentence-transformers' "binary"
+    UBINARY = "ubinary"  # packed bits as uint8
+
+    @property
+    def calibrated(self) -> bool:
+        """Whether it needs per-dimension ranges."""
+        return self in (Precision.INT8, Precision.UINT8)
+
+    @property
+    def dtype(self) -> type:
+        return {Precision.FLOAT32: np.float32, Precision.INT8: np.int8, Precision.UINT8: np.uint8,
+                Precision.BINARY: np.int8, Precision.UBINARY: np.uint8}[self]
+
+    def bytes_per_vector(self, dimensions: int) -> int:
+        return {Precision.FLOAT32: 4 * dimensions, Precision.INT8: dimensions, Precision.UINT8: dimensions}.get(
+            self, (dimensions + 7) // 8)
+
+
+def parse_precision(value: str | Precision) -> Precision:
+    try:
+        return Precision(value)
+    except ValueError:
+        allowed = ", ".join(p.value for p in Precision)
+        raise UsageError(f"precision must be one of {allowed} (got {value!r})") from None
+
+
+def ranges_of(calibration: np.ndarray, dimensions: int | None = None, normalize: bool = False) -> np.ndarray:
+    """(2, d) per-dimension min and max of the calibration vectors, made as the vectors being quantized were:
+    cut to ``dimensions``, then re-normalised when ``normalize``."""
+    vectors = calibration.astype(np.float32)
+    if dimensions is not None:
+        vectors = vectors[:, :dimensions]
+    if normalize:
+        vectors = vectors / np.clip(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12, None)
+    return np.vstack((vectors.min(axis=0), vectors.max(axis=0)))
+
+
+def quantize(vectors: np.ndarray, precision: Precision, ranges: np.ndarray | None = None) -> np.ndarray:
+    """``vectors`` ([n, d] or [d] float) at ``precision``: bit for bit what sentence-transformers'
+    ``quantize_embeddings(vectors, precision, ranges=ranges)`` returns."""
+    if precision is Precision.FLOAT32:
+        return vectors.astype(np.float32)
+    if precision.calibrated:
+        if ranges is None:
+            raise UsageError(f"precision {precision.value} needs the artifact's output calibration (kiln optimize "
+                             "stores it); binary and ubinary need none")
+        ranges = ranges.astype(np.float32, copy=False)
+        starts = ranges[0, :]
+        steps = (ranges[1, :] - starts) / 255
+        steps = np.where(steps == 0, 1, steps)
+        buckets = np.clip(np.floor((vectors - starts) / steps), 0, 255)
+        return buckets.astype(np.uint8) if precision is Precision.UINT8 else (buckets - 128).astype(np.int8)
+    packed = np.packbits(vectors > 0, axis=-1)
+    return packed if precision is Precision.UBINARY else (packed - 128).astype(np.int8)

@@ -1,0 +1,135 @@
+"""Output precision (issue 28, part 1): int8/uint8/binary/ubinary vectors, bit for bit what sentence-transformers'
+quantize_embeddings makes with the same ranges, with ranges from the artifact's calibration everywhere a user gets
+vectors (encode, /embed, /v1/embeddings), composed with Matryoshka dimensions; bad values are one clear error."""
+
+from __future__ import annotations
+
+import base64
+
+import httpx
+import numpy as np
+import pytest
+
+import kiln
+from kiln.data.texts import builtin_sentences
+from kiln.runtime.precision import CALIBRATION_FILE, Precision, quantize, ranges_of
+from kiln.serve import process
+from kiln.serve.app import ServeConfig, create_app
+from kiln.tasks import TaskName
+
+TEXTS = list(builtin_sentences()[:12])
+PRECISIONS = ["int8", "uint8", "binary", "ubinary"]
+
+
+@pytest.fixture(scope="module")
+def optimized(tiny_model, tmp_path_factory):
+    """A tiny embedding model through kiln optimize (onnx-fp32 only): the artifact stores its output calibration."""
+    from kiln.optimize.job import OptimizeConfig, OptimizeJob
+
+    out = tmp_path_factory.mktemp("precision") / "opt"
+    OptimizeJob(OptimizeConfig(model=str(tiny_model("bert")), task=TaskName.FEATURE_EXTRACTION, output=out,
+                               variants=("onnx-fp32",))).run()
+    return out
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_quantize_is_sentence_transformers_bit_for_bit(precision):
+    from sentence_transformers.util.quantization import quantize_embeddings
+
+    rng = np.random.default_rng(0)
+    vectors = rng.normal(size=(40, 24)).astype(np.float32)
+    ranges = ranges_of(rng.normal(size=(100, 24)))
+    ours = quantize(vectors, Precision(precision), ranges)
+    theirs = quantize_embeddings(vectors, precision, ranges=ranges)
+    assert ours.dtype == theirs.dtype and np.array_equal(ours, theirs)
+    assert ours.shape[1] == (24 if precision.endswith("int8") else 3)
+
+
+def test_the_artifact_keeps_its_calibration_and_encode_quantizes_with_it(optimized):
+    from sentence_transformers.util.quantization import quantize_embeddings
+
+    for directory in (optimized, optimized / "best"):
+        assert (directory / CALIBRATION_FILE).is_file()
+    predictor = kiln.load(optimized / "best")
+    calibration = np.load(optimized / CALIBRATION_FILE)
+    assert calibration.dtype == np.float32 and calibration.shape[0] >= 64
+    full = predictor.encode(TEXTS)
+    for precision in PRECISIONS:
+        got = predictor.encode(TEXTS, precision=precision)
+        want = quantize_embeddings(full, precision, ranges=ranges_of(calibration))
+        assert got.dtype == want.dtype and np.array_equal(got, want), precision
+        cut = predictor.encode(TEXTS, precision=precision, truncate_dim=16, normalize_embeddings=True)
+        cut_float = predictor.encode(TEXTS, truncate_dim=16, normalize_embeddings=True)
+        assert np.array_equal(cut, quantize_embeddings(cut_float, precision,
+                                                       ranges=ranges_of(calibration, 16, normalize=True)))
+    single = predictor.encode(TEXTS[0], precision="int8")  # a text alone gets the same bytes as in a batch
+    assert np.array_equal(single, predictor.encode(TEXTS, precision="int8")[0])
+
+
+def test_every_route_answers_each_precision(optimized):
+    predictor = kiln.load(optimized / "best")
+    with process.serve_in_thread(create_app(ServeConfig(models={"m": optimized / "best"}))) as base:
+        for precision in PRECISIONS:
+            want = predictor.encode(TEXTS, precision=precision)
+            own = httpx.post(f"{base}/embed", json={"inputs": TEXTS, "precision": precision}).json()
+            assert np.array_equal(np.array(own["embeddings"], dtype=want.dtype), want), precision
+            openai = httpx.post(f"{base}/v1/embeddings", json={"input": TEXTS, "model": "m", "precision": precision,
+                                                               "encoding_format": "base64"}).json()
+            raw = [np.frombuffer(base64.b64decode(d["embedding"]), dtype=want.dtype) for d in openai["data"]]
+            assert np.array_equal(np.stack(raw), want), precision
+        # Matryoshka then precision: cut, re-normalise as the route does, then quantize
+        cut = httpx.post(f"{base}/embed", json={"inputs": TEXTS, "dimensions": 16, "precision": "uint8"}).json()
+        floats = np.array(httpx.post(f"{base}/embed", json={"inputs": TEXTS, "dimensions": 16}).json()["embeddings"])
+        calibration = np.load(optimized / CALIBRATION_FILE)
+        normalizes = kiln.load(optimized / "best").config.normalize
+        assert np.array_equal(np.array(cut["embeddings"], dtype=np.uint8),
+                              quantize(floats.astype(np.float32), Precision.UINT8,
+                                       ranges_of(calibration, 16, normalize=normalizes)))
+        base64_floats = httpx.post(f"{base}/v1/embeddings", json={"input": TEXTS[:1], "model": "m",
+                                                                  "encoding_format": "base64"}).json()
+        assert np.allclose(np.frombuffer(base64.b64decode(base64_floats["data"][0]["embedding"]), dtype="<f4"),
+                           predictor.encode(TEXTS[0]), atol=1e-6)
+        unknown = httpx.post(f"{base}/embed", json={"inputs": "x", "precision": "int4"})
+        assert unknown.status_code == 422 and "precision" in unknown.json()["error"]["message"]
+
+
+def test_precisions_that_cannot_be_honoured_are_refused(tiny_artifact, task_artifacts):
+    """An exported artifact (no calibration) refuses int8/uint8 but gives binary; a classifier takes no precision."""
+    from kiln.errors import UsageError
+
+    predictor = kiln.load(tiny_artifact)
+    with pytest.raises(UsageError, match="output calibration, which this artifact has none of"):
+        predictor.encode(TEXTS, precision="int8")
+    with pytest.raises(UsageError, match="precision must be one of float32, int8, uint8, binary, ubinary"):
+        predictor.encode(TEXTS, precision="int4")
+    assert predictor.encode(TEXTS, precision="ubinary").dtype == np.uint8
+    with process.serve_in_thread(create_app(ServeConfig(models={
+            "m": tiny_artifact, "c": task_artifacts[TaskName.TEXT_CLASSIFICATION]}))) as base:
+        refused = httpx.post(f"{base}/embed", json={"inputs": "x", "precision": "uint8", "model": "m"})
+        assert refused.status_code == 422 and "kiln optimize stores it" in refused.json()["error"]["message"]
+        classify = httpx.post(f"{base}/classify", json={"inputs": "x", "precision": "int8"})
+        assert classify.status_code == 422 and "precision" in classify.json()["error"]["message"]
+
+
+def test_kiln_embed_stores_each_precision(optimized, tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    import pyarrow.parquet as pq
+
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in TEXTS))
+    predictor = kiln.load(optimized / "best")
+    for precision, dtype in (("int8", np.int8), ("ubinary", np.uint8)):
+        out = tmp_path / precision
+        run = subprocess.run([sys.executable, "-m", "kiln", "embed", str(optimized / "best"), str(corpus), "-o",
+                              str(out), "--precision", precision], capture_output=True, text=True, timeout=300)
+        assert run.returncode == 0, run.stderr
+        table = pq.read_table(out / "part-00000.parquet")
+        stored = np.array(table.column("vector").to_pylist(), dtype=dtype)
+        assert str(table.schema.field("vector").type.value_type) == np.dtype(dtype).name
+        assert np.array_equal(stored, predictor.encode(TEXTS, precision=precision)), precision
+    bad = subprocess.run([sys.executable, "-m", "kiln", "embed", str(optimized / "best"), str(corpus), "-o",
+                          str(tmp_path / "bad"), "--precision", "int4"], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "precision must be one of float32, int8, uint8, binary, ubinary" in bad.stderr
