@@ -133,3 +133,41 @@ def test_kiln_embed_stores_each_precision(optimized, tmp_path):
     bad = subprocess.run([sys.executable, "-m", "kiln", "embed", str(optimized / "best"), str(corpus), "-o",
                           str(tmp_path / "bad"), "--precision", "int4"], capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "precision must be one of float32, int8, uint8, binary, ubinary" in bad.stderr
+
+
+def test_optimize_measures_what_each_stored_size_and_precision_costs(tiny_model, tmp_path):
+    """--precisions with --matryoshka-dims: a row per (size, precision, search), gated; the rejected ones are refused
+    by kiln serve and encode(), the accepted ones served."""
+    from kiln.artifact.directory import Artifact
+    from kiln.errors import UsageError
+    from kiln.optimize.job import OptimizeConfig, OptimizeJob
+
+    out = tmp_path / "opt"
+    OptimizeJob(OptimizeConfig(model=str(tiny_model("bert")), task=TaskName.FEATURE_EXTRACTION, output=out,
+                               variants=("onnx-fp32",), precisions=("int8", "binary"), matryoshka_dims=(16,),
+                               retrieval_tolerance=0.05)).run()
+    rows = Artifact.open(out / "best").manifest.build.stored_vectors
+    assert [(r.dimensions, r.precision, r.search) for r in rows] == [
+        (size, precision, search) for size in (32, 16) for precision, search in (
+            ("float32", "cosine"), ("int8", "decoded cosine"), ("int8", "raw inner product"), ("binary", "hamming"),
+            ("binary", "hamming + int8 rescoring (4x)"), ("binary", "hamming + int8 rescoring (10x)"))]
+    full = rows[0]
+    assert full.recall_at_10 == 1.0 and full.accepted and full.bytes_per_vector == 128
+    assert rows[3].bytes_per_vector == 4 and all(r.queries_per_s > 0 for r in rows)
+    assert all(r.accepted == (r.recall_at_10 >= 0.95) for r in rows)
+    assert "## Stored vectors: size x precision" in (out / "summary.md").read_text()
+    assert "Stored vectors: size x precision" in (out / "report.html").read_text()
+    verdicts: dict[tuple[int, str], bool] = {}
+    for r in rows:
+        verdicts[(r.dimensions, r.precision)] = verdicts.get((r.dimensions, r.precision), False) or r.accepted
+    rejected = [key for key, ok in verdicts.items() if not ok]
+    assert rejected, rows  # a random 32-dimensional model loses neighbours in 2 bytes of bits
+    size, precision = rejected[0]
+    with process.serve_in_thread(create_app(ServeConfig(models={"m": out / "best"}))) as base:
+        refused = httpx.post(f"{base}/embed", json={"inputs": "x", "dimensions": size, "precision": precision})
+        fine = httpx.post(f"{base}/embed", json={"inputs": "x"})
+    assert refused.status_code == 422 and "lost too much retrieval quality" in refused.json()["error"]["message"]
+    assert fine.status_code == 200
+    if size == 32:
+        with pytest.raises(UsageError, match="lost too much retrieval quality"):
+            kiln.load(out / "best").encode(["x"], precision=precision)

@@ -93,7 +93,8 @@ class Artifact:
         engines = open_sessions(record.engine, model_path, plan.options, plan.sessions)
         return Predictor(self.task_config, self.encoder(), engines[0], batch_size=plan.batch_size,
                          sessions=engines[1:], pad_multiple=plan.pad_multiple,
-                         output_calibration=self.output_calibration())
+                         output_calibration=self.output_calibration(),
+                         stored_vectors=self.manifest.build.stored_vectors)
 
     def output_calibration(self) -> np.ndarray | None:
         """The fp32 reference's vectors of the calibration texts (kiln optimize stores them for embedding tasks):
@@ -146,7 +147,9 @@ def copy_variant(root: Path, manifest: Manifest, name: str | None, dest: Path) -
     default = manifest.build.serving_default
     build = BuildRecord(best=name, serving_default=default if name is not None and default is not None
                         and default.variant == name else None, reference_variant=reference,
-                        tolerance=manifest.build.tolerance, output_calibration=calibration)
+                        tolerance=manifest.build.tolerance, output_calibration=calibration,
+                        stored_vectors=manifest.build.stored_vectors,
+                        retrieval_tolerance=manifest.build.retrieval_tolerance)
     seal(dest, Manifest(source=manifest.source, task=manifest.task, tokenizer=manifest.tokenizer,
                         variants={name: record} if record else {}, build=build))
     return dest

@@ -132,6 +132,22 @@ class ReferenceTiming:
 
 
 @dataclass(frozen=True)
+class StoredVectors:
+    """What storing an embedding at one (Matryoshka size, output precision) costs in retrieval, measured by kiln
+    optimize --precisions / --matryoshka-dims (kiln.validation.stored_vectors)."""
+
+    dimensions: int
+    precision: str  # kiln.runtime.precision.Precision's value
+    search: str  # how it was searched (kiln.validation.stored_vectors.Search): cosine, decoded cosine, hamming...
+    recall_at_10: float  # of the full-size float32 neighbours
+    bytes_per_vector: int
+    mib_per_million: float
+    queries_per_s: float  # exact search of the held-out corpus, on the machine that built the artifact
+    accepted: bool  # recall_at_10 >= 1 - the retrieval tolerance
+
+
+
+@dataclass(frozen=True)
 class BuildRecord:
     """What the run that built the artifact recorded beside its variants."""
 
@@ -151,3 +167,7 @@ class BuildRecord:
     # Embedding tasks: the fp32 reference's vectors of the calibration texts (an .npy beside the manifest), which
     # int8/uint8 output precision takes its per-dimension ranges from, so every server and job quantizes alike.
     output_calibration: str | None = None
+    # What each stored (size, precision) costs in retrieval, and which passed --retrieval-tolerance; kiln serve
+    # refuses a rejected one (empty: not measured, nothing refused).
+    stored_vectors: tuple[StoredVectors, ...] = ()
+    retrieval_tolerance: float | None = None

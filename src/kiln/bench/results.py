@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from kiln.artifact.manifest import Manifest
-from kiln.artifact.records import ReferenceTiming, Status
+from kiln.artifact.records import ReferenceTiming, Status, StoredVectors
 from kiln.bench.measure import Timing
 from kiln.bench.worker import BenchSettings, SweepPoint, TargetResult
 from kiln.errors import ArtifactError
@@ -51,6 +51,8 @@ class OptimizeSection:
     skipped: Mapping[str, str] = field(default_factory=dict)
     calibration: str | None = None
     reference: str | None = None  # the original judged against, when not the model itself
+    stored_vectors: tuple[StoredVectors, ...] = ()  # retrieval cost per (size, output precision)
+    retrieval_tolerance: float | None = None
 
     @classmethod
     def of(cls, manifest: Manifest) -> OptimizeSection | None:
@@ -62,7 +64,8 @@ class OptimizeSection:
                                            r.batched) for name, r in manifest.variants.items()},
             best=build.best, tolerance=build.tolerance, reference_timing=build.reference_timing,
             reference_metric=build.reference_metric, skipped=build.skipped, calibration=build.calibration,
-            reference=build.reference.model if build.reference else None)
+            reference=build.reference.model if build.reference else None, stored_vectors=build.stored_vectors,
+            retrieval_tolerance=build.retrieval_tolerance)
 
 
 @dataclass(frozen=True)

@@ -141,6 +141,13 @@ def optimize(
     matryoshka_dims: Annotated[Optional[str], typer.Option(  # noqa: UP045
         help="Embedding sizes the model was trained to be cut to (Matryoshka), e.g. 256,128: validation reports "
         "and gates agreement at each, and the artifact records them.", show_default=False)] = None,
+    precisions: Annotated[Optional[str], typer.Option(  # noqa: UP045
+        help="Output precisions to measure for stored vectors, e.g. int8,binary (of float32, int8, uint8, binary, "
+        "ubinary): recall@10 of the full-size float32 neighbours at each with every --matryoshka-dims size, "
+        "memory and search speed, gated by --retrieval-tolerance; kiln serve refuses the rejected ones.",
+        show_default=False)] = None,
+    retrieval_tolerance: Annotated[float, typer.Option(
+        help="Largest recall@10 loss a stored size and precision may have.", min=0.0, max=1.0)] = 0.03,
     allow_pickle: PickleOpt = False,
     force: ForceOpt = False,
 ) -> None:
@@ -161,6 +168,8 @@ def optimize(
         threads=threads, batch_size=batch_size, allow_pickle=allow_pickle, overwrite=force,
         sensitivity=sensitivity, reference=reference,
         matryoshka_dims=int_list(matryoshka_dims, "--matryoshka-dims") or (),
+        precisions=tuple(v.strip() for v in precisions.split(",") if v.strip()) if precisions else (),
+        retrieval_tolerance=retrieval_tolerance,
     )
     students = StudentPlan(parse_students(distill_layers, prune or ()),  # before the long run: a typo fails at once
                            student_texts, student_epochs)

@@ -20,7 +20,7 @@ from kiln.artifact.directory import Artifact
 from kiln.embed.corpus import Corpus, read_corpus
 from kiln.embed.parts import JobRecord, prepare_output, write_part, write_record
 from kiln.errors import UsageError
-from kiln.runtime.precision import parse_precision, quantize, ranges_of
+from kiln.runtime.precision import parse_precision, quantize, ranges_of, refuse_rejected
 from kiln.tasks import task_spec
 
 Progress = Callable[[int, int], None]  # (texts done, texts in total)
@@ -83,6 +83,7 @@ def run_embed(config: EmbedConfig, progress: Progress = lambda done, total: None
         raise UsageError(f"kiln embed needs an embedding artifact; {config.artifact} does {task}")
     variant = artifact.variant_name(config.variant)
     precision = parse_precision(config.precision)
+    refuse_rejected(artifact.manifest.build.stored_vectors, artifact.task_config.dimension, precision)
     # Ranges from the artifact's calibration, checked before any text is embedded (int8/uint8 need them).
     calibration = artifact.output_calibration() if precision.calibrated else None
     ranges = ranges_of(calibration) if calibration is not None else None

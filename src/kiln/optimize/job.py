@@ -16,7 +16,15 @@ from tokenizers import Encoding
 
 from kiln.artifact.directory import copy_variant
 from kiln.artifact.manifest import Manifest, library_versions, seal
-from kiln.artifact.records import BuildRecord, ReferenceTiming, Sensitivity, Status, TokenizerRecord, VariantRecord
+from kiln.artifact.records import (
+    BuildRecord,
+    ReferenceTiming,
+    Sensitivity,
+    Status,
+    StoredVectors,
+    TokenizerRecord,
+    VariantRecord,
+)
 from kiln.artifact.staging import staged_directory
 from kiln.bench.measure import Timing, time_predictor
 from kiln.bench.results import BenchResults, OptimizeSection
@@ -28,11 +36,11 @@ from kiln.model.reference import reference_predictor, timing_predictor, vanilla_
 from kiln.model.source import SourceModel, load_source
 from kiln.optimize import datasets
 from kiln.optimize.context import BuildContext, BuiltVariant
-from kiln.optimize.outcome import Outcome, RunSummary, write_summaries
+from kiln.optimize.outcome import Outcome, RunSummary, write_stored_vectors, write_summaries
 from kiln.optimize.sensitivity import exclusion_search
 from kiln.optimize.variants import VARIANTS, VariantSpec, default_variants, remove_variant_files
 from kiln.report.html import write_report
-from kiln.runtime.precision import CALIBRATION_FILE
+from kiln.runtime.precision import CALIBRATION_FILE, parse_precision
 from kiln.runtime.predictor import Predictor
 from kiln.system.cpu import cpu_info, int8_scheme
 from kiln.system.invocation import invocation
@@ -83,6 +91,10 @@ class OptimizeConfig:
     # Time rejected variants too: a student's frontier shows what each variant would buy (kiln/optimize/students).
     time_rejected: bool = False
     matryoshka_dims: tuple[int, ...] = ()  # embedding sizes validated and recorded besides the full one
+    # Output precisions whose retrieval cost is measured (with every Matryoshka size) and gated
+    # (kiln.validation.stored_vectors); kiln serve refuses the rejected ones.
+    precisions: tuple[str, ...] = ()
+    retrieval_tolerance: float = 0.03  # recall@10 of the full-size float32 neighbours >= 1 - this
 
     def __post_init__(self) -> None:
         # Library callers may pass plain strings; the checked Enum replaces them (frozen: object.__setattr__).
@@ -97,6 +109,11 @@ class OptimizeConfig:
         tolerance_for(self.task, self.tolerance)
         if self.matryoshka_dims and not task_spec(self.task).embeds:
             raise UsageError(f"--matryoshka-dims applies to embedding tasks; this run is --task {self.task}")
+        object.__setattr__(self, "precisions", tuple(parse_precision(p) for p in self.precisions))
+        if self.precisions and not task_spec(self.task).embeds:
+            raise UsageError(f"--precisions applies to embedding tasks; this run is --task {self.task}")
+        if not 0 < self.retrieval_tolerance < 1:
+            raise UsageError(f"--retrieval-tolerance must be between 0 and 1 (got {self.retrieval_tolerance:g})")
 
     def variant_names(self) -> list[str]:
         return list(self.variants) if self.variants else default_variants(self.target, self.task)
@@ -158,8 +175,13 @@ class OptimizeJob:
             self._prune(outcomes, kept)
             summary = self._summary(outcomes, best, reference_timing, attention)
             write_summaries(stage, summary)
-            manifest = self._manifest(summary, tokenizer).with_build(reference_variant=kept,
-                                                                     output_calibration=self._output_calibration(kept))
+            calibration = self._output_calibration(kept)
+            stored = self._stored_vectors(best, calibration)
+            manifest = self._manifest(summary, tokenizer).with_build(
+                reference_variant=kept, output_calibration=calibration, stored_vectors=stored,
+                retrieval_tolerance=cfg.retrieval_tolerance if stored else None)
+            if stored:
+                write_stored_vectors(stage, stored, cfg.retrieval_tolerance)
             if best is None:
                 raise NothingPassed(_nothing_passed(outcomes), summary)
             write_best(stage, manifest, best.name)
@@ -368,6 +390,20 @@ class OptimizeJob:
         vectors = np.stack(self._predictor(kept).predict(self.work.calibration)).astype(np.float32)
         np.save(self.ctx.stage / CALIBRATION_FILE, vectors, allow_pickle=False)
         return CALIBRATION_FILE
+
+    def _stored_vectors(self, best: Outcome | None, calibration: str | None) -> tuple[StoredVectors, ...]:
+        """With --precisions: what each stored (size, precision) of the best variant's vectors costs in retrieval."""
+        cfg = self.config
+        if not cfg.precisions or best is None or best.record is None or calibration is None:
+            return ()
+        from kiln.validation.stored_vectors import measure, retrieval_corpus
+
+        texts = retrieval_corpus()
+        self.progress(f"measuring stored-vector retrieval on {len(texts)} held-out sentences "
+                      f"({', '.join(p.value for p in cfg.precisions)}; sizes {cfg.matryoshka_dims or 'full'})")
+        vectors = np.stack(self._predictor(best.record).predict(texts)).astype(np.float32)
+        return measure(vectors, 100, np.load(self.ctx.stage / calibration), cfg.matryoshka_dims, cfg.precisions,
+                       cfg.retrieval_tolerance, self.source.task_config.normalize)
 
     def _reference_variant(self) -> VariantRecord | None:
         """The fp32 export, kept as the artifact's reference for live agreement (kiln serve --shadow-rate); built

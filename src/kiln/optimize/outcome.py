@@ -101,6 +101,17 @@ def markdown(summary: RunSummary) -> str:
     return "\n".join(lines)
 
 
+def write_stored_vectors(directory: Path, rows: tuple, tolerance: float) -> None:
+    """The retrieval cost of each stored (size, precision), appended to summary.md."""
+    from kiln.report.html import markdown_table
+    from kiln.report.tables import STORED_NOTE, stored_vectors_table
+
+    lines = ["## Stored vectors: size x precision", "", *markdown_table(stored_vectors_table(rows, tolerance)),
+             STORED_NOTE, ""]
+    with open(directory / "summary.md", "a") as fh:
+        fh.write("\n".join(lines) + "\n")
+
+
 def write_summaries(directory: Path, summary: RunSummary) -> None:
     write_json(directory / RESULTS_FILE, RESULTS_SCHEMA, summary)
     (directory / "summary.md").write_text(markdown(summary))

@@ -53,6 +53,7 @@ def optimize(model: str | Path | None = None, *, task: str = DEFAULT_TASK, outpu
              batch_size: int = 32, sensitivity: bool = True, reference: str | Path | None = None,
              matryoshka_dims: Sequence[int] = (), distill_layers: Sequence[int] = (), prune: Sequence[str] = (),
              student_texts: str | Path | None = None, student_epochs: int = 3, allow_pickle: bool = False,
+             precisions: Sequence[str] = (), retrieval_tolerance: float = 0.03,
              overwrite: bool = False, progress: Progress = lambda _: None) -> Any:
     """``kiln optimize`` from Python: build every variant of ``model`` (a model directory, a hub id where a network
     exists, or None for the bundled all-MiniLM-L6-v2), validate each against the original, keep the fastest within
@@ -68,7 +69,8 @@ def optimize(model: str | Path | None = None, *, task: str = DEFAULT_TASK, outpu
         calibration_file=Path(calibration) if calibration else None, calibration_method=calibration_method,
         target=target, variants=tuple(variants) if variants else None, threads=threads, batch_size=batch_size,
         allow_pickle=allow_pickle, overwrite=overwrite, sensitivity=sensitivity,
-        reference=str(reference) if reference is not None else None, matryoshka_dims=tuple(matryoshka_dims))
+        reference=str(reference) if reference is not None else None, matryoshka_dims=tuple(matryoshka_dims),
+        precisions=tuple(precisions), retrieval_tolerance=retrieval_tolerance)
     layers = ",".join(str(n) for n in distill_layers) or None
     plan = StudentPlan(parse_students(layers, tuple(prune)), Path(student_texts) if student_texts else None,
                        student_epochs)

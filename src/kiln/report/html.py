@@ -111,6 +111,11 @@ def render(data: BenchResults) -> str:
     if summary[1]:
         parts += ["<h2>Variants</h2>", html_table(summary)]
         parts += [f"<p><strong>{escape(label)}</strong> {escape(text)}</p>" for label, text in _notes(data)]
+    stored = tables.stored_vectors_table(data.optimize.stored_vectors, data.optimize.retrieval_tolerance) \
+        if data.optimize else None
+    if stored:
+        parts += ["<h2>Stored vectors: size x precision</h2>", html_table(stored),
+                  f"<p>{escape(tables.STORED_NOTE)}</p>"]
     if data.targets:
         parts += [f"<h2>{tables.targets_title(data)}</h2>", html_table(tables.targets_table(data))]
     generation = tables.generation_table(data)
@@ -167,6 +172,10 @@ def markdown(data: BenchResults) -> str:
     lines += md(tables.summary(data))
     for label, text in _notes(data):
         lines += [f"**{label}** {text}", ""]
+    stored = md(tables.stored_vectors_table(data.optimize.stored_vectors, data.optimize.retrieval_tolerance)
+                if data.optimize else None)
+    if stored:
+        lines += ["## Stored vectors: size x precision", "", *stored, tables.STORED_NOTE, ""]
     if data.targets:
         lines += [f"## {tables.targets_title(data)}", "", *md(tables.targets_table(data))]
     generation = md(tables.generation_table(data))

@@ -203,3 +203,22 @@ def _ms(value: float) -> str:
     """Three significant figures, trailing zeros kept: 0.300, 22.3, 836 (whole milliseconds from 100 on)."""
     digits = max(0, 2 - math.floor(math.log10(value))) if value > 0 else 2
     return f"{value:.{digits}f}"
+
+
+STORED_NOTE = ("Recall@10 of the full-size float32 neighbours of 100 held-out documentation sentences among "
+               "~980 others, exact search in numpy on the building machine. int8/uint8 are searched decoded with the "
+               "artifact's per-dimension ranges; their raw inner product is shown as the easy mistake. Binary "
+               "rescoring reads the candidates' int8 vectors from disk (memory counts the binary index only). kiln "
+               "serve refuses a rejected size and precision with a 422.")
+
+
+def stored_vectors_table(rows: tuple, tolerance: float | None) -> Table | None:
+    """The retrieval cost of each stored (size, precision), from kiln optimize --precisions."""
+    if not rows:
+        return None
+    floor = f" (>= {1 - tolerance:.2f})" if tolerance is not None else ""
+    header = ["dimensions", "precision", "search", f"recall@10{floor}", "bytes/vector", "MiB per million",
+              "queries/s", "status"]
+    return header, [[str(r.dimensions), r.precision, r.search, f"{r.recall_at_10:.3f}", str(r.bytes_per_vector),
+                     f"{r.mib_per_million:,.0f}", f"{r.queries_per_s:,.0f}", "accepted" if r.accepted else "rejected"]
+                    for r in rows]

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from kiln.errors import UsageError
-from kiln.runtime.precision import Precision, parse_precision, quantize, ranges_of
+from kiln.runtime.precision import Precision, parse_precision, quantize, ranges_of, refuse_rejected
 from kiln.tasks import task_spec
 
 if TYPE_CHECKING:
@@ -61,6 +61,7 @@ def encode(
         vectors = vectors / np.clip(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12, None)
     vectors = vectors.astype(np.float32, copy=False)
     if precision is not Precision.FLOAT32 and len(vectors):
+        refuse_rejected(predictor.stored_vectors, truncate_dim or vectors.shape[1], precision)
         vectors = quantize(vectors, precision, _ranges(predictor, precision, truncate_dim, normalize_embeddings))
     out = _convert(vectors, convert_to_numpy, convert_to_tensor)
     return out[0] if single and len(texts) else out

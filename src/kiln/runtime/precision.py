@@ -10,6 +10,9 @@ re-normalise, then quantize). binary/ubinary need no ranges: one bit per dimensi
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 import numpy as np
 
 from kiln.choices import Choice
@@ -76,3 +79,15 @@ def quantize(vectors: np.ndarray, precision: Precision, ranges: np.ndarray | Non
         return buckets.astype(np.uint8) if precision is Precision.UINT8 else (buckets - 128).astype(np.int8)
     packed = np.packbits(vectors > 0, axis=-1)
     return packed if precision is Precision.UBINARY else (packed - 128).astype(np.int8)
+
+
+def refuse_rejected(stored_vectors: Sequence[Any], dimensions: int | None, precision: Precision) -> None:
+    """A (size, precision) that kiln optimize measured for retrieval and rejected (``BuildRecord.stored_vectors``)
+    is a UsageError quoting its figure; unmeasured ones pass (nothing to hold them to)."""
+    rows = [r for r in stored_vectors if r.dimensions == dimensions and r.precision == precision.value]
+    if rows and not any(r.accepted for r in rows):
+        best = max(rows, key=lambda r: r.recall_at_10)
+        accepted = ", ".join(f"{r.dimensions}/{r.precision}" for r in stored_vectors if r.accepted)
+        raise UsageError(f"dimensions {dimensions} at precision {precision.value} lost too much retrieval quality "
+                         f"when kiln optimize measured it (recall@10 {best.recall_at_10:.3f} with {best.search}, "
+                         f"below its tolerance); accepted: {', '.join(dict.fromkeys(accepted.split(', ')))}")

@@ -28,11 +28,12 @@ class Predictor:
 
     def __init__(self, config: TaskConfig, encoder: TextEncoder, engine: Engine, *, batch_size: int = 32,
                  sessions: Sequence[Engine] = (), pad_multiple: int | None = None,
-                 output_calibration: np.ndarray | None = None):
+                 output_calibration: np.ndarray | None = None, stored_vectors: tuple[Any, ...] = ()):
         """``sessions``: further sessions of the same engine; batches then run side by side, one per session
         (what ``kiln bench``'s sweep measured as sessions x threads). ``pad_multiple``: batches are padded to a
         multiple of this length (default: the engine's own). ``output_calibration``: the artifact's calibration
-        vectors, which int8/uint8 output precision takes its ranges from (kiln.runtime.precision)."""
+        vectors, which int8/uint8 output precision takes its ranges from (kiln.runtime.precision);
+        ``stored_vectors``: kiln optimize's retrieval verdicts per (size, precision), rejected ones refused."""
         if batch_size < 1:
             raise UsageError(f"--batch-size must be at least 1 (got {batch_size})")
         if pad_multiple is not None and pad_multiple < 1:
@@ -40,8 +41,8 @@ class Predictor:
         self.config = config
         self.encoder = encoder
         self.handler: TaskSpec = task_handler(config)
-        self.output_calibration = output_calibration
-        self.handler.output_calibration = output_calibration
+        self.output_calibration, self.stored_vectors = output_calibration, tuple(stored_vectors)
+        self.handler.output_calibration, self.handler.stored_vectors = output_calibration, self.stored_vectors
         # As given; ``engine`` and ``sessions`` are the task's view of them (a decoder's graph, teacher-forced).
         self.raw_engine, self._raw_sessions = engine, tuple(sessions)
         self.engine = self.handler.adapt_engine(engine, config)
@@ -92,7 +93,8 @@ class Predictor:
     def with_batch_size(self, batch_size: int) -> Predictor:
         """The same tokenizer and engine, batching ``batch_size`` features at a time."""
         return Predictor(self.config, self.encoder, self.raw_engine, batch_size=batch_size, sessions=self._raw_sessions,
-                         pad_multiple=self._pad_multiple, output_calibration=self.output_calibration)
+                         pad_multiple=self._pad_multiple, output_calibration=self.output_calibration,
+                         stored_vectors=self.stored_vectors)
 
     def run_features(self, encodings: Sequence[Encoding], *, sort: bool = True) -> list[Any]:
         """Reduced outputs per encoding, in the given order; batches are formed by length when ``sort``."""

@@ -94,6 +94,8 @@ class TaskSpec:
         # The artifact's output calibration vectors (set by the predictor): embedding tasks take int8/uint8 output
         # ranges from them. None where the artifact has none.
         self.output_calibration: np.ndarray | None = None
+        # kiln optimize's retrieval verdicts per stored (size, precision) (kiln.artifact.records.StoredVectors)
+        self.stored_vectors: tuple[Any, ...] = ()
 
     # -- loading ------------------------------------------------------------------------------------------
     @classmethod

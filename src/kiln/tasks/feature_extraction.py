@@ -21,7 +21,7 @@ from pydantic import Field
 
 from kiln.choices import Pooling, WireProtocol
 from kiln.errors import UnsupportedModelError, UsageError
-from kiln.runtime.precision import Precision, parse_precision, quantize, ranges_of
+from kiln.runtime.precision import Precision, parse_precision, quantize, ranges_of, refuse_rejected
 from kiln.tasks import tei
 from kiln.tasks.base import Prepared, TaskSpec, field, read_json
 from kiln.tasks.chunking import Chunking, ChunkingModel, as_chunking, by_owner, chunked, span
@@ -232,6 +232,7 @@ class FeatureExtraction(TaskSpec):
             raise UsageError(f"dimensions must be between 1 and the model's size {size} (got {dimensions})"
                              if size else f"dimensions must be at least 1 (got {dimensions})")
         precision = parse_precision(precision)
+        refuse_rejected(self.stored_vectors, dimensions or size, precision)
         ranges = None
         if precision.calibrated:
             if self.output_calibration is None:

@@ -1,0 +1,147 @@
+"""What storing vectors smaller costs in retrieval: recall@10 of every (Matryoshka size, output precision) against
+the full-size float32 neighbours, with memory and exact-search speed beside it, each judged against a tolerance.
+
+The corpus is held-out documentation sentences (never the calibration texts the int8 ranges come from): the first
+``queries`` search the rest. Search is exact, in numpy (see :class:`Search`): cosine for float32; int8/uint8
+decoded with the artifact's per-dimension ranges first (a scalar quantizer, as faiss's SQ8 index decodes), and,
+as a warning row, their raw values' inner product (sentence-transformers' buckets are offset and scaled per
+dimension, so raw values rank poorly: 0.74 recall@10 against 0.98 decoded on MiniLM); Hamming distance for
+binary/ubinary, and sentence-transformers' rescoring recipe: the top N x 10 by Hamming distance (N in
+``RESCORES``), re-ranked by the float32 query against those documents' int8 vectors (kept on disk beside the
+binary index; the memory column counts the index only).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from kiln.artifact.records import StoredVectors
+from kiln.runtime.precision import Precision, quantize, ranges_of
+
+TOP = 10
+RESCORES = (4, 10)  # candidates per result for binary + rescoring (4: sentence-transformers' rescore_multiplier)
+
+
+def _unit(vectors: np.ndarray) -> np.ndarray:
+    return vectors / np.clip(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12, None)
+
+
+def _top(scores: np.ndarray, k: int) -> np.ndarray:
+    """Indices of each row's ``k`` highest scores, best first."""
+    k = min(k, scores.shape[1])
+    part = np.argpartition(-scores, k - 1, axis=1)[:, :k]
+    order = np.argsort(-np.take_along_axis(scores, part, axis=1), axis=1, kind="stable")
+    return np.take_along_axis(part, order, axis=1)
+
+
+def _bits(packed: np.ndarray) -> np.ndarray:
+    """Packed binary/ubinary vectors as 0/1 floats (binary's bytes are shifted by -128)."""
+    raw = packed.astype(np.int16) + 128 if packed.dtype == np.int8 else packed
+    return np.unpackbits(raw.astype(np.uint8), axis=1).astype(np.float32)
+
+
+class Search:
+    """How stored vectors are searched (the ``search`` column)."""
+
+    COSINE = "cosine"  # float32
+    DECODED = "decoded cosine"  # int8/uint8 decoded with the artifact's ranges first (what faiss's SQ8 index does)
+    RAW = "raw inner product"  # int8/uint8 values used as they are: shown because it is the easy mistake
+    HAMMING = "hamming"  # binary/ubinary
+    # sentence-transformers' recipe: the binary index finds N x 10 candidates, which the float32 query re-ranks
+    # against the same documents' int8 vectors (kept on disk, read for the candidates only)
+    RESCORED = "hamming + int8 rescoring ({}x)"
+
+
+def _searcher(precision: Precision, search: str, docs: np.ndarray, float_docs: np.ndarray, ranges: np.ndarray
+              ) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
+    """(stored queries, float queries) -> top-10 document indices per query. ``docs``: the stored documents;
+    ``float_docs``: the same before quantization (rescoring reads their int8 form)."""
+    steps = (ranges[1] - ranges[0]) / 255
+
+    def decode(int8: np.ndarray) -> np.ndarray:  # each bucket's middle
+        return _unit((int8.astype(np.float32) + 128 + 0.5) * steps + ranges[0])
+
+    if search.startswith(Search.HAMMING):
+        bits = _bits(docs)
+        on_disk = decode(quantize(float_docs, Precision.INT8, ranges)) if search != Search.HAMMING else None
+        multiplier = next((m for m in RESCORES if search == Search.RESCORED.format(m)), 0)
+
+        def hamming(queries: np.ndarray, float_queries: np.ndarray) -> np.ndarray:
+            q = _bits(queries)
+            agree = q @ bits.T + (1 - q) @ (1 - bits).T  # dimensions whose bits match: d - Hamming distance
+            if on_disk is None:
+                return _top(agree, TOP)
+            candidates = _top(agree, TOP * multiplier)
+            rescored = np.einsum("qd,qkd->qk", float_queries, on_disk[candidates])
+            return np.take_along_axis(candidates, _top(rescored, TOP), axis=1)
+
+        return hamming
+    if search == Search.COSINE:
+        units = _unit(docs)
+        return lambda queries, float_queries: _top(_unit(queries) @ units.T, TOP)
+    as_int8 = (lambda x: x) if precision is Precision.INT8 else (lambda x: (x.astype(np.int16) - 128))
+    if search == Search.RAW:
+        values = as_int8(docs).astype(np.float32)
+        return lambda queries, float_queries: _top(as_int8(queries).astype(np.float32) @ values.T, TOP)
+    decoded = decode(as_int8(docs))
+    return lambda queries, float_queries: _top(decode(as_int8(queries)) @ decoded.T, TOP)
+
+
+# Output precision -> how its vectors are searched (a row each).
+SEARCHES = {Precision.FLOAT32: (Search.COSINE,), Precision.INT8: (Search.DECODED, Search.RAW),
+            Precision.UINT8: (Search.DECODED, Search.RAW),
+            Precision.BINARY: (Search.HAMMING, *(Search.RESCORED.format(m) for m in RESCORES)),
+            Precision.UBINARY: (Search.HAMMING, *(Search.RESCORED.format(m) for m in RESCORES))}
+
+
+def _timed(search: Callable[[], np.ndarray], queries: int, budget_s: float = 0.2) -> float:
+    """Queries per second of ``search`` (all queries at once), best of repeats within the budget."""
+    best, spent = float("inf"), 0.0
+    while spent < budget_s or best == float("inf"):
+        start = time.perf_counter()
+        search()
+        took = time.perf_counter() - start
+        best, spent = min(best, took), spent + took
+    return queries / max(best, 1e-9)
+
+
+def measure(vectors: np.ndarray, queries: int, calibration: np.ndarray, sizes: Sequence[int],
+            precisions: Sequence[Precision], tolerance: float, normalize: bool) -> tuple[StoredVectors, ...]:
+    """Every (size, precision) of ``vectors`` (the first ``queries`` rows search the others), full size first.
+
+    ``normalize``: the model normalises, so a cut vector is re-normalised before it is quantized, as served.
+    """
+    full = vectors.shape[1]
+    docs, asked = vectors[queries:].astype(np.float32), vectors[:queries].astype(np.float32)
+    truth = _top(_unit(asked) @ _unit(docs).T, TOP)  # the full-size float32 neighbours (cosine)
+    rows = []
+    for size in dict.fromkeys([full, *sorted(sizes, reverse=True)]):
+        cut = size != full
+
+        def shape(v: np.ndarray, cut: bool = cut, size: int = size) -> np.ndarray:
+            """As served: cut to the size, re-normalised when the model normalises."""
+            return _unit(v[:, :size]) if cut and normalize else v[:, :size]
+
+        d, q = shape(docs), shape(asked)
+        ranges = ranges_of(calibration, size if cut else None, normalize and cut)
+        for precision in dict.fromkeys([Precision.FLOAT32, *precisions]):
+            stored, asked_q = quantize(d, precision, ranges), quantize(q, precision, ranges)
+            for how in SEARCHES[precision]:
+                search = _searcher(precision, how, stored, d, ranges)
+                found = search(asked_q, q)
+                recall = float(np.mean([len(set(a) & set(b)) / TOP for a, b in zip(found, truth)]))
+                per_s = _timed(lambda s=search, a=asked_q, f=q: s(a, f), len(q))
+                size_bytes = precision.bytes_per_vector(size)
+                rows.append(StoredVectors(size, precision.value, how, recall, size_bytes,
+                                          size_bytes * 1e6 / 2**20, per_s, recall >= 1 - tolerance))
+    return tuple(rows)
+
+
+def retrieval_corpus(limit: int = 1100) -> list[str]:
+    """Held-out documentation sentences: the retrieval corpus (its first 100 are the queries)."""
+    from kiln.data import corpus
+
+    return list(corpus.sentences("held-out"))[:limit]
