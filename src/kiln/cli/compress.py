@@ -11,6 +11,7 @@ import typer
 from kiln.choices import PruneScope
 from kiln.cli import console
 from kiln.cli.options import DEFAULT_TASK_OPT, ForceOpt, ModelArg, PickleOpt, TaskOpt
+from kiln.errors import UsageError
 
 # Options kiln distill and kiln prune share: data, the training recipe, the run.
 TextsOpt = Annotated[Optional[Path], typer.Option(  # noqa: UP045
@@ -68,14 +69,35 @@ def distill(
     threads: ThreadsOpt = None,
     resume: ResumeOpt = False,
     log_every: LogEveryOpt = 50,
+    static: Annotated[bool, typer.Option(
+        "--static", help="Instead of a smaller transformer, a static-embedding model: one vector per vocabulary "
+        "token from the teacher, PCA to --dims, SIF weights; a text is the mean of its tokens' rows "
+        "(sentence-transformers' StaticEmbedding format). No training data is needed.")] = False,
+    dims: Annotated[int, typer.Option(help="--static: principal components kept.", min=1)] = 256,
+    sif: Annotated[float, typer.Option(help="--static: SIF coefficient a in a / (a + p(token)).", min=1e-12)] = 1e-4,
     allow_pickle: PickleOpt = False,
     force: ForceOpt = False,
 ) -> None:
     """Train a smaller student of a model (fewer layers) to reproduce it; write it as a model directory.
 
     Then `kiln optimize STUDENT --reference TEACHER` builds its fast variants, judged against the teacher.
+    With --static, distil a static-embedding model instead (an embedding teacher; seconds to minutes, no data).
     """
     from kiln.compress.distill import DistillConfig, run_distill
+
+    if static:
+        from kiln.compress.static import StaticConfig, distill_static
+        from kiln.tasks import DEFAULT_TASK
+
+        if task.value != DEFAULT_TASK:
+            raise UsageError(f"--static distils a sentence-embedding model (--task {DEFAULT_TASK}); got --task "
+                             f"{task.value}")
+        result = distill_static(StaticConfig(teacher, output, dims=dims, sif=sif, overwrite=force,
+                                             allow_pickle=allow_pickle), console.progress)
+        console.out.print(f"static model: {result.distilled} of {result.vocabulary} tokens, {result.dims} "
+                          f"dimensions ({result.explained_variance:.1%} of the variance), {result.seconds:.0f} s "
+                          f"-> {result.output}")
+        return
 
     config = DistillConfig(teacher, task.value, output, layers=layers, keep_layers=keep_layers, texts=texts,
                            train=train, recipe=_recipe(epochs, batch_size, lr, max_length, seed, patience, alpha,
