@@ -95,11 +95,18 @@ def test_matryoshka_dimensions_cut_the_vector_and_the_schema_says_the_maximum(ti
 
 
 def test_only_the_served_tasks_routes_exist(task_artifacts):
+    """kiln's and OpenAI's routes of the served task only (a QA model: no /embed, no TEI task route), the probes,
+    and with the default --protocols the v2 routes and TEI's server routes."""
     with _client(task_artifacts[TaskName.QUESTION_ANSWERING]) as client:
         paths = set(client.get("/openapi.json").json()["paths"])
         embed = client.post("/embed", json={"inputs": "x"})
-    assert {"/answer", "/health", "/ready", "/info", "/metrics", "/v1/models"} == paths
+    v2 = {"/v2", "/v2/health/live", "/v2/health/ready"} | {f"/v2/models/{{name}}{version}{end}" for version in (
+        "", "/versions/{version}") for end in ("", "/ready", "/infer")}
+    assert {"/answer", "/health", "/ready", "/info", "/metrics", "/v1/models", "/tokenize", "/decode"} | v2 == paths
     assert embed.status_code == 404 and embed.json()["error"]["type"] == "not_found"
+    with _client(task_artifacts[TaskName.QUESTION_ANSWERING], protocols=("kiln",)) as client:
+        assert set(client.get("/openapi.json").json()["paths"]) == {"/answer", "/health", "/ready", "/info",
+                                                                    "/metrics", "/v1/models"}
 
 
 def test_pooling_and_finalisation_run_off_the_event_loop(task_artifacts, monkeypatch):

@@ -82,6 +82,9 @@ def create_app(config: ServeConfig, tracer_provider: Any = None) -> FastAPI:
                   default_response_class=JSONBody)
     app.state.config, app.state.tasks, app.state.models, app.state.metrics = config, tasks, {}, Metrics()
     app.state.task_configs = configs
+    # Which models can quantize to int8/uint8 (their artifact stores output calibration): the schema says so.
+    app.state.calibrated = {name: read_manifest(Path(path).expanduser()).build.output_calibration is not None
+                            for name, path in config.models.items()}
     if tracer_provider is None and config.otlp_endpoint:
         tracer_provider = tracing.tracer_provider(config.otlp_endpoint)
     app.state.tracing = tracing.Tracing(tracer_provider.get_tracer("kiln.serve") if tracer_provider else None)
@@ -322,6 +325,10 @@ def _exact_openapi(app: FastAPI, routes: list[Route]) -> dict[str, Any]:
             for variant in properties["dimensions"].get("anyOf", []):
                 if variant.get("type") == "integer":
                     variant["maximum"] = max(sizes)
+        if "precision" in properties and not all(app.state.calibrated[n] for n in doing):
+            # int8/uint8 need the artifact's output calibration: offered only where every model has it
+            properties["precision"]["enum"] = [p for p in properties["precision"].get("enum", [])
+                                               if not p.endswith("int8")]
         if "model" in properties and not (route.any_model_name and len(app.state.tasks) == 1):
             named = {"type": "string", "enum": doing}
             optional = "model" not in model.get("required", [])
