@@ -43,7 +43,7 @@ def main() -> None:
     args = parser.parse_args()
 
     import kiln
-    from kiln.compress.static import StaticConfig, distill_static, encode_static
+    from kiln.compress.static import StaticConfig, StaticModel, distill_static
     from kiln.system.cpu import cpu_info
     from kiln.tasks.feature_extraction import FeatureExtraction
     from kiln.validation.metrics import spearman
@@ -53,7 +53,10 @@ def main() -> None:
     if not (args.static / "model.safetensors").is_file():
         distilled = distill_static(StaticConfig(None, args.static), print)
         print(f"distilled in {distilled.seconds:.1f} s")
+    from kiln.artifact.directory import Artifact
+
     teacher = kiln.load(args.artifact)
+    variant = Artifact.open(args.artifact).variant_name()
     sts = FeatureExtraction.builtin_eval()
     left, right = [a for a, _ in sts.inputs], [b for _, b in sts.inputs]
 
@@ -63,8 +66,10 @@ def main() -> None:
     def teacher_embed(texts):
         return np.stack(teacher.predict(texts))
 
+    static = StaticModel(args.static)  # loaded once, as the teacher is
+
     def static_embed(texts):
-        return encode_static(args.static, texts)
+        return static.encode(texts)
 
     texts = retrieval_corpus()
     t_vec, s_vec = _unit(teacher_embed(texts)), _unit(static_embed(texts))
@@ -78,7 +83,7 @@ def main() -> None:
     static_s = _best_of(3, lambda: static_embed(texts))
     result = {
         "cpu": cpu_info().to_dict(),
-        "teacher": {"artifact": str(args.artifact), "variant": teacher.config.task, "sts_spearman": sts_spearman(
+        "teacher": {"artifact": str(args.artifact), "variant": variant, "sts_spearman": sts_spearman(
             teacher_embed), "texts_per_s": len(texts) / teacher_s},
         "static": {"dir": str(args.static), "sts_spearman": sts_spearman(static_embed),
                    "texts_per_s": len(texts) / static_s, "pairwise_cosine_spearman_vs_teacher": agreement,

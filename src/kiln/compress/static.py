@@ -188,19 +188,35 @@ def _write(directory: Path, table: np.ndarray, backend: Any, source: Any, config
         "SentenceTransformer\nmodel = SentenceTransformer(PATH)\n```\n")
 
 
-def encode_static(directory: Path, texts: list[str]) -> np.ndarray:
-    """A written static model's vectors in numpy (what sentence-transformers computes): the mean of the texts'
-    token rows, normalised when the model has a Normalize module."""
-    from safetensors.numpy import load_file
-    from tokenizers import Tokenizer
+class StaticModel:
+    """A written static model, loaded once: ``encode`` is what sentence-transformers computes (the mean of each
+    text's token rows, normalised when the model has a Normalize module), in numpy."""
 
-    table = load_file(str(directory / "model.safetensors"))["embedding.weight"]
-    tokenizer = Tokenizer.from_file(str(directory / "tokenizer.json"))
-    rows = []
-    for encoding in tokenizer.encode_batch(texts, add_special_tokens=False):
-        rows.append(table[encoding.ids].mean(axis=0) if encoding.ids else np.zeros(table.shape[1], np.float32))
-    vectors = np.stack(rows)
-    modules = json.loads((directory / "modules.json").read_text())
-    if any(m["type"].endswith("Normalize") for m in modules):
-        vectors = vectors / np.clip(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12, None)
-    return vectors
+    def __init__(self, directory: Path) -> None:
+        from safetensors.numpy import load_file
+        from tokenizers import Tokenizer
+
+        self.table = load_file(str(directory / "model.safetensors"))["embedding.weight"]
+        self.tokenizer = Tokenizer.from_file(str(directory / "tokenizer.json"))
+        modules = json.loads((directory / "modules.json").read_text())
+        self.normalize = any(m["type"].endswith("Normalize") for m in modules)
+
+    def encode(self, texts: list[str]) -> np.ndarray:
+        ids = [e.ids for e in self.tokenizer.encode_batch(texts, add_special_tokens=False)]
+        counts = np.array([len(i) for i in ids])
+        flat = np.fromiter((t for row in ids for t in row), dtype=np.int64, count=int(counts.sum()))
+        # One gather and one segmented sum for the whole batch (an empty text is a zero vector, as EmbeddingBag's).
+        sums = np.zeros((len(texts), self.table.shape[1]), dtype=np.float32)
+        present = counts > 0
+        if present.any():
+            starts = np.concatenate([[0], np.cumsum(counts)[:-1]])[present]
+            sums[present] = np.add.reduceat(self.table[flat], starts, axis=0)
+        vectors = sums / np.maximum(counts, 1)[:, None]
+        if self.normalize:
+            vectors = vectors / np.clip(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12, None)
+        return vectors
+
+
+def encode_static(directory: Path, texts: list[str]) -> np.ndarray:
+    """A written static model's vectors (loads it each call: see :class:`StaticModel` to load once)."""
+    return StaticModel(directory).encode(texts)
