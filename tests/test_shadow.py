@@ -55,7 +55,8 @@ def test_best_keeps_the_fp32_reference_and_the_live_figure_matches_offline_agree
         info = c.get("/info").json()["models"][0]["shadow"]
     assert metric(scraped, 'kiln_shadow_agreement{figure="min_cosine",model="m"}') == pytest.approx(min(offline),
                                                                                                     abs=1e-6)
-    assert info["mean_cosine"] == pytest.approx(float(np.mean(offline)), abs=1e-6) and info["items"] == len(texts)
+    assert info["mean"] == pytest.approx(float(np.mean(offline)), abs=1e-6) and info["items"] == len(texts)
+    assert info["figure"] == "cosine" and info["judged"] == "min"
     assert info["below_floor"] is False and 0 < info["cpu_share"] <= 1
     assert metric(scraped, 'kiln_shadow_items_total{model="m"}') == len(texts)
 
@@ -96,3 +97,40 @@ def test_sampled_inputs_are_bounded_and_bad_flags_refused(int8_artifact, tiny_mo
     refused = subprocess.run([sys.executable, "-m", "kiln", "serve", str(int8_artifact), "--shadow-rate", "1.5"],
                              capture_output=True, text=True, timeout=120)
     assert refused.returncode == 2 and "--shadow-rate must be in (0, 1] (got 1.5)" in refused.stderr
+
+
+def test_each_task_is_shadowed_by_the_figure_its_gate_checks(tiny_model, tmp_path):
+    """A classifier's live figure is the share of top labels kept, judged by its mean; token tagging, reranking
+    have theirs (unit checks below)."""
+    from kiln.tasks import task_handler
+    from kiln.tasks.config import TaskConfig
+
+    out = tmp_path / "clf"
+    OptimizeJob(OptimizeConfig(model=str(tiny_model("bert", TaskName.TEXT_CLASSIFICATION)),
+                               task=TaskName.TEXT_CLASSIFICATION, output=out, variants=("onnx-int8-dynamic",),
+                               tolerance=0.5)).run()
+    texts = list(builtin_sentences()[:12])
+    app = create_app(ServeConfig(models={"c": out / "best"}, shadow=ShadowConfig(rate=1.0, max_share=1.0)))
+    with TestClient(app) as c:
+        for text in texts:
+            assert c.post("/classify", json={"inputs": text}).status_code == 200
+        wait_until(lambda: app.state.models["c"].shadow.items == len(texts), "every request to be shadowed")
+        scraped = c.get("/metrics").text
+        info = c.get("/info").json()["models"][0]["shadow"]
+    best = Artifact.open(out / "best")
+    served = best.predictor().with_batch_size(1)
+    fp32 = best.predictor_of(best.reference_variant(), ServingPlan(EngineOptions(intra_op_threads=1), 1, 8))
+    kept = [float(served.predict([t])[0][0].label == fp32.predict([t])[0][0].label) for t in texts]
+    assert info["figure"] == "label_agreement" and info["judged"] == "mean"
+    assert info["mean"] == pytest.approx(np.mean(kept)) and info["items"] == len(texts)
+    assert metric(scraped, 'kiln_shadow_agreement{figure="mean_label_agreement",model="c"}') == pytest.approx(
+        np.mean(kept))
+    clf = task_handler(TaskConfig(task=TaskName.TEXT_CLASSIFICATION.value, max_length=32, id2label={0: "a", 1: "b"}))
+    assert clf.live_agreement(np.array([0.1, 2.0]), np.array([0.3, 1.0])) == 1.0
+    assert clf.live_agreement(np.array([2.0, 0.1]), np.array([0.3, 1.0])) == 0.0
+    tags = task_handler(TaskConfig(task=TaskName.TOKEN_CLASSIFICATION.value, max_length=32, id2label={0: "O", 1: "X"}))
+    assert tags.live_agreement(np.array([[1, 0], [0, 1], [1, 0]]), np.array([[1, 0], [1, 0], [1, 0]])) == \
+        pytest.approx(2 / 3)
+    ranker = task_handler(TaskConfig(task=TaskName.TEXT_RANKING.value, max_length=32, id2label={0: "LABEL_0"}))
+    assert ranker.live_agreement(np.array([0.0]), np.array([0.0])) == 1.0
+    assert ranker.live_agreement(np.array([0.0]), np.array([100.0])) == pytest.approx(0.5)

@@ -160,8 +160,10 @@ def _shadow(served: Served, config: ShadowConfig, metrics: Metrics) -> Shadow:
     predictor = artifact.predictor_of(reference, ServingPlan(EngineOptions(intra_op_threads=1), 1, BATCH))
     tolerance = artifact.manifest.build.tolerance
     floor = 1 - (tolerance if tolerance is not None else task_spec(served.task).default_tolerance)
-    shadow = Shadow(served.name, predictor, served.predictor.handler.comparable, config, metrics, floor,
-                    scheduler.idle, lambda healthy, reason: _shadow_health(served, config, metrics, healthy, reason))
+    handler = served.predictor.handler
+    shadow = Shadow(served.name, predictor, handler.live_agreement, config, metrics, floor, scheduler.idle,
+                    lambda healthy, reason: _shadow_health(served, config, metrics, healthy, reason),
+                    figure=handler.live_figure, judged=handler.live_judged)
     scheduler.shadow = shadow
     served.info["shadow_reference"] = reference.name
     return shadow

@@ -30,9 +30,10 @@ class Metrics:
                                      registry=r)
         self.model_ready = Gauge("kiln_model_ready", "1 while the model answers requests, 0 while loading or after "
                                  "its loop died", ["model"], registry=r)
-        self.shadow_cosine = Histogram("kiln_shadow_cosine", "Cosine of a shadowed input's served output to the fp32 "
-                                       "reference's", ["model"], registry=r,
-                                       buckets=(0.9, 0.95, 0.98, 0.99, 0.995, 0.999, 0.9999, 0.999999, 1.0))
+        self.shadow_input = Histogram("kiln_shadow_input_agreement", "A shadowed input's figure against the fp32 "
+                                      "reference (the task's: cosine, label or tag agreement, score agreement)",
+                                      ["model", "figure"], registry=r,
+                                      buckets=(0.0, 0.5, 0.9, 0.95, 0.98, 0.99, 0.995, 0.999, 0.9999, 0.999999, 1.0))
         self.shadow_agreement = Gauge("kiln_shadow_agreement", "Live agreement with the fp32 reference over the "
                                       "rolling window of shadowed inputs", ["model", "figure"], registry=r)
         self.shadow_items = Counter("kiln_shadow_items", "Inputs rerun through the fp32 reference", ["model"],

@@ -43,8 +43,8 @@ fetch('/info').then(r => r.json()).then(d => {
     const drift = v.batch_invariant === true ? '; batch-invariant' :
       v.batch_invariant === false ? '; drifts with the batch' : '';
     const s = m.shadow;
-    const live = !s ? '' : s.min_cosine === null ? '; live agreement: no shadowed input yet' :
-      `; live (shadowed ${s.items}): min cosine ${Number(s.min_cosine).toFixed(4)}` +
+    const live = !s ? '' : s.min === null ? '; live agreement: no shadowed input yet' :
+      `; live (shadowed ${s.items}): ${s.judged} ${s.figure.replace('_', ' ')} ${Number(s[s.judged]).toFixed(4)}` +
       (s.below_floor ? ' BELOW ITS GATE' : '');
     el.textContent = `${m.variant} on ${m.engine}; ${v.status || 'exported'}; ${a}${drift}${live}`;
   });

@@ -4,17 +4,20 @@
 answered, the batcher hands the request's encodings and the served outputs to :class:`Shadow`, which keeps at most
 ``queue`` of them (older ones are dropped and counted: memory stays bounded). Its loop takes a few at a time only
 while the batcher has nothing queued or running, runs them through the fp32 reference on its own single thread,
-and compares each input's served output with the reference's (cosine of the task's comparable vectors, the
-figure the embedding gate checks). It keeps to ``max_share`` of wall time: past it, it waits.
+and compares each input's served output with the reference's by the task's own per-input figure
+(``TaskSpec.live_agreement``: cosine for embeddings, the top label kept for classifiers, the share of tags kept
+for token classification, how close a pair's relevance score stays for rerankers). It keeps to ``max_share`` of
+wall time: past it, it waits.
 
 A shadow run that has started cannot be pre-empted: a request arriving meanwhile shares the CPU with up to
 ``BATCH`` reference rows on one thread. ``max_share`` bounds how often that can happen; the load benchmark measures
 what it costs.
 
-The rolling window's minimum and mean go to /metrics (``kiln_shadow_agreement``, and every item's cosine to the
-``kiln_shadow_cosine`` histogram) and /info. Falling below the artifact's gate floor (1 - its tolerance) is logged,
-and with ``--shadow-policy unready`` /ready answers 503 until the window recovers (the inference routes keep
-answering what still arrives, so the recovery can be seen).
+The rolling window's minimum and mean go to /metrics (``kiln_shadow_agreement{figure="min_<figure>"|"mean_..."}``,
+every input's figure to the ``kiln_shadow_input_agreement`` histogram) and /info. The task says which of the two
+its gate holds (``live_judged``: the least cosine, the mean share of labels kept). Falling below the artifact's
+gate floor (1 - its tolerance) is logged, and with ``--shadow-policy unready`` /ready answers 503 until the window
+recovers (the inference routes keep answering what still arrives, so the recovery can be seen).
 """
 
 from __future__ import annotations
@@ -37,7 +40,6 @@ from kiln.log import get_logger
 from kiln.runtime.predictor import Predictor
 from kiln.serve.metrics import Metrics
 from kiln.serve.supervision import OwnedLoop
-from kiln.validation.parity import cosine
 
 log = get_logger("serve.shadow")
 BATCH = 8  # reference rows per shadow run: small, so a live request never waits long behind one
@@ -65,11 +67,15 @@ class ShadowConfig:
 class Shadow(OwnedLoop):
     kind = "shadow"
 
-    def __init__(self, model: str, reference: Predictor, comparable: Callable[[Any], np.ndarray],
+    def __init__(self, model: str, reference: Predictor, agreement: Callable[[Any, Any], float],
                  config: ShadowConfig, metrics: Metrics, floor: float, idle: asyncio.Event,
-                 on_health: Callable[[bool, str], None] = lambda healthy, reason: None) -> None:
+                 on_health: Callable[[bool, str], None] = lambda healthy, reason: None, *, figure: str = "cosine",
+                 judged: str = "min") -> None:
+        """``agreement(served, reference)``: one input's figure (named ``figure``); ``judged``: which statistic of
+        the window the ``floor`` holds, "min" or "mean"."""
         super().__init__()
-        self.model, self.reference, self.comparable, self.config = model, reference, comparable, config
+        self.model, self.reference, self.agreement, self.config = model, reference, agreement, config
+        self.figure, self.judged = figure, judged
         self.metrics, self.floor, self.idle, self.on_health = metrics, floor, idle, on_health
         self._waiting: deque[tuple[Encoding, Any]] = deque()
         self._window: deque[float] = deque(maxlen=config.window)
@@ -93,9 +99,9 @@ class Shadow(OwnedLoop):
     def summary(self) -> dict[str, Any]:
         """What /info shows."""
         window = list(self._window)
-        return {"rate": self.config.rate, "items": self.items, "window": len(window),
-                "min_cosine": min(window) if window else None,
-                "mean_cosine": float(np.mean(window)) if window else None, "floor": self.floor,
+        return {"rate": self.config.rate, "items": self.items, "window": len(window), "figure": self.figure,
+                "judged": self.judged, "min": min(window) if window else None,
+                "mean": float(np.mean(window)) if window else None, "floor": self.floor,
                 "below_floor": self.below, "cpu_share": self.share(), "policy": self.config.policy.value}
 
     def share(self) -> float:
@@ -131,26 +137,28 @@ class Shadow(OwnedLoop):
                                                    [e for e, _ in taken])
             self._last_run_s = time.perf_counter() - start
             self._busy_s += self._last_run_s
-            self._record([cosine(self.comparable(s), self.comparable(r)) for (_, s), r in zip(taken, reference)])
+            self._record([self.agreement(s, r) for (_, s), r in zip(taken, reference)])
 
-    def _record(self, cosines: list[float]) -> None:
-        for value in cosines:
-            self.metrics.shadow_cosine.labels(self.model).observe(value)
-        self._window.extend(cosines)
-        self.items += len(cosines)
-        self.metrics.shadow_items.labels(self.model).inc(len(cosines))
+    def _record(self, values: list[float]) -> None:
+        for value in values:
+            self.metrics.shadow_input.labels(self.model, self.figure).observe(value)
+        self._window.extend(values)
+        self.items += len(values)
+        self.metrics.shadow_items.labels(self.model).inc(len(values))
         low, mean = min(self._window), float(np.mean(self._window))
-        self.metrics.shadow_agreement.labels(self.model, "min_cosine").set(low)
-        self.metrics.shadow_agreement.labels(self.model, "mean_cosine").set(mean)
+        self.metrics.shadow_agreement.labels(self.model, f"min_{self.figure}").set(low)
+        self.metrics.shadow_agreement.labels(self.model, f"mean_{self.figure}").set(mean)
         self.metrics.shadow_share.labels(self.model).set(self.share())
-        below = low < self.floor
+        judged = low if self.judged == "min" else mean
+        below = judged < self.floor
         if below != self.below:
             self.below = below
-            reason = (f"live agreement of model {self.model!r} fell below its gate: min cosine {low:.4f} < "
-                      f"{self.floor:.4f} over the last {len(self._window)} shadowed inputs")
+            measured = f"{self.judged} {self.figure} {judged:.4f}"
+            reason = (f"live agreement of model {self.model!r} fell below its gate: {measured} < {self.floor:.4f} "
+                      f"over the last {len(self._window)} shadowed inputs")
             if below:
                 log.warning("%s", reason)
             else:
-                log.info("live agreement of model %r is back within its gate (min cosine %.4f >= %.4f)",
-                         self.model, low, self.floor)
+                log.info("live agreement of model %r is back within its gate (%s >= %.4f)", self.model, measured,
+                         self.floor)
             self.on_health(not below, reason)

@@ -191,6 +191,18 @@ class TaskSpec:
         """A flat float vector for one feature, used by parity checks."""
         return np.asarray(reduced, dtype=np.float32).reshape(-1)
 
+    # -- live agreement (kiln serve --shadow-rate) ---------------------------------------------------------
+    # The figure one served input gets against the fp32 reference, and which statistic of the rolling window the
+    # gate floor holds: the least (a cosine) or the mean (a share of labels kept: one flipped label makes the
+    # least 0). Cosine of the comparable outputs unless the task says what its gate measures per input.
+    live_figure: ClassVar[str] = "cosine"
+    live_judged: ClassVar[str] = "min"
+
+    def live_agreement(self, served: Any, reference: Any) -> float:
+        from kiln.validation.parity import cosine
+
+        return cosine(self.comparable(served), self.comparable(reference))
+
     @classmethod
     def triton_items(cls, columns: Mapping[str, list[str]]) -> list[Any]:
         """The task's inputs from the ensemble's string inputs (one list per name in ``triton_inputs``)."""

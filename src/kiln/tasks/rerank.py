@@ -174,6 +174,12 @@ class Rerank(TaskSpec):
             return stacked[:, column]
         return sigmoid(stacked[:, 0]) if stacked.shape[1] == 1 else softmax(stacked)[:, column]
 
+    # A shadowed (query, text) pair alone has no ranking: its figure is how close its 0-1 relevance score stays.
+    live_figure = "score_agreement"
+
+    def live_agreement(self, served: Any, reference: Any) -> float:
+        return 1.0 - float(abs(self.scores([served])[0] - self.scores([reference])[0]))
+
     def finalize(self, prepared: Prepared, reduced: Sequence[Any], options: RerankOptions,
                  encoder) -> list[list[Ranked]]:
         scores = self.scores(reduced, options.raw_scores)

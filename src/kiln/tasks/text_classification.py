@@ -132,6 +132,15 @@ class TextClassification(TaskSpec):
         return {"id2label": {int(k): str(v) for k, v in (hf_config.id2label or {}).items()},
                 "problem_type": getattr(hf_config, "problem_type", None)}
 
+    live_figure = "label_agreement"  # the gate's figure, per input: the top label kept (1) or not (0)
+    live_judged = "mean"
+
+    def live_agreement(self, served: Any, reference: Any) -> float:
+        a, b = np.asarray(served).reshape(-1), np.asarray(reference).reshape(-1)
+        if a.size == 1:  # one logit: the label is its sign
+            return float((a[0] > 0) == (b[0] > 0))
+        return float(int(a.argmax()) == int(b.argmax()))
+
     def options(self, top_k: int | None = 1, truncate: bool = True, chunking: Any = None) -> ClassifyOptions:
         if top_k is not None and top_k < 1:
             raise UsageError(f"top_k must be at least 1, or None for every label (got {top_k})")

@@ -177,6 +177,13 @@ class TokenClassification(TaskSpec):
             results.append([e for e in entities if e.label not in options.ignore_labels])
         return results
 
+    live_figure = "tag_agreement"  # the gate's figure, per input: the share of its tokens whose tag is kept
+    live_judged = "mean"
+
+    def live_agreement(self, served: np.ndarray, reference: np.ndarray) -> float:
+        a, b = np.asarray(served), np.asarray(reference)
+        return float(np.mean(a.argmax(-1) == b.argmax(-1))) if a.size else 1.0
+
     def comparable(self, reduced: np.ndarray) -> np.ndarray:
         return reduced.reshape(-1)
 
