@@ -251,3 +251,52 @@ def test_kserves_own_clients_get_the_same_numbers(server, task_artifacts):
     for transport in ("rest", "grpc"):
         np.testing.assert_allclose(np.array(answer[transport]), offline, atol=1e-5, err_msg=transport)
     assert answer["rest_live"] and answer["grpc_ready"]
+
+
+def test_sigterm_drains_grpc_requests_too(tiny_artifact):
+    """16 gRPC clients in a loop, then SIGTERM: every RPC the server accepted is answered, later ones are refused
+    (UNAVAILABLE, which a client may retry elsewhere; none CANCELLED), and the server exits 0 with its own count of
+    answers matching the clients'."""
+    import signal
+    import threading
+
+    import tritonclient.grpc as grpc
+    from tritonclient.utils import InferenceServerException
+
+    from tests.waiting import wait_until
+
+    grpc_port = process.free_port()
+    proc, _ = process.start_server([sys.executable, "-m", "kiln", "serve", str(tiny_artifact), "--grpc-port",
+                                    str(grpc_port)])
+    outcomes: list[str] = []
+    lock, stop = threading.Lock(), threading.Event()
+
+    def client(k: int) -> None:
+        connection = grpc.InferenceServerClient(f"127.0.0.1:{grpc_port}")
+        tensor = grpc.InferInput("TEXT", [1, 1], "BYTES")
+        tensor.set_data_from_numpy(np.array([[builtin_sentences()[k % 50].encode()]], dtype=object))
+        while not stop.is_set():
+            try:
+                connection.infer(tiny_artifact.name, [tensor], client_timeout=30)
+                outcome = "answered"
+            except InferenceServerException as err:
+                outcome = "refused" if "UNAVAILABLE" in str(err.status()) else f"error {err.status()}: {err}"
+            with lock:
+                outcomes.append(outcome)
+            if outcome != "answered":
+                return
+
+    threads = [threading.Thread(target=client, args=(k,)) for k in range(16)]
+    for t in threads:
+        t.start()
+    wait_until(lambda: len(outcomes) >= 40 or proc.poll() is not None, "load to build up before the signal", 120)
+    proc.send_signal(signal.SIGTERM)
+    code = proc.wait(timeout=90)
+    stop.set()
+    for t in threads:
+        t.join(timeout=60)
+    answered = outcomes.count("answered")
+    errors = [o for o in outcomes if o not in ("answered", "refused")]
+    assert code == 0 and answered >= 40 and errors == [], errors
+    counts = process.exit_counts(proc)
+    assert counts["200"] == answered and set(counts) <= {"200", "503"}, counts  # 503: refused while draining

@@ -70,6 +70,8 @@ def servicer(app: Any) -> Any:
     state = app.state
 
     class Service(pb_grpc.GRPCInferenceServiceServicer):
+        draining = False  # set at shutdown: new inference RPCs are refused (UNAVAILABLE) before the server stops
+
         async def _fail(self, context: Any, error: HTTPError) -> None:
             await context.abort(_status(grpc, error.status), error.message)
 
@@ -106,6 +108,8 @@ def servicer(app: Any) -> Any:
             code = "200"
             metrics.inflight.inc()
             try:
+                if self.draining:
+                    raise HTTPError(503, "not_ready", "the server is shutting down")
                 if config.api_key is not None:
                     given = dict(context.invocation_metadata() or ()).get("authorization", "")
                     if not hmac.compare_digest(given.removeprefix("Bearer ").strip().encode(), config.api_key.encode()):
@@ -146,7 +150,9 @@ async def start(app: Any, port: int, host: str = "0.0.0.0") -> Any:  # noqa: S10
     server = grpc.aio.server(maximum_concurrent_rpcs=config.max_concurrent, options=[
         ("grpc.max_receive_message_length", config.max_body_bytes),
         ("grpc.max_send_message_length", 64 * 1024 * 1024)])
-    pb_grpc.add_GRPCInferenceServiceServicer_to_server(servicer(app), server)
+    service = servicer(app)
+    pb_grpc.add_GRPCInferenceServiceServicer_to_server(service, server)
+    server.kiln_service = service  # stop() refuses new RPCs through it before stopping
     if server.add_insecure_port(f"{host}:{port}") == 0:
         from kiln.errors import UsageError
 
@@ -156,6 +162,12 @@ async def start(app: Any, port: int, host: str = "0.0.0.0") -> Any:  # noqa: S10
     return server
 
 
-async def stop(server: Any, grace_s: float = 30.0) -> None:
-    """Refuse new RPCs and let those in flight finish (within ``grace_s``)."""
+async def stop(server: Any, grace_s: float = 30.0, settle_s: float = 0.25) -> None:
+    """Drain: refuse new inference RPCs with UNAVAILABLE, give RPCs already on the wire ``settle_s`` to reach a
+    handler (grpc's own stop cancels those that have not, which a client sees as CANCELLED, not as a refusal it
+    may retry), then stop, letting those in flight finish within ``grace_s``."""
+    import asyncio
+
+    server.kiln_service.draining = True
+    await asyncio.sleep(settle_s)
     await server.stop(grace_s)
