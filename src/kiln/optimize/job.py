@@ -55,6 +55,8 @@ TIE = 0.02  # variants within 2% of the fastest count as tied; the smaller file 
 BEST_DIR = "best"
 
 
+OUTPUT_CALIBRATION_TEXTS = 512  # built-in texts the output precision's int8 ranges come from
+
 # How a verdict names the batching it was judged on, when that is not the plain sorted one.
 WORST_WORDS = {Batching.MIXED: "mixed batches", Batching.ALONE: "run alone",
                Batching.SESSIONS: "over one-thread sessions"}
@@ -387,7 +389,11 @@ class OptimizeJob:
         server and job quantizes a text to the same bytes. None for other tasks, or without a kept reference."""
         if not self.spec.embeds or kept is None:
             return None
-        vectors = np.stack(self._predictor(kept).predict(self.work.calibration)).astype(np.float32)
+        # The user's calibration texts when given (their traffic); else more built-in ones than int8 variants
+        # calibrate on: 128 texts left the MiniLM's int8 ranges narrow (recall@10 0.970), 512 give 0.98 (same split).
+        texts = self.work.calibration if self.config.calibration_file else \
+            self.spec.calibration_inputs(self.reference.encoder, OUTPUT_CALIBRATION_TEXTS)
+        vectors = np.stack(self._predictor(kept).predict(texts)).astype(np.float32)
         np.save(self.ctx.stage / CALIBRATION_FILE, vectors, allow_pickle=False)
         return CALIBRATION_FILE
 
