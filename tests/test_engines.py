@@ -85,8 +85,8 @@ def test_torchscript_handles_many_lengths(artifacts):
 
 
 def test_registry_and_bad_options(artifacts):
-    assert set(ENGINES) == {"onnxruntime", "torchscript", "torch", "openvino"}
-    with pytest.raises(UsageError, match="engine must be one of: onnxruntime, torchscript, torch, openvino"):
+    assert set(ENGINES) == {"onnxruntime", "torchscript", "torch", "openvino", "static"}
+    with pytest.raises(UsageError, match="engine must be one of: onnxruntime, torchscript, torch, openvino, static"):
         create_engine("tensorflow", artifacts[ExportFormat.ONNX])
     with pytest.raises(UsageError, match="--threads must be between 1 and"):
         EngineOptions(intra_op_threads=0)

@@ -60,3 +60,33 @@ def test_bad_static_options_are_one_clear_error(tiny_model, tmp_path):
     assert wrong_task.returncode == 2 and "--static distils a sentence-embedding model" in wrong_task.stderr
     zero = _distill(str(tiny_model("bert")), "--static", "--dims", "0", "-o", str(tmp_path / "y"))
     assert zero.returncode == 2 and "--dims" in zero.stderr
+
+
+def test_the_static_artifact_serves_what_sentence_transformers_computes(tiny_model, tmp_path):
+    """The artifact kiln distill --static writes beside the model: kiln.load().encode(), kiln serve and kiln embed
+    give sentence-transformers' vectors (a table lookup and a mean; no ONNX, no torch)."""
+    import httpx
+    from sentence_transformers import SentenceTransformer
+
+    import kiln
+    from kiln.serve import process
+    from kiln.serve.app import ServeConfig, create_app
+
+    out = tmp_path / "static"
+    assert _distill(str(tiny_model("bert")), "--static", "--dims", "16", "-o", str(out)).returncode == 0
+    texts = list(builtin_sentences()[:10])
+    theirs = SentenceTransformer(str(out), device="cpu").encode(texts)
+    predictor = kiln.load(out / "artifact")
+    np.testing.assert_allclose(predictor.encode(texts), theirs, atol=1e-6)
+    with process.serve_in_thread(create_app(ServeConfig(models={"s": out / "artifact"}))) as base:
+        served = np.array(httpx.post(f"{base}/embed", json={"inputs": texts}).json()["embeddings"])
+    np.testing.assert_allclose(served, theirs, atol=1e-6)
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    run = subprocess.run([sys.executable, "-m", "kiln", "embed", str(out / "artifact"), str(corpus), "-o",
+                          str(tmp_path / "vectors")], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    import pyarrow.parquet as pq
+
+    stored = np.array(pq.read_table(tmp_path / "vectors" / "part-00000.parquet").column("vector").to_pylist())
+    np.testing.assert_allclose(stored, theirs, atol=1e-6)

@@ -17,7 +17,9 @@ model2vec's):
 
 Written as sentence-transformers saves a StaticEmbedding model (modules.json, model.safetensors with
 ``embedding.weight``, tokenizer.json; a Normalize module when the teacher normalises), so
-``SentenceTransformer(path)`` loads it, and with a lineage file naming the teacher and the recipe.
+``SentenceTransformer(path)`` loads it, with a lineage file naming the teacher and the recipe, and with a kiln
+artifact in ``artifact/`` (:func:`write_artifact`: the table as the ``static`` engine's one variant, a tokenizer
+that adds no special tokens) that ``kiln serve``, ``kiln.load().encode()`` and ``kiln embed`` run.
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ from kiln.errors import UsageError
 from kiln.records import write_json
 
 LINEAGE_FILE = "kiln-static.json"
+ARTIFACT_DIR = "artifact"  # the kiln artifact inside the written model directory
+MAX_TOKENS = 8192  # the artifact's max_length: a static model has no position limit; longer texts are cut
 LINEAGE_SCHEMA = "kiln.static/1"
 UNUSED = re.compile(r"^\[unused\d+\]$")
 ST_STATIC = "sentence_transformers.sentence_transformer.modules.static_embedding.StaticEmbedding"
@@ -153,6 +157,7 @@ def distill_static(config: StaticConfig, progress: Callable[[str], None] = lambd
     table[ids] = reduced
     with staged_directory(config.output, overwrite=config.overwrite) as stage:
         _write(stage, table, backend, source, config, explained)
+        write_artifact(stage / ARTIFACT_DIR, table, backend, source, config)
     return StaticResult(config.output, source.name, table.shape[0], len(ids), dims, explained,
                         time.perf_counter() - start)
 
@@ -215,6 +220,42 @@ class StaticModel:
         if self.normalize:
             vectors = vectors / np.clip(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12, None)
         return vectors
+
+
+def write_artifact(directory: Path, table: np.ndarray, backend: Any, source: Any, config: StaticConfig) -> None:
+    """The static model as a kiln artifact: the table as the ``static`` engine's variant, the teacher's tokenizer
+    without its special tokens (sentence-transformers' StaticEmbedding encodes without them), mean pooling, the
+    teacher's normalisation."""
+    import dataclasses
+
+    from tokenizers import Tokenizer
+
+    from kiln.artifact.hashing import sha256_file
+    from kiln.artifact.manifest import Manifest, seal
+    from kiln.artifact.records import BuildRecord, SourceRecord, TokenizerRecord, VariantRecord
+    from kiln.choices import Pooling
+    from kiln.model.source import pad_token_id
+
+    (directory / "tokenizer").mkdir(parents=True)
+    (directory / "static").mkdir()
+    tokenizer = Tokenizer.from_str(backend.to_str())
+    tokenizer.post_processor = None  # no [CLS]/[SEP]: the mean is over the text's own tokens
+    tokenizer.no_padding()
+    tokenizer.no_truncation()
+    tokenizer.save(str(directory / "tokenizer" / "tokenizer.json"))
+    np.save(directory / "static" / "table.npy", table, allow_pickle=False)
+    task = dataclasses.replace(source.task_config, max_length=MAX_TOKENS, pooling=Pooling.MEAN,
+                               dimension=table.shape[1], matryoshka_dims=())
+    variant = VariantRecord("static", "static", "static/table.npy", ("static/table.npy",),
+                            recipe=({"pass": "distill-static", "dims": table.shape[1], "sif": config.sif},),
+                            reason="a static student: judge it against its teacher with kiln optimize --reference")
+    seal(directory, Manifest(
+        source=SourceRecord(model=f"static student of {source.name}", path=str(config.output),
+                            content_sha256=sha256_file(directory / "static" / "table.npy"), model_type="static",
+                            architecture="StaticEmbedding", parameters=int(table.size)),
+        task=task, variants={"static": variant},
+        tokenizer=TokenizerRecord("tokenizer/tokenizer.json", pad_token_id(source), ("input_ids", "attention_mask")),
+        build=BuildRecord(best="static")))
 
 
 def encode_static(directory: Path, texts: list[str]) -> np.ndarray:

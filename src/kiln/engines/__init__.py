@@ -34,12 +34,19 @@ def _openvino(path: Path, options: EngineOptions) -> Engine:
     return OpenVinoEngine(path, options)
 
 
+def _static(path: Path, options: EngineOptions) -> Engine:
+    from kiln.engines.static import StaticEngine
+
+    return StaticEngine(path)
+
+
 # Factories import their runtime lazily so that serving an ONNX artifact never imports torch.
 ENGINES: dict[str, Callable[[Path, EngineOptions], Engine]] = {
     "onnxruntime": _onnxruntime,
     "torchscript": _torchscript,
     "torch": _torch,
     "openvino": _openvino,
+    "static": _static,  # a static-embedding table (kiln distill --static)
 }
 
 
