@@ -87,7 +87,7 @@ def refuse_rejected(stored_vectors: Sequence[Any], dimensions: int | None, preci
     rows = [r for r in stored_vectors if r.dimensions == dimensions and r.precision == precision.value]
     if rows and not any(r.accepted for r in rows):
         best = max(rows, key=lambda r: r.recall_at_10)
-        accepted = ", ".join(f"{r.dimensions}/{r.precision}" for r in stored_vectors if r.accepted)
+        accepted = ", ".join(dict.fromkeys(f"{r.dimensions}/{r.precision}" for r in stored_vectors if r.accepted))
         raise UsageError(f"dimensions {dimensions} at precision {precision.value} lost too much retrieval quality "
                          f"when kiln optimize measured it (recall@10 {best.recall_at_10:.3f} with {best.search}, "
-                         f"below its tolerance); accepted: {', '.join(dict.fromkeys(accepted.split(', ')))}")
+                         f"below its tolerance); accepted: {accepted}")

@@ -75,16 +75,15 @@ def create_app(config: ServeConfig, tracer_provider: Any = None) -> FastAPI:
     """The server for ``config.models``: routes of their tasks, probes, metrics, errors as JSON. Request spans go
     to ``tracer_provider`` when given (tests pass one with an in-memory exporter), else to an OTLP exporter at
     ``config.otlp_endpoint`` when set."""
-    configs = {name: read_manifest(Path(path).expanduser()).task
-               for name, path in config.models.items()}
+    manifests = {name: read_manifest(Path(path).expanduser()) for name, path in config.models.items()}
+    configs = {name: m.task for name, m in manifests.items()}
     tasks = {name: c.task for name, c in configs.items()}
     app = FastAPI(title="kiln", lifespan=_lifespan, description="Dynamic-batching inference for a kiln artifact.",
                   default_response_class=JSONBody)
     app.state.config, app.state.tasks, app.state.models, app.state.metrics = config, tasks, {}, Metrics()
     app.state.task_configs = configs
     # Which models can quantize to int8/uint8 (their artifact stores output calibration): the schema says so.
-    app.state.calibrated = {name: read_manifest(Path(path).expanduser()).build.output_calibration is not None
-                            for name, path in config.models.items()}
+    app.state.calibrated = {name: m.build.output_calibration is not None for name, m in manifests.items()}
     if tracer_provider is None and config.otlp_endpoint:
         tracer_provider = tracing.tracer_provider(config.otlp_endpoint)
     app.state.tracing = tracing.Tracing(tracer_provider.get_tracer("kiln.serve") if tracer_provider else None)

@@ -201,6 +201,8 @@ class FeatureExtraction(TaskSpec):
     def __init__(self, config) -> None:
         super().__init__(config)
         self._pool = POOLERS[config.pooling]
+        # int8/uint8 ranges per output size, from output_calibration (which the predictor sets once, before use)
+        self._ranges_by_size: dict[int | None, np.ndarray] = {}
 
     @staticmethod
     def _pooling_settings(model_dir: Path) -> dict[str, Any]:
@@ -239,10 +241,17 @@ class FeatureExtraction(TaskSpec):
                 raise UsageError(f"precision {precision.value} takes its ranges from the artifact's output "
                                  "calibration, which this artifact has none of (kiln optimize stores it; kiln export "
                                  "does not); float32, binary and ubinary need none")
-            # served vectors are cut, then re-normalised only when the model normalises (truncated())
-            ranges = ranges_of(self.output_calibration, dimensions, self.config.normalize and dimensions is not None)
+            ranges = self._ranges(dimensions)
         return EmbedOptions(truncate=truncate, dimensions=dimensions, chunking=as_chunking(chunking, CHUNK_MODES),
                             precision=precision, ranges=ranges)
+
+    def _ranges(self, dimensions: int | None) -> np.ndarray:
+        """int8/uint8 ranges for vectors of ``dimensions``, made once per size: every int8 request asks for them.
+        Served vectors are cut, then re-normalised only when the model normalises (``truncated``)."""
+        if dimensions not in self._ranges_by_size:
+            self._ranges_by_size[dimensions] = ranges_of(self.output_calibration, dimensions,
+                                                         self.config.normalize and dimensions is not None)
+        return self._ranges_by_size[dimensions]
 
     def prepare(self, inputs: Sequence[Any], encoder, options: EmbedOptions) -> Prepared:
         if options.chunking is not None:

@@ -13,12 +13,10 @@ from __future__ import annotations
 import hmac
 from typing import Any
 
-import numpy as np
-
 from kiln.log import get_logger, request_id
 from kiln.serve.endpoints import HTTPError, not_ready
 from kiln.serve.v2.core import InferCall, datatype, metadata, run_infer, served_model, server_metadata
-from kiln.serve.v2.http import deserialize_bytes, serialize_bytes
+from kiln.serve.v2.http import deserialize_bytes, tensor_bytes
 
 log = get_logger("serve.grpc")
 ROUTE = "grpc:ModelInfer"  # the label its requests are counted under in kiln_requests
@@ -56,12 +54,6 @@ def _strings(tensor: Any, raw: bytes | None, where: str) -> list[str]:
         raise HTTPError(400, "invalid_request", f"{where}: shape {shape} holds {shape[0]} elements; data has "
                         f"{len(values)}")
     return values
-
-
-def _raw(array: np.ndarray) -> bytes:
-    if datatype(array) == "BYTES":
-        return serialize_bytes(array)
-    return np.ascontiguousarray(array).astype(array.dtype.newbyteorder("<")).tobytes()
 
 
 def servicer(app: Any) -> Any:
@@ -137,7 +129,7 @@ def servicer(app: Any) -> Any:
             response = pb.ModelInferResponse(model_name=call.model, model_version="1", id=request.id)
             for name, array in arrays.items():
                 response.outputs.add(name=name, datatype=datatype(array), shape=list(array.shape))
-                response.raw_output_contents.append(_raw(array))
+                response.raw_output_contents.append(tensor_bytes(array))
             return response
 
     return Service()

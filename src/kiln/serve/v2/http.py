@@ -81,6 +81,13 @@ def serialize_bytes(values: np.ndarray) -> bytes:
     return bytes(out)
 
 
+def tensor_bytes(array: np.ndarray) -> bytes:
+    """An output tensor's binary form: BYTES as :func:`serialize_bytes`, numbers little-endian, row-major."""
+    if datatype(array) == "BYTES":
+        return serialize_bytes(array)
+    return np.ascontiguousarray(array).astype(array.dtype.newbyteorder("<")).tobytes()
+
+
 def deserialize_bytes(raw: bytes, where: str) -> list[str]:
     values, at = [], 0
     while at < len(raw):
@@ -163,8 +170,7 @@ def render_response(call: InferCall, arrays: dict[str, np.ndarray]) -> Response:
         kind = datatype(array)
         entry: dict[str, Any] = {"name": name, "datatype": kind, "shape": list(array.shape)}
         if call.parameters["binary"].get(name, call.parameters["binary_all"]):
-            blob = serialize_bytes(array) if kind == "BYTES" else np.ascontiguousarray(array).astype(
-                array.dtype.newbyteorder("<")).tobytes()
+            blob = tensor_bytes(array)
             entry["parameters"] = {"binary_data_size": len(blob)}
             blobs.append(blob)
         else:
