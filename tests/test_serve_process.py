@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import signal
+import itertools
 import socket
 import subprocess
 import sys
@@ -15,7 +15,7 @@ import pytest
 from kiln.artifact.directory import Artifact
 from kiln.data.texts import builtin_sentences
 from kiln.serve import process
-from tests.waiting import wait_until
+from tests.waiting import sigterm_under_load, wait_until
 
 
 def start_server(artifact, *args: str) -> tuple[subprocess.Popen, int]:
@@ -47,35 +47,22 @@ def test_openai_client_against_a_real_server(tiny_artifact):
 def test_sigterm_under_load_finishes_every_accepted_request(tiny_artifact):
     proc, port = start_server(tiny_artifact, "--max-delay-ms", "20")
     url = f"http://127.0.0.1:{port}/embed"
-    outcomes: list[str] = []
-    lock = threading.Lock()
-    stop = threading.Event()
 
-    def client(k: int) -> None:
-        i = 0
-        while not stop.is_set() and i < 200:  # bounded: at most 200 requests per client
-            i += 1
+    def client(k: int):
+        sent = itertools.count(k + 1)
+
+        def send() -> str:
             try:  # a new connection each time: after SIGTERM the listening socket refuses at connect
-                response = httpx.post(url, json={"inputs": builtin_sentences()[(k + i) % 50]}, timeout=30)
-                outcome = "answered" if response.status_code == 200 else f"status {response.status_code}"
+                response = httpx.post(url, json={"inputs": builtin_sentences()[next(sent) % 50]}, timeout=30)
+                return "answered" if response.status_code == 200 else f"status {response.status_code}"
             except httpx.ConnectError:
-                outcome = "rejected"
+                return "rejected"
             except httpx.HTTPError as err:  # reset after connect: never read (see below), or dropped
-                outcome = f"reset ({type(err).__name__})"
-            with lock:
-                outcomes.append(outcome)
-            if outcome == "rejected":
-                return
+                return f"reset ({type(err).__name__})"
 
-    threads = [threading.Thread(target=client, args=(k,)) for k in range(16)]
-    for t in threads:
-        t.start()
-    wait_until(lambda: len(outcomes) >= 40 or proc.poll() is not None, "load to build up before the signal", 120)
-    proc.send_signal(signal.SIGTERM)
-    code = proc.wait(timeout=60)
-    stop.set()
-    for t in threads:
-        t.join(timeout=60)
+        return send
+
+    code, outcomes = sigterm_under_load(proc, client, lambda outcome: outcome == "rejected")
     answered = outcomes.count("answered")
     others = [o for o in outcomes if o not in ("answered", "rejected") and not o.startswith("reset")]
     assert code == 0

@@ -103,30 +103,14 @@ def test_tritonclient_code_for_the_triton_repository_runs_against_kiln_serve(ser
     import tritonclient.grpc as grpc
     import tritonclient.http as http
 
-    from tests.test_triton import _infer
+    from tests.test_triton import check_answers_like_kiln, check_rerank_like_kiln
 
     base, grpc_port = server
     module, port = (http, int(base.rsplit(":", 1)[1])) if protocol == "http" else (grpc, grpc_port)
     names = {t: t.value.replace("-", "_") for t in task_artifacts}
-    embeddings = _infer(module, port, names[TaskName.FEATURE_EXTRACTION], TEXTS, "EMBEDDING")
-    np.testing.assert_allclose(embeddings, np.stack(kiln.load(task_artifacts[TaskName.FEATURE_EXTRACTION])
-                                                    .predict(TEXTS)), atol=1e-5)
-    for task in (TaskName.TEXT_CLASSIFICATION, TaskName.TOKEN_CLASSIFICATION):
-        got = [json.loads(row[0]) for row in _infer(module, port, names[task], TEXTS, "RESULT")]
-        want = kiln.load(task_artifacts[task]).predict(TEXTS)
-        for g, w in zip(got, want):
-            assert [x["label"] for x in g] == [x.label for x in w]
-            np.testing.assert_allclose([x["score"] for x in g], [x.score for x in w], atol=1e-5)
-    query, texts = builtin_sentences()[3], list(builtin_sentences()[10:14])
+    check_answers_like_kiln(module, port, names, task_artifacts)
+    check_rerank_like_kiln(module, port, names, task_artifacts)
     client = module.InferenceServerClient(f"127.0.0.1:{port}")
-    inputs = []
-    for tensor_name, column in (("QUERY", [query] * len(texts)), ("TEXT", texts)):
-        tensor = module.InferInput(tensor_name, [len(texts), 1], "BYTES")
-        tensor.set_data_from_numpy(np.array([[t.encode()] for t in column], dtype=object))
-        inputs.append(tensor)
-    scores = client.infer(names[TaskName.TEXT_RANKING], inputs).as_numpy("SCORE")[:, 0]
-    want = {r.index: r.score for r in kiln.load(task_artifacts[TaskName.TEXT_RANKING]).rerank(query, texts)}
-    np.testing.assert_allclose(scores, [want[i] for i in range(len(texts))], atol=1e-5)
     metadata = client.get_model_metadata(names[TaskName.TEXT_RANKING])
     inputs_meta = metadata["inputs"] if protocol == "http" else [{"name": t.name} for t in metadata.inputs]
     assert [t["name"] for t in inputs_meta] == ["QUERY", "TEXT"]
@@ -257,44 +241,30 @@ def test_sigterm_drains_grpc_requests_too(tiny_artifact):
     """16 gRPC clients in a loop, then SIGTERM: every RPC the server accepted is answered, later ones are refused
     (UNAVAILABLE, which a client may retry elsewhere; none CANCELLED), and the server exits 0 with its own count of
     answers matching the clients'."""
-    import signal
-    import threading
-
     import tritonclient.grpc as grpc
     from tritonclient.utils import InferenceServerException
 
-    from tests.waiting import wait_until
+    from tests.waiting import sigterm_under_load
 
     grpc_port = process.free_port()
     proc, _ = process.start_server([sys.executable, "-m", "kiln", "serve", str(tiny_artifact), "--grpc-port",
                                     str(grpc_port)])
-    outcomes: list[str] = []
-    lock, stop = threading.Lock(), threading.Event()
 
-    def client(k: int) -> None:
+    def client(k: int):
         connection = grpc.InferenceServerClient(f"127.0.0.1:{grpc_port}")
         tensor = grpc.InferInput("TEXT", [1, 1], "BYTES")
         tensor.set_data_from_numpy(np.array([[builtin_sentences()[k % 50].encode()]], dtype=object))
-        while not stop.is_set():
+
+        def send() -> str:
             try:
                 connection.infer(tiny_artifact.name, [tensor], client_timeout=30)
-                outcome = "answered"
+                return "answered"
             except InferenceServerException as err:
-                outcome = "refused" if "UNAVAILABLE" in str(err.status()) else f"error {err.status()}: {err}"
-            with lock:
-                outcomes.append(outcome)
-            if outcome != "answered":
-                return
+                return "refused" if "UNAVAILABLE" in str(err.status()) else f"error {err.status()}: {err}"
 
-    threads = [threading.Thread(target=client, args=(k,)) for k in range(16)]
-    for t in threads:
-        t.start()
-    wait_until(lambda: len(outcomes) >= 40 or proc.poll() is not None, "load to build up before the signal", 120)
-    proc.send_signal(signal.SIGTERM)
-    code = proc.wait(timeout=90)
-    stop.set()
-    for t in threads:
-        t.join(timeout=60)
+        return send
+
+    code, outcomes = sigterm_under_load(proc, client, lambda outcome: outcome != "answered", exit_timeout=90)
     answered = outcomes.count("answered")
     errors = [o for o in outcomes if o not in ("answered", "refused")]
     assert code == 0 and answered >= 40 and errors == [], errors

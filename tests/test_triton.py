@@ -152,15 +152,11 @@ def test_triton_answers_questions_over_several_windows(served, task_artifacts):
         np.testing.assert_allclose([a["score"] for a in g], [a.score for a in w], atol=1e-5)
 
 
-@pytest.mark.parametrize("protocol", ["http", "grpc"])
-def test_triton_answers_like_kiln(served, task_artifacts, protocol):
+def check_answers_like_kiln(module, port: int, names: dict, task_artifacts: dict) -> None:
+    """Triton client code for the repository's models (embeddings, classification, tagging) against the offline
+    predictor; tests/test_serve_protocols.py runs the same code against kiln serve."""
     import json
 
-    import tritonclient.grpc as grpc
-    import tritonclient.http as http
-
-    running, names = served
-    module, port = (http, running.http_port) if protocol == "http" else (grpc, running.grpc_port)
     embeddings = _infer(module, port, names[TaskName.FEATURE_EXTRACTION], TEXTS, "EMBEDDING")
     offline = np.stack(kiln.load(task_artifacts[TaskName.FEATURE_EXTRACTION]).predict(TEXTS))
     np.testing.assert_allclose(embeddings, offline, atol=1e-5)
@@ -173,6 +169,30 @@ def test_triton_answers_like_kiln(served, task_artifacts, protocol):
             np.testing.assert_allclose([x["score"] for x in g], [x.score for x in w], atol=1e-5)
             if task is TaskName.TOKEN_CLASSIFICATION:
                 assert [(x["start"], x["end"], x["word"]) for x in g] == [(x.start, x.end, x.word) for x in w]
+
+
+def check_rerank_like_kiln(module, port: int, names: dict, task_artifacts: dict) -> None:
+    """(QUERY, TEXT) rows -> SCORE against kiln's rerank, with the same client code on either server."""
+    query, texts = builtin_sentences()[3], list(builtin_sentences()[10:14])
+    client = module.InferenceServerClient(f"127.0.0.1:{port}")
+    inputs = []
+    for name, column in (("QUERY", [query] * len(texts)), ("TEXT", texts)):
+        tensor = module.InferInput(name, [len(texts), 1], "BYTES")
+        tensor.set_data_from_numpy(np.array([[t.encode()] for t in column], dtype=object))
+        inputs.append(tensor)
+    got = client.infer(names[TaskName.TEXT_RANKING], inputs).as_numpy("SCORE")[:, 0]
+    want = {r.index: r.score for r in kiln.load(task_artifacts[TaskName.TEXT_RANKING]).rerank(query, texts)}
+    np.testing.assert_allclose(got, [want[i] for i in range(len(texts))], atol=1e-5)
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_triton_answers_like_kiln(served, task_artifacts, protocol):
+    import tritonclient.grpc as grpc
+    import tritonclient.http as http
+
+    running, names = served
+    module, port = (http, running.http_port) if protocol == "http" else (grpc, running.grpc_port)
+    check_answers_like_kiln(module, port, names, task_artifacts)
 
 
 def test_concurrent_requests_are_batched(served):
@@ -198,16 +218,7 @@ def test_triton_scores_query_text_pairs_like_kiln_rerank(served, task_artifacts)
     import tritonclient.http as http
 
     running, names = served
-    query, texts = builtin_sentences()[3], list(builtin_sentences()[10:14])
-    client = http.InferenceServerClient(f"127.0.0.1:{running.http_port}")
-    inputs = []
-    for name, column in (("QUERY", [query] * len(texts)), ("TEXT", texts)):
-        tensor = http.InferInput(name, [len(texts), 1], "BYTES")
-        tensor.set_data_from_numpy(np.array([[t.encode()] for t in column], dtype=object))
-        inputs.append(tensor)
-    got = client.infer(names[TaskName.TEXT_RANKING], inputs).as_numpy("SCORE")[:, 0]
-    want = {r.index: r.score for r in kiln.load(task_artifacts[TaskName.TEXT_RANKING]).rerank(query, texts)}
-    np.testing.assert_allclose(got, [want[i] for i in range(len(texts))], atol=1e-5)
+    check_rerank_like_kiln(http, running.http_port, names, task_artifacts)
 
 
 @pytest.mark.parametrize("task", [TaskName.FEATURE_EXTRACTION, TaskName.TEXT_RANKING])

@@ -52,3 +52,41 @@ def concurrently(calls: list[Callable[[], object]], what: str, timeout: float = 
     if errors:
         raise errors[0]
     return results
+
+
+def sigterm_under_load(proc, client: Callable[[int], Callable[[], str]], last: Callable[[str], bool], *,
+                       clients: int = 16, before: int = 40, per_client: int = 200,
+                       exit_timeout: float = 60.0) -> tuple[int, list[str]]:
+    """Load a server process, SIGTERM it, and collect what the clients saw: (its exit status, every outcome).
+
+    ``client(k)`` makes client k's request function (connections and payloads made once), which sends one request
+    and returns its outcome in words; a client stops at an outcome where ``last(outcome)``, after ``per_client``
+    requests, or once the server has exited. The signal goes once ``before`` outcomes are in.
+    """
+    import signal
+    import threading
+
+    outcomes: list[str] = []
+    lock, stop = threading.Lock(), threading.Event()
+
+    def run(k: int) -> None:
+        send = client(k)
+        for _ in range(per_client):  # bounded: at most per_client requests per client
+            if stop.is_set():
+                return
+            outcome = send()
+            with lock:
+                outcomes.append(outcome)
+            if last(outcome):
+                return
+
+    threads = [threading.Thread(target=run, args=(k,)) for k in range(clients)]
+    for t in threads:
+        t.start()
+    wait_until(lambda: len(outcomes) >= before or proc.poll() is not None, "load to build up before the signal", 120)
+    proc.send_signal(signal.SIGTERM)
+    code = proc.wait(timeout=exit_timeout)
+    stop.set()
+    for t in threads:
+        t.join(timeout=60)
+    return code, outcomes
