@@ -100,7 +100,7 @@ def test_precisions_that_cannot_be_honoured_are_refused(tiny_artifact, task_arti
     predictor = kiln.load(tiny_artifact)
     with pytest.raises(UsageError, match="output calibration, which this artifact has none of"):
         predictor.encode(TEXTS, precision="int8")
-    with pytest.raises(UsageError, match="precision must be one of float32, int8, uint8, binary, ubinary"):
+    with pytest.raises(UsageError, match="precision must be one of: float32, int8, uint8, binary, ubinary"):
         predictor.encode(TEXTS, precision="int4")
     assert predictor.encode(TEXTS, precision="ubinary").dtype == np.uint8
     with process.serve_in_thread(create_app(ServeConfig(models={
@@ -132,7 +132,7 @@ def test_kiln_embed_stores_each_precision(optimized, tmp_path):
         assert np.array_equal(stored, predictor.encode(TEXTS, precision=precision)), precision
     bad = subprocess.run([sys.executable, "-m", "kiln", "embed", str(optimized / "best"), str(corpus), "-o",
                           str(tmp_path / "bad"), "--precision", "int4"], capture_output=True, text=True, timeout=120)
-    assert bad.returncode == 2 and "precision must be one of float32, int8, uint8, binary, ubinary" in bad.stderr
+    assert bad.returncode == 2 and "--precision must be one of: float32, int8, uint8, binary, ubinary" in bad.stderr
 
 
 def test_optimize_measures_what_each_stored_size_and_precision_costs(tiny_model, tmp_path):

@@ -58,9 +58,6 @@ class AuditResult:
         where = f"{measured} < {self.floor:.4f}" if value < self.floor else measured
         return f"outside tolerance: {where} ({other}){why}"
 
-    def finding(self, cause: str) -> Finding | None:
-        return next((f for f in self.findings if f.cause == cause), None)
-
 
 def buckets(lengths: Sequence[int], values: np.ndarray) -> tuple[BucketFigure, ...]:
     """``values`` (one per input) by the token-length bucket of each input."""

@@ -51,10 +51,11 @@ def diagnose(endpoint: Endpoint, reference: Reference, texts: Sequence[str], tol
 
     norms = np.linalg.norm(served, axis=1)
     unit = bool(np.all(np.abs(norms - 1) < UNIT))
+    normalisation_differs = unit != configured.normalize
     findings.append(Finding("normalisation", f"{'unit vectors' if unit else 'not normalized'} (norm "
                             f"{norms.min():.4f}-{norms.max():.4f}; the original is "
                             f"{'normalized' if configured.normalize else 'not normalized'})",
-                            unit != configured.normalize, float(norms.mean())))
+                            normalisation_differs, float(norms.mean())))
 
     long_ones = [i for i, n in enumerate(lengths) if n > min(TRUNCATIONS)]
     if long_ones:
@@ -91,10 +92,10 @@ def diagnose(endpoint: Endpoint, reference: Reference, texts: Sequence[str], tol
 
     floor = 1 - tolerance
     within = float(agree.min()) >= floor and float(agree.mean()) >= 1 - tolerance / 2 and \
-        not next(f for f in findings if f.cause == "normalisation").differs
+        not normalisation_differs
     explained: tuple[str, ...] = ()
     explained_min = None
-    normalisation = ("normalisation",) if next(f for f in findings if f.cause == "normalisation").differs else ()
+    normalisation = ("normalisation",) if normalisation_differs else ()
     if recipe != configured:  # the original computed the way the deployment seems to: does it agree then?
         explained_min = float(cosines(served, reference.vectors(texts, recipe)).min())
         changed = [c for c, field in (("pooling", "pooling"), ("truncation", "max_length"), ("prefix", "prefix"))

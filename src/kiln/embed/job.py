@@ -82,7 +82,7 @@ def run_embed(config: EmbedConfig, progress: Progress = lambda done, total: None
     if not task_spec(task).embeds:
         raise UsageError(f"kiln embed needs an embedding artifact; {config.artifact} does {task}")
     variant = artifact.variant_name(config.variant)
-    precision = parse_precision(config.precision)
+    precision = parse_precision(config.precision, "--precision")
     refuse_rejected(artifact.manifest.build.stored_vectors, artifact.task_config.dimension, precision)
     # Ranges from the artifact's calibration, checked before any text is embedded (int8/uint8 need them).
     calibration = artifact.output_calibration() if precision.calibrated else None

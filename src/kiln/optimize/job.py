@@ -111,7 +111,7 @@ class OptimizeConfig:
         tolerance_for(self.task, self.tolerance)
         if self.matryoshka_dims and not task_spec(self.task).embeds:
             raise UsageError(f"--matryoshka-dims applies to embedding tasks; this run is --task {self.task}")
-        object.__setattr__(self, "precisions", tuple(parse_precision(p) for p in self.precisions))
+        object.__setattr__(self, "precisions", tuple(parse_precision(p, "--precisions") for p in self.precisions))
         if self.precisions and not task_spec(self.task).embeds:
             raise UsageError(f"--precisions applies to embedding tasks; this run is --task {self.task}")
         if not 0 < self.retrieval_tolerance < 1:

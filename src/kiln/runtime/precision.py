@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from kiln.choices import Choice
+from kiln.choices import Choice, parse_choice
 from kiln.errors import UsageError
 
 CALIBRATION_FILE = "output_calibration.npy"  # in the artifact, beside manifest.json
@@ -33,22 +33,14 @@ class Precision(Choice):
         """Whether it needs per-dimension ranges."""
         return self in (Precision.INT8, Precision.UINT8)
 
-    @property
-    def dtype(self) -> type:
-        return {Precision.FLOAT32: np.float32, Precision.INT8: np.int8, Precision.UINT8: np.uint8,
-                Precision.BINARY: np.int8, Precision.UBINARY: np.uint8}[self]
-
     def bytes_per_vector(self, dimensions: int) -> int:
         return {Precision.FLOAT32: 4 * dimensions, Precision.INT8: dimensions, Precision.UINT8: dimensions}.get(
             self, (dimensions + 7) // 8)
 
 
-def parse_precision(value: str | Precision) -> Precision:
-    try:
-        return Precision(value)
-    except ValueError:
-        allowed = ", ".join(p.value for p in Precision)
-        raise UsageError(f"precision must be one of {allowed} (got {value!r})") from None
+def parse_precision(value: str | Precision, flag: str = "precision") -> Precision:
+    """``value`` as a Precision, or the UsageError naming ``flag`` and the allowed values (kiln.choices)."""
+    return parse_choice(Precision, value, flag)
 
 
 def ranges_of(calibration: np.ndarray, dimensions: int | None = None, normalize: bool = False) -> np.ndarray:
