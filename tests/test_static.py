@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 from kiln.compress.static import LINEAGE_FILE, encode_static, principal_components, sif_weights
 from kiln.data.texts import builtin_sentences
@@ -90,3 +91,100 @@ def test_the_static_artifact_serves_what_sentence_transformers_computes(tiny_mod
 
     stored = np.array(pq.read_table(tmp_path / "vectors" / "part-00000.parquet").column("vector").to_pylist())
     np.testing.assert_allclose(stored, theirs, atol=1e-6)
+
+
+@pytest.fixture(scope="module")
+def static_dir(tiny_model, tmp_path_factory):
+    """A 16-dimension static student of the tiny BERT, distilled once for the judging tests."""
+    out = tmp_path_factory.mktemp("static") / "static"
+    assert _distill(str(tiny_model("bert")), "--static", "--dims", "16", "-o", str(out)).returncode == 0
+    return out
+
+
+def _optimize(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "kiln", "optimize", *args], capture_output=True, text=True,
+                          timeout=600)
+
+
+def test_kiln_optimize_judges_a_static_student_against_its_teacher(tiny_model, static_dir, tmp_path):
+    """Its own space: no cosine to the teacher, so the gate judges the Spearman of every pair's similarity, which
+    is recomputed here from sentence-transformers' vectors of the student and scipy's Spearman."""
+    from scipy.stats import spearmanr
+    from sentence_transformers import SentenceTransformer
+
+    import kiln
+    from kiln.artifact.directory import Artifact
+    from kiln.artifact.records import Status
+    from kiln.model.reference import reference_predictor
+    from kiln.model.source import load_source
+    from kiln.tasks import task_spec
+
+    teacher = tiny_model("bert")
+    strict = _optimize(str(static_dir), "--reference", str(teacher), "-o", str(tmp_path / "strict"))
+    assert strict.returncode == 4 and "pairwise_spearman" in strict.stderr and "< 0.9900" in strict.stderr
+    assert not (tmp_path / "strict").exists()  # nothing half-written
+
+    out = tmp_path / "judged"
+    run = _optimize(str(static_dir), "--reference", str(teacher), "--tolerance", "0.95", "--precisions", "int8",
+                    "--retrieval-tolerance", "0.1", "-o", str(out))
+    assert run.returncode == 0, run.stderr
+    artifact = Artifact.open(out)
+    record, build = artifact.manifest.variants["static"], artifact.manifest.build
+    assert record.status is Status.ACCEPTED and build.best == "static" and (out / "best" / "manifest.json").is_file()
+    assert build.reference.path == str(teacher) and build.reference_timing.sequences == record.timing.sequences
+    assert "min_cosine" not in record.agreement.figures  # no cosine between two spaces
+    assert record.batched.drift.invariant  # a gather and a mean: the same bits in any batch
+
+    reference = reference_predictor(load_source(str(teacher), TaskName.FEATURE_EXTRACTION.value))
+    texts = task_spec(TaskName.FEATURE_EXTRACTION.value).agreement_inputs(reference.encoder)
+    theirs = np.stack(reference.predict(texts)).astype(np.float64)
+    mine = SentenceTransformer(str(static_dir), device="cpu").encode(texts).astype(np.float64)
+    upper = np.triu_indices(len(texts), k=1)
+
+    def similarities(x: np.ndarray) -> np.ndarray:
+        x = x / np.linalg.norm(x, axis=1, keepdims=True)
+        return (x @ x.T)[upper]
+
+    expected = spearmanr(similarities(theirs), similarities(mine)).statistic
+    assert record.agreement.figures["pairwise_spearman"] == pytest.approx(expected, abs=1e-6)
+    assert "pairwise_spearman" in (out / "summary.md").read_text()
+    # what the artifact serves: the student's vectors, with output precision from its own calibration
+    served = kiln.load(out)
+    np.testing.assert_allclose(served.encode(texts[:4]), mine[:4], atol=1e-6)
+    assert served.encode(texts[:4], precision="int8").dtype == np.int8
+    assert {s.precision for s in build.stored_vectors} >= {"float32", "int8"}
+
+
+def test_judging_a_static_model_refuses_what_it_cannot_do(tiny_model, static_dir, tmp_path):
+    from kiln.errors import UsageError
+    from kiln.optimize.run import optimize
+
+    teacher = tiny_model("bert")
+    no_reference = _optimize(str(static_dir), "-o", str(tmp_path / "a"))
+    assert no_reference.returncode == 2 and "pass --reference TEACHER" in no_reference.stderr
+    for kwargs, message in (
+            ({"task": TaskName.TEXT_CLASSIFICATION.value}, "a static model embeds text"),
+            ({"variants": ["onnx-fp32"]}, "--variants: a static model has one variant"),
+            ({"matryoshka_dims": [8]}, "--matryoshka-dims: a static table's size is chosen"),
+            ({"distill_layers": [1]}, "a static model has no students")):
+        with pytest.raises(UsageError, match=message):
+            optimize(static_dir, reference=teacher, output=tmp_path / "b", **kwargs)
+    with pytest.raises(UsageError, match="its vocabulary differs"):
+        optimize(static_dir, reference=tiny_model("roberta"), output=tmp_path / "c")
+    assert not (tmp_path / "b").exists() and not (tmp_path / "c").exists()
+
+
+def test_a_static_student_takes_its_place_on_the_frontier(tiny_model, tmp_path):
+    out = tmp_path / "out"
+    run = _optimize(str(tiny_model("bert")), "--variants", "onnx-fp32", "--static-dims", "8", "--threads", "1",
+                    "-o", str(out))
+    assert run.returncode == 0, run.stderr
+    frontier = json.loads((out / "frontier.json").read_text())
+    assert frontier["primary"] == "pairwise_spearman"  # the figure a static student shares with the rest
+    points = {(p["model"], p["variant"]): p for p in frontier["points"]}
+    static, exact = points[("static 8d", "static")], points[("model", "onnx-fp32")]
+    assert static["speedup"] is not None and static["status"] == "rejected"  # the default tolerance: too far
+    results = json.loads((out / "results.json").read_text())
+    fp32 = next(o for o in results["outcomes"] if o["name"] == "onnx-fp32")
+    assert exact["agreement"] == fp32["agreement"]["figures"]["pairwise_spearman"] and exact["status"] == "accepted"
+    assert (out / "students" / "static-8" / "model" / "modules.json").is_file()

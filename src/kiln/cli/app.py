@@ -133,6 +133,10 @@ def optimize(
     prune: Annotated[Optional[list[str]], typer.Option(  # noqa: UP045
         help="Also make a pruned student (kiln prune), e.g. ffn=0.5,heads=0.25[,scope=layer]; repeatable.",
         show_default=False)] = None,
+    static_dims: Annotated[Optional[str], typer.Option(  # noqa: UP045
+        help="Also distil static-embedding students of these sizes (comma-separated, e.g. 256; kiln distill "
+        "--static), each judged against MODEL by its similarity structure and placed on frontier.html.",
+        show_default=False)] = None,
     student_texts: Annotated[Optional[Path], typer.Option(  # noqa: UP045
         help="Unlabelled texts the students learn from (default: the ~12,700 sentences of Python's own "
         "docstrings).", show_default=False)] = None,
@@ -155,6 +159,9 @@ def optimize(
 
     Give --calibration texts like your traffic: int8 variants are calibrated on them.
 
+    MODEL may be a static model (kiln distill --static): its one variant, the table, is judged against
+    --reference TEACHER by its similarity structure and timed against the teacher.
+
     Exits 4 when no variant passes the gate; rejected variants carry their measured reason.
     """
     from kiln.optimize.job import OptimizeConfig
@@ -171,7 +178,8 @@ def optimize(
         precisions=tuple(v.strip() for v in precisions.split(",") if v.strip()) if precisions else (),
         retrieval_tolerance=retrieval_tolerance,
     )
-    students = StudentPlan(parse_students(distill_layers, prune or ()),  # before the long run: a typo fails at once
+    students = StudentPlan(parse_students(distill_layers, prune or (),  # before the long run: a typo fails at once
+                                          int_list(static_dims, "--static-dims") or ()),
                            student_texts, student_epochs)
     run = run_optimize(config, students, console.progress)
     console.print_table(run.summary)

@@ -74,6 +74,7 @@ class StaticResult:
     dims: int
     explained_variance: float  # share of the token vectors' variance the kept components hold
     seconds: float
+    teacher_parameters: int = 0
 
 
 def kept_tokens(tokenizer: Any) -> list[int]:
@@ -159,7 +160,7 @@ def distill_static(config: StaticConfig, progress: Callable[[str], None] = lambd
         _write(stage, table, backend, source, config, explained)
         write_artifact(stage / ARTIFACT_DIR, table, backend, source, config)
     return StaticResult(config.output, source.name, table.shape[0], len(ids), dims, explained,
-                        time.perf_counter() - start)
+                        time.perf_counter() - start, source.describe().parameters)
 
 
 def _write(directory: Path, table: np.ndarray, backend: Any, source: Any, config: StaticConfig,

@@ -279,17 +279,10 @@ class OptimizeJob:
         # Judged under every batching a server may give its inputs (sorted, mixed, alone, over several one-thread
         # sessions): the worst one counts.
         batched = measure_batchings(self.work.agreement, predictor, self._predictor(built.record(), sessions=2))
-        worst = batched.worst
-        agreement = batched.agreements[worst]
+        agreement = batched.agreements[batched.worst]
         data = self.work.eval_set
         metric = self.spec.evaluate(predictor, data) if data is not None else None
-        reference = self.work.reference_metric
-        verdict = judge(self.config.task, agreement, self.tolerance,
-                        metric[self.spec.metric] if metric else None,
-                        reference[self.spec.metric] if reference else None)
-        if worst is not Batching.SORTED:
-            verdict = dataclasses.replace(verdict, reason=f"{verdict.reason} ({WORST_WORDS[worst]})")
-        verdict = judge_drift(verdict, batched.drift, self.tolerance)
+        verdict = gate_verdict(self.config.task, batched, metric, self.work.reference_metric, self.tolerance)
         return Checked(built, agreement, metric, verdict, params, batched)
 
     def _alternatives(self, spec: VariantSpec, default: Checked) -> Checked:
@@ -341,9 +334,7 @@ class OptimizeJob:
 
     def _time_reference(self) -> tuple[Timing, str]:
         self.progress(f"timing the PyTorch fp32 reference on {len(self.work.timing)} sequences")
-        reference = timing_predictor(self.original, batch_size=self.config.batch_size, threads=self.threads)
-        with vanilla_attention(self.original.model) as attention:
-            return time_predictor(reference, self.work.timing), attention
+        return time_original(self.original, self.work.timing, self.config.batch_size, self.threads)
 
     def _time(self, outcome: Outcome) -> Outcome:
         timed = (Status.ACCEPTED, Status.REJECTED) if self.config.time_rejected else (Status.ACCEPTED,)
@@ -393,23 +384,14 @@ class OptimizeJob:
         # calibrate on: 128 texts left the MiniLM's int8 ranges narrow (recall@10 0.970), 512 give 0.98 (same split).
         texts = self.work.calibration if self.config.calibration_file else \
             self.spec.calibration_inputs(self.reference.encoder, OUTPUT_CALIBRATION_TEXTS)
-        vectors = np.stack(self._predictor(kept).predict(texts)).astype(np.float32)
-        np.save(self.ctx.stage / CALIBRATION_FILE, vectors, allow_pickle=False)
-        return CALIBRATION_FILE
+        return write_output_calibration(self.ctx.stage, self._predictor(kept), texts)
 
     def _stored_vectors(self, best: Outcome | None, calibration: str | None) -> tuple[StoredVectors, ...]:
         """With --precisions: what each stored (size, precision) of the best variant's vectors costs in retrieval."""
-        cfg = self.config
-        if not cfg.precisions or best is None or best.record is None or calibration is None:
+        if not self.config.precisions or best is None or best.record is None or calibration is None:
             return ()
-        from kiln.validation.stored_vectors import measure, retrieval_corpus
-
-        texts = retrieval_corpus()
-        self.progress(f"measuring stored-vector retrieval on {len(texts)} held-out sentences "
-                      f"({', '.join(p.value for p in cfg.precisions)}; sizes {cfg.matryoshka_dims or 'full'})")
-        vectors = np.stack(self._predictor(best.record).predict(texts)).astype(np.float32)
-        return measure(vectors, 100, np.load(self.ctx.stage / calibration), cfg.matryoshka_dims, cfg.precisions,
-                       cfg.retrieval_tolerance, self.source.task_config.normalize)
+        return measure_stored_vectors(self.config, self._predictor(best.record), np.load(self.ctx.stage / calibration),
+                                      self.progress)
 
     def _reference_variant(self) -> VariantRecord | None:
         """The fp32 export, kept as the artifact's reference for live agreement (kiln serve --shadow-rate); built
@@ -428,6 +410,48 @@ class OptimizeJob:
         for child in self.ctx.stage.iterdir():
             if child.is_dir() and child.name not in used | {"tokenizer"}:
                 shutil.rmtree(child)
+
+
+def gate_verdict(task: str, batched: BatchedAgreement, metric: dict[str, float] | None,
+                 reference_metric: dict[str, float] | None, tolerance: float) -> Verdict:
+    """The gate on a variant's agreement under its worst batching (named when not the sorted one), its task
+    metric against the original's, and its drift between batchings."""
+    worst, key = batched.worst, task_spec(task).metric
+    verdict = judge(task, batched.agreements[worst], tolerance, metric[key] if metric else None,
+                    reference_metric[key] if reference_metric else None)
+    if worst is not Batching.SORTED:
+        verdict = dataclasses.replace(verdict, reason=f"{verdict.reason} ({WORST_WORDS[worst]})")
+    return judge_drift(verdict, batched.drift, tolerance)
+
+
+def time_original(original: SourceModel, timing: tuple[Encoding, ...], batch_size: int,
+                  threads: int) -> tuple[Timing, str]:
+    """The original's PyTorch fp32 on the timing inputs (vanilla attention where it has a choice), and which
+    attention that was: the baseline every speed-up is against."""
+    reference = timing_predictor(original, batch_size=batch_size, threads=threads)
+    with vanilla_attention(original.model) as attention:
+        return time_predictor(reference, timing), attention
+
+
+def write_output_calibration(stage: Path, predictor: Predictor, texts: list[Any]) -> str:
+    """The fp32 vectors of ``texts``, written beside the manifest: int8/uint8 output precision's ranges."""
+    vectors = np.stack(predictor.predict(texts)).astype(np.float32)
+    np.save(stage / CALIBRATION_FILE, vectors, allow_pickle=False)
+    return CALIBRATION_FILE
+
+
+def measure_stored_vectors(config: OptimizeConfig, predictor: Predictor, calibration: np.ndarray,
+                           progress: Progress) -> tuple[StoredVectors, ...]:
+    """--precisions: recall@10 of the full-size float32 neighbours, memory and search speed of each stored
+    (size, precision) of ``predictor``'s vectors of held-out sentences, each judged against the tolerance."""
+    from kiln.validation.stored_vectors import measure, retrieval_corpus
+
+    texts = retrieval_corpus()
+    progress(f"measuring stored-vector retrieval on {len(texts)} held-out sentences "
+             f"({', '.join(p.value for p in config.precisions)}; sizes {config.matryoshka_dims or 'full'})")
+    vectors = np.stack(predictor.predict(texts)).astype(np.float32)
+    return measure(vectors, 100, calibration, config.matryoshka_dims, config.precisions, config.retrieval_tolerance,
+                   predictor.config.normalize)
 
 
 def _check_comparable(model: SourceModel, reference: SourceModel) -> None:

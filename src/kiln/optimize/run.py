@@ -11,8 +11,10 @@ from pathlib import Path
 from typing import Any
 
 from kiln.choices import CalibrationMethod, Target
+from kiln.errors import UsageError
 from kiln.optimize.job import OptimizeConfig, OptimizeJob
 from kiln.optimize.outcome import RunSummary
+from kiln.optimize.static_student import judge_static, static_artifact
 from kiln.optimize.students import StudentRequest, StudentRun, build_students, parse_students, write_students_frontier
 from kiln.tasks import DEFAULT_TASK
 
@@ -37,8 +39,12 @@ class OptimizeRun:
 
 def run_optimize(config: OptimizeConfig, students: StudentPlan = StudentPlan(),
                  progress: Progress = lambda _: None) -> OptimizeRun:
-    """Build, validate and pick the model's variants, then make and judge each student."""
-    summary = OptimizeJob(config, progress).run()
+    """Build, validate and pick the model's variants (or judge a static model, which has one), then make and
+    judge each student."""
+    static = static_artifact(config.model)
+    if static and students.requests:
+        raise UsageError(f"kiln optimize {config.model}: a static model has no students; make them from its teacher")
+    summary = judge_static(config, static, progress) if static else OptimizeJob(config, progress).run()
     if not students.requests:
         return OptimizeRun(summary)
     runs = build_students(config, students.requests, texts=students.texts, epochs=students.epochs,
@@ -52,14 +58,16 @@ def optimize(model: str | Path | None = None, *, task: str = DEFAULT_TASK, outpu
              target: str = Target.CPU, variants: Sequence[str] | None = None, threads: int | None = None,
              batch_size: int = 32, sensitivity: bool = True, reference: str | Path | None = None,
              matryoshka_dims: Sequence[int] = (), distill_layers: Sequence[int] = (), prune: Sequence[str] = (),
-             student_texts: str | Path | None = None, student_epochs: int = 3, allow_pickle: bool = False,
+             static_dims: Sequence[int] = (), student_texts: str | Path | None = None, student_epochs: int = 3,
+             allow_pickle: bool = False,
              precisions: Sequence[str] = (), retrieval_tolerance: float = 0.03,
              overwrite: bool = False, progress: Progress = lambda _: None) -> Any:
     """``kiln optimize`` from Python: build every variant of ``model`` (a model directory, a hub id where a network
     exists, or None for the bundled all-MiniLM-L6-v2), validate each against the original, keep the fastest within
     ``tolerance`` in ``output/best``, and return the artifact (:class:`kiln.Artifact`; results.json, summary.md and
-    report.html are beside it). ``distill_layers`` / ``prune`` (e.g. ``["ffn=0.5,heads=0.25"]``) also make
-    students and a frontier page. Raises :class:`kiln.KilnError` subclasses with the same messages as the CLI
+    report.html are beside it). ``distill_layers`` / ``prune`` (e.g. ``["ffn=0.5,heads=0.25"]``) / ``static_dims``
+    also make students and a frontier page; a static ``model`` (kiln distill --static) is judged against
+    ``reference``. Raises :class:`kiln.KilnError` subclasses with the same messages as the CLI
     (``NothingPassed`` when no variant is within tolerance)."""
     from kiln.artifact.directory import Artifact
 
@@ -72,7 +80,7 @@ def optimize(model: str | Path | None = None, *, task: str = DEFAULT_TASK, outpu
         reference=str(reference) if reference is not None else None, matryoshka_dims=tuple(matryoshka_dims),
         precisions=tuple(precisions), retrieval_tolerance=retrieval_tolerance)
     layers = ",".join(str(n) for n in distill_layers) or None
-    plan = StudentPlan(parse_students(layers, tuple(prune)), Path(student_texts) if student_texts else None,
-                       student_epochs)
+    plan = StudentPlan(parse_students(layers, tuple(prune), tuple(static_dims)),
+                       Path(student_texts) if student_texts else None, student_epochs)
     run_optimize(config, plan, progress)
     return Artifact.open(Path(output).expanduser())

@@ -1,8 +1,11 @@
-"""kiln optimize --distill-layers / --prune: students of the model, each optimized and judged against it.
+"""kiln optimize --distill-layers / --prune / --static-dims: students of the model, each optimized and judged
+against it.
 
 After the model's own artifact is written, every requested student is made (kiln distill / kiln prune, on
-``--student-texts`` or the sentences of Python's own docstrings), then optimized with the same variants and
-tolerance, judged and timed against the model itself (``--reference``), never against the student. Every
+``--student-texts`` or the sentences of Python's own docstrings; kiln distill --static from the model alone), then
+optimized with the same variants and tolerance (a static table has one variant, judged in its own space:
+kiln.optimize.static_student), judged and timed against the model itself (``--reference``), never against the
+student. Every
 variant of every one becomes a point of the speed-fidelity frontier (kiln/report/frontier.py):
 
     OUTPUT/                       the model's artifact, as without students
@@ -24,6 +27,7 @@ from kiln.errors import KilnError, UsageError
 
 STUDENTS_DIR = "students"
 PRUNE_KEYS = ("ffn", "heads", "scope")
+SHARED_FIGURE = "pairwise_spearman"  # the agreement figure every embedding variant has, a static student's included
 
 
 @dataclass(frozen=True)
@@ -32,13 +36,20 @@ class StudentRequest:
     slug: str  # its directory under students/
     layers: int | None = None  # kiln distill --layers
     prune: Any = None  # kiln.compress.prune.PruneSettings
+    static_dims: int | None = None  # kiln distill --static --dims
 
 
-def parse_students(distill_layers: str | None, prune: Sequence[str]) -> tuple[StudentRequest, ...]:
-    """``--distill-layers 3,4`` and ``--prune ffn=0.5,heads=0.25`` (repeatable) as student requests."""
+def parse_students(distill_layers: str | None, prune: Sequence[str],
+                   static_dims: Sequence[int] = ()) -> tuple[StudentRequest, ...]:
+    """``--distill-layers 3,4``, ``--prune ffn=0.5,heads=0.25`` (repeatable) and ``--static-dims 256`` as student
+    requests."""
     from kiln.compress.prune import PruneSettings
 
     requests: list[StudentRequest] = []
+    for dims in static_dims:
+        if dims < 1:
+            raise UsageError(f"--static-dims: a static table needs at least 1 dimension (got {dims})")
+        requests.append(StudentRequest(f"static {dims}d", f"static-{dims}", static_dims=dims))
     for part in (distill_layers or "").split(","):
         if not part.strip():
             continue
@@ -97,6 +108,9 @@ def build_students(config: Any, requests: Sequence[StudentRequest], *, texts: Pa
         data = texts or _default_texts(Path(scratch))
         for request in requests:
             model_dir, artifact = root / request.slug / "model", root / request.slug / "artifact"
+            if request.static_dims is not None:
+                runs.append(_static_student(config, request, teacher, model_dir, artifact, progress))
+                continue
             progress(f"student {request.name}: making it from {teacher} on {data}")
             recipe = {"epochs": epochs} if request.layers is not None else {"epochs": epochs, "lr": RECOVERY_LR}
             distill = DistillConfig(config.model, config.task, model_dir, layers=request.layers, texts=data,
@@ -120,14 +134,32 @@ def build_students(config: Any, requests: Sequence[StudentRequest], *, texts: Pa
     return runs
 
 
+def _static_student(config: Any, request: StudentRequest, teacher: str, model_dir: Path, artifact: Path,
+                    progress: Callable[[str], None]) -> StudentRun:
+    """kiln distill --static from the model, then judged against it in its own space (kiln.optimize.static_student)."""
+    from kiln.compress.static import StaticConfig, distill_static
+
+    progress(f"student {request.name}: distilling a static table from {teacher} (no training data)")
+    made = distill_static(StaticConfig(config.model, model_dir, dims=request.static_dims, overwrite=True,
+                                       allow_pickle=config.allow_pickle),
+                          lambda line: progress(f"student {request.name}: {line}"))
+    summary, error = _optimize(config, model_dir, artifact, teacher, request, progress)
+    return StudentRun(request, model_dir, artifact, summary, error, made.vocabulary * made.dims,
+                      made.teacher_parameters, None, made.seconds / 60)
+
+
 def _optimize(config: Any, model_dir: Path, artifact: Path, teacher: str, request: StudentRequest,
               progress: Callable[[str], None]) -> tuple[Any, str]:
     from kiln.optimize.job import NothingPassed, OptimizeJob
+    from kiln.optimize.static_student import judge_static, static_artifact
 
     student_config = dataclasses.replace(config, model=str(model_dir), reference=teacher, output=artifact,
-                                         overwrite=True, time_rejected=True)
+                                         overwrite=True, time_rejected=True, matryoshka_dims=(), variants=None)
+    report = lambda line: progress(f"student {request.name}: {line}")  # noqa: E731
     try:
-        return OptimizeJob(student_config, lambda line: progress(f"student {request.name}: {line}")).run(), ""
+        static = static_artifact(student_config.model)
+        return (judge_static(student_config, static, report) if static else
+                OptimizeJob(student_config, report).run()), ""
     except NothingPassed as err:  # the frontier still shows how far each variant fell short
         return err.summary, str(err)
 
@@ -160,20 +192,29 @@ def write_students_frontier(summary: Any, runs: Sequence[StudentRun], output: Pa
     from kiln.report.frontier import points, write_frontier
 
     teacher_parameters = next((r.teacher_parameters for r in runs if r.teacher_parameters), None)
-    all_points = points("model", summary, teacher_parameters)
+    # A static student has no cosine to the model (its own space): then every point is placed by the figure all
+    # share, the pairwise similarity Spearman; each keeps its own gate's verdict.
+    figure = SHARED_FIGURE if any(r.request.static_dims for r in runs if r.summary is not None) else None
+    all_points = points("model", summary, teacher_parameters, figure)
     notes = []
     for run in runs:
         if run.summary is None:
             notes.append(f"{run.request.name}: not made ({run.error})")
             continue
-        all_points += points(run.request.name, run.summary, run.parameters)
+        all_points += points(run.request.name, run.summary, run.parameters, figure)
+        before = f"its PyTorch model agrees {run.agreement_before_optimize:.4f} with the model on held-out " \
+            "training inputs" if run.agreement_before_optimize is not None else \
+            "a static table in its own space: its agreement is the pairwise similarity Spearman, not a cosine"
         notes.append(f"{run.request.name}: {run.parameters / 1e6:.3g}M parameters "
                      f"({run.parameters / run.teacher_parameters:.0%} of the model), made in {run.minutes:.1f} min; "
-                     f"its PyTorch model agrees {run.agreement_before_optimize:.4f} with the model on held-out "
-                     f"training inputs; model {run.model_dir}, "
+                     f"{before}; model {run.model_dir}, "
                      + (f"artifact {run.artifact}" if run.summary.best else
                         "no artifact: no variant passed the gate"))
-    primary = next((o.agreement.primary for o in summary.outcomes if o.agreement), "agreement")
+    if figure:
+        notes.insert(0, f"Every point is placed by {figure} (what a static student in its own space shares with "
+                     "the others); accepted or rejected by its own gate (min and mean cosine for the model and "
+                     "transformer students).")
+    primary = figure or next((o.agreement.primary for o in summary.outcomes if o.agreement), "agreement")
     output = output.expanduser().resolve()
     write_frontier(output, all_points, model=summary.model, tolerance=summary.tolerance, primary=primary,
                    command=summary.command, notes=notes)

@@ -34,15 +34,17 @@ class Point:
         return f"{self.model} / {self.variant}"
 
 
-def points(model: str, summary: Any, parameters: int | None) -> list[Point]:
-    """The points of one kiln optimize run (a RunSummary)."""
+def points(model: str, summary: Any, parameters: int | None, figure: str | None = None) -> list[Point]:
+    """The points of one kiln optimize run (a RunSummary), placed by the gate's figure or, given ``figure``, by
+    that one (a figure every point has, when their gates judge different ones)."""
     base = summary.reference_timing.ms_per_sequence
     out = []
     for o in summary.outcomes:
         if o.agreement is None:
             continue
         speedup = base / o.timing.ms_per_sequence if o.timing else None
-        out.append(Point(model, o.name, parameters, speedup, o.agreement.value, o.status.value, o.reason))
+        value = o.agreement.figures[figure] if figure else o.agreement.value
+        out.append(Point(model, o.name, parameters, speedup, value, o.status.value, o.reason))
     return out
 
 

@@ -300,7 +300,6 @@ class FeatureExtraction(TaskSpec):
     def agreement(cls, data: AgreementInputs, variant: Run) -> Agreement:
         ref = _unit(np.stack(data.reference.results))
         got = _unit(np.stack(variant.results))
-        cos = (ref * got).sum(1)
         sim_ref, sim_got = ref @ ref.T, got @ got.T
         upper = np.triu_indices(len(ref), k=1)
         k = min(10, len(ref) - 1)
@@ -308,10 +307,15 @@ class FeatureExtraction(TaskSpec):
         np.fill_diagonal(sim_got, -np.inf)
         top_ref = np.argsort(-sim_ref, axis=1)[:, :k]
         top_got = np.argsort(-sim_got, axis=1)[:, :k]
-        recall = np.mean([len(set(a) & set(b)) / k for a, b in zip(top_ref, top_got)]) if k else 1.0
-        figures = {"mean_cosine": float(cos.mean()), "min_cosine": float(cos.min()),
-                   "pairwise_spearman": spearman(sim_ref[upper], sim_got[upper]),
-                   f"top{k}_neighbour_recall": float(recall)}
+        kept = np.array([len(set(a) & set(b)) / k for a, b in zip(top_ref, top_got)]) if k else np.ones(len(ref))
+        figures = {"pairwise_spearman": spearman(sim_ref[upper], sim_got[upper]),
+                   f"top{k}_neighbour_recall": float(kept.mean())}
+        if data.own_space:
+            # No cosine between two spaces (a static student's table is PCA-rotated and smaller): what carries over
+            # is which texts are alike, the similarity structure, judged as a whole and per text's neighbours.
+            return Agreement.of("pairwise_spearman", figures, data.lengths(), kept, f"top{k} neighbours kept")
+        cos = (ref * got).sum(1)
+        figures = {"mean_cosine": float(cos.mean()), "min_cosine": float(cos.min())} | figures
         for dims in data.config.matryoshka_dims if data.config else ():
             cut = (_unit(ref[:, :dims]) * _unit(got[:, :dims])).sum(1)
             figures |= {f"mean_cosine@{dims}": float(cut.mean()), f"min_cosine@{dims}": float(cut.min())}
@@ -319,7 +323,10 @@ class FeatureExtraction(TaskSpec):
 
     @classmethod
     def floors(cls, agreement: Agreement, tolerance: float) -> list[Floor]:
-        """Min and mean cosine, at the full size and at every declared Matryoshka size (all are served)."""
+        """Min and mean cosine, at the full size and at every declared Matryoshka size (all are served); for a
+        student in its own space, the pairwise similarity Spearman (the ranking of every pair's similarity)."""
+        if "min_cosine" not in agreement.figures:
+            return [Floor("pairwise_spearman", agreement.figures["pairwise_spearman"], 1.0 - tolerance)]
         suffixes = ["", *sorted({n[n.index("@"):] for n in agreement.figures if "@" in n},
                                 key=lambda s: -int(s[1:]))]  # the full size first, then 256, 128, …
         return [Floor(name + suffix, agreement.figures[name + suffix], floor) for suffix in suffixes

@@ -18,6 +18,7 @@ import numpy as np
 from kiln.choices import Choice
 from kiln.runtime.predictor import Predictor
 from kiln.tasks import task_spec
+from kiln.tasks.base import Prepared
 from kiln.validation.figures import Agreement, AgreementInputs, Run
 from kiln.validation.parity import cosine
 
@@ -68,8 +69,8 @@ class BatchedAgreement:
         return min(self.agreements, key=lambda b: self.agreements[b].value)
 
 
-def _runs(candidate: Predictor, data: AgreementInputs, sessions: Predictor | None) -> dict[Batching, Run]:
-    prepared, handler = data.prepared, candidate.handler
+def _runs(candidate: Predictor, prepared: Prepared, sessions: Predictor | None) -> dict[Batching, Run]:
+    handler = candidate.handler
     options = handler.options()
     reduced = {
         Batching.SORTED: candidate.run_features(prepared.encodings, sort=True),
@@ -82,7 +83,8 @@ def _runs(candidate: Predictor, data: AgreementInputs, sessions: Predictor | Non
             for b, r in reduced.items()}
 
 
-def _drift(candidate: Predictor, data: AgreementInputs, runs: Mapping[Batching, Run]) -> BatchDrift:
+def _drift(candidate: Predictor, data: AgreementInputs, prepared: Prepared,
+           runs: Mapping[Batching, Run]) -> BatchDrift:
     spec, handler = task_spec(candidate.config.task), candidate.handler
     alone = runs[Batching.ALONE]
     worst_diff, worst_cos, consistency, figure = 0.0, 1.0, 1.0, ""
@@ -95,7 +97,8 @@ def _drift(candidate: Predictor, data: AgreementInputs, runs: Mapping[Batching, 
             worst_cos = min(worst_cos, cosine(x, y))
         # The task's own agreement, with the alone run as the reference: the share of labels, ranks or next
         # tokens that stay the same, or the cosine, between batchings.
-        against_alone = spec.agreement(AgreementInputs(data.prepared, alone, data.config), run)
+        # (The candidate against itself: one space, whatever the original's.)
+        against_alone = spec.agreement(AgreementInputs(prepared, alone, data.config), run)
         if against_alone.value <= consistency:
             consistency, figure = against_alone.value, against_alone.primary
     return BatchDrift(worst_diff, worst_cos, consistency, figure or "identical")
@@ -106,5 +109,7 @@ def measure_batchings(data: AgreementInputs, candidate: Predictor,
     """Agreement with the original in sorted batches, mixed batches and alone (and, given ``sessions``, the same
     variant loaded as several one-thread sessions), and the drift between them."""
     spec = task_spec(candidate.config.task)
-    runs = _runs(candidate, data, sessions)
-    return BatchedAgreement({b: spec.agreement(data, run) for b, run in runs.items()}, _drift(candidate, data, runs))
+    prepared = data.prepared_for(candidate)
+    runs = _runs(candidate, prepared, sessions)
+    return BatchedAgreement({b: spec.agreement(data, run) for b, run in runs.items()},
+                            _drift(candidate, data, prepared, runs))

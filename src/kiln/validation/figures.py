@@ -41,6 +41,15 @@ class AgreementInputs:
     prepared: Prepared
     reference: Run
     config: TaskConfig | None = None  # the judged model's task settings (Matryoshka sizes to report, …)
+    # A student with a tokenizer and an embedding space of its own (a static table of kiln distill --static): it
+    # encodes the inputs itself, and only figures that need no shared space (similarity structure, neighbours)
+    # can compare it with the original.
+    own_space: bool = False
+
+    def prepared_for(self, candidate: Any) -> Prepared:
+        """The inputs as ``candidate`` (a Predictor) runs them: the original's tokens, or a student in its own
+        space's own encoding of the same inputs."""
+        return candidate.prepare(list(self.prepared.inputs)) if self.own_space else self.prepared
 
     def lengths(self) -> list[int]:
         """Token length of each input (its longest feature)."""
