@@ -171,3 +171,52 @@ def test_optimize_measures_what_each_stored_size_and_precision_costs(tiny_model,
     if size == 32:
         with pytest.raises(UsageError, match="lost too much retrieval quality"):
             kiln.load(out / "best").encode(["x"], precision=precision)
+
+
+def test_eval_judgements_give_each_stored_size_and_precision_an_ndcg(tiny_model, tmp_path):
+    """--eval rows of query, text, relevance (a reranker's format): the task metric reads them as pairs, and the
+    stored-vector table ranks every text for each query at each size and precision (NDCG@10), the float32 row
+    recomputed here from the served vectors and kiln's scores-based NDCG."""
+    import json
+
+    from kiln.artifact.directory import Artifact
+    from kiln.optimize.job import OptimizeConfig, OptimizeJob
+    from kiln.validation.metrics import ndcg_at_k
+
+    sentences = list(builtin_sentences()[:60])
+    queries, texts = sentences[:12], sentences[12:]
+    rows = []
+    for i, query in enumerate(queries):
+        rows.append({"query": query, "text": query + " Indeed.", "relevance": 2})  # its near copy: most relevant
+        rows += [{"query": query, "text": texts[(3 * i + j) % len(texts)], "relevance": j % 2} for j in range(4)]
+    judgements = tmp_path / "judgements.jsonl"
+    judgements.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "opt"
+    OptimizeJob(OptimizeConfig(model=str(tiny_model("bert")), task=TaskName.FEATURE_EXTRACTION, output=out,
+                               variants=("onnx-fp32",), precisions=("int8", "binary"), eval_file=judgements,
+                               retrieval_tolerance=0.5)).run()
+    artifact = Artifact.open(out / "best")
+    stored = artifact.manifest.build.stored_vectors
+    assert all(r.ndcg_at_10 is not None and 0 <= r.ndcg_at_10 <= 1 for r in stored)
+    assert all(r.accepted == (r.recall_at_10 >= 0.5 and stored[0].ndcg_at_10 - r.ndcg_at_10 <= 0.5) for r in stored)
+    documents = list(dict.fromkeys(r["text"] for r in rows))
+    relevance = {(r["query"], r["text"]): r["relevance"] for r in rows}
+    served = kiln.load(out / "best")
+    q, d = (v / np.linalg.norm(v, axis=1, keepdims=True) for v in (served.encode(queries), served.encode(documents)))
+    expected = np.mean([ndcg_at_k(q[i] @ d.T, [relevance.get((query, t), 0) for t in documents])
+                        for i, query in enumerate(queries)])
+    assert stored[0].precision == "float32" and stored[0].ndcg_at_10 == pytest.approx(expected, abs=1e-9)
+    assert "NDCG@10" in (out / "summary.md").read_text() and "NDCG@10" in (out / "report.html").read_text()
+    whole = Artifact.open(out).manifest  # the task metric came from the same rows, read as pairs
+    assert whole.build.eval is not None and whole.build.eval.startswith(str(judgements))
+    assert "spearman" in whole.variants["onnx-fp32"].task_metric
+
+
+def test_bad_relevance_is_one_clear_error(tmp_path):
+    from kiln.errors import UsageError
+    from kiln.validation.evalsets import load_eval_set
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"query": "q", "text": "t", "relevance": -1}\n')
+    with pytest.raises(UsageError, match="relevance' must be 0 or more"):
+        load_eval_set(bad, TaskName.FEATURE_EXTRACTION.value)

@@ -143,7 +143,8 @@ class StoredVectors:
     bytes_per_vector: int
     mib_per_million: float
     queries_per_s: float  # exact search of the held-out corpus, on the machine that built the artifact
-    accepted: bool  # recall_at_10 >= 1 - the retrieval tolerance
+    accepted: bool  # recall_at_10 >= 1 - the retrieval tolerance (and NDCG@10 within it of float32's, if measured)
+    ndcg_at_10: float | None = None  # on the user's --eval judgements (query, text, relevance); None: none given
 
 
 

@@ -148,10 +148,12 @@ def optimize(
     precisions: Annotated[Optional[str], typer.Option(  # noqa: UP045
         help="Output precisions to measure for stored vectors, e.g. int8,binary (of float32, int8, uint8, binary, "
         "ubinary): recall@10 of the full-size float32 neighbours at each with every --matryoshka-dims size, "
-        "memory and search speed, gated by --retrieval-tolerance; kiln serve refuses the rejected ones.",
+        "NDCG@10 when --eval has query, text, relevance rows, memory and search speed, gated by "
+        "--retrieval-tolerance; kiln serve refuses the rejected ones.",
         show_default=False)] = None,
     retrieval_tolerance: Annotated[float, typer.Option(
-        help="Largest recall@10 loss a stored size and precision may have.", min=0.0, max=1.0)] = 0.03,
+        help="Largest recall@10 loss (and NDCG@10 loss against float32's, when measured) a stored size and "
+        "precision may have.", min=0.0, max=1.0)] = 0.03,
     allow_pickle: PickleOpt = False,
     force: ForceOpt = False,
 ) -> None:

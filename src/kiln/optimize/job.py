@@ -391,7 +391,7 @@ class OptimizeJob:
         if not self.config.precisions or best is None or best.record is None or calibration is None:
             return ()
         return measure_stored_vectors(self.config, self._predictor(best.record), np.load(self.ctx.stage / calibration),
-                                      self.progress)
+                                      self.progress, self.work.eval_set)
 
     def _reference_variant(self) -> VariantRecord | None:
         """The fp32 export, kept as the artifact's reference for live agreement (kiln serve --shadow-rate); built
@@ -441,17 +441,26 @@ def write_output_calibration(stage: Path, predictor: Predictor, texts: list[Any]
 
 
 def measure_stored_vectors(config: OptimizeConfig, predictor: Predictor, calibration: np.ndarray,
-                           progress: Progress) -> tuple[StoredVectors, ...]:
+                           progress: Progress, eval_set: EvalSet | None = None) -> tuple[StoredVectors, ...]:
     """--precisions: recall@10 of the full-size float32 neighbours, memory and search speed of each stored
-    (size, precision) of ``predictor``'s vectors of held-out sentences, each judged against the tolerance."""
-    from kiln.validation.stored_vectors import measure, retrieval_corpus
+    (size, precision) of ``predictor``'s vectors of held-out sentences, and NDCG@10 on the user's --eval
+    judgements where the task reads them as such, each judged against the tolerance."""
+    from kiln.validation.stored_vectors import JudgedVectors, measure, retrieval_corpus
 
     texts = retrieval_corpus()
     progress(f"measuring stored-vector retrieval on {len(texts)} held-out sentences "
              f"({', '.join(p.value for p in config.precisions)}; sizes {config.matryoshka_dims or 'full'})")
     vectors = np.stack(predictor.predict(texts)).astype(np.float32)
+    judgements = task_spec(config.task).retrieval_judgements(eval_set) if eval_set is not None else None
+    judged = None
+    if judgements is not None:
+        progress(f"and NDCG@10 of {len(judgements.queries)} queries over {len(judgements.documents)} texts of "
+                 f"{judgements.source}")
+        judged = JudgedVectors(np.stack(predictor.predict(judgements.queries)).astype(np.float32),
+                               np.stack(predictor.predict(judgements.documents)).astype(np.float32),
+                               judgements.relevance)
     return measure(vectors, 100, calibration, config.matryoshka_dims, config.precisions, config.retrieval_tolerance,
-                   predictor.config.normalize)
+                   predictor.config.normalize, judged)
 
 
 def _check_comparable(model: SourceModel, reference: SourceModel) -> None:

@@ -119,7 +119,7 @@ def judge_static(config: OptimizeConfig, directory: Path, progress: Progress = l
         texts = datasets.read_inputs(config.calibration_file, config.task) if config.calibration_file else \
             spec.calibration_inputs(reference.encoder, OUTPUT_CALIBRATION_TEXTS)
         calibration = write_output_calibration(stage, candidate, texts)
-        stored = measure_stored_vectors(config, candidate, np.load(stage / calibration), progress) \
+        stored = measure_stored_vectors(config, candidate, np.load(stage / calibration), progress, eval_set) \
             if config.precisions and verdict.accepted else ()
         if stored:
             write_stored_vectors(stage, stored, config.retrieval_tolerance)

@@ -208,7 +208,8 @@ def _ms(value: float) -> str:
 STORED_NOTE = ("Recall@10 of the full-size float32 neighbours of 100 held-out documentation sentences among "
                "~980 others, exact search in numpy on the building machine. int8/uint8 are searched decoded with the "
                "artifact's per-dimension ranges; their raw inner product is shown as the easy mistake. Binary "
-               "rescoring reads the candidates' int8 vectors from disk (memory counts the binary index only). kiln "
+               "rescoring reads the candidates' int8 vectors from disk (memory counts the binary index only). NDCG@10, "
+               "where shown, ranks all texts of the --eval judgements (query, text, relevance) for each query. kiln "
                "serve refuses a rejected size and precision with a 422.")
 
 
@@ -217,8 +218,12 @@ def stored_vectors_table(rows: tuple, tolerance: float | None) -> Table | None:
     if not rows:
         return None
     floor = f" (>= {1 - tolerance:.2f})" if tolerance is not None else ""
-    header = ["dimensions", "precision", "search", f"recall@10{floor}", "bytes/vector", "MiB per million",
-              "queries/s", "status"]
-    return header, [[str(r.dimensions), r.precision, r.search, f"{r.recall_at_10:.3f}", str(r.bytes_per_vector),
-                     f"{r.mib_per_million:,.0f}", f"{r.queries_per_s:,.0f}", "accepted" if r.accepted else "rejected"]
-                    for r in rows]
+    judged = any(r.ndcg_at_10 is not None for r in rows)  # the user's --eval judgements: one more column
+    header = ["dimensions", "precision", "search", f"recall@10{floor}",
+              *([f"NDCG@10 (within {tolerance:g} of float32)" if tolerance is not None else "NDCG@10"]
+                if judged else []),
+              "bytes/vector", "MiB per million", "queries/s", "status"]
+    return header, [[str(r.dimensions), r.precision, r.search, f"{r.recall_at_10:.3f}",
+                     *([f"{r.ndcg_at_10:.3f}" if r.ndcg_at_10 is not None else "-"] if judged else []),
+                     str(r.bytes_per_vector), f"{r.mib_per_million:,.0f}", f"{r.queries_per_s:,.0f}",
+                     "accepted" if r.accepted else "rejected"] for r in rows]

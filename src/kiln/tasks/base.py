@@ -302,6 +302,12 @@ class TaskSpec:
         return None
 
     @classmethod
+    def retrieval_judgements(cls, data: EvalSet) -> Any:
+        """Labelled data as retrieval judgements (kiln.validation.stored_vectors.Judgements) for the stored-vector
+        table's NDCG@10; None where the task's labels are not relevance."""
+        return None
+
+    @classmethod
     def evaluate(cls, predictor: Predictor, data: EvalSet) -> dict[str, float]:
         """Score ``predictor`` on ``data``; ``metric`` names the primary score."""
         raise NotImplementedError

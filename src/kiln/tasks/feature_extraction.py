@@ -1,7 +1,9 @@
 """Sentence embeddings: pooling and normalization as the model's sentence-transformers config says.
 
 Agreement: cosine to the original per input (the gate: min >= 1 - t, mean >= 1 - t/2), plus pairwise
-similarity Spearman and top-10 neighbour recall. Task metric: STS Spearman (kiln's built-in pairs by default).
+similarity Spearman and top-10 neighbour recall; a student in its own space (a static table) is gated on the
+pairwise Spearman instead. Task metric: STS Spearman (kiln's built-in pairs by default; retrieval rows with graded
+relevance also give NDCG@10 per stored size and precision).
 Routes: POST /embed and the OpenAI-compatible POST /v1/embeddings.
 """
 
@@ -26,7 +28,7 @@ from kiln.tasks import tei
 from kiln.tasks.base import Prepared, TaskSpec, field, read_json
 from kiln.tasks.chunking import Chunking, ChunkingModel, as_chunking, by_owner, chunked, span
 from kiln.tasks.http import Count, FormField, NonBlank, RequestBody, ResponseModel, Route, Texts, listify
-from kiln.validation.figures import Agreement, AgreementInputs, EvalSet, Floor, Run
+from kiln.validation.figures import Agreement, AgreementInputs, EvalSet, Floor, Judgements, Run
 from kiln.validation.metrics import spearman
 
 
@@ -188,7 +190,7 @@ class FeatureExtraction(TaskSpec):
     default_tolerance = 0.01
     tolerance_help = "min cosine >= 1-t and mean cosine >= 1-t/2"
     metric = "spearman"
-    eval_fields = ("sentence1", "sentence2", "score")
+    eval_fields = ("sentence1", "sentence2", "score (or query, text, relevance)")
     has_builtin_eval = True
     routes = (
         Route("/embed", "Sentence embeddings", EmbedRequest, EmbedResponse, _embed,
@@ -334,8 +336,31 @@ class FeatureExtraction(TaskSpec):
 
     @classmethod
     def parse_row(cls, row: Mapping[str, Any], where: str) -> tuple[Any, Any]:
+        """STS's ``sentence1``/``sentence2``/``score``, or a reranker's retrieval rows ``query``/``text``/
+        ``relevance`` (graded, 0 or more): the task metric is then the Spearman of cosine and relevance, and
+        kiln optimize --precisions also ranks every text for each query (NDCG@10 per stored size and precision)."""
+        if "query" in row:
+            relevance = field(row, "relevance", where, float)
+            if not relevance >= 0:
+                raise UsageError(f"{where}: field 'relevance' must be 0 or more (got {relevance:g})")
+            return (field(row, "query", where), field(row, "text", where)), relevance
         pair = (field(row, "sentence1", where), field(row, "sentence2", where))
         return pair, field(row, "score", where, float)
+
+    @classmethod
+    def retrieval_judgements(cls, data: EvalSet) -> Judgements | None:
+        """The user's labelled pairs as retrieval judgements: each distinct first text a query, each distinct
+        second text a document, the label its graded relevance (unlisted pairs 0). None for kiln's own STS pairs
+        (too few to rank)."""
+        if data.builtin:
+            return None
+        queries = list(dict.fromkeys(a for a, _ in data.inputs))
+        documents = list(dict.fromkeys(b for _, b in data.inputs))
+        q_index, d_index = {q: i for i, q in enumerate(queries)}, {d: i for i, d in enumerate(documents)}
+        relevance = np.zeros((len(queries), len(documents)), dtype=np.float64)
+        for (a, b), label in zip(data.inputs, data.labels):
+            relevance[q_index[a], d_index[b]] = max(relevance[q_index[a], d_index[b]], label)
+        return Judgements(data.source, queries, documents, relevance)
 
     @classmethod
     def builtin_eval(cls) -> EvalSet:

@@ -115,3 +115,14 @@ class EvalSet:
 
     def __len__(self) -> int:
         return len(self.inputs)
+
+
+@dataclass(frozen=True)
+class Judgements:
+    """Labelled retrieval data (a task's --eval rows read as such): queries, the documents they search, and each
+    pair's graded relevance."""
+
+    source: str
+    queries: list[str]
+    documents: list[str]
+    relevance: np.ndarray  # (queries, documents), 0 = not relevant

@@ -65,9 +65,14 @@ def ranking(scores: Sequence[float]) -> list[int]:
 
 def ndcg_at_k(scores: Sequence[float], relevance: Sequence[float], k: int = 10) -> float:
     """NDCG@k with graded gains ``2**rel - 1`` (the TREC/BEIR definition); 0 when nothing is relevant."""
+    return ndcg_of_ranking(ranking(scores), relevance, k)
+
+
+def ndcg_of_ranking(ranked: Sequence[int], relevance: Sequence[float], k: int = 10) -> float:
+    """NDCG@k of item indices ranked best first (as :func:`ndcg_at_k`, from a search's results)."""
     gains = np.power(2.0, np.asarray(relevance, dtype=np.float64)) - 1.0
     discounts = 1.0 / np.log2(np.arange(2, k + 2))
-    found = gains[ranking(scores)[:k]]
+    found = gains[np.asarray(ranked, dtype=np.int64)[:k]]
     ideal = np.sort(gains)[::-1][:k]
     best = float((ideal * discounts[: len(ideal)]).sum())
     return float((found * discounts[: len(found)]).sum()) / best if best > 0 else 0.0

@@ -9,20 +9,43 @@ dimension, so raw values rank poorly: 0.74 recall@10 against 0.98 decoded on Min
 binary/ubinary, and sentence-transformers' rescoring recipe: the top N x 10 by Hamming distance (N in
 ``RESCORES``), re-ranked by the float32 query against those documents' int8 vectors (kept on disk beside the
 binary index; the memory column counts the index only).
+
+Given the user's own judgements (kiln optimize --eval rows ``query``/``text``/``relevance``), every row also ranks
+all of their texts for each of their queries, stored at that size and precision, and scores the ranking's NDCG@10
+(graded gains, as kiln scores rerankers); a row then also needs its NDCG@10 within the tolerance of the full-size
+float32 one.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
 from kiln.artifact.records import StoredVectors
 from kiln.runtime.precision import Precision, quantize, ranges_of
+from kiln.validation.metrics import ndcg_of_ranking
 
 TOP = 10
 RESCORES = (4, 10)  # candidates per result for binary + rescoring (4: sentence-transformers' rescore_multiplier)
+
+
+@dataclass(frozen=True)
+class JudgedVectors:
+    """Judgements embedded by the variant measured: float32 query and document vectors."""
+
+    queries: np.ndarray
+    documents: np.ndarray
+    relevance: np.ndarray
+
+
+def ndcg_at_10(found: np.ndarray, relevance: np.ndarray) -> float:
+    """Mean NDCG@10 (kiln.validation.metrics: graded gains) of each query's ranked document indices ``found``, over
+    the queries with a relevant document."""
+    judged = [i for i in range(len(found)) if relevance[i].max() > 0]
+    return float(np.mean([ndcg_of_ranking(found[i], relevance[i], TOP) for i in judged])) if judged else 0.0
 
 
 def _unit(vectors: np.ndarray) -> np.ndarray:
@@ -109,21 +132,23 @@ def _timed(search: Callable[[], np.ndarray], queries: int, budget_s: float = 0.2
 
 
 def measure(vectors: np.ndarray, queries: int, calibration: np.ndarray, sizes: Sequence[int],
-            precisions: Sequence[Precision], tolerance: float, normalize: bool) -> tuple[StoredVectors, ...]:
-    """Every (size, precision) of ``vectors`` (the first ``queries`` rows search the others), full size first.
+            precisions: Sequence[Precision], tolerance: float, normalize: bool,
+            judged: JudgedVectors | None = None) -> tuple[StoredVectors, ...]:
+    """Every (size, precision) of ``vectors`` (the first ``queries`` rows search the others), full size first;
+    with ``judged``, each one's NDCG@10 on the user's judgements too.
 
     ``normalize``: the model normalises, so a cut vector is re-normalised before it is quantized, as served.
     """
     full = vectors.shape[1]
     docs, asked = vectors[queries:].astype(np.float32), vectors[:queries].astype(np.float32)
     truth = _top(_unit(asked) @ _unit(docs).T, TOP)  # the full-size float32 neighbours (cosine)
-    rows = []
+    rows: list[StoredVectors] = []
     for size in dict.fromkeys([full, *sorted(sizes, reverse=True)]):
         cut = size != full
 
         def shape(v: np.ndarray, cut: bool = cut, size: int = size) -> np.ndarray:
             """As served: cut to the size, re-normalised when the model normalises."""
-            return _unit(v[:, :size]) if cut and normalize else v[:, :size]
+            return _unit(v[:, :size]) if cut and normalize else v[:, :size].astype(np.float32)
 
         d, q = shape(docs), shape(asked)
         ranges = ranges_of(calibration, size if cut else None, normalize and cut)
@@ -134,10 +159,21 @@ def measure(vectors: np.ndarray, queries: int, calibration: np.ndarray, sizes: S
                 found = search(asked_q, q)
                 recall = float(np.mean([len(set(a) & set(b)) / TOP for a, b in zip(found, truth)]))
                 per_s = _timed(lambda s=search, a=asked_q, f=q: s(a, f), len(q))
+                ndcg = _judged_ndcg(judged, shape, precision, how, ranges) if judged is not None else None
+                floor_ndcg = rows[0].ndcg_at_10 if rows else ndcg  # the full-size float32 row comes first
+                accepted = recall >= 1 - tolerance and (ndcg is None or floor_ndcg - ndcg <= tolerance)
                 size_bytes = precision.bytes_per_vector(size)
                 rows.append(StoredVectors(size, precision.value, how, recall, size_bytes,
-                                          size_bytes * 1e6 / 2**20, per_s, recall >= 1 - tolerance))
+                                          size_bytes * 1e6 / 2**20, per_s, accepted, ndcg))
     return tuple(rows)
+
+
+def _judged_ndcg(judged: JudgedVectors, shape: Callable[[np.ndarray], np.ndarray], precision: Precision, how: str,
+                 ranges: np.ndarray) -> float:
+    """NDCG@10 of the user's queries searching their documents stored at this size and precision."""
+    d, q = shape(judged.documents), shape(judged.queries)
+    search = _searcher(precision, how, quantize(d, precision, ranges), d, ranges)
+    return ndcg_at_10(search(quantize(q, precision, ranges), q), judged.relevance)
 
 
 def retrieval_corpus(limit: int = 1100) -> list[str]:
