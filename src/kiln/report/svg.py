@@ -12,6 +12,9 @@ W, H = 560, 320
 LEFT, RIGHT, TOP, BOTTOM = 64, 150, 28, 48
 
 
+LOG_SPAN = 20  # the frontier's x axis turns logarithmic when its fastest timed point is this many times its slowest
+
+
 def _ticks(lo: float, hi: float, count: int = 5) -> list[float]:
     if hi <= lo:
         return [lo]
@@ -157,9 +160,19 @@ def frontier_chart(groups: dict[str, list[tuple[float, float, bool, str]]], fron
     everything = [p for pts in groups.values() for p in pts]
     if not everything:
         return f"<p>{escape(title)}: no data</p>"
-    frame = _Frame([p[0] for p in everything] + [0], [p[1] for p in everything] + [threshold], log_x=False,
-                   y_zero=False)
-    parts = _axes(frame, _ticks(frame.x0, frame.x1), title, x_label, y_label)
+    timed = [p[0] for p in everything if p[0] > 0]
+    # A static student runs hundreds of times faster than any transformer variant: on a linear axis every other
+    # point would sit in one pixel column, so past LOG_SPAN the axis is logarithmic, untimed points at its left edge.
+    log_x = bool(timed) and max(timed) / min(timed) > LOG_SPAN
+    if log_x:
+        floor = min(timed) / 2
+        groups = {g: [(x if x > 0 else floor, *rest) for x, *rest in pts] for g, pts in groups.items()}
+        everything = [p for pts in groups.values() for p in pts]
+    frame = _Frame([p[0] for p in everything] + ([] if log_x else [0]), [p[1] for p in everything] + [threshold],
+                   log_x=log_x, y_zero=False)
+    ticks = [2.0**e for e in range(math.ceil(frame.x0), math.floor(frame.x1) + 1)] if log_x else \
+        _ticks(frame.x0, frame.x1)
+    parts = _axes(frame, ticks, title, x_label + (" (log scale)" if log_x else ""), y_label)
     y = frame.y(threshold)
     parts.append(f'<line x1="{LEFT}" x2="{W - RIGHT}" y1="{y:.1f}" y2="{y:.1f}" stroke="#d62728" '
                  f'stroke-dasharray="6 4"/><text x="{LEFT + 4}" y="{y + 13:.1f}" font-size="10" '
