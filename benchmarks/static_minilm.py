@@ -8,7 +8,7 @@ machine, in the same run:
 - agreement with the teacher: Spearman of the pairwise cosines of 300 held-out documentation sentences (the two
   live in different spaces, so their vectors are not compared directly), and recall@10 of the teacher's
   neighbours (100 held-out queries among ~980 sentences);
-- texts per second end to end (tokenization included) over the ~1,080 held-out sentences, best of 3: the teacher's
+- texts per second end to end (tokenization included) over the ~1,080 held-out sentences, best of --rounds (10): the teacher's
   best variant through kiln's predictor, the static model in numpy (a table lookup and a mean), and the static
   model's kiln artifact (DIR/artifact, the ``static`` engine) through kiln's predictor.
 """
@@ -41,6 +41,8 @@ def main() -> None:
     parser.add_argument("artifact", type=Path, help="kiln optimize output of the bundled MiniLM (its best/)")
     parser.add_argument("--static", type=Path, default=Path("/tmp/minilm-static"))
     parser.add_argument("--out", type=Path, default=Path(__file__).with_name("static.minilm.json"))
+    parser.add_argument("--rounds", type=int, default=10, help="passes over the texts per model; the best counts "
+                        "(a static pass takes ~30 ms, so a few would measure the machine's noise)")
     parser.add_argument("--model2vec", type=Path, default=None,
                         help="model2vec's own distillation of the same teacher (StaticModel.save_pretrained), "
                         "loaded with sentence-transformers' StaticEmbedding.load, measured the same way")
@@ -88,10 +90,10 @@ def main() -> None:
         return agreement, float(np.mean([len(set(a) & set(b)) / 10 for a, b in zip(found, truth)]))
 
     agreement, recall = against_teacher(static_embed)
-    teacher_s = _best_of(3, lambda: teacher_embed(texts))
-    static_s = _best_of(3, lambda: static_embed(texts))
+    teacher_s = _best_of(args.rounds, lambda: teacher_embed(texts))
+    static_s = _best_of(args.rounds, lambda: static_embed(texts))
     served = kiln.load(args.static / "artifact")  # the kiln artifact kiln distill --static writes beside the model
-    artifact_s = _best_of(3, lambda: served.predict(texts))
+    artifact_s = _best_of(args.rounds, lambda: served.predict(texts))
     result = {
         "cpu": cpu_info().to_dict(),
         "teacher": {"artifact": str(args.artifact), "variant": variant, "sts_spearman": sts_spearman(
@@ -102,6 +104,7 @@ def main() -> None:
                    "distill_seconds": distilled.seconds if distilled else None,
                    "artifact_texts_per_s": len(texts) / artifact_s},
         "speedup": teacher_s / static_s, "artifact_speedup": teacher_s / artifact_s, "texts": len(texts),
+        "rounds": args.rounds,
     }
     if args.model2vec is not None:
         from sentence_transformers import SentenceTransformer

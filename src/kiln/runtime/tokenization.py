@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import itertools
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -40,14 +41,18 @@ class TextEncoder:
     def tokenizer(self) -> Tokenizer:
         return self._plain
 
-    def encode(self, texts: Sequence[str | tuple[str, str]], *, truncate: bool = True) -> list[Encoding]:
+    def encode(self, texts: Sequence[str | tuple[str, str]], *, truncate: bool = True,
+               offsets: bool = True) -> list[Encoding]:
         """Encode texts or (text, text pair) tuples with special tokens, as the model's tokenizer does pairs.
 
         Truncated to ``max_length`` unless ``truncate`` is False; an over-long pair loses tokens from its
-        longer text first (longest-first, the transformers default).
+        longer text first (longest-first, the transformers default). ``offsets=False`` skips the character
+        offsets (the same ids, about a fifth faster: what a static table's throughput is bound by) for a caller
+        that never reads them.
         """
         tokenizer = self._plain if truncate else self._untruncated
-        return tokenizer.encode_batch(list(texts), add_special_tokens=True)
+        encode = tokenizer.encode_batch if offsets else tokenizer.encode_batch_fast
+        return encode(list(texts), add_special_tokens=True)
 
     def decode(self, ids: Sequence[int]) -> str:
         """Text of generated token ids, special tokens left out."""
@@ -99,18 +104,21 @@ class TextEncoder:
         self, encodings: Sequence[Encoding], dtype: type = np.int64, multiple: int = 1
     ) -> dict[str, np.ndarray]:
         """Pad encodings to the longest of them (rounded up to ``multiple``); arrays by model input name."""
-        rows = len(encodings)
-        width = -(-max(len(e.ids) for e in encodings) // multiple) * multiple
-        ids = np.full((rows, width), self.pad_id, dtype=dtype)
-        mask = np.zeros((rows, width), dtype=dtype)
-        types = np.zeros((rows, width), dtype=dtype)
-        for i, enc in enumerate(encodings):
-            n = len(enc.ids)
-            ids[i, :n] = enc.ids
-            mask[i, :n] = 1
-            types[i, :n] = enc.type_ids
-        arrays = {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
-        return {name: arrays[name] for name in self.input_names}
+        rows = [e.ids for e in encodings]
+        lengths = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
+        width = -(-int(lengths.max()) // multiple) * multiple
+        real = np.arange(width)[None, :] < lengths[:, None]
+        count = int(lengths.sum())
+
+        def padded(values: Iterable[Sequence[int]], fill: int) -> np.ndarray:
+            # One flat copy into the real positions (row-major, so row by row in order): no Python loop per row.
+            out = np.full((len(rows), width), fill, dtype=dtype)
+            out[real] = np.fromiter(itertools.chain.from_iterable(values), dtype=dtype, count=count)
+            return out
+
+        arrays = {"input_ids": lambda: padded(rows, self.pad_id), "attention_mask": lambda: real.astype(dtype),
+                  "token_type_ids": lambda: padded((e.type_ids for e in encodings), 0)}
+        return {name: arrays[name]() for name in self.input_names}
 
 
 def _configured(tokenizer: Tokenizer, max_length: int | None) -> Tokenizer:

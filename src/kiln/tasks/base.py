@@ -77,6 +77,8 @@ class TaskSpec:
     metric: ClassVar[str]  # the task metric's primary score
     metric_higher_is_better: ClassVar[bool] = True
     eval_fields: ClassVar[tuple[str, ...]]  # JSONL keys / CSV columns of an eval file
+    # Whether results read the tokens' character offsets (spans, labels per word); without, tokenization skips them.
+    needs_offsets: ClassVar[bool] = True
     eval_formats: ClassVar[tuple[str, ...]] = (".jsonl", ".csv")
     has_builtin_eval: ClassVar[bool] = False  # whether builtin_eval() returns data (read only when used)
     routes: ClassVar[tuple[Route, ...]] = ()
@@ -173,7 +175,7 @@ class TaskSpec:
 
     def prepare(self, inputs: Sequence[Any], encoder: TextEncoder, options: Any) -> Prepared:
         """Tokenize inputs into features (one per input unless the task windows them)."""
-        return one_per_input(inputs, encoder.encode(inputs, truncate=options.truncate))
+        return one_per_input(inputs, encoder.encode(inputs, truncate=options.truncate, offsets=self.needs_offsets))
 
     def features(self, inputs: Sequence[Any], encoder: TextEncoder, options: Any = None) -> Prepared:
         """``check_inputs`` then ``prepare`` (default options): what every caller with inputs and a tokenizer needs."""

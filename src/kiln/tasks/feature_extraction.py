@@ -191,6 +191,7 @@ class FeatureExtraction(TaskSpec):
     tolerance_help = "min cosine >= 1-t and mean cosine >= 1-t/2"
     metric = "spearman"
     eval_fields = ("sentence1", "sentence2", "score (or query, text, relevance)")
+    needs_offsets = False  # only chunking reads spans, and it tokenizes on its own (chunking.chunked)
     has_builtin_eval = True
     routes = (
         Route("/embed", "Sentence embeddings", EmbedRequest, EmbedResponse, _embed,
@@ -261,7 +262,10 @@ class FeatureExtraction(TaskSpec):
         return super().prepare(inputs, encoder, options)
 
     def reduce(self, outputs: dict[str, np.ndarray], attention_mask: np.ndarray) -> list[np.ndarray]:
-        pooled = self._pool(outputs["last_hidden_state"].astype(np.float32), attention_mask)
+        # An engine that pools itself (the static table: a mean over each text's own tokens, no padded tensor)
+        # gives the sentence embedding; any other gives token states, pooled as the model's config says.
+        pooled = outputs["sentence_embedding"].astype(np.float32, copy=False) if "sentence_embedding" in outputs \
+            else self._pool(outputs["last_hidden_state"].astype(np.float32, copy=False), attention_mask)
         if self.config.normalize:
             pooled = pooled / np.clip(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12, None)
         return list(pooled)
