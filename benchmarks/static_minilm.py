@@ -94,6 +94,7 @@ def main() -> None:
     static_s = _best_of(args.rounds, lambda: static_embed(texts))
     served = kiln.load(args.static / "artifact")  # the kiln artifact kiln distill --static writes beside the model
     artifact_s = _best_of(args.rounds, lambda: served.predict(texts))
+    tokenizer_s = _best_of(args.rounds, lambda: served.prepare(texts))  # its share of the artifact's time
     result = {
         "cpu": cpu_info().to_dict(),
         "teacher": {"artifact": str(args.artifact), "variant": variant, "sts_spearman": sts_spearman(
@@ -102,7 +103,8 @@ def main() -> None:
                    "texts_per_s": len(texts) / static_s, "pairwise_cosine_spearman_vs_teacher": agreement,
                    "recall_at_10_of_teacher_neighbours": recall,
                    "distill_seconds": distilled.seconds if distilled else None,
-                   "artifact_texts_per_s": len(texts) / artifact_s},
+                   "artifact_texts_per_s": len(texts) / artifact_s,
+                   "artifact_tokenization_share": tokenizer_s / artifact_s},
         "speedup": teacher_s / static_s, "artifact_speedup": teacher_s / artifact_s, "texts": len(texts),
         "rounds": args.rounds,
     }
