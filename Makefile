@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.kiln-installed
 DEMO_OUT ?= kiln-out
 
-.PHONY: demo test install browser triton-server slim infinity-server kserve-client lint clean
+.PHONY: demo test install browser triton-server slim infinity-server kserve-client pylate lint clean
 
 install: $(STAMP)
 
@@ -63,14 +63,14 @@ $(SLIM_STAMP): pyproject.toml constraints.txt
 	$(SLIM_VENV)/bin/pip install -q --disable-pip-version-check -c constraints.txt -e '.[serve,embed]'
 	touch $(SLIM_STAMP)
 
-test: install browser triton-server slim infinity-server kserve-client
+test: install browser triton-server slim infinity-server kserve-client pylate
 	$(PY) -m pytest -q
 
 lint: install
 	$(VENV)/bin/ruff check src tests
 
 clean:
-	rm -rf $(VENV) $(TRITON_VENV) $(SLIM_VENV) $(INFINITY_VENV) $(KSERVE_VENV) $(DEMO_OUT) .pytest_cache
+	rm -rf $(VENV) $(TRITON_VENV) $(SLIM_VENV) $(INFINITY_VENV) $(KSERVE_VENV) $(PYLATE_VENV) $(DEMO_OUT) .pytest_cache
 
 # A real deployment nobody here wrote, for kiln audit's test: Infinity (infinity-emb 0.0.78) in its own venv. It pins
 # transformers 4.57 and numpy < 2; torch 2.13.0 first, as everywhere (any other version pulls CUDA wheels).
@@ -96,3 +96,20 @@ $(KSERVE_STAMP):
 	$(PYTHON) -m venv $(KSERVE_VENV)
 	$(KSERVE_VENV)/bin/pip install -q --disable-pip-version-check 'kserve==0.21.0'
 	touch $(KSERVE_STAMP)
+
+# PyLate (pylate 1.6.0), the ColBERT implementation tests/test_multi_vector.py compares kiln with, in its own venv:
+# it pins sentence-transformers 5.3.0 and transformers <= 5.3.0 (kiln's venv has newer), and its fast-plaid index
+# dependency pins torch 2.11 with CUDA wheels (5 GB). kiln needs only pylate.models, which imports neither
+# fast-plaid nor fastkmeans, so pylate goes in without its dependencies and the ones models needs are named here.
+PYLATE_VENV ?= .venv-pylate
+PYLATE_STAMP := $(PYLATE_VENV)/.kiln-pylate
+pylate: $(PYLATE_STAMP)
+
+$(PYLATE_STAMP):
+	$(PYTHON) -m venv $(PYLATE_VENV)
+	$(PYLATE_VENV)/bin/pip install -q --disable-pip-version-check torch==2.13.0
+	$(PYLATE_VENV)/bin/pip install -q --disable-pip-version-check 'sentence-transformers==5.3.0' \
+	  'transformers==5.3.0' datasets scipy 'ujson==5.12.0'
+	$(PYLATE_VENV)/bin/pip install -q --disable-pip-version-check --no-deps 'pylate==1.6.0'
+	$(PYLATE_VENV)/bin/python -c "from pylate import models"
+	touch $(PYLATE_STAMP)

@@ -154,6 +154,10 @@ def _train(family: Family) -> Tokenizer:
 
 def build_tiny_model(arch: str, task: TaskName, directory: Path, seed: int = 0) -> Path:
     """Write config, safetensors weights and tokenizer files of a tiny ``arch`` model for ``task``."""
+    if task == TaskName.MULTI_VECTOR:  # a ColBERT: the encoder plus a projection, in PyLate's layout
+        if arch != "bert":
+            raise ValueError(f"a tiny ColBERT is built on bert, not {arch}")
+        return build_tiny_colbert(directory, seed=seed)
     family, config_class, kwargs = ARCHITECTURES[arch]
     tok = train_tokenizer(family)
     names = ["input_ids", "token_type_ids", "attention_mask"] if family.type_ids else ["input_ids", "attention_mask"]
@@ -196,4 +200,47 @@ def build_tiny_model(arch: str, task: TaskName, directory: Path, seed: int = 0) 
                 param.normal_(0, 0.2)
     model.save_pretrained(directory, safe_serialization=True)
     fast.save_pretrained(directory)
+    return directory
+
+
+COLBERT_PREFIXES = ("[Q] ", "[D] ")  # PyLate's default markers, added to the tokenizer as it adds them
+
+
+def build_tiny_colbert(directory: Path, dims: int = 16, *, query_length: int = 16, document_length: int = 48,
+                       seed: int = 0) -> Path:
+    """A tiny ColBERT in PyLate's layout (what PyLate's ``ColBERT(...).save`` writes): a tiny BERT whose tokenizer
+    has the query/document markers as added tokens (embeddings resized), a bias-free ``1_Dense`` projection from
+    the hidden size to ``dims``, and config_sentence_transformers.json with the markers, lengths, query expansion
+    and the punctuation skiplist."""
+    import json
+    import string
+
+    from safetensors.torch import save_file
+
+    build_tiny_model("bert", TaskName.FEATURE_EXTRACTION, directory, seed=seed)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(directory)
+    tokenizer.add_tokens(list(COLBERT_PREFIXES))
+    model = transformers.AutoModel.from_pretrained(directory)
+    model.resize_token_embeddings(len(tokenizer))
+    torch.manual_seed(seed + 1)
+    with torch.no_grad():  # the resized rows are random but small; make the markers matter as much as any token
+        model.embeddings.word_embeddings.weight[-len(COLBERT_PREFIXES):].normal_(0, 0.2)
+    model.save_pretrained(directory, safe_serialization=True)
+    tokenizer.save_pretrained(directory)
+    dense = directory / "1_Dense"
+    dense.mkdir()
+    (dense / "config.json").write_text(json.dumps({
+        "in_features": model.config.hidden_size, "out_features": dims, "bias": False,
+        "activation_function": "torch.nn.modules.linear.Identity", "use_residual": False}))
+    save_file({"linear.weight": torch.randn(dims, model.config.hidden_size) * 0.3}, str(dense / "model.safetensors"))
+    (directory / "modules.json").write_text(json.dumps([
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Dense", "type": "pylate.models.Dense.Dense"}]))
+    (directory / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": document_length - 1,
+                                                                     "do_lower_case": False}))
+    (directory / "config_sentence_transformers.json").write_text(json.dumps({
+        "model_type": "SentenceTransformer", "prompts": {}, "default_prompt_name": None,
+        "similarity_fn_name": "MaxSim", "query_prefix": COLBERT_PREFIXES[0], "document_prefix": COLBERT_PREFIXES[1],
+        "query_length": query_length, "document_length": document_length, "attend_to_expansion_tokens": False,
+        "skiplist_words": list(string.punctuation), "do_query_expansion": True}))
     return directory

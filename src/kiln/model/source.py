@@ -157,6 +157,7 @@ def load_source(model: str | None, task: str, *, allow_pickle: bool = False) -> 
         task=spec.name, max_length=_max_length(model_dir, hf_model.config, tokenizer, arch.position_offset),
         **spec.settings(model_dir, hf_model.config),
     )
+    hf_model = spec.attach_head(hf_model, model_dir)
     files = [p for p in list_files(model_dir) if not p.name.startswith(".") and p.suffix != ".md"]
     return SourceModel(
         model=hf_model,

@@ -103,7 +103,7 @@ class Predictor:
         batches = [self.encoder.collate([encodings[i] for i in idx], multiple=self.pad_multiple) for idx in groups]
         reduced: list[Any] = [None] * len(encodings)
         for idx, arrays, outputs in zip(groups, batches, self._run(batches)):
-            for i, value in zip(idx, self.handler.reduce(outputs, arrays["attention_mask"])):
+            for i, value in zip(idx, self.handler.reduce_arrays(outputs, arrays)):
                 reduced[i] = value
         return reduced
 

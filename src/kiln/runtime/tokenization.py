@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from tokenizers import Encoding, Tokenizer
@@ -12,6 +14,22 @@ from tokenizers import Encoding, Tokenizer
 from kiln.errors import ArtifactError, UsageError
 
 TOKENIZER_FILE = "tokenizer.json"
+
+
+@dataclass(frozen=True)
+class Features:
+    """Model inputs a task built itself, where a tokenizer's Encoding cannot say them: ColBERT's marker token and
+    query expansion, whose [MASK] positions are inputs (and outputs) but, by default, not attended to."""
+
+    ids: list[int]
+    type_ids: list[int]
+    attention_mask: list[int]
+    is_query: bool = False
+    truncated: bool = False
+
+    @property
+    def overflowing(self) -> list[Any]:  # an Encoding's, for code that asks whether a text was cut
+        return [None] if self.truncated else []
 
 
 class TextEncoder:
@@ -28,6 +46,7 @@ class TextEncoder:
         self._untruncated = _configured(tokenizer, None)
         self._windowed: dict[tuple[int, int], Tokenizer] = {}
         self._chunkers: dict[tuple[int, int], Tokenizer] = {}
+        self._limited: dict[int, Tokenizer] = {}
 
     @classmethod
     def from_file(cls, path: Path, *, max_length: int, pad_id: int, input_names: Sequence[str]) -> TextEncoder:
@@ -53,6 +72,15 @@ class TextEncoder:
         tokenizer = self._plain if truncate else self._untruncated
         encode = tokenizer.encode_batch if offsets else tokenizer.encode_batch_fast
         return encode(list(texts), add_special_tokens=True)
+
+    def encode_limited(self, text: str, max_length: int | None) -> Encoding:
+        """One text with special tokens, cut to ``max_length`` tokens (None: not cut), whatever the model's maximum
+        (a ColBERT query's own length)."""
+        if max_length is None:
+            return self._untruncated.encode(text, add_special_tokens=True)
+        if max_length not in self._limited:
+            self._limited[max_length] = _configured(self._plain, max_length)
+        return self._limited[max_length].encode(text, add_special_tokens=True)
 
     def decode(self, ids: Sequence[int]) -> str:
         """Text of generated token ids, special tokens left out."""
@@ -109,6 +137,11 @@ class TextEncoder:
         width = -(-int(lengths.max()) // multiple) * multiple
         real = np.arange(width)[None, :] < lengths[:, None]
         count = int(lengths.sum())
+        attended = real
+        if isinstance(encodings[0], Features):  # a task's own features carry their attention mask
+            attended = np.zeros_like(real)
+            attended[real] = np.fromiter(itertools.chain.from_iterable(e.attention_mask for e in encodings),
+                                         dtype=bool, count=count)
 
         def padded(values: Iterable[Sequence[int]], fill: int) -> np.ndarray:
             # One flat copy into the real positions (row-major, so row by row in order): no Python loop per row.
@@ -116,7 +149,7 @@ class TextEncoder:
             out[real] = np.fromiter(itertools.chain.from_iterable(values), dtype=dtype, count=count)
             return out
 
-        arrays = {"input_ids": lambda: padded(rows, self.pad_id), "attention_mask": lambda: real.astype(dtype),
+        arrays = {"input_ids": lambda: padded(rows, self.pad_id), "attention_mask": lambda: attended.astype(dtype),
                   "token_type_ids": lambda: padded((e.type_ids for e in encodings), 0)}
         return {name: arrays[name]() for name in self.input_names}
 

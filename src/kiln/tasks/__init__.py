@@ -8,6 +8,7 @@ from kiln.errors import UsageError
 from kiln.tasks.base import Prepared, TaskSpec
 from kiln.tasks.config import TaskConfig
 from kiln.tasks.feature_extraction import FeatureExtraction
+from kiln.tasks.multi_vector import MultiVector
 from kiln.tasks.question_answering import Answer, QAInput, QuestionAnswering
 from kiln.tasks.rerank import Ranked, Rerank, RerankQuery
 from kiln.tasks.sparse_embedding import SparseEmbedding, SparseVector
@@ -22,6 +23,7 @@ TASKS: dict[str, type[TaskSpec]] = {spec.name: spec for spec in (
     QuestionAnswering,
     Rerank,
     SparseEmbedding,
+    MultiVector,
     TextGeneration,
 )}
 DEFAULT_TASK = FeatureExtraction.name  # what the bundled sentence-embedding model does

@@ -118,6 +118,12 @@ class TaskSpec:
             hf_model.config.pad_token_id = hf_model.config.eos_token_id
 
     @classmethod
+    def attach_head(cls, hf_model: Any, model_dir: Path) -> Any:
+        """The module the task runs and exports: the transformers model itself, or with modules stored beside it
+        (a ColBERT checkpoint's Dense projections)."""
+        return hf_model
+
+    @classmethod
     def triton_refusal(cls) -> str | None:
         """Why kiln triton cannot write this task's ensemble, or None when it can."""
         return None
@@ -180,6 +186,11 @@ class TaskSpec:
     def features(self, inputs: Sequence[Any], encoder: TextEncoder, options: Any = None) -> Prepared:
         """``check_inputs`` then ``prepare`` (default options): what every caller with inputs and a tokenizer needs."""
         return self.prepare(self.check_inputs(inputs), encoder, options or self.options())
+
+    def reduce_arrays(self, outputs: dict[str, np.ndarray], arrays: dict[str, np.ndarray]) -> list[Any]:
+        """``reduce`` given the whole collated batch: a task whose real positions are not its attention mask
+        (ColBERT's unattended query expansion) reads the input ids too."""
+        return self.reduce(outputs, arrays["attention_mask"])
 
     def reduce(self, outputs: dict[str, np.ndarray], attention_mask: np.ndarray) -> list[Any]:
         """Turn one padded batch of raw outputs into one value per row (pooled vector, logits…)."""

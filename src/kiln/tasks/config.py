@@ -23,13 +23,16 @@ class TaskConfig:
     special_ids: tuple[int, ...] = ()  # the tokenizer's special tokens (sparse embeddings never weight them)
     eos_ids: tuple[int, ...] = ()  # a decoder's end-of-sequence tokens (generation stops at them)
     cache: Mapping[str, int] = field(default_factory=dict)  # a decoder's KV cache: layers, heads, head_size
+    # ColBERT (multi-vector): query/document lengths, marker and expansion token ids, expansion, skiplist ids
+    late_interaction: Mapping[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {"task": self.task, "max_length": self.max_length, "pooling": self.pooling.value,
                 "normalize": self.normalize, "id2label": {str(k): v for k, v in self.id2label.items()},
                 "problem_type": self.problem_type, "dimension": self.dimension,
                 "matryoshka_dims": list(self.matryoshka_dims), "special_ids": list(self.special_ids),
-                "eos_ids": list(self.eos_ids), "cache": dict(self.cache)}
+                "eos_ids": list(self.eos_ids), "cache": dict(self.cache),
+                "late_interaction": dict(self.late_interaction)}
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> TaskConfig:
@@ -45,4 +48,5 @@ class TaskConfig:
             special_ids=tuple(int(i) for i in raw.get("special_ids", ())),
             eos_ids=tuple(int(i) for i in raw.get("eos_ids", ())),
             cache={str(k): int(v) for k, v in raw.get("cache", {}).items()},
+            late_interaction=dict(raw.get("late_interaction", {})),
         )

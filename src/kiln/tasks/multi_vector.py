@@ -1,0 +1,309 @@
+"""Late interaction (ColBERT): one small L2-normalised vector per token, queries and documents encoded apart,
+scored with MaxSim.
+
+Checkpoints as PyLate and sentence-transformers store them: a BERT-family encoder, then the Dense projections of
+modules.json (``1_Dense``…: linear, no activation), and config_sentence_transformers.json with the query and
+document markers (``[Q] ``/``[D] ``, added tokens; the original ColBERT's ``[unused0]``/``[unused1]``),
+``query_length``/``document_length``, query expansion with ``[MASK]`` up to ``query_length``
+(``attend_to_expansion_tokens``: whether the encoder attends to them) and the skiplist (punctuation left out of a
+document's vectors). The projection is inside the exported graph, so every engine returns [batch, tokens, dim].
+
+PyLate's encoding, in kiln:
+- a query is ``[CLS] [Q] text [SEP]`` cut to ``query_length``, then ``[MASK]`` up to ``query_length``; every
+  position is a vector (without expansion: the real tokens only);
+- a document is ``[CLS] [D] text [SEP]`` cut to ``document_length``; its vectors leave out skiplist tokens.
+
+Inputs: texts (documents, or queries with ``is_query=True``), or :class:`~kiln.tasks.rerank.RerankQuery` (a query
+and texts to rank by MaxSim: what ``rerank()`` and ``POST /rerank`` send). Agreement: per query, Kendall's tau and
+top-3 overlap of the variant's MaxSim scores against the original's (the gate), with every token vector's cosine
+to the original's beside them. Task metric: NDCG@10 and MRR from (query, text, relevance) rows, as a reranker's.
+"""
+
+from __future__ import annotations
+
+import json
+import string
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any
+
+import numpy as np
+from pydantic import Field
+
+from kiln.errors import ModelLoadError, UnsupportedModelError, UsageError
+from kiln.runtime.tokenization import Features
+from kiln.tasks.base import Prepared, TaskSpec, read_json
+from kiln.tasks.http import NonBlank, RequestBody, ResponseModel, Route
+from kiln.tasks.rerank import (
+    TOP,
+    Ranked,
+    Rerank,
+    RerankRequest,
+    RerankResponse,
+    as_rerank_query,
+)
+from kiln.validation.figures import Agreement, AgreementInputs, Run
+from kiln.validation.metrics import kendall_tau, ranking
+
+DEFAULTS = {"query_prefix": "[Q] ", "document_prefix": "[D] ", "query_length": 32, "document_length": 180,
+            "do_query_expansion": True, "attend_to_expansion_tokens": False}  # PyLate's, where the config is silent
+
+
+def maxsim(query: np.ndarray, documents: Sequence[np.ndarray]) -> np.ndarray:
+    """ColBERT's late-interaction score of one query against each document: the sum over the query's vectors of
+    their best dot product with any of the document's vectors. One matrix product over the documents' vectors
+    stacked, then a segmented max."""
+    if not documents:
+        return np.zeros(0, dtype=np.float32)
+    lengths = np.array([len(d) for d in documents])
+    if (lengths == 0).any():
+        raise UsageError("a document with no token vectors cannot be scored (every token was skipped)")
+    sims = np.concatenate(documents) @ query.T  # [all document tokens, query tokens]
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    return np.maximum.reduceat(sims, starts, axis=0).sum(axis=1).astype(np.float32)
+
+
+@dataclass(frozen=True)
+class MultiVectorOptions:
+    is_query: bool = False  # plain texts are documents unless the caller says they are queries
+    top_n: int | None = None  # ranking inputs: the best top_n texts
+    return_documents: bool = False
+    truncate: bool = True
+
+
+class EmbedMultiRequest(RequestBody):
+    inputs: Annotated[list[NonBlank], Field(min_length=1)] | NonBlank = Field(
+        description="One text or a list of texts.")
+    is_query: bool = Field(description="Queries (marker [Q], expanded with [MASK] to the query length) or "
+                           "documents (marker [D], punctuation left out): ColBERT encodes them differently.")
+
+    def items(self) -> list[Any]:
+        return [self.inputs] if isinstance(self.inputs, str) else list(self.inputs)
+
+    def options(self) -> dict[str, Any]:
+        return {"is_query": self.is_query}
+
+
+class EmbedMultiResponse(ResponseModel):
+    model: str
+    embeddings: list[list[list[float]]] = Field(description="Per input, one L2-normalised vector per kept token.")
+    truncated: bool = Field(description="Whether any input was cut to the query or document length.")
+
+
+def _embed_multi(body: EmbedMultiRequest, model: str, prepared: Prepared, results: list[Any]) -> dict[str, Any]:
+    return {"model": model, "embeddings": [r.tolist() for r in results], "truncated": any(prepared.truncated)}
+
+
+def _rerank(body: RerankRequest, model: str, prepared: Prepared, results: list[Any]) -> dict[str, Any]:
+    return {"model": model, "results": results[0], "truncated": any(prepared.truncated)}
+
+
+class MultiVector(TaskSpec):
+    name = "multi-vector"
+    auto_class = "AutoModel"
+    output_names = ("token_embeddings",)
+    sequence_outputs = frozenset({"token_embeddings"})
+    needs_trained_head = False  # the encoder's own outputs; the projection is loaded beside it (attach_head)
+    needs_offsets = False
+    ranks = True  # RerankQuery inputs are ranked by MaxSim (rerank(), POST /rerank)
+    default_tolerance = Rerank.default_tolerance
+    tolerance_help = f"MaxSim ranks per query: mean Kendall tau >= 1-t and mean top-{TOP} overlap >= 1-t"
+    metric = Rerank.metric
+    eval_fields = Rerank.eval_fields
+    routes = (Route("/embed_multi", "Token vectors of queries or documents (late interaction)", EmbedMultiRequest,
+                    EmbedMultiResponse, _embed_multi),
+              Route("/rerank", "Rank texts for a query by MaxSim", RerankRequest, RerankResponse, _rerank,
+                    inputs_field="texts"))
+
+    # -- loading ------------------------------------------------------------------------------------------
+    @classmethod
+    def settings(cls, model_dir: Path, hf_config: Any) -> dict[str, Any]:
+        import transformers
+
+        given = read_json(model_dir / "config_sentence_transformers.json") \
+            if (model_dir / "config_sentence_transformers.json").is_file() else {}
+        found = {key: given.get(key, default) if given.get(key) is not None else default
+                 for key, default in DEFAULTS.items()}
+        tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
+        ids = {}
+        for key in ("query_prefix", "document_prefix"):
+            token_id = tokenizer.convert_tokens_to_ids(found[key])
+            if token_id is None or token_id == tokenizer.unk_token_id:
+                raise UnsupportedModelError(f"{model_dir}: the {key.replace('_', ' ')} {found[key]!r} is not a token "
+                                            "of its tokenizer (PyLate adds it as one; so does kiln's reading)")
+            ids[key + "_id"] = int(token_id)
+        if tokenizer.mask_token_id is None:
+            raise UnsupportedModelError(f"{model_dir}: query expansion needs a [MASK] token; the tokenizer has none")
+        words = given.get("skiplist_words")
+        words = list(string.punctuation) if words is None else words
+        skip = sorted({int(i) for i in tokenizer.convert_tokens_to_ids(list(words)) if i is not None})
+        dims = _projections(model_dir)
+        return {"dimension": dims[-1][1] if dims else hf_config.hidden_size, "late_interaction": {
+            "query_length": int(found["query_length"]), "document_length": int(found["document_length"]),
+            "expansion_id": int(tokenizer.mask_token_id), "do_query_expansion": bool(found["do_query_expansion"]),
+            "attend_to_expansion_tokens": bool(found["attend_to_expansion_tokens"]), "skiplist_ids": skip, **ids}}
+
+    @classmethod
+    def attach_head(cls, hf_model: Any, model_dir: Path) -> Any:
+        """The encoder followed by its Dense projections: the module every variant is exported from."""
+        from kiln.model.late_interaction import LateInteractionModel
+
+        return LateInteractionModel(hf_model, [_load_dense(model_dir / path) for path, _ in _projections(model_dir)])
+
+    @classmethod
+    def triton_refusal(cls) -> str | None:
+        return "kiln triton does not write a multi-vector ensemble yet (ragged token vectors per input)"
+
+    # -- per call -----------------------------------------------------------------------------------------
+    def options(self, is_query: bool = False, top_n: int | None = None, return_documents: bool = False,
+                truncate: bool = True) -> MultiVectorOptions:
+        if top_n is not None and top_n < 1:
+            raise UsageError(f"top_n must be at least 1, or None for every text (got {top_n})")
+        return MultiVectorOptions(bool(is_query), top_n, return_documents, truncate)
+
+    def check_inputs(self, inputs: Sequence[Any]) -> list[Any]:
+        if all(isinstance(i, str) for i in inputs):
+            return list(inputs)
+        return [as_rerank_query(item, i) for i, item in enumerate(inputs)]
+
+    def prepare(self, inputs: Sequence[Any], encoder: Any, options: MultiVectorOptions) -> Prepared:
+        features: list[Features] = []
+        owners: list[int] = []
+        for i, item in enumerate(inputs):
+            texts = [(item, options.is_query)] if isinstance(item, str) else \
+                [(item.query, True), *((t, False) for t in item.texts)]
+            for text, is_query in texts:
+                features.append(self._encode(encoder, text, is_query, options.truncate))
+                owners.append(i)
+        truncated = [False] * len(inputs)
+        for owner, feature in zip(owners, features):
+            truncated[owner] = truncated[owner] or feature.truncated
+        return Prepared(tuple(inputs), tuple(features), tuple(owners), tuple(truncated))
+
+    def _encode(self, encoder: Any, text: str, is_query: bool, truncate: bool) -> Features:
+        """PyLate's tokenize: the text with the tokenizer's special tokens, cut to one short of the length, the
+        marker inserted after the first token; a query then padded with [MASK] (expansion)."""
+        late = self.config.late_interaction
+        length = late["query_length"] if is_query else late["document_length"]
+        encoding = encoder.encode_limited(text, length - 1 if truncate else None)
+        ids = [encoding.ids[0], late["query_prefix_id" if is_query else "document_prefix_id"], *encoding.ids[1:]]
+        types = [encoding.type_ids[0], 0, *encoding.type_ids[1:]]
+        mask = [1] * len(ids)
+        if is_query and late["do_query_expansion"] and len(ids) < length:
+            extra = length - len(ids)
+            ids += [late["expansion_id"]] * extra
+            types += [0] * extra
+            mask += [int(late["attend_to_expansion_tokens"])] * extra
+        return Features(ids, types, mask, is_query=is_query, truncated=len(encoding.overflowing) > 0)
+
+    def reduce_arrays(self, outputs: dict[str, np.ndarray], arrays: dict[str, np.ndarray]) -> list[np.ndarray]:
+        """Each row's L2-normalised token vectors up to its last real position: attended, or a query's [MASK]
+        expansion (not attended by default, yet a vector of the query); which ones a feature keeps is
+        ``kept``'s (finalize)."""
+        real = arrays["attention_mask"].astype(bool) | (arrays["input_ids"] == self.config.late_interaction[
+            "expansion_id"])
+        lengths = real.shape[1] - np.argmax(real[:, ::-1], axis=1)
+        vectors = outputs["token_embeddings"].astype(np.float32, copy=False)
+        vectors = vectors / np.clip(np.linalg.norm(vectors, axis=-1, keepdims=True), 1e-12, None)
+        return [row[:n] for row, n in zip(vectors, lengths)]
+
+    def reduce(self, outputs: dict[str, np.ndarray], attention_mask: np.ndarray) -> list[np.ndarray]:
+        raise NotImplementedError("multi-vector reduces whole batches (reduce_arrays): it needs the input ids")
+
+    def kept(self, feature: Features, vectors: np.ndarray) -> np.ndarray:
+        """A feature's token vectors as PyLate returns them: a query's every position (its real tokens alone
+        without expansion), a document's real tokens less the skiplist."""
+        late = self.config.late_interaction
+        ids = np.asarray(feature.ids)
+        vectors = vectors[: len(ids)]
+        if feature.is_query:
+            return vectors if late["do_query_expansion"] else vectors[np.asarray(feature.attention_mask, bool)]
+        return vectors[~np.isin(ids, late["skiplist_ids"])]
+
+    def finalize(self, prepared: Prepared, reduced: Sequence[Any], options: MultiVectorOptions,
+                 encoder: Any) -> list[Any]:
+        vectors = [self.kept(f, r) for f, r in zip(prepared.encodings, reduced)]
+        if all(isinstance(i, str) for i in prepared.inputs):
+            return vectors
+        results, owners = [], np.array(prepared.owners)
+        for i, query in enumerate(prepared.inputs):
+            mine = [vectors[j] for j in np.flatnonzero(owners == i)]
+            scores = maxsim(mine[0], mine[1:])
+            order = ranking(scores)[: options.top_n]
+            results.append([Ranked(j, float(scores[j]), query.texts[j] if options.return_documents else None)
+                            for j in order])
+        return results
+
+    def comparable(self, reduced: Any) -> np.ndarray:
+        return np.asarray(reduced, dtype=np.float32).reshape(-1)
+
+    # -- inputs: a reranker's (queries over texts), so agreement and timing exercise both encodings ---------
+    parity_inputs = Rerank.parity_inputs
+    agreement_inputs = Rerank.agreement_inputs
+    calibration_inputs = Rerank.calibration_inputs
+    timing_inputs = Rerank.timing_inputs
+    inputs_from_lines = Rerank.inputs_from_lines
+    sample_input = Rerank.sample_input
+    parse_row = Rerank.parse_row
+    read_eval = Rerank.read_eval
+    evaluate = Rerank.evaluate
+    eval_inputs = Rerank.eval_inputs
+    floors = Rerank.floors
+
+    # -- validation ---------------------------------------------------------------------------------------
+    @classmethod
+    def agreement(cls, data: AgreementInputs, variant: Run) -> Agreement:
+        handler = cls(data.config)
+        kept = [[handler.kept(f, r) for f, r in zip(data.prepared.encodings, run.reduced)]
+                for run in (data.reference, variant)]
+        cosines = np.concatenate([(a * b).sum(axis=1) for a, b in zip(*kept)])
+        owners = np.array(data.prepared.owners)
+        taus, overlaps, top1 = [], [], []
+        for q in range(len(data.prepared.inputs)):
+            ref, got = ([v[j] for j in np.flatnonzero(owners == q)] for v in kept)
+            a, b = maxsim(ref[0], ref[1:]), maxsim(got[0], got[1:])
+            k = min(TOP, len(a))
+            taus.append(kendall_tau(a, b))
+            overlaps.append(len(set(ranking(a)[:k]) & set(ranking(b)[:k])) / k)
+            top1.append(float(ranking(a)[0] == ranking(b)[0]))
+        tau = np.array(taus)
+        figures = {"mean_kendall_tau": float(tau.mean()), "min_kendall_tau": float(tau.min()),
+                   f"top{TOP}_overlap": float(np.mean(overlaps)), "top1_agreement": float(np.mean(top1)),
+                   "mean_token_cosine": float(cosines.mean()), "min_token_cosine": float(cosines.min())}
+        return Agreement.of("mean_kendall_tau", figures, data.lengths(), tau, "kendall tau")
+
+
+def _projections(model_dir: Path) -> list[tuple[str, int]]:
+    """(directory, output size) of each Dense module after the encoder, in modules.json's order."""
+    if not (model_dir / "modules.json").is_file():
+        raise UnsupportedModelError(f"{model_dir} has no modules.json: a ColBERT checkpoint names its projection "
+                                    "there (PyLate and sentence-transformers layout)")
+    found = []
+    for module in sorted(json.loads((model_dir / "modules.json").read_text()), key=lambda m: m["idx"]):
+        if module["type"].rsplit(".", 1)[-1] == "Dense":
+            config = read_json(model_dir / module["path"] / "config.json")
+            found.append((module["path"], int(config["out_features"])))
+    return found
+
+
+def _load_dense(directory: Path) -> Any:
+    """One Dense module as a torch Linear (identity activation only: what ColBERT checkpoints use)."""
+    import torch
+    from safetensors.torch import load_file
+
+    config = read_json(directory / "config.json")
+    activation = str(config.get("activation_function", "torch.nn.modules.linear.Identity"))
+    if not activation.endswith("Identity"):
+        raise UnsupportedModelError(f"{directory}: kiln reads Dense projections without an activation (got "
+                                    f"{activation})")
+    if config.get("use_residual"):
+        raise UnsupportedModelError(f"{directory}: a residual Dense projection is not supported")
+    weights = directory / "model.safetensors"
+    if not weights.is_file():
+        raise ModelLoadError(f"{directory} holds no model.safetensors (pickled Dense weights are refused)")
+    state = {k.removeprefix("linear."): v for k, v in load_file(str(weights)).items()}
+    linear = torch.nn.Linear(int(config["in_features"]), int(config["out_features"]), bias="bias" in state)
+    linear.load_state_dict(state)
+    return linear.eval()
+

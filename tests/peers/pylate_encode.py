@@ -1,0 +1,43 @@
+"""Run inside PyLate's own venv (make pylate): encode queries and documents with PyLate's ColBERT, score them.
+
+    python pylate_encode.py MODEL_DIR IN.json OUT.npz
+
+IN.json: {"queries": [...], "documents": [...]}. OUT.npz: per query q{i} its token vectors and q{i}_ids, per
+document d{i} and d{i}_ids, and "scores" (queries x documents, PyLate's colbert_scores: MaxSim).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import numpy as np
+import torch
+from pylate import models
+from pylate.scores import colbert_scores
+
+
+def main() -> None:
+    model_dir, given, out = sys.argv[1:4]
+    data = json.loads(open(given, encoding="utf-8").read())
+    model = models.ColBERT(model_name_or_path=model_dir, device="cpu")
+    arrays: dict[str, np.ndarray] = {}
+    embedded = {}
+    for kind, is_query in (("q", True), ("d", False)):
+        texts = data["queries" if is_query else "documents"]
+        full = model.encode(texts, is_query=is_query, output_value=None, batch_size=4)
+        vectors = model.encode(texts, is_query=is_query, batch_size=4)
+        embedded[kind] = [torch.as_tensor(v) for v in vectors]
+        for i, v in enumerate(vectors):
+            arrays[f"{kind}{i}"] = np.asarray(v, dtype=np.float32)
+            kept = np.asarray(full["masks"][i]).astype(bool)
+            arrays[f"{kind}{i}_ids"] = np.asarray(full["input_ids"][i])[kept]
+    pad = torch.nn.utils.rnn.pad_sequence
+    arrays["scores"] = colbert_scores(pad(embedded["q"], batch_first=True), pad(embedded["d"], batch_first=True),
+                                      documents_mask=pad([torch.ones(len(d)) for d in embedded["d"]],
+                                                         batch_first=True)).numpy()
+    np.savez(out, **arrays)
+
+
+if __name__ == "__main__":
+    main()
