@@ -8,9 +8,9 @@ machine, in the same run:
 - agreement with the teacher: Spearman of the pairwise cosines of 300 held-out documentation sentences (the two
   live in different spaces, so their vectors are not compared directly), and recall@10 of the teacher's
   neighbours (100 held-out queries among ~980 sentences);
-- texts per second end to end (tokenization included) over the ~1,080 held-out sentences, best of --rounds (10): the teacher's
-  best variant through kiln's predictor, the static model in numpy (a table lookup and a mean), and the static
-  model's kiln artifact (DIR/artifact, the ``static`` engine) through kiln's predictor.
+- texts per second end to end (tokenization included) over the ~1,080 held-out sentences, best of --rounds (10):
+  the teacher's best variant through kiln's predictor, the static model in numpy (a table lookup and a mean), and
+  the static model's kiln artifact (DIR/artifact, the ``static`` engine) through kiln's predictor.
 """
 
 from __future__ import annotations

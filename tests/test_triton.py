@@ -16,7 +16,7 @@ from kiln.errors import ArtifactError, UsageError
 from kiln.integrations.triton.check import check_repository, read_configs
 from kiln.integrations.triton.repository import TritonConfig, write_repository
 from kiln.integrations.triton.server import find_install, start_triton
-from kiln.tasks import QAInput, TaskName
+from kiln.tasks import QAInput, TaskName, task_spec
 
 TEXTS = [builtin_sentences()[3], "Anna Schmidt works for Acme Corporation in Berlin.", joined(5, 6)]
 
@@ -109,18 +109,19 @@ def triton_install():
 
 @pytest.fixture(scope="module")
 def served(triton_install, task_artifacts, tmp_path_factory):
-    """One tritonserver with a CPU (--python-model) repository per task."""
+    """One tritonserver with a CPU (--python-model) repository per task kiln triton writes one for."""
     root = tmp_path_factory.mktemp("triton")
     repo = root / "repo"
     repo.mkdir()
-    for task in task_artifacts:
+    tasks = [t for t in task_artifacts if task_spec(t).triton_refusal() is None]
+    for task in tasks:
         part = _repo(task_artifacts[task], root / task.value.replace("-", "_"), python_model=True,
                      max_queue_delay_us=20_000)
         for model in part.iterdir():
             if model.is_dir():
                 model.rename(repo / model.name)
     running = start_triton(triton_install, repo, root / "tritonserver.log")
-    yield running, {t: t.value.replace("-", "_") for t in task_artifacts}
+    yield running, {t: t.value.replace("-", "_") for t in tasks}
     running.stop()
 
 

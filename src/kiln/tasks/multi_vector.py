@@ -38,8 +38,8 @@ from kiln.tasks.http import NonBlank, RequestBody, ResponseModel, Route
 from kiln.tasks.rerank import (
     TOP,
     Ranked,
+    RankingRequest,
     Rerank,
-    RerankRequest,
     RerankResponse,
     as_rerank_query,
 )
@@ -95,7 +95,7 @@ def _embed_multi(body: EmbedMultiRequest, model: str, prepared: Prepared, result
     return {"model": model, "embeddings": [r.tolist() for r in results], "truncated": any(prepared.truncated)}
 
 
-def _rerank(body: RerankRequest, model: str, prepared: Prepared, results: list[Any]) -> dict[str, Any]:
+def _rerank(body: RankingRequest, model: str, prepared: Prepared, results: list[Any]) -> dict[str, Any]:
     return {"model": model, "results": results[0], "truncated": any(prepared.truncated)}
 
 
@@ -113,7 +113,7 @@ class MultiVector(TaskSpec):
     eval_fields = Rerank.eval_fields
     routes = (Route("/embed_multi", "Token vectors of queries or documents (late interaction)", EmbedMultiRequest,
                     EmbedMultiResponse, _embed_multi),
-              Route("/rerank", "Rank texts for a query by MaxSim", RerankRequest, RerankResponse, _rerank,
+              Route("/rerank", "Rank texts for a query by MaxSim", RankingRequest, RerankResponse, _rerank,
                     inputs_field="texts"))
 
     # -- loading ------------------------------------------------------------------------------------------

@@ -73,12 +73,13 @@ def as_rerank_query(item: Any, index: int = 0) -> RerankQuery:
     return RerankQuery(query, tuple(texts))
 
 
-class RerankRequest(RequestBody):
+class RankingRequest(RequestBody):
+    """A query and the texts to rank for it (a late-interaction model's /rerank: MaxSim scores have no 0-1 form)."""
+
     query: NonBlank
     texts: Annotated[list[NonBlank], Field(min_length=1)] = Field(description="The texts to rank for the query.")
     top_n: Count | None = Field(None, description="Return the best `top_n` texts; null for all of them.")
     return_documents: bool = Field(False, description="Include each text in its result.")
-    raw_scores: bool = Field(False, description="The model's logit instead of a 0-1 relevance score.")
 
     def items(self) -> list[Any]:
         return [RerankQuery(self.query, tuple(self.texts))]
@@ -87,7 +88,14 @@ class RerankRequest(RequestBody):
         return len(self.texts)
 
     def options(self) -> dict[str, Any]:
-        return {"top_n": self.top_n, "return_documents": self.return_documents, "raw_scores": self.raw_scores}
+        return {"top_n": self.top_n, "return_documents": self.return_documents}
+
+
+class RerankRequest(RankingRequest):
+    raw_scores: bool = Field(False, description="The model's logit instead of a 0-1 relevance score.")
+
+    def options(self) -> dict[str, Any]:
+        return super().options() | {"raw_scores": self.raw_scores}
 
 
 class RankedModel(ResponseModel):

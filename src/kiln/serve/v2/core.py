@@ -76,14 +76,16 @@ def v2_refusal(task: str) -> str | None:
 
 
 def served_model(models: Mapping[str, Served], name: str, version: str | None, *, ready: bool = True) -> Served:
-    """The served model a v2 path names, or the v2 error: 404 unknown model or version, 503 not ready."""
+    """The served model a v2 path names, or the v2 error: 404 unknown model or version (or one with no v2
+    tensors), 503 not ready."""
     if name not in models:
         raise HTTPError(404, "model_not_found", f"unknown model {name!r} (served: {', '.join(models)})")
     if version not in (None, "", VERSION):
         raise HTTPError(404, "model_not_found", f"model {name!r} has version {VERSION} only (asked for {version!r})")
     refusal = v2_refusal(models[name].task)
-    if refusal:
-        raise HTTPError(400, "unsupported", f"model {name!r} has no v2 tensors: {refusal}")
+    if refusal:  # not a v2 model at all (a decoder, a multi-vector model): not found in the v2 repository
+        raise HTTPError(404, "model_not_found", f"model {name!r} is not served over v2 (it has no v2 tensors: "
+                        f"{refusal}); use its kiln routes")
     if ready:
         error = not_ready({name: models[name]})
         if error is not None:
