@@ -134,6 +134,8 @@ def main() -> None:
             best = min(best, time.perf_counter() - start)
         result[variant] = {"max_vector_diff_vs_pylate": vector_diff,
                            "max_score_diff_vs_pylate": float(np.abs(scores - pylate["scores"]).max()),
+                           "max_score_diff_vs_pylate_padded_batch":
+                               float(np.abs(scores - pylate["scores_padded"]).max()),
                            "documents_per_s": len(documents) / best}
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))

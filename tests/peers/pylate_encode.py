@@ -3,7 +3,8 @@
     python pylate_encode.py MODEL_DIR IN.json OUT.npz [--time]
 
 IN.json: {"queries": [...], "documents": [...]}. OUT.npz: per query q{i} its token vectors and q{i}_ids, per
-document d{i} and d{i}_ids, and "scores" (queries x documents, PyLate's colbert_scores: MaxSim). With --time,
+document d{i} and d{i}_ids, "scores" (queries x documents, PyLate's colbert_scores: MaxSim, each document alone) and
+"scores_padded" (the same over one padded batch of documents, as PyLate ranks them). With --time,
 prints {"documents_per_s": ...}: PyLate encoding the documents end to end on 2 threads, batches of 32, best of 3.
 """
 
@@ -35,9 +36,14 @@ def main() -> None:
             kept = np.asarray(full["masks"][i]).astype(bool)
             arrays[f"{kind}{i}_ids"] = np.asarray(full["input_ids"][i])[kept]
     pad = torch.nn.utils.rnn.pad_sequence
-    arrays["scores"] = colbert_scores(pad(embedded["q"], batch_first=True), pad(embedded["d"], batch_first=True),
-                                      documents_mask=pad([torch.ones(len(d)) for d in embedded["d"]],
-                                                         batch_first=True)).numpy()
+    queries = pad(embedded["q"], batch_first=True)
+    # MaxSim of each document on its own (no padding: the definition), and as PyLate scores a padded batch of
+    # documents, where a padded position counts as similarity 0 (its mask multiplies the scores), so a query token
+    # whose every real similarity is negative gets 0 instead of its best match.
+    arrays["scores"] = torch.cat([colbert_scores(queries, d[None]) for d in embedded["d"]], dim=1).numpy()
+    arrays["scores_padded"] = colbert_scores(queries, pad(embedded["d"], batch_first=True),
+                                             documents_mask=pad([torch.ones(len(d)) for d in embedded["d"]],
+                                                                batch_first=True)).numpy()
     np.savez(out, **arrays)
     if "--time" in sys.argv[4:]:
         torch.set_num_threads(2)

@@ -107,6 +107,11 @@ class MultiVector(TaskSpec):
     needs_trained_head = False  # the encoder's own outputs; the projection is loaded beside it (attach_head)
     needs_offsets = False
     ranks = True  # RerankQuery inputs are ranked by MaxSim (rerank(), POST /rerank)
+    # Every variant but torch autocast (torch-bf16/fp16 save and reload the transformers model alone, which would
+    # drop the projection).
+    variants = ("onnx-fp32", "onnx-fused", "onnx-fused-gelu-approx", "onnx-int8-dynamic", "onnx-int8-dynamic-rows",
+                "onnx-int8-static", "openvino-fp32", "openvino-bf16", "openvino-int8-static", "openvino-int8-weights",
+                "onnx-fp16", "torchscript", "torch-int8-dynamic")
     default_tolerance = Rerank.default_tolerance
     tolerance_help = f"MaxSim ranks per query: mean Kendall tau >= 1-t and mean top-{TOP} overlap >= 1-t"
     metric = Rerank.metric
