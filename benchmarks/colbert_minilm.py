@@ -53,10 +53,10 @@ def build(directory: Path) -> Path:
     tokenizer = transformers.AutoTokenizer.from_pretrained(directory)
     tokenizer.add_tokens(["[Q] ", "[D] "])
     model = transformers.AutoModel.from_pretrained(directory)
+    torch.manual_seed(0)  # the markers' new embedding rows are drawn at random: the same model on every run
     model.resize_token_embeddings(len(tokenizer))
     model.save_pretrained(directory, safe_serialization=True)
     tokenizer.save_pretrained(directory)
-    torch.manual_seed(0)
     (directory / "1_Dense").mkdir()
     (directory / "1_Dense" / "config.json").write_text(json.dumps({
         "in_features": 384, "out_features": 128, "bias": False,

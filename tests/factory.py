@@ -221,8 +221,8 @@ def build_tiny_colbert(directory: Path, dims: int = 16, *, query_length: int = 1
     tokenizer = transformers.AutoTokenizer.from_pretrained(directory)
     tokenizer.add_tokens(list(COLBERT_PREFIXES))
     model = transformers.AutoModel.from_pretrained(directory)
+    torch.manual_seed(seed + 1)  # resizing draws the new rows at random; they are then set from this seed too
     model.resize_token_embeddings(len(tokenizer))
-    torch.manual_seed(seed + 1)
     with torch.no_grad():  # the resized rows are random but small; make the markers matter as much as any token
         model.embeddings.word_embeddings.weight[-len(COLBERT_PREFIXES):].normal_(0, 0.2)
     model.save_pretrained(directory, safe_serialization=True)
