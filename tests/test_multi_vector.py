@@ -130,3 +130,24 @@ def test_kiln_optimize_judges_multi_vector_variants_by_maxsim_ranks(colbert, tmp
     assert (out / "report.html").is_file()
     best = kiln.load(out / "best")
     assert [r.index for r in best.rerank(QUERIES[1], DOCUMENTS)][0] == 1  # the Lisbon train, even at random weights
+
+
+def test_kiln_embed_writes_each_documents_token_vectors(task_artifacts, tmp_path):
+    import pyarrow.parquet as pq
+
+    art = task_artifacts[TaskName.MULTI_VECTOR]
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in DOCUMENTS))
+    run = subprocess.run([sys.executable, "-m", "kiln", "embed", str(art), str(corpus), "-o", str(tmp_path / "out"),
+                          "--rows-per-part", "2"], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    rows = [r for part in sorted((tmp_path / "out").glob("part-*.parquet")) for r in
+            pq.read_table(part).column("vectors").to_pylist()]
+    offline = kiln.load(art).predict(DOCUMENTS)
+    assert len(rows) == len(DOCUMENTS)
+    for got, want in zip(rows, offline):
+        np.testing.assert_allclose(np.array(got), want, atol=1e-6)
+    refused = subprocess.run([sys.executable, "-m", "kiln", "embed", str(art), str(corpus), "-o",
+                              str(tmp_path / "int8"), "--precision", "int8"], capture_output=True, text=True,
+                             timeout=300)
+    assert refused.returncode == 2 and "--precision int8 is not supported" in refused.stderr

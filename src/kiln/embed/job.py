@@ -1,4 +1,5 @@
-"""kiln embed: every text of INPUT through an embedding artifact, into ordered Parquet parts in OUTPUT.
+"""kiln embed: every text of INPUT through an embedding artifact, into ordered Parquet parts in OUTPUT (or through a
+multi-vector artifact: each text's token vectors, encoded as a document).
 
 Parts are fixed slices of the input (``rows_per_part`` rows), written whole and in order; within a part, texts
 go through the predictor a window at a time, each window sorted by length (little padding) and put back in
@@ -79,10 +80,15 @@ def artifact_identity(artifact: Artifact, variant: str) -> str:
 def run_embed(config: EmbedConfig, progress: Progress = lambda done, total: None) -> EmbedSummary:
     artifact = Artifact.open(config.artifact)
     task = artifact.task_config.task
-    if not task_spec(task).embeds:
-        raise UsageError(f"kiln embed needs an embedding artifact; {config.artifact} does {task}")
+    spec = task_spec(task)
+    if not (spec.embeds or spec.multi_vectors):
+        raise UsageError(f"kiln embed needs an embedding or multi-vector artifact; {config.artifact} does {task}")
     variant = artifact.variant_name(config.variant)
     precision = parse_precision(config.precision, "--precision")
+    if spec.multi_vectors and (precision.value != "float32" or config.ray is not None):
+        raise UsageError(f"kiln embed of a multi-vector artifact writes float32 token vectors on this machine: "
+                         f"{'--ray' if config.ray is not None else f'--precision {precision.value}'} is not "
+                         "supported for it yet")
     refuse_rejected(artifact.manifest.build.stored_vectors, artifact.task_config.dimension, precision)
     # Ranges from the artifact's calibration, checked before any text is embedded (int8/uint8 need them).
     calibration = artifact.output_calibration() if precision.calibrated else None
@@ -108,10 +114,11 @@ def run_embed(config: EmbedConfig, progress: Progress = lambda done, total: None
     embedded, dimension = 0, record.dimension
     for index, vectors in _vectors_per_part(config, artifact, variant, corpus, record, todo, advance):
         rows = _part_rows(record, index)
-        write_part(config.output, index, corpus.ids[rows.start : rows.stop], quantize(vectors, precision, ranges))
+        stored = vectors if isinstance(vectors, list) else quantize(vectors, precision, ranges)
+        write_part(config.output, index, corpus.ids[rows.start : rows.stop], stored)
         embedded += len(rows)
         if dimension is None:
-            dimension = vectors.shape[1]
+            dimension = vectors[0].shape[1] if isinstance(vectors, list) else vectors.shape[1]
             write_record(config.output, replace(record, dimension=dimension))
     return EmbedSummary(len(corpus), record.parts, len(done), embedded, time.perf_counter() - start, dimension)
 
@@ -121,8 +128,10 @@ def _part_rows(record: JobRecord, index: int) -> range:
 
 
 def _vectors_per_part(config: EmbedConfig, artifact: Artifact, variant: str, corpus: Corpus, record: JobRecord,
-                      todo: list[int], advance: Callable[[int], None]) -> Iterator[tuple[int, np.ndarray]]:
-    """(part index, its vectors in input order) for each part to make, in order; ``advance(n)`` as texts finish."""
+                      todo: list[int], advance: Callable[[int], None]
+                      ) -> Iterator[tuple[int, np.ndarray | list[np.ndarray]]]:
+    """(part index, its vectors in input order) for each part to make, in order; ``advance(n)`` as texts finish.
+    A multi-vector artifact gives a list of [tokens, dim] arrays (its documents' token vectors) instead."""
     parts = [(index, _windows(_part_rows(record, index), config.window)) for index in todo]
     if config.ray is not None:
         from kiln.embed.on_ray import vectors_on_ray
@@ -130,12 +139,14 @@ def _vectors_per_part(config: EmbedConfig, artifact: Artifact, variant: str, cor
         yield from vectors_on_ray(config, artifact, variant, corpus, parts, advance)
         return
     predictor = artifact.predictor(variant, artifact.serving_plan(variant, threads=config.threads))
+    multi = task_spec(artifact.task_config.task).multi_vectors
     for index, windows in parts:
-        vectors = []
+        vectors: list[np.ndarray] = []
         for window in windows:
-            vectors.append(np.stack(predictor.predict(corpus.texts[window.start : window.stop])))
+            found = predictor.predict(corpus.texts[window.start : window.stop])  # a multi-vector's: documents
+            vectors += found if multi else [np.stack(found)]
             advance(len(window))
-        yield index, np.concatenate(vectors)
+        yield index, vectors if multi else np.concatenate(vectors)
 
 
 def _windows(rows: range, size: int) -> list[range]:

@@ -61,6 +61,7 @@ class TaskSpec:
     needs_trained_head: ClassVar[bool] = True  # refuse a checkpoint whose head weights are missing
     embeds: ClassVar[bool] = False  # results are one vector per input (Predictor.encode works)
     ranks: ClassVar[bool] = False  # inputs are a query and texts, results the texts best first (Predictor.rerank)
+    multi_vectors: ClassVar[bool] = False  # a text's result is one vector per kept token (late interaction)
     # How requests run: one pass per input, or token by token (GenerativeTask). Servers and benchmarks look their
     # scheduler and timing up by it in their own registries; nothing outside tasks/ asks what kind a task is.
     scheduling: ClassVar[Scheduling] = Scheduling.BATCH

@@ -107,6 +107,7 @@ class MultiVector(TaskSpec):
     needs_trained_head = False  # the encoder's own outputs; the projection is loaded beside it (attach_head)
     needs_offsets = False
     ranks = True  # RerankQuery inputs are ranked by MaxSim (rerank(), POST /rerank)
+    multi_vectors = True  # a text's result: its token vectors (kiln embed writes a list of vectors per row)
     # Every variant but torch autocast (torch-bf16/fp16 save and reload the transformers model alone, which would
     # drop the projection).
     variants = ("onnx-fp32", "onnx-fused", "onnx-fused-gelu-approx", "onnx-int8-dynamic", "onnx-int8-dynamic-rows",
