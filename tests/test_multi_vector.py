@@ -93,6 +93,7 @@ def test_routes_answer_like_offline_and_refuse_bad_input(task_artifacts):
             "no is_query": ("/embed_multi", {"inputs": ["x"]}),
             "empty": ("/embed_multi", {"inputs": [""], "is_query": True}),
             "pair": ("/embed_multi", {"inputs": [["a", "b"]], "is_query": False}),
+            "dimensions": ("/embed_multi", {"inputs": ["x"], "is_query": False, "dimensions": 8}),
             "blank query": ("/rerank", {"query": " ", "texts": DOCUMENTS[:2]}),
             "no texts": ("/rerank", {"query": "q", "texts": []}),
             "many": ("/rerank", {"query": "q", "texts": DOCUMENTS + DOCUMENTS})}.items()}
@@ -106,7 +107,9 @@ def test_routes_answer_like_offline_and_refuse_bad_input(task_artifacts):
     assert [r["index"] for r in ranked["results"]] == [r.index for r in expected]
     np.testing.assert_allclose([r["score"] for r in ranked["results"]], [r.score for r in expected], rtol=1e-5)
     assert {k: r.status_code for k, r in errors.items()} == {"no is_query": 422, "empty": 422, "pair": 422,
-                                                             "blank query": 422, "no texts": 422, "many": 413}
+                                                             "dimensions": 422, "blank query": 422, "no texts": 422,
+                                                             "many": 413}
+    assert "cannot be cut" in errors["dimensions"].json()["error"]["message"]
     assert "is_query" in errors["no is_query"].json()["error"]["message"]
     assert "is_query" in schema["required"]
     assert v2.status_code == 404 and "not served over v2" in v2.json()["error"]

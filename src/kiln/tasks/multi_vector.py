@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import numpy as np
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from kiln.errors import ModelLoadError, UnsupportedModelError, UsageError
 from kiln.runtime.tokenization import Features
@@ -46,6 +46,12 @@ from kiln.tasks.rerank import (
 from kiln.validation.figures import Agreement, AgreementInputs, Run
 from kiln.validation.metrics import kendall_tau, ranking
 
+# /embed's fields that /embed_multi refuses, and why (the schema does not list them: they are not accepted).
+REFUSED_FIELDS = {
+    "dimensions": "a ColBERT model's token vectors keep the size of its trained projection; they cannot be cut "
+                  "(it is not Matryoshka-trained)",
+    "precision": "token vectors are float32 only (output precision for late interaction is not supported yet)",
+}
 DEFAULTS = {"query_prefix": "[Q] ", "document_prefix": "[D] ", "query_length": 32, "document_length": 180,
             "do_query_expansion": True, "attend_to_expansion_tokens": False}  # PyLate's, where the config is silent
 
@@ -77,6 +83,15 @@ class EmbedMultiRequest(RequestBody):
         description="One text or a list of texts.")
     is_query: bool = Field(description="Queries (marker [Q], expanded with [MASK] to the query length) or "
                            "documents (marker [D], punctuation left out): ColBERT encodes them differently.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refused_with_reason(cls, body: Any) -> Any:
+        """Fields a single-vector /embed takes that token vectors cannot honour: said why, not just "extra"."""
+        for name, reason in REFUSED_FIELDS.items():
+            if isinstance(body, dict) and name in body:
+                raise ValueError(f"{name}: {reason}")
+        return body
 
     def items(self) -> list[Any]:
         return [self.inputs] if isinstance(self.inputs, str) else list(self.inputs)
