@@ -99,7 +99,7 @@ def test_resume_refuses_parts_of_another_job_and_errors_name_the_flag(tiny_artif
     assert record["rows"] == 20 and record["dimension"] == 32
     with pytest.raises(UsageError, match=r"has no column 'body' \(--text-field\); it has: doc, text"):
         run_embed(EmbedConfig(tiny_artifact, source, tmp_path / "o2", text_field="body"))
-    with pytest.raises(UsageError, match="kiln embed needs an embedding or multi-vector artifact"):
+    with pytest.raises(UsageError, match="kiln embed needs an artifact of feature-extraction.*multi-vector"):
         run_embed(EmbedConfig(task_artifacts[TaskName.TEXT_CLASSIFICATION], source, tmp_path / "o3"))
     blank = tmp_path / "blank.jsonl"
     blank.write_text('{"text": "fine"}\n{"text": "  "}\n')

@@ -1,5 +1,5 @@
 """kiln embed: every text of INPUT through an embedding artifact, into ordered Parquet parts in OUTPUT (or through a
-multi-vector artifact: each text's token vectors, encoded as a document).
+late-interaction artifact: each text's token vectors, encoded as a document).
 
 Parts are fixed slices of the input (``rows_per_part`` rows), written whole and in order; within a part, texts
 go through the predictor a window at a time, each window sorted by length (little padding) and put back in
@@ -22,7 +22,7 @@ from kiln.embed.corpus import Corpus, read_corpus
 from kiln.embed.parts import JobRecord, prepare_output, write_part, write_record
 from kiln.errors import UsageError
 from kiln.runtime.precision import parse_precision, quantize, ranges_of, refuse_rejected
-from kiln.tasks import task_spec
+from kiln.tasks import TASKS, task_spec
 
 Progress = Callable[[int, int], None]  # (texts done, texts in total)
 
@@ -82,11 +82,12 @@ def run_embed(config: EmbedConfig, progress: Progress = lambda done, total: None
     task = artifact.task_config.task
     spec = task_spec(task)
     if not (spec.embeds or spec.multi_vectors):
-        raise UsageError(f"kiln embed needs an embedding or multi-vector artifact; {config.artifact} does {task}")
+        kinds = ", ".join(name for name, s in TASKS.items() if s.embeds or s.multi_vectors)
+        raise UsageError(f"kiln embed needs an artifact of {kinds}; {config.artifact} does {task}")
     variant = artifact.variant_name(config.variant)
     precision = parse_precision(config.precision, "--precision")
     if spec.multi_vectors and (precision.value != "float32" or config.ray is not None):
-        raise UsageError(f"kiln embed of a multi-vector artifact writes float32 token vectors on this machine: "
+        raise UsageError(f"kiln embed of a {task} artifact writes float32 token vectors on this machine: "
                          f"{'--ray' if config.ray is not None else f'--precision {precision.value}'} is not "
                          "supported for it yet")
     refuse_rejected(artifact.manifest.build.stored_vectors, artifact.task_config.dimension, precision)
@@ -131,7 +132,7 @@ def _vectors_per_part(config: EmbedConfig, artifact: Artifact, variant: str, cor
                       todo: list[int], advance: Callable[[int], None]
                       ) -> Iterator[tuple[int, np.ndarray | list[np.ndarray]]]:
     """(part index, its vectors in input order) for each part to make, in order; ``advance(n)`` as texts finish.
-    A multi-vector artifact gives a list of [tokens, dim] arrays (its documents' token vectors) instead."""
+    A late-interaction artifact gives a list of [tokens, dim] arrays (its documents' token vectors) instead."""
     parts = [(index, _windows(_part_rows(record, index), config.window)) for index in todo]
     if config.ray is not None:
         from kiln.embed.on_ray import vectors_on_ray
@@ -143,7 +144,7 @@ def _vectors_per_part(config: EmbedConfig, artifact: Artifact, variant: str, cor
     for index, windows in parts:
         vectors: list[np.ndarray] = []
         for window in windows:
-            found = predictor.predict(corpus.texts[window.start : window.stop])  # a multi-vector's: documents
+            found = predictor.predict(corpus.texts[window.start : window.stop])  # token vectors: of documents
             vectors += found if multi else [np.stack(found)]
             advance(len(window))
         yield index, vectors if multi else np.concatenate(vectors)

@@ -92,7 +92,7 @@ def write_record(output: Path, record: JobRecord) -> None:
 
 def write_part(output: Path, index: int, ids: Any, vectors: np.ndarray | list[np.ndarray]) -> Path:
     """One part, atomically: (id, vector) rows, the vector a fixed-size list of float32 (or of int8 / uint8 at
-    another precision); for a multi-vector artifact, (id, vectors) rows: a list of fixed-size float32 lists, one
+    another precision); for a late-interaction artifact, (id, vectors) rows: a list of fixed-size float32 lists, one
     per kept token."""
     pa = pyarrow_module()
     import pyarrow.parquet as pq
