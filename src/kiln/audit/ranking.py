@@ -23,8 +23,7 @@ import numpy as np
 from kiln.audit.protocols import Endpoint, rerank
 from kiln.audit.reference import TRUNCATIONS, position_limit, truncations
 from kiln.audit.result import AuditResult, Finding, buckets
-from kiln.tasks.rerank import TOP, RerankQuery, relevant_index
-from kiln.validation.metrics import kendall_tau, ranking
+from kiln.tasks.rerank import TOP, RerankQuery, rank_agreement, relevant_index
 
 ACTIVATIONS = ("sigmoid", "softmax", "raw")
 ORDERS = ("query, text", "text, query")
@@ -138,14 +137,9 @@ class _Comparison:
 
 
 def _compare(served: list[np.ndarray], original: list[np.ndarray]) -> _Comparison:
-    taus, top1, top_k = [], [], []
-    for a, b in zip(original, served):
-        k = min(TOP, len(a))
-        taus.append(kendall_tau(a, b))
-        top1.append(float(ranking(a)[0] == ranking(b)[0]))
-        top_k.append(len(set(ranking(a)[:k]) & set(ranking(b)[:k])) / k)
+    taus, figures = rank_agreement(zip(original, served))  # what kiln optimize's gate reads for a reranker
     diffs = np.abs(np.concatenate(served) - np.concatenate(original))
-    return _Comparison(np.array(taus), float(np.mean(top1)), float(np.mean(top_k)), float(diffs.max()),
+    return _Comparison(taus, figures["top1_agreement"], figures[f"top{TOP}_overlap"], float(diffs.max()),
                        float(diffs.mean()))
 
 

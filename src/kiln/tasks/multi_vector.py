@@ -42,9 +42,10 @@ from kiln.tasks.rerank import (
     Rerank,
     RerankResponse,
     as_rerank_query,
+    rank_agreement,
 )
 from kiln.validation.figures import Agreement, AgreementInputs, Run
-from kiln.validation.metrics import kendall_tau, ranking
+from kiln.validation.metrics import ranking
 
 # /embed's fields that /embed_multi refuses, and why (the schema does not list them: they are not accepted).
 REFUSED_FIELDS = {
@@ -280,18 +281,14 @@ class MultiVector(TaskSpec):
                 for run in (data.reference, variant)]
         cosines = np.concatenate([(a * b).sum(axis=1) for a, b in zip(*kept)])
         owners = np.array(data.prepared.owners)
-        taus, overlaps, top1 = [], [], []
-        for q in range(len(data.prepared.inputs)):
-            ref, got = ([v[j] for j in np.flatnonzero(owners == q)] for v in kept)
-            a, b = maxsim(ref[0], ref[1:]), maxsim(got[0], got[1:])
-            k = min(TOP, len(a))
-            taus.append(kendall_tau(a, b))
-            overlaps.append(len(set(ranking(a)[:k]) & set(ranking(b)[:k])) / k)
-            top1.append(float(ranking(a)[0] == ranking(b)[0]))
-        tau = np.array(taus)
-        figures = {"mean_kendall_tau": float(tau.mean()), "min_kendall_tau": float(tau.min()),
-                   f"top{TOP}_overlap": float(np.mean(overlaps)), "top1_agreement": float(np.mean(top1)),
-                   "mean_token_cosine": float(cosines.mean()), "min_token_cosine": float(cosines.min())}
+
+        def scores(vectors: list[np.ndarray], query: int) -> np.ndarray:  # the query's feature first, then its texts
+            mine = [vectors[j] for j in np.flatnonzero(owners == query)]
+            return maxsim(mine[0], mine[1:])
+
+        queries = range(len(data.prepared.inputs))
+        tau, figures = rank_agreement((scores(kept[0], q), scores(kept[1], q)) for q in queries)
+        figures |= {"mean_token_cosine": float(cosines.mean()), "min_token_cosine": float(cosines.min())}
         return Agreement.of("mean_kendall_tau", figures, data.lengths(), tau, "kendall tau")
 
 

@@ -12,7 +12,7 @@ top 3 (gate: mean tau and mean overlap >= 1 - t). Task metric: NDCG@10 and MRR f
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
@@ -119,6 +119,20 @@ def _queries_over(texts: list[str], per_query: int = 8) -> list[RerankQuery]:
     queries = builtin_sentences()
     return [RerankQuery(queries[i % len(queries)], tuple(texts[i : i + per_query]))
             for i in range(0, len(texts), per_query)]
+
+
+def rank_agreement(per_query: Iterable[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, dict[str, float]]:
+    """How a variant's scores rank each query's texts against the original's: per query Kendall's tau (returned,
+    for the length buckets), and the figures the gate reads (mean and min tau, top-3 overlap, top-1 agreement)."""
+    taus, overlaps, top1 = [], [], []
+    for a, b in per_query:
+        k = min(TOP, len(a))
+        taus.append(kendall_tau(a, b))
+        overlaps.append(len(set(ranking(a)[:k]) & set(ranking(b)[:k])) / k)
+        top1.append(float(ranking(a)[0] == ranking(b)[0]))
+    tau = np.array(taus)
+    return tau, {"mean_kendall_tau": float(tau.mean()), "min_kendall_tau": float(tau.min()),
+                 f"top{TOP}_overlap": float(np.mean(overlaps)), "top1_agreement": float(np.mean(top1))}
 
 
 def relevant_index(id2label: Mapping[int, str]) -> int:
@@ -252,17 +266,8 @@ class Rerank(TaskSpec):
         ref, got = (np.stack(run.reduced).reshape(len(owners), -1) for run in (data.reference, variant))
         column = relevant_index(data.config.id2label) if data.config and ref.shape[1] > 1 else 0
         ref, got = ref[:, column], got[:, column]  # the relevant logit: its order is the ranking
-        taus, overlaps, top1 = [], [], []
-        for q in range(len(data.prepared.inputs)):
-            a, b = ref[owners == q], got[owners == q]
-            k = min(TOP, len(a))
-            taus.append(kendall_tau(a, b))
-            overlaps.append(len(set(ranking(a)[:k]) & set(ranking(b)[:k])) / k)
-            top1.append(float(ranking(a)[0] == ranking(b)[0]))
-        tau = np.array(taus)
-        figures = {"mean_kendall_tau": float(tau.mean()), "min_kendall_tau": float(tau.min()),
-                   f"top{TOP}_overlap": float(np.mean(overlaps)), "top1_agreement": float(np.mean(top1)),
-                   "max_logit_diff": float(np.abs(ref - got).max())}
+        tau, figures = rank_agreement((ref[owners == q], got[owners == q]) for q in range(len(data.prepared.inputs)))
+        figures["max_logit_diff"] = float(np.abs(ref - got).max())
         return Agreement.of("mean_kendall_tau", figures, data.lengths(), tau, "kendall tau")
 
     @classmethod
