@@ -42,6 +42,8 @@ def test_optimize_builds_students_and_plots_their_frontier(tiny_model, tmp_path)
     for point in frontier["points"]:
         by_model.setdefault(point["model"], {})[point["variant"]] = point
     assert set(by_model) == {"model", "1 layer", "pruned ffn=0.5"}
+    # students are optimized with the model's own --variants, not every default
+    assert all(set(variants) <= {"onnx-fp32", "onnx-int8-dynamic"} for variants in by_model.values())
     assert by_model["model"]["onnx-fp32"]["agreement"] > 0.9999
     # a student is judged against the model, not itself: its exact export carries the student's own loss
     assert by_model["1 layer"]["onnx-fp32"]["agreement"] < 0.99

@@ -41,15 +41,21 @@ def run_optimize(config: OptimizeConfig, students: StudentPlan = StudentPlan(),
                  progress: Progress = lambda _: None) -> OptimizeRun:
     """Build, validate and pick the model's variants (or judge a static model, which has one), then make and
     judge each student."""
-    static = static_artifact(config.model)
-    if static and students.requests:
+    if students.requests and static_artifact(config.model):
         raise UsageError(f"kiln optimize {config.model}: a static model has no students; make them from its teacher")
-    summary = judge_static(config, static, progress) if static else OptimizeJob(config, progress).run()
+    summary = optimize_model(config, progress)
     if not students.requests:
         return OptimizeRun(summary)
     runs = build_students(config, students.requests, texts=students.texts, epochs=students.epochs,
                           progress=progress)
     return OptimizeRun(summary, tuple(runs), write_students_frontier(summary, runs, config.output))
+
+
+def optimize_model(config: OptimizeConfig, progress: Progress = lambda _: None) -> RunSummary:
+    """One model's run: its variants built and judged (OptimizeJob), or a static model's one table judged in its
+    own space (kiln.optimize.static_student)."""
+    static = static_artifact(config.model)
+    return judge_static(config, static, progress) if static else OptimizeJob(config, progress).run()
 
 
 def optimize(model: str | Path | None = None, *, task: str = DEFAULT_TASK, output: str | Path = "kiln-out",

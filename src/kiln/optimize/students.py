@@ -143,23 +143,23 @@ def _static_student(config: Any, request: StudentRequest, teacher: str, model_di
     made = distill_static(StaticConfig(config.model, model_dir, dims=request.static_dims, overwrite=True,
                                        allow_pickle=config.allow_pickle),
                           lambda line: progress(f"student {request.name}: {line}"))
-    summary, error = _optimize(config, model_dir, artifact, teacher, request, progress)
+    # Its one variant is the table, and its size was chosen at distillation: the model's --variants and
+    # --matryoshka-dims do not apply to it.
+    judged = dataclasses.replace(config, variants=None, matryoshka_dims=())
+    summary, error = _optimize(judged, model_dir, artifact, teacher, request, progress)
     return StudentRun(request, model_dir, artifact, summary, error, made.vocabulary * made.dims,
                       made.teacher_parameters, None, made.seconds / 60)
 
 
 def _optimize(config: Any, model_dir: Path, artifact: Path, teacher: str, request: StudentRequest,
               progress: Callable[[str], None]) -> tuple[Any, str]:
-    from kiln.optimize.job import NothingPassed, OptimizeJob
-    from kiln.optimize.static_student import judge_static, static_artifact
+    from kiln.optimize.job import NothingPassed
+    from kiln.optimize.run import optimize_model
 
     student_config = dataclasses.replace(config, model=str(model_dir), reference=teacher, output=artifact,
-                                         overwrite=True, time_rejected=True, matryoshka_dims=(), variants=None)
-    report = lambda line: progress(f"student {request.name}: {line}")  # noqa: E731
+                                         overwrite=True, time_rejected=True)
     try:
-        static = static_artifact(student_config.model)
-        return (judge_static(student_config, static, report) if static else
-                OptimizeJob(student_config, report).run()), ""
+        return optimize_model(student_config, lambda line: progress(f"student {request.name}: {line}")), ""
     except NothingPassed as err:  # the frontier still shows how far each variant fell short
         return err.summary, str(err)
 
