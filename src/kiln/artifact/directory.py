@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -130,20 +131,12 @@ def copy_variant(root: Path, manifest: Manifest, name: str | None, dest: Path) -
     ``name=None`` copies the tokenizer and task settings alone (no variant): enough to tokenize and
     post-process, as the tokenizer and post-processing steps of a Triton ensemble do.
     """
-    import shutil
-
     from kiln.artifact.manifest import seal
 
     record = manifest.variants[name] if name is not None else None
-    tokenizer_dir = Path(manifest.tokenizer.path).parent
-    tokenizer_files = [p.relative_to(root).as_posix() for p in (root / tokenizer_dir).rglob("*") if p.is_file()]
     reference = manifest.build.reference_variant if record else None  # live agreement needs it beside the variant
-    calibration = manifest.build.output_calibration  # the vectors output precision takes its ranges from
-    files = dict.fromkeys([*(record.files if record else ()), *(reference.files if reference else ()),
-                           *tokenizer_files, *([calibration] if calibration else [])])
-    for rel in files:
-        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(root / rel, dest / rel)
+    copy_files(root, variant_files(root, manifest, record), dest)
+    calibration = manifest.build.output_calibration
     default = manifest.build.serving_default
     build = BuildRecord(best=name, serving_default=default if name is not None and default is not None
                         and default.variant == name else None, reference_variant=reference,
@@ -153,6 +146,26 @@ def copy_variant(root: Path, manifest: Manifest, name: str | None, dest: Path) -
     seal(dest, Manifest(source=manifest.source, task=manifest.task, tokenizer=manifest.tokenizer,
                         variants={name: record} if record else {}, build=build))
     return dest
+
+
+def variant_files(root: Path, manifest: Manifest, record: VariantRecord | None) -> list[str]:
+    """What a variant needs beside it (paths relative to ``root``): its files, the kept fp32 reference (live
+    agreement), the tokenizer and the output calibration (output precision's ranges); the tokenizer alone for None."""
+    tokenizer_dir = Path(manifest.tokenizer.path).parent
+    tokenizer_files = [p.relative_to(root).as_posix() for p in (root / tokenizer_dir).rglob("*") if p.is_file()]
+    reference = manifest.build.reference_variant if record else None
+    calibration = manifest.build.output_calibration
+    return list(dict.fromkeys([*(record.files if record else ()), *(reference.files if reference else ()),
+                               *tokenizer_files, *([calibration] if calibration else [])]))
+
+
+def copy_files(root: Path, files: Sequence[str], dest: Path) -> None:
+    """Copy ``files`` (relative paths) from ``root`` to the same places under ``dest``."""
+    import shutil
+
+    for rel in files:
+        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(root / rel, dest / rel)
 
 
 def extract_variant(artifact: Artifact, variant: str | None, dest: Path, *, model: bool = True) -> Path:

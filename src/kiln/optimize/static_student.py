@@ -14,13 +14,12 @@ table recorded; ``best/`` only when it passed.
 from __future__ import annotations
 
 import dataclasses
-import shutil
 import time
 from pathlib import Path
 
 import numpy as np
 
-from kiln.artifact.directory import Artifact
+from kiln.artifact.directory import Artifact, copy_files, variant_files
 from kiln.artifact.manifest import Manifest, library_versions, read_manifest, seal
 from kiln.artifact.records import BuildRecord, ReferenceTiming, Status
 from kiln.artifact.staging import staged_directory
@@ -89,9 +88,7 @@ def judge_static(config: OptimizeConfig, directory: Path, progress: Progress = l
 
     with staged_directory(config.output, overwrite=config.overwrite) as stage:
         record = student.variant()
-        for rel in dict.fromkeys([*record.files, *_tokenizer_files(student)]):
-            (stage / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(student.path / rel, stage / rel)
+        copy_files(student.path, variant_files(student.path, student.manifest, record), stage)
         candidate, sessions = (_predictor(student, stage / record.path, config.batch_size, n) for n in (1, 2))
         progress("judging the static table under every batching, in its own space")
         start = time.perf_counter()
@@ -116,11 +113,15 @@ def judge_static(config: OptimizeConfig, directory: Path, progress: Progress = l
             reference=teacher.name,
             environment={"cpu": cpu.to_dict(), "threads": threads, "versions": library_versions()})
         write_summaries(stage, summary)
+        if not verdict.accepted:  # nothing is written; the summary goes to the frontier of kiln optimize's students
+            raise NothingPassed(f"the static model is outside the tolerance against {teacher.name}: "
+                                f"{verdict.reason}. Raise --tolerance (a static table trades fidelity for speed) "
+                                "or distil with more --dims", summary)
         texts = datasets.read_inputs(config.calibration_file, config.task) if config.calibration_file else \
             spec.calibration_inputs(reference.encoder, OUTPUT_CALIBRATION_TEXTS)
         calibration = write_output_calibration(stage, candidate, texts)
         stored = measure_stored_vectors(config, candidate, np.load(stage / calibration), progress, eval_set) \
-            if config.precisions and verdict.accepted else ()
+            if config.precisions else ()
         if stored:
             write_stored_vectors(stage, stored, config.retrieval_tolerance)
         manifest = Manifest(
@@ -133,10 +134,6 @@ def judge_static(config: OptimizeConfig, directory: Path, progress: Progress = l
                 eval=eval_set.source if eval_set else None, reference=teacher.describe(),
                 reference_metric=reference_metric, output_calibration=calibration, stored_vectors=stored,
                 retrieval_tolerance=config.retrieval_tolerance if stored else None))
-        if not verdict.accepted:
-            raise NothingPassed(f"the static model is outside the tolerance against {teacher.name}: "
-                                f"{verdict.reason}. Raise --tolerance (a static table trades fidelity for speed) "
-                                "or distil with more --dims", summary)
         write_best(stage, manifest, record.name)
         write_report(stage, BenchResults(summary.model, summary.task, summary.command, summary.environment,
                                          created=manifest.created, optimize=OptimizeSection.of(manifest)))
@@ -167,11 +164,6 @@ def _check_teacher(student: Artifact, teacher: SourceModel) -> None:
     if mine != teacher.tokenizer.backend_tokenizer.get_vocab():
         raise UsageError(f"--reference {teacher.name}: its vocabulary differs from the static model's, so it is "
                          "not the teacher it was distilled from")
-
-
-def _tokenizer_files(student: Artifact) -> list[str]:
-    folder = student.path / Path(student.manifest.tokenizer.path).parent
-    return [p.relative_to(student.path).as_posix() for p in folder.rglob("*") if p.is_file()]
 
 
 def _predictor(student: Artifact, table: Path, batch_size: int, sessions: int) -> Predictor:
