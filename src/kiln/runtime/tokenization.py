@@ -73,14 +73,16 @@ class TextEncoder:
         encode = tokenizer.encode_batch if offsets else tokenizer.encode_batch_fast
         return encode(list(texts), add_special_tokens=True)
 
-    def encode_limited(self, text: str, max_length: int | None) -> Encoding:
-        """One text with special tokens, cut to ``max_length`` tokens (None: not cut), whatever the model's maximum
-        (a ColBERT query's own length)."""
+    def encode_limited(self, texts: Sequence[str], max_length: int | None) -> list[Encoding]:
+        """Texts with special tokens, cut to ``max_length`` tokens (None: not cut), whatever the model's maximum
+        (a ColBERT query's own length); one batch call, without character offsets."""
         if max_length is None:
-            return self._untruncated.encode(text, add_special_tokens=True)
-        if max_length not in self._limited:
-            self._limited[max_length] = _configured(self._plain, max_length)
-        return self._limited[max_length].encode(text, add_special_tokens=True)
+            tokenizer = self._untruncated
+        else:
+            if max_length not in self._limited:
+                self._limited[max_length] = _configured(self._plain, max_length)
+            tokenizer = self._limited[max_length]
+        return tokenizer.encode_batch_fast(list(texts), add_special_tokens=True)
 
     def decode(self, ids: Sequence[int]) -> str:
         """Text of generated token ids, special tokens left out."""

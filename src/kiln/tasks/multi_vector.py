@@ -190,34 +190,44 @@ class MultiVector(TaskSpec):
         return [as_rerank_query(item, i) for i, item in enumerate(inputs)]
 
     def prepare(self, inputs: Sequence[Any], encoder: Any, options: MultiVectorOptions) -> Prepared:
-        features: list[Features] = []
+        texts: list[tuple[str, bool]] = []  # (text, is_query) per feature, in order
         owners: list[int] = []
         for i, item in enumerate(inputs):
-            texts = [(item, options.is_query)] if isinstance(item, str) else \
+            mine = [(item, options.is_query)] if isinstance(item, str) else \
                 [(item.query, True), *((t, False) for t in item.texts)]
-            for text, is_query in texts:
-                features.append(self._encode(encoder, text, is_query, options.truncate))
-                owners.append(i)
+            texts += mine
+            owners += [i] * len(mine)
+        features: list[Features | None] = [None] * len(texts)
+        for is_query in (True, False):  # one tokenizer batch per kind: they are cut to different lengths
+            where = [j for j, (_, q) in enumerate(texts) if q is is_query]
+            for j, feature in zip(where, self._encode(encoder, [texts[j][0] for j in where], is_query,
+                                                      options.truncate)):
+                features[j] = feature
         truncated = [False] * len(inputs)
         for owner, feature in zip(owners, features):
             truncated[owner] = truncated[owner] or feature.truncated
         return Prepared(tuple(inputs), tuple(features), tuple(owners), tuple(truncated))
 
-    def _encode(self, encoder: Any, text: str, is_query: bool, truncate: bool) -> Features:
-        """PyLate's tokenize: the text with the tokenizer's special tokens, cut to one short of the length, the
+    def _encode(self, encoder: Any, texts: list[str], is_query: bool, truncate: bool) -> list[Features]:
+        """PyLate's tokenize: each text with the tokenizer's special tokens, cut to one short of the length, the
         marker inserted after the first token; a query then padded with [MASK] (expansion)."""
+        if not texts:
+            return []
         late = self.config.late_interaction
         length = late["query_length"] if is_query else late["document_length"]
-        encoding = encoder.encode_limited(text, length - 1 if truncate else None)
-        ids = [encoding.ids[0], late["query_prefix_id" if is_query else "document_prefix_id"], *encoding.ids[1:]]
-        types = [encoding.type_ids[0], 0, *encoding.type_ids[1:]]
-        mask = [1] * len(ids)
-        if is_query and late["do_query_expansion"] and len(ids) < length:
-            extra = length - len(ids)
-            ids += [late["expansion_id"]] * extra
-            types += [0] * extra
-            mask += [int(late["attend_to_expansion_tokens"])] * extra
-        return Features(ids, types, mask, is_query=is_query, truncated=len(encoding.overflowing) > 0)
+        marker = late["query_prefix_id" if is_query else "document_prefix_id"]
+        features = []
+        for encoding in encoder.encode_limited(texts, length - 1 if truncate else None):
+            ids = [encoding.ids[0], marker, *encoding.ids[1:]]
+            types = [encoding.type_ids[0], 0, *encoding.type_ids[1:]]
+            mask = [1] * len(ids)
+            if is_query and late["do_query_expansion"] and len(ids) < length:
+                extra = length - len(ids)
+                ids += [late["expansion_id"]] * extra
+                types += [0] * extra
+                mask += [int(late["attend_to_expansion_tokens"])] * extra
+            features.append(Features(ids, types, mask, is_query=is_query, truncated=len(encoding.overflowing) > 0))
+        return features
 
     def reduce_arrays(self, outputs: dict[str, np.ndarray], arrays: dict[str, np.ndarray]) -> list[np.ndarray]:
         """Each row's L2-normalised token vectors up to its last real position: attended, or a query's [MASK]
