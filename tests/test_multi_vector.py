@@ -14,6 +14,7 @@ from fastapi.testclient import TestClient
 
 import kiln
 from kiln.errors import UsageError
+from kiln.runtime.precision import Precision, quantize, ranges_of
 from kiln.serve.app import ServeConfig, create_app
 from kiln.tasks import TaskName
 from kiln.tasks.multi_vector import maxsim
@@ -88,12 +89,14 @@ def test_routes_answer_like_offline_and_refuse_bad_input(task_artifacts):
         queries = c.post("/embed_multi", json={"inputs": QUERIES[:2], "is_query": True}).json()
         document = c.post("/embed_multi", json={"inputs": DOCUMENTS[0], "is_query": False}).json()
         long = c.post("/embed_multi", json={"inputs": QUERIES[2], "is_query": True}).json()
+        binary = c.post("/embed_multi", json={"inputs": QUERIES[:2], "is_query": True, "precision": "binary"}).json()
         ranked = c.post("/rerank", json={"query": QUERIES[0], "texts": DOCUMENTS[:4], "top_n": 2}).json()
         errors = {name: c.post(path, json=payload) for name, (path, payload) in {
             "no is_query": ("/embed_multi", {"inputs": ["x"]}),
             "empty": ("/embed_multi", {"inputs": [""], "is_query": True}),
             "pair": ("/embed_multi", {"inputs": [["a", "b"]], "is_query": False}),
             "dimensions": ("/embed_multi", {"inputs": ["x"], "is_query": False, "dimensions": 8}),
+            "int8 uncalibrated": ("/embed_multi", {"inputs": ["x"], "is_query": False, "precision": "int8"}),
             "blank query": ("/rerank", {"query": " ", "texts": DOCUMENTS[:2]}),
             "no texts": ("/rerank", {"query": "q", "texts": []}),
             "many": ("/rerank", {"query": "q", "texts": DOCUMENTS + DOCUMENTS})}.items()}
@@ -102,14 +105,17 @@ def test_routes_answer_like_offline_and_refuse_bad_input(task_artifacts):
     for got, want in zip(queries["embeddings"], offline.predict(QUERIES[:2], is_query=True)):
         np.testing.assert_allclose(got, want, atol=1e-5)
     np.testing.assert_allclose(document["embeddings"][0], offline.predict(DOCUMENTS[:1])[0], atol=1e-5)
+    for got, want in zip(binary["embeddings"], offline.predict(QUERIES[:2], is_query=True)):
+        np.testing.assert_array_equal(got, quantize(want, Precision.BINARY))  # bits need no calibration
     assert queries["truncated"] is False and long["truncated"] is True
     expected = offline.rerank(QUERIES[0], DOCUMENTS[:4], top_n=2)
     assert [r["index"] for r in ranked["results"]] == [r.index for r in expected]
     np.testing.assert_allclose([r["score"] for r in ranked["results"]], [r.score for r in expected], rtol=1e-5)
     assert {k: r.status_code for k, r in errors.items()} == {"no is_query": 422, "empty": 422, "pair": 422,
-                                                             "dimensions": 422, "blank query": 422, "no texts": 422,
-                                                             "many": 413}
+                                                             "dimensions": 422, "int8 uncalibrated": 422,
+                                                             "blank query": 422, "no texts": 422, "many": 413}
     assert "cannot be cut" in errors["dimensions"].json()["error"]["message"]
+    assert "output calibration" in errors["int8 uncalibrated"].json()["error"]["message"]
     assert "is_query" in errors["no is_query"].json()["error"]["message"]
     assert "is_query" in schema["required"]
     assert v2.status_code == 404 and "not served over v2" in v2.json()["error"]
@@ -121,8 +127,8 @@ def test_routes_answer_like_offline_and_refuse_bad_input(task_artifacts):
 def test_kiln_optimize_judges_multi_vector_variants_by_maxsim_ranks(colbert, tmp_path):
     out = tmp_path / "out"
     run = subprocess.run([sys.executable, "-m", "kiln", "optimize", str(colbert), "--task", "multi-vector",
-                          "--variants", "onnx-fp32,onnx-int8-dynamic", "--threads", "1", "-o", str(out)],
-                         capture_output=True, text=True, timeout=600)
+                          "--variants", "onnx-fp32,onnx-int8-dynamic", "--precisions", "int8,binary", "--threads", "1",
+                          "-o", str(out)], capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     results = {o["name"]: o for o in json.loads((out / "results.json").read_text())["outcomes"]}
     exact = results["onnx-fp32"]["agreement"]
@@ -133,24 +139,61 @@ def test_kiln_optimize_judges_multi_vector_variants_by_maxsim_ranks(colbert, tmp
     assert (out / "report.html").is_file()
     best = kiln.load(out / "best")
     assert [r.index for r in best.rerank(QUERIES[1], DOCUMENTS)][0] == 1  # the Lisbon train, even at random weights
+    # Stored token vectors: each precision's MaxSim recall@10 against float32's, in the manifest and the summary.
+    stored = json.loads((out / "manifest.json").read_text())["build"]["stored_vectors"]
+    assert [(r["precision"], r["search"]) for r in stored] == [
+        ("float32", "maxsim"), ("int8", "maxsim, decoded"), ("binary", "maxsim over +-1 bits")]
+    assert stored[0]["recall_at_10"] == 1.0 and stored[0]["bytes_per_vector"] == 4 * stored[2]["bytes_per_vector"] * 8
+    assert all(0 < r["recall_at_10"] <= 1 for r in stored) and "MaxSim" in (out / "summary.md").read_text()
+    calibration = np.load(out / "output_calibration.npy")
+    assert calibration.shape[1] == stored[0]["dimensions"]
+    # The same bytes offline, served and written by kiln embed: ranges from the artifact's calibration.
+    floats = best.predict(DOCUMENTS)
+    int8_vectors = best.predict(DOCUMENTS, precision="int8")
+    for got, want in zip(int8_vectors, floats):
+        assert got.dtype == np.int8
+        np.testing.assert_array_equal(got, quantize(want, Precision.INT8, ranges_of(calibration)))
+    with TestClient(create_app(ServeConfig(models={"colbert": out}))) as c:
+        served = c.post("/embed_multi", json={"inputs": DOCUMENTS[:2], "is_query": False, "precision": "int8"}).json()
+        # 16 random dimensions keep too little in 16 bits: binary was measured and rejected, and so is ubinary
+        binary = {p: c.post("/embed_multi", json={"inputs": QUERIES[:1], "is_query": True, "precision": p})
+                  for p in ("binary", "ubinary")}
+    for got, want in zip(served["embeddings"], int8_vectors):
+        np.testing.assert_array_equal(got, want)
+    assert not stored[2]["accepted"] and stored[2]["recall_at_10"] < 0.5
+    assert all(r.status_code == 422 and "maxsim over +-1 bits" in r.json()["error"]["message"]
+               for r in binary.values())
+    with pytest.raises(UsageError, match="a ranking is scored in float32"):
+        best.predict([kiln.RerankQuery(QUERIES[0], tuple(DOCUMENTS))], precision="int8")
+    _embed_writes(out, tmp_path, ["--precision", "int8"], int8_vectors)
+
+
+def _embed_writes(art: Path, tmp_path: Path, flags: list[str], want: list[np.ndarray]) -> subprocess.CompletedProcess:
+    """kiln embed of DOCUMENTS with ``flags``: its rows' token vectors equal ``want`` (when it succeeds)."""
+    import pyarrow.parquet as pq
+
+    corpus, out = tmp_path / "corpus.jsonl", tmp_path / f"embedded-{len(list(tmp_path.iterdir()))}"
+    corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in DOCUMENTS))
+    run = subprocess.run([sys.executable, "-m", "kiln", "embed", str(art), str(corpus), "-o", str(out),
+                          "--rows-per-part", "2", *flags], capture_output=True, text=True, timeout=300)
+    if run.returncode == 0:
+        rows = [r for part in sorted(out.glob("part-*.parquet")) for r in pq.read_table(part).column("vectors")
+                .to_pylist()]
+        assert len(rows) == len(DOCUMENTS)
+        for got, expected in zip(rows, want):
+            np.testing.assert_allclose(np.array(got), expected, atol=1e-6)
+    return run
 
 
 def test_kiln_embed_writes_each_documents_token_vectors(task_artifacts, tmp_path):
-    import pyarrow.parquet as pq
-
     art = task_artifacts[TaskName.MULTI_VECTOR]
-    corpus = tmp_path / "corpus.jsonl"
-    corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in DOCUMENTS))
-    run = subprocess.run([sys.executable, "-m", "kiln", "embed", str(art), str(corpus), "-o", str(tmp_path / "out"),
-                          "--rows-per-part", "2"], capture_output=True, text=True, timeout=300)
+    run = _embed_writes(art, tmp_path, [], kiln.load(art).predict(DOCUMENTS))
     assert run.returncode == 0, run.stderr
-    rows = [r for part in sorted((tmp_path / "out").glob("part-*.parquet")) for r in
-            pq.read_table(part).column("vectors").to_pylist()]
-    offline = kiln.load(art).predict(DOCUMENTS)
-    assert len(rows) == len(DOCUMENTS)
-    for got, want in zip(rows, offline):
-        np.testing.assert_allclose(np.array(got), want, atol=1e-6)
-    refused = subprocess.run([sys.executable, "-m", "kiln", "embed", str(art), str(corpus), "-o",
-                              str(tmp_path / "int8"), "--precision", "int8"], capture_output=True, text=True,
-                             timeout=300)
-    assert refused.returncode == 2 and "--precision int8 is not supported" in refused.stderr
+    binary = _embed_writes(art, tmp_path, ["--precision", "ubinary"],
+                           [quantize(v, Precision.UBINARY) for v in kiln.load(art).predict(DOCUMENTS)])
+    assert binary.returncode == 0, binary.stderr
+    # kiln export stores no output calibration: int8 has no ranges, said before any text is embedded
+    refused = _embed_writes(art, tmp_path, ["--precision", "int8"], [])
+    assert refused.returncode == 2 and "--precision int8 takes its ranges" in refused.stderr
+    ray = _embed_writes(art, tmp_path, ["--ray", "local"], [])
+    assert ray.returncode == 2 and "--ray is not supported" in ray.stderr

@@ -21,7 +21,7 @@ from kiln.artifact.directory import Artifact
 from kiln.embed.corpus import Corpus, read_corpus
 from kiln.embed.parts import JobRecord, prepare_output, write_part, write_record
 from kiln.errors import UsageError
-from kiln.runtime.precision import parse_precision, quantize, ranges_of, refuse_rejected
+from kiln.runtime.precision import parse_precision, quantize, ranges_for, refuse_rejected
 from kiln.tasks import TASKS, task_spec
 
 Progress = Callable[[int, int], None]  # (texts done, texts in total)
@@ -86,18 +86,11 @@ def run_embed(config: EmbedConfig, progress: Progress = lambda done, total: None
         raise UsageError(f"kiln embed needs an artifact of {kinds}; {config.artifact} does {task}")
     variant = artifact.variant_name(config.variant)
     precision = parse_precision(config.precision, "--precision")
-    if spec.multi_vectors and (precision.value != "float32" or config.ray is not None):
-        raise UsageError(f"kiln embed of a {task} artifact writes float32 token vectors on this machine: "
-                         f"{'--ray' if config.ray is not None else f'--precision {precision.value}'} is not "
-                         "supported for it yet")
+    if spec.multi_vectors and config.ray is not None:
+        raise UsageError(f"kiln embed of a {task} artifact runs on this machine: --ray is not supported for it yet")
     refuse_rejected(artifact.manifest.build.stored_vectors, artifact.task_config.dimension, precision)
     # Ranges from the artifact's calibration, checked before any text is embedded (int8/uint8 need them).
-    calibration = artifact.output_calibration() if precision.calibrated else None
-    ranges = ranges_of(calibration) if calibration is not None else None
-    if precision.calibrated and ranges is None:
-        raise UsageError(f"--precision {precision.value} takes its ranges from the artifact's output calibration, "
-                         f"which {config.artifact} has none of (kiln optimize stores it); binary and ubinary need "
-                         "none")
+    ranges = ranges_for(precision, artifact.output_calibration() if precision.calibrated else None, "--precision")
     corpus = read_corpus(config.input, config.text_field, config.id_field)
     record = JobRecord(str(config.input.resolve()), config.input.stat().st_size, config.text_field, config.id_field,
                        str(artifact.path.resolve()), artifact_identity(artifact, variant), variant, len(corpus),
@@ -115,7 +108,8 @@ def run_embed(config: EmbedConfig, progress: Progress = lambda done, total: None
     embedded, dimension = 0, record.dimension
     for index, vectors in _vectors_per_part(config, artifact, variant, corpus, record, todo, advance):
         rows = _part_rows(record, index)
-        stored = vectors if isinstance(vectors, list) else quantize(vectors, precision, ranges)
+        stored = [quantize(v, precision, ranges) for v in vectors] if isinstance(vectors, list) else \
+            quantize(vectors, precision, ranges)
         write_part(config.output, index, corpus.ids[rows.start : rows.stop], stored)
         embedded += len(rows)
         if dimension is None:

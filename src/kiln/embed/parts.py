@@ -92,20 +92,21 @@ def write_record(output: Path, record: JobRecord) -> None:
 
 def write_part(output: Path, index: int, ids: Any, vectors: np.ndarray | list[np.ndarray]) -> Path:
     """One part, atomically: (id, vector) rows, the vector a fixed-size list of float32 (or of int8 / uint8 at
-    another precision); for a late-interaction artifact, (id, vectors) rows: a list of fixed-size float32 lists, one
+    another precision); for a late-interaction artifact, (id, vectors) rows: a list of such fixed-size lists, one
     per kept token."""
     pa = pyarrow_module()
     import pyarrow.parquet as pq
 
+    def fixed_size(rows: np.ndarray) -> Any:
+        rows = np.ascontiguousarray(rows, dtype=rows.dtype if rows.dtype.itemsize == 1 else np.float32)
+        return pa.FixedSizeListArray.from_arrays(pa.array(rows.reshape(-1)), rows.shape[1])
+
     if isinstance(vectors, list):
-        flat = np.ascontiguousarray(np.concatenate(vectors), dtype=np.float32)
         offsets = np.concatenate([[0], np.cumsum([len(v) for v in vectors])]).astype(np.int32)
-        tokens = pa.FixedSizeListArray.from_arrays(pa.array(flat.reshape(-1)), flat.shape[1])
+        tokens = fixed_size(np.concatenate(vectors))
         table = pa.table({"id": ids, "vectors": pa.ListArray.from_arrays(pa.array(offsets), tokens)})
     else:
-        vectors = np.ascontiguousarray(vectors, dtype=vectors.dtype if vectors.dtype.itemsize == 1 else np.float32)
-        column = pa.FixedSizeListArray.from_arrays(pa.array(vectors.reshape(-1)), vectors.shape[1])
-        table = pa.table({"id": ids, "vector": column})
+        table = pa.table({"id": ids, "vector": fixed_size(vectors)})
     final = part_path(output, index)
     tmp = output / f".{final.name}.tmp"
     pq.write_table(table, tmp)

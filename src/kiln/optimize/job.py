@@ -44,7 +44,7 @@ from kiln.runtime.precision import CALIBRATION_FILE, parse_precision
 from kiln.runtime.predictor import Predictor
 from kiln.system.cpu import cpu_info, int8_scheme
 from kiln.system.invocation import invocation
-from kiln.tasks import task_spec
+from kiln.tasks import TASKS, task_spec
 from kiln.validation.agreement import agreement_inputs, measure_agreement
 from kiln.validation.batching import BatchedAgreement, Batching, measure_batchings
 from kiln.validation.figures import Agreement, AgreementInputs, EvalSet
@@ -112,8 +112,10 @@ class OptimizeConfig:
         if self.matryoshka_dims and not task_spec(self.task).embeds:
             raise UsageError(f"--matryoshka-dims applies to embedding tasks; this run is --task {self.task}")
         object.__setattr__(self, "precisions", tuple(parse_precision(p, "--precisions") for p in self.precisions))
-        if self.precisions and not task_spec(self.task).embeds:
-            raise UsageError(f"--precisions applies to embedding tasks; this run is --task {self.task}")
+        if self.precisions and not (task_spec(self.task).embeds or task_spec(self.task).multi_vectors):
+            kinds = ", ".join(name for name, spec in TASKS.items() if spec.embeds or spec.multi_vectors)
+            raise UsageError(f"--precisions applies to tasks whose results are stored vectors ({kinds}); this run is "
+                             f"--task {self.task}")
         if not 0 < self.retrieval_tolerance < 1:
             raise UsageError(f"--retrieval-tolerance must be between 0 and 1 (got {self.retrieval_tolerance:g})")
 
@@ -378,7 +380,7 @@ class OptimizeJob:
         """Embedding tasks: the kept fp32 reference's vectors of the calibration texts, written beside the manifest;
         int8/uint8 output precision takes its per-dimension ranges from them (kiln.runtime.precision), so every
         server and job quantizes a text to the same bytes. None for other tasks, or without a kept reference."""
-        if not self.spec.embeds or kept is None:
+        if not (self.spec.embeds or self.spec.multi_vectors) or kept is None:
             return None
         # The user's calibration texts when given (their traffic); else more built-in ones than int8 variants
         # calibrate on: 128 texts left the MiniLM's int8 ranges narrow (recall@10 0.970), 512 give 0.98 (same split).
@@ -435,8 +437,7 @@ def time_original(original: SourceModel, timing: tuple[Encoding, ...], batch_siz
 
 def write_output_calibration(stage: Path, predictor: Predictor, texts: list[Any]) -> str:
     """The fp32 vectors of ``texts``, written beside the manifest: int8/uint8 output precision's ranges."""
-    vectors = np.stack(predictor.predict(texts)).astype(np.float32)
-    np.save(stage / CALIBRATION_FILE, vectors, allow_pickle=False)
+    np.save(stage / CALIBRATION_FILE, predictor.handler.output_vectors(predictor, texts), allow_pickle=False)
     return CALIBRATION_FILE
 
 
@@ -445,22 +446,31 @@ def measure_stored_vectors(config: OptimizeConfig, predictor: Predictor, calibra
     """--precisions: recall@10 of the full-size float32 neighbours, memory and search speed of each stored
     (size, precision) of ``predictor``'s vectors of held-out sentences, and NDCG@10 on the user's --eval
     judgements where the task reads them as such, each judged against the tolerance."""
-    from kiln.validation.stored_vectors import JudgedVectors, measure, retrieval_corpus
+    from kiln.validation.stored_vectors import JudgedVectors, measure, measure_token_vectors, retrieval_corpus
 
     texts = retrieval_corpus()
     progress(f"measuring stored-vector retrieval on {len(texts)} held-out sentences "
              f"({', '.join(p.value for p in config.precisions)}; sizes {config.matryoshka_dims or 'full'})")
-    vectors = np.stack(predictor.predict(texts)).astype(np.float32)
-    judgements = task_spec(config.task).retrieval_judgements(eval_set) if eval_set is not None else None
+    spec = task_spec(config.task)
+    # A late-interaction model's queries are encoded as queries, and its results are kept as lists of token vectors.
+    as_queries = {"is_query": True} if spec.multi_vectors else {}
+
+    def vectors(inputs: list[str], **options: Any) -> Any:
+        found = predictor.predict(inputs, **options)
+        return found if spec.multi_vectors else np.stack(found).astype(np.float32)
+
+    judgements = spec.retrieval_judgements(eval_set) if eval_set is not None else None
     judged = None
     if judgements is not None:
         progress(f"and NDCG@10 of {len(judgements.queries)} queries over {len(judgements.documents)} texts of "
                  f"{judgements.source}")
-        judged = JudgedVectors(np.stack(predictor.predict(judgements.queries)).astype(np.float32),
-                               np.stack(predictor.predict(judgements.documents)).astype(np.float32),
+        judged = JudgedVectors(vectors(judgements.queries, **as_queries), vectors(judgements.documents),
                                judgements.relevance)
-    return measure(vectors, 100, calibration, config.matryoshka_dims, config.precisions, config.retrieval_tolerance,
-                   predictor.config.normalize, judged)
+    if spec.multi_vectors:
+        return measure_token_vectors(vectors(texts[:100], **as_queries), vectors(texts[100:]), calibration,
+                                     config.precisions, config.retrieval_tolerance, judged)
+    return measure(vectors(texts), 100, calibration, config.matryoshka_dims, config.precisions,
+                   config.retrieval_tolerance, predictor.config.normalize, judged)
 
 
 def _check_comparable(model: SourceModel, reference: SourceModel) -> None:

@@ -104,10 +104,10 @@ def markdown(summary: RunSummary) -> str:
 def write_stored_vectors(directory: Path, rows: tuple, tolerance: float) -> None:
     """The retrieval cost of each stored (size, precision), appended to summary.md."""
     from kiln.report.html import markdown_table
-    from kiln.report.tables import STORED_NOTE, stored_vectors_table
+    from kiln.report.tables import stored_note, stored_vectors_table
 
     lines = ["## Stored vectors: size x precision", "", *markdown_table(stored_vectors_table(rows, tolerance)),
-             STORED_NOTE, ""]
+             stored_note(rows), ""]
     with open(directory / "summary.md", "a") as fh:
         fh.write("\n".join(lines) + "\n")
 

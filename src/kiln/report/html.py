@@ -115,7 +115,7 @@ def render(data: BenchResults) -> str:
         if data.optimize else None
     if stored:
         parts += ["<h2>Stored vectors: size x precision</h2>", html_table(stored),
-                  f"<p>{escape(tables.STORED_NOTE)}</p>"]
+                  f"<p>{escape(tables.stored_note(data.optimize.stored_vectors))}</p>"]
     if data.targets:
         parts += [f"<h2>{tables.targets_title(data)}</h2>", html_table(tables.targets_table(data))]
     generation = tables.generation_table(data)
@@ -175,7 +175,8 @@ def markdown(data: BenchResults) -> str:
     stored = md(tables.stored_vectors_table(data.optimize.stored_vectors, data.optimize.retrieval_tolerance)
                 if data.optimize else None)
     if stored:
-        lines += ["## Stored vectors: size x precision", "", *stored, tables.STORED_NOTE, ""]
+        lines += ["## Stored vectors: size x precision", "", *stored, tables.stored_note(data.optimize.stored_vectors),
+                  ""]
     if data.targets:
         lines += [f"## {tables.targets_title(data)}", "", *md(tables.targets_table(data))]
     generation = md(tables.generation_table(data))

@@ -211,6 +211,17 @@ STORED_NOTE = ("Recall@10 of the full-size float32 neighbours of 100 held-out do
                "rescoring reads the candidates' int8 vectors from disk (memory counts the binary index only). NDCG@10, "
                "where shown, ranks all texts of the --eval judgements (query, text, relevance) for each query. kiln "
                "serve refuses a rejected size and precision with a 422.")
+TOKEN_NOTE = ("Late interaction: recall@10 of the float32 MaxSim neighbours of 100 held-out documentation sentences "
+              "(encoded as queries, kept float32 as ColBERT keeps its queries) among ~980 others stored as token "
+              "vectors at each precision, exact MaxSim in numpy on the building machine; bytes are per token vector. "
+              "int8/uint8 are decoded with the artifact's per-dimension ranges, binary/ubinary read as -1/+1 per bit. "
+              "NDCG@10, where shown, ranks all texts of the --eval judgements for each query. kiln serve refuses a "
+              "rejected precision with a 422.")
+
+
+def stored_note(rows: tuple) -> str:
+    """What the stored-vectors table measured: single vectors, or a late-interaction model's token vectors."""
+    return TOKEN_NOTE if rows and rows[0].search.startswith("maxsim") else STORED_NOTE
 
 
 def stored_vectors_table(rows: tuple, tolerance: float | None) -> Table | None:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from kiln.errors import UsageError
-from kiln.runtime.precision import Precision, parse_precision, quantize, ranges_of, refuse_rejected
+from kiln.runtime.precision import Precision, parse_precision, quantize, ranges_for, refuse_rejected
 from kiln.tasks import task_spec
 
 if TYPE_CHECKING:
@@ -70,13 +70,7 @@ def encode(
 def _ranges(predictor: Predictor, precision: Precision, truncate_dim: int | None,
             normalize: bool) -> np.ndarray | None:
     """int8/uint8 ranges from the artifact's calibration vectors, cut and normalised as the vectors were."""
-    if not precision.calibrated:
-        return None
-    if predictor.output_calibration is None:
-        raise UsageError(f"precision={precision.value!r} takes its ranges from the artifact's output calibration, "
-                         "which this artifact has none of (kiln optimize stores it; kiln export does not); "
-                         "'binary' and 'ubinary' need none")
-    return ranges_of(predictor.output_calibration, truncate_dim, normalize)
+    return ranges_for(precision, predictor.output_calibration, "precision", truncate_dim, normalize)
 
 
 def _embed(predictor: Predictor, texts: list[str], show_progress_bar: bool | None) -> np.ndarray:

@@ -33,6 +33,12 @@ class Precision(Choice):
         """Whether it needs per-dimension ranges."""
         return self in (Precision.INT8, Precision.UINT8)
 
+    @property
+    def bits(self) -> Precision:
+        """The precision whose bits these are: uint8 stores int8's buckets shifted, ubinary binary's bits unshifted,
+        so one measurement judges both."""
+        return {Precision.UINT8: Precision.INT8, Precision.UBINARY: Precision.BINARY}.get(self, self)
+
     def bytes_per_vector(self, dimensions: int) -> int:
         return {Precision.FLOAT32: 4 * dimensions, Precision.INT8: dimensions, Precision.UINT8: dimensions}.get(
             self, (dimensions + 7) // 8)
@@ -52,6 +58,35 @@ def ranges_of(calibration: np.ndarray, dimensions: int | None = None, normalize:
     if normalize:
         vectors = vectors / np.clip(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12, None)
     return np.vstack((vectors.min(axis=0), vectors.max(axis=0)))
+
+
+def ranges_for(precision: Precision, calibration: np.ndarray | None, flag: str = "precision",
+               dimensions: int | None = None, normalize: bool = False) -> np.ndarray | None:
+    """int8/uint8 ranges from the artifact's calibration vectors (see :func:`ranges_of`); None for the precisions
+    that need none. A UsageError naming ``flag`` when the artifact has no calibration (kiln export stores none)."""
+    if not precision.calibrated:
+        return None
+    if calibration is None:
+        raise UsageError(f"{flag} {precision.value} takes its ranges from the artifact's output calibration, which "
+                         "this artifact has none of (kiln optimize stores it; kiln export does not); float32, binary "
+                         "and ubinary need none")
+    return ranges_of(calibration, dimensions, normalize)
+
+
+def dequantize(stored: np.ndarray, precision: Precision, ranges: np.ndarray | None = None,
+               dimensions: int | None = None) -> np.ndarray:
+    """Float vectors ([n, d]) back from stored ones, for searching them: int8/uint8 each bucket's middle (what a
+    scalar-quantizer index such as faiss's SQ8 decodes), binary/ubinary -1/+1 per bit (the first ``dimensions``:
+    packing pads to whole bytes); then L2-normalised."""
+    if precision is Precision.FLOAT32:
+        decoded = stored.astype(np.float32)
+    elif precision.calibrated:
+        buckets = stored.astype(np.float32) + (128 if precision is Precision.INT8 else 0)
+        decoded = (buckets + 0.5) * ((ranges[1] - ranges[0]) / 255) + ranges[0]
+    else:
+        raw = stored.astype(np.int16) + 128 if precision is Precision.BINARY else stored
+        decoded = np.unpackbits(raw.astype(np.uint8), axis=-1, count=dimensions).astype(np.float32) * 2 - 1
+    return decoded / np.clip(np.linalg.norm(decoded, axis=-1, keepdims=True), 1e-12, None)
 
 
 def quantize(vectors: np.ndarray, precision: Precision, ranges: np.ndarray | None = None) -> np.ndarray:
@@ -76,7 +111,7 @@ def quantize(vectors: np.ndarray, precision: Precision, ranges: np.ndarray | Non
 def refuse_rejected(stored_vectors: Sequence[Any], dimensions: int | None, precision: Precision) -> None:
     """A (size, precision) that kiln optimize measured for retrieval and rejected (``BuildRecord.stored_vectors``)
     is a UsageError quoting its figure; unmeasured ones pass (nothing to hold them to)."""
-    rows = [r for r in stored_vectors if r.dimensions == dimensions and r.precision == precision.value]
+    rows = [r for r in stored_vectors if r.dimensions == dimensions and Precision(r.precision).bits is precision.bits]
     if rows and not any(r.accepted for r in rows):
         best = max(rows, key=lambda r: r.recall_at_10)
         accepted = ", ".join(dict.fromkeys(f"{r.dimensions}/{r.precision}" for r in stored_vectors if r.accepted))

@@ -315,6 +315,10 @@ class TaskSpec:
         """Labelled data kiln ships for this task (None: the task metric needs --eval)."""
         return None
 
+    def output_vectors(self, predictor: Predictor, inputs: Sequence[Any]) -> np.ndarray:
+        """The output calibration (kiln.runtime.precision): the reference's vectors of ``inputs``, one row each."""
+        return np.stack(predictor.predict(inputs)).astype(np.float32)
+
     @classmethod
     def retrieval_judgements(cls, data: EvalSet) -> Any:
         """Labelled data as retrieval judgements (kiln.validation.stored_vectors.Judgements) for the stored-vector

@@ -23,7 +23,7 @@ from pydantic import Field
 
 from kiln.choices import Pooling, WireProtocol
 from kiln.errors import UnsupportedModelError, UsageError
-from kiln.runtime.precision import Precision, parse_precision, quantize, ranges_of, refuse_rejected
+from kiln.runtime.precision import Precision, parse_precision, quantize, ranges_for, refuse_rejected
 from kiln.tasks import tei
 from kiln.tasks.base import Prepared, TaskSpec, field, read_json
 from kiln.tasks.chunking import Chunking, ChunkingModel, as_chunking, by_owner, chunked, span
@@ -238,22 +238,16 @@ class FeatureExtraction(TaskSpec):
                              if size else f"dimensions must be at least 1 (got {dimensions})")
         precision = parse_precision(precision)
         refuse_rejected(self.stored_vectors, dimensions or size, precision)
-        ranges = None
-        if precision.calibrated:
-            if self.output_calibration is None:
-                raise UsageError(f"precision {precision.value} takes its ranges from the artifact's output "
-                                 "calibration, which this artifact has none of (kiln optimize stores it; kiln export "
-                                 "does not); float32, binary and ubinary need none")
-            ranges = self._ranges(dimensions)
+        ranges = self._ranges(precision, dimensions) if precision.calibrated else None
         return EmbedOptions(truncate=truncate, dimensions=dimensions, chunking=as_chunking(chunking, CHUNK_MODES),
                             precision=precision, ranges=ranges)
 
-    def _ranges(self, dimensions: int | None) -> np.ndarray:
+    def _ranges(self, precision: Precision, dimensions: int | None) -> np.ndarray:
         """int8/uint8 ranges for vectors of ``dimensions``, made once per size: every int8 request asks for them.
         Served vectors are cut, then re-normalised only when the model normalises (``truncated``)."""
         if dimensions not in self._ranges_by_size:
-            self._ranges_by_size[dimensions] = ranges_of(self.output_calibration, dimensions,
-                                                         self.config.normalize and dimensions is not None)
+            self._ranges_by_size[dimensions] = ranges_for(precision, self.output_calibration, "precision", dimensions,
+                                                          self.config.normalize and dimensions is not None)
         return self._ranges_by_size[dimensions]
 
     def prepare(self, inputs: Sequence[Any], encoder, options: EmbedOptions) -> Prepared:

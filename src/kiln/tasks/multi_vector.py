@@ -32,8 +32,10 @@ import numpy as np
 from pydantic import Field, model_validator
 
 from kiln.errors import ModelLoadError, UnsupportedModelError, UsageError
+from kiln.runtime.precision import Precision, parse_precision, quantize, ranges_for, refuse_rejected
 from kiln.runtime.tokenization import Features
 from kiln.tasks.base import Prepared, TaskSpec, read_json
+from kiln.tasks.feature_extraction import PrecisionName
 from kiln.tasks.http import NonBlank, RequestBody, ResponseModel, Route
 from kiln.tasks.rerank import (
     TOP,
@@ -44,31 +46,41 @@ from kiln.tasks.rerank import (
     as_rerank_query,
     rank_agreement,
 )
-from kiln.validation.figures import Agreement, AgreementInputs, Run
+from kiln.validation.figures import Agreement, AgreementInputs, EvalSet, Judgements, Run
 from kiln.validation.metrics import ranking
 
 # /embed's fields that /embed_multi refuses, and why (the schema does not list them: they are not accepted).
 REFUSED_FIELDS = {
     "dimensions": "a ColBERT model's token vectors keep the size of its trained projection; they cannot be cut "
                   "(it is not Matryoshka-trained)",
-    "precision": "token vectors are float32 only (output precision for late interaction is not supported yet)",
 }
+# Token vectors kept for the output calibration (int8/uint8 ranges): a seeded sample, so the artifact stays small
+# (16k x 128 float32 = 8 MiB) while every dimension's extremes come from tens of thousands of candidates.
+CALIBRATION_VECTORS = 16384
 DEFAULTS = {"query_prefix": "[Q] ", "document_prefix": "[D] ", "query_length": 32, "document_length": 180,
             "do_query_expansion": True, "attend_to_expansion_tokens": False}  # PyLate's, where the config is silent
 
 
-def maxsim(query: np.ndarray, documents: Sequence[np.ndarray]) -> np.ndarray:
-    """ColBERT's late-interaction score of one query against each document: the sum over the query's vectors of
-    their best dot product with any of the document's vectors. One matrix product over the documents' vectors
-    stacked, then a segmented max."""
-    if not documents:
-        return np.zeros(0, dtype=np.float32)
+def stacked(documents: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Documents' token vectors as one [all tokens, dim] array, and where each document starts in it."""
     lengths = np.array([len(d) for d in documents])
     if (lengths == 0).any():
         raise UsageError("a document with no token vectors cannot be scored (every token was skipped)")
-    sims = np.concatenate(documents) @ query.T  # [all document tokens, query tokens]
-    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    return np.concatenate(documents), np.concatenate([[0], np.cumsum(lengths)[:-1]])
+
+
+def maxsim_stacked(query: np.ndarray, tokens: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """MaxSim of one query against stacked documents (:func:`stacked`): one matrix product, a segmented max."""
+    sims = tokens @ query.T  # [all document tokens, query tokens]
     return np.maximum.reduceat(sims, starts, axis=0).sum(axis=1).astype(np.float32)
+
+
+def maxsim(query: np.ndarray, documents: Sequence[np.ndarray]) -> np.ndarray:
+    """ColBERT's late-interaction score of one query against each document: the sum over the query's vectors of
+    their best dot product with any of the document's vectors."""
+    if not documents:
+        return np.zeros(0, dtype=np.float32)
+    return maxsim_stacked(query, *stacked(documents))
 
 
 @dataclass(frozen=True)
@@ -77,6 +89,8 @@ class MultiVectorOptions:
     top_n: int | None = None  # ranking inputs: the best top_n texts
     return_documents: bool = False
     truncate: bool = True
+    precision: Precision = Precision.FLOAT32  # of the token vectors returned (texts; a ranking scores float32)
+    ranges: np.ndarray | None = None  # int8/uint8: from the artifact's output calibration
 
 
 class EmbedMultiRequest(RequestBody):
@@ -84,6 +98,10 @@ class EmbedMultiRequest(RequestBody):
         description="One text or a list of texts.")
     is_query: bool = Field(description="Queries (marker [Q], expanded with [MASK] to the query length) or "
                            "documents (marker [D], punctuation left out): ColBERT encodes them differently.")
+    precision: PrecisionName = Field("float32", description="Of every token vector, as sentence-transformers' "
+                                     "quantize_embeddings makes it: int8/uint8 per-dimension buckets from the "
+                                     "artifact's calibration (422 when it has none), binary/ubinary one bit per "
+                                     "dimension packed 8 to a byte (int8 minus 128 / uint8).")
 
     @model_validator(mode="before")
     @classmethod
@@ -98,12 +116,13 @@ class EmbedMultiRequest(RequestBody):
         return [self.inputs] if isinstance(self.inputs, str) else list(self.inputs)
 
     def options(self) -> dict[str, Any]:
-        return {"is_query": self.is_query}
+        return {"is_query": self.is_query, "precision": self.precision}
 
 
 class EmbedMultiResponse(ResponseModel):
     model: str
-    embeddings: list[list[list[float]]] = Field(description="Per input, one L2-normalised vector per kept token.")
+    embeddings: list[list[list[float]]] = Field(description="Per input, one L2-normalised vector per kept token "
+                                                "(at ``precision``: integers for int8/uint8/binary/ubinary).")
     truncated: bool = Field(description="Whether any input was cut to the query or document length.")
 
 
@@ -137,6 +156,10 @@ class MultiVector(TaskSpec):
                     EmbedMultiResponse, _embed_multi),
               Route("/rerank", "Rank texts for a query by MaxSim", RankingRequest, RerankResponse, _rerank,
                     inputs_field="texts"))
+
+    def __init__(self, config: Any) -> None:
+        super().__init__(config)
+        self._ranges: np.ndarray | None = None  # int8/uint8 ranges, from output_calibration once asked for
 
     # -- loading ------------------------------------------------------------------------------------------
     @classmethod
@@ -179,10 +202,15 @@ class MultiVector(TaskSpec):
 
     # -- per call -----------------------------------------------------------------------------------------
     def options(self, is_query: bool = False, top_n: int | None = None, return_documents: bool = False,
-                truncate: bool = True) -> MultiVectorOptions:
+                truncate: bool = True, precision: str | Precision = Precision.FLOAT32) -> MultiVectorOptions:
         if top_n is not None and top_n < 1:
             raise UsageError(f"top_n must be at least 1, or None for every text (got {top_n})")
-        return MultiVectorOptions(bool(is_query), top_n, return_documents, truncate)
+        precision = parse_precision(precision)
+        refuse_rejected(self.stored_vectors, self.config.dimension, precision)
+        if precision.calibrated and self._ranges is None:  # made once: every int8 request asks for them
+            self._ranges = ranges_for(precision, self.output_calibration)
+        return MultiVectorOptions(bool(is_query), top_n, return_documents, truncate, precision,
+                                  self._ranges if precision.calibrated else None)
 
     def check_inputs(self, inputs: Sequence[Any]) -> list[Any]:
         if all(isinstance(i, str) for i in inputs):
@@ -257,7 +285,11 @@ class MultiVector(TaskSpec):
                  encoder: Any) -> list[Any]:
         vectors = [self.kept(f, r) for f, r in zip(prepared.encodings, reduced)]
         if all(isinstance(i, str) for i in prepared.inputs):
-            return vectors
+            return vectors if options.precision is Precision.FLOAT32 else \
+                [quantize(v, options.precision, options.ranges) for v in vectors]
+        if options.precision is not Precision.FLOAT32:
+            raise UsageError(f"precision {options.precision.value} applies to token vectors (texts); a ranking is "
+                             "scored in float32")
         results, owners = [], np.array(prepared.owners)
         for i, query in enumerate(prepared.inputs):
             mine = [vectors[j] for j in np.flatnonzero(owners == i)]
@@ -266,6 +298,29 @@ class MultiVector(TaskSpec):
             results.append([Ranked(j, float(scores[j]), query.texts[j] if options.return_documents else None)
                             for j in order])
         return results
+
+    def output_vectors(self, predictor: Any, inputs: Sequence[Any]) -> np.ndarray:
+        """The output calibration: token vectors of the calibration queries (as queries) and texts (as documents),
+        a seeded sample of CALIBRATION_VECTORS of them when there are more."""
+        texts = [t for item in inputs for t in ([item] if isinstance(item, str) else item.texts)]
+        queries = [item.query for item in inputs if not isinstance(item, str)]
+        found = predictor.predict(texts) + (predictor.predict(queries, is_query=True) if queries else [])
+        vectors = np.concatenate(found).astype(np.float32)
+        if len(vectors) > CALIBRATION_VECTORS:
+            keep = np.random.default_rng(0).choice(len(vectors), CALIBRATION_VECTORS, replace=False)
+            vectors = vectors[np.sort(keep)]
+        return vectors
+
+    @classmethod
+    def retrieval_judgements(cls, data: EvalSet) -> Judgements | None:
+        """The --eval rows (query, text, relevance) as retrieval judgements: every query searches every text."""
+        documents = list(dict.fromkeys(t for item in data.inputs for t in item.texts))
+        where = {d: i for i, d in enumerate(documents)}
+        relevance = np.zeros((len(data.inputs), len(documents)))
+        for i, (item, labels) in enumerate(zip(data.inputs, data.labels)):
+            for text, label in zip(item.texts, labels):
+                relevance[i, where[text]] = max(relevance[i, where[text]], label)
+        return Judgements(data.source, [item.query for item in data.inputs], documents, relevance)
 
     def comparable(self, reduced: Any) -> np.ndarray:
         return np.asarray(reduced, dtype=np.float32).reshape(-1)

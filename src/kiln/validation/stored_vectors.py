@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kiln.artifact.records import StoredVectors
-from kiln.runtime.precision import Precision, quantize, ranges_of
+from kiln.runtime.precision import Precision, dequantize, quantize, ranges_of
 from kiln.validation.metrics import ndcg_of_ranking
 
 TOP = 10
@@ -36,7 +36,7 @@ RESCORES = (4, 10)  # candidates per result for binary + rescoring (4: sentence-
 class JudgedVectors:
     """Judgements embedded by the variant measured: float32 query and document vectors."""
 
-    queries: np.ndarray
+    queries: np.ndarray  # [queries, d]; a late-interaction model's: a list of [tokens, d]
     documents: np.ndarray
     relevance: np.ndarray
 
@@ -82,10 +82,8 @@ def _searcher(precision: Precision, search: str, docs: np.ndarray, float_docs: n
               ) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
     """(stored queries, float queries) -> top-10 document indices per query. ``docs``: the stored documents;
     ``float_docs``: the same before quantization (rescoring reads their int8 form)."""
-    steps = (ranges[1] - ranges[0]) / 255
-
     def decode(int8: np.ndarray) -> np.ndarray:  # each bucket's middle
-        return _unit((int8.astype(np.float32) + 128 + 0.5) * steps + ranges[0])
+        return dequantize(int8, Precision.INT8, ranges)
 
     if search.startswith(Search.HAMMING):
         bits = _bits(docs)
@@ -165,6 +163,44 @@ def measure(vectors: np.ndarray, queries: int, calibration: np.ndarray, sizes: S
                 size_bytes = precision.bytes_per_vector(size)
                 rows.append(StoredVectors(size, precision.value, how, recall, size_bytes,
                                           size_bytes * 1e6 / 2**20, per_s, accepted, ndcg))
+    return tuple(rows)
+
+
+# How a late-interaction model's stored token vectors are searched: MaxSim of the float32 query's vectors (queries
+# are encoded at search time, as ColBERT's PLAID compresses only the documents) against the documents' vectors
+# decoded from their precision.
+TOKEN_SEARCHES = {Precision.FLOAT32: "maxsim", Precision.INT8: "maxsim, decoded", Precision.UINT8: "maxsim, decoded",
+                  Precision.BINARY: "maxsim over +-1 bits", Precision.UBINARY: "maxsim over +-1 bits"}
+
+
+def measure_token_vectors(queries: Sequence[np.ndarray], documents: Sequence[np.ndarray], calibration: np.ndarray,
+                          precisions: Sequence[Precision], tolerance: float,
+                          judged: JudgedVectors | None = None) -> tuple[StoredVectors, ...]:
+    """Every output precision of a late-interaction model's document token vectors: recall@10 of the float32
+    MaxSim neighbours of ``queries`` (their token vectors) among ``documents``, memory per token vector and exact
+    MaxSim search speed; with ``judged`` (lists of token vectors), NDCG@10 on the user's judgements too."""
+    from kiln.tasks.multi_vector import maxsim_stacked, stacked
+
+    def searcher(docs: Sequence[np.ndarray], precision: Precision) -> Callable[[Sequence[np.ndarray]], np.ndarray]:
+        tokens, starts = stacked(docs)
+        ranges = ranges_of(calibration) if precision.calibrated else None
+        tokens = dequantize(quantize(tokens, precision, ranges), precision, ranges, tokens.shape[1])
+        return lambda asked: _top(np.stack([maxsim_stacked(q, tokens, starts) for q in asked]), TOP)
+
+    size = documents[0].shape[1]
+    truth = searcher(documents, Precision.FLOAT32)(queries)
+    rows: list[StoredVectors] = []
+    for precision in dict.fromkeys([Precision.FLOAT32, *precisions]):
+        search = searcher(documents, precision)
+        recall = float(np.mean([len(set(a) & set(b)) / TOP for a, b in zip(search(queries), truth)]))
+        per_s = _timed(lambda s=search: s(queries), len(queries))
+        ndcg = ndcg_at_10(searcher(judged.documents, precision)(judged.queries), judged.relevance) \
+            if judged is not None else None
+        floor_ndcg = rows[0].ndcg_at_10 if rows else ndcg  # the float32 row comes first
+        accepted = recall >= 1 - tolerance and (ndcg is None or floor_ndcg - ndcg <= tolerance)
+        size_bytes = precision.bytes_per_vector(size)
+        rows.append(StoredVectors(size, precision.value, TOKEN_SEARCHES[precision], recall, size_bytes,
+                                  size_bytes * 1e6 / 2**20, per_s, accepted, ndcg))
     return tuple(rows)
 
 
