@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.kiln-installed
 DEMO_OUT ?= kiln-out
 
-.PHONY: demo test install browser triton-server slim infinity-server kserve-client pylate lint clean
+.PHONY: demo test install browser triton-server slim infinity-server kserve-client pylate colbert-ai lint clean
 
 install: $(STAMP)
 
@@ -63,14 +63,14 @@ $(SLIM_STAMP): pyproject.toml constraints.txt
 	$(SLIM_VENV)/bin/pip install -q --disable-pip-version-check -c constraints.txt -e '.[serve,embed]'
 	touch $(SLIM_STAMP)
 
-test: install browser triton-server slim infinity-server kserve-client pylate
+test: install browser triton-server slim infinity-server kserve-client pylate colbert-ai
 	$(PY) -m pytest -q
 
 lint: install
 	$(VENV)/bin/ruff check src tests
 
 clean:
-	rm -rf $(VENV) $(TRITON_VENV) $(SLIM_VENV) $(INFINITY_VENV) $(KSERVE_VENV) $(PYLATE_VENV) $(DEMO_OUT) .pytest_cache
+	rm -rf $(VENV) $(TRITON_VENV) $(SLIM_VENV) $(INFINITY_VENV) $(KSERVE_VENV) $(PYLATE_VENV) $(COLBERT_VENV) $(DEMO_OUT) .pytest_cache
 
 # A real deployment nobody here wrote, for kiln audit's test: Infinity (infinity-emb 0.0.78) in its own venv. It pins
 # transformers 4.57 and numpy < 2; torch 2.13.0 first, as everywhere (any other version pulls CUDA wheels).
@@ -113,3 +113,17 @@ $(PYLATE_STAMP):
 	$(PYLATE_VENV)/bin/pip install -q --disable-pip-version-check --no-deps 'pylate==1.6.0'
 	$(PYLATE_VENV)/bin/python -c "from pylate import models"
 	touch $(PYLATE_STAMP)
+
+# The original ColBERT (colbert-ai 0.2.22), whose checkpoint layout kiln also reads, in its own venv: its HF_ColBERT
+# does not load under transformers 5 (no post_init), so transformers 4.57.1 here; torch 2.13.0 first, as everywhere.
+# Its search extension (segmented_maxsim) is compiled by torch on first use, with the system's g++.
+COLBERT_VENV ?= .venv-colbert
+COLBERT_STAMP := $(COLBERT_VENV)/.kiln-colbert
+colbert-ai: $(COLBERT_STAMP)
+
+$(COLBERT_STAMP):
+	$(PYTHON) -m venv $(COLBERT_VENV)
+	$(COLBERT_VENV)/bin/pip install -q --disable-pip-version-check torch==2.13.0
+	$(COLBERT_VENV)/bin/pip install -q --disable-pip-version-check 'transformers==4.57.1' 'colbert-ai==0.2.22'
+	$(COLBERT_VENV)/bin/python -c "from colbert.modeling.checkpoint import Checkpoint"
+	touch $(COLBERT_STAMP)

@@ -244,3 +244,43 @@ def build_tiny_colbert(directory: Path, dims: int = 16, *, query_length: int = 1
         "query_length": query_length, "document_length": document_length, "attend_to_expansion_tokens": False,
         "skiplist_words": list(string.punctuation), "do_query_expansion": True}))
     return directory
+
+
+def build_tiny_colbert_ai(directory: Path, dims: int = 16, *, query_length: int = 16, document_length: int = 48,
+                          seed: int = 0) -> Path:
+    """A tiny ColBERT in the original ColBERT's (``colbert-ai``) checkpoint layout, what its ``HF_ColBERT``
+    ``save_pretrained`` writes: one weights file holding the encoder under ``bert.`` and the bias-free projection
+    as ``linear.weight``, config.json naming ``HF_ColBERT``, and ``artifact.metadata`` (its ColBERTConfig) with the
+    lengths, the projection size and the ``[unused0]``/``[unused1]`` markers (in a real BERT vocabulary; added to the
+    tiny one here)."""
+    import json
+
+    from safetensors.torch import save_file
+
+    build_tiny_model("bert", TaskName.FEATURE_EXTRACTION, directory, seed=seed)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(directory)
+    tokenizer.add_tokens(["[unused0]", "[unused1]"])
+    model = transformers.AutoModel.from_pretrained(directory)
+    torch.manual_seed(seed + 1)
+    model.resize_token_embeddings(len(tokenizer))
+    with torch.no_grad():
+        model.embeddings.word_embeddings.weight[-2:].normal_(0, 0.2)
+    state = {f"bert.{k}": v.contiguous() for k, v in model.state_dict().items()}
+    state["linear.weight"] = torch.randn(dims, model.config.hidden_size) * 0.3
+    for stale in directory.glob("*.safetensors"):
+        stale.unlink()
+    save_file(state, str(directory / "model.safetensors"), metadata={"format": "pt"})
+    config = json.loads((directory / "config.json").read_text())
+    (directory / "config.json").write_text(json.dumps({**config, "architectures": ["HF_ColBERT"],
+                                                       "vocab_size": len(tokenizer)}))
+    tokenizer.save_pretrained(directory)
+    # as colbert-ai's checkpoints name it (written by transformers 4, which colbert-ai 0.2.22 needs)
+    tokenizer_config = json.loads((directory / "tokenizer_config.json").read_text())
+    (directory / "tokenizer_config.json").write_text(json.dumps({**tokenizer_config,
+                                                                 "tokenizer_class": "BertTokenizerFast"}))
+    (directory / "artifact.metadata").write_text(json.dumps({
+        "query_token_id": "[unused0]", "doc_token_id": "[unused1]", "query_token": "[Q]", "doc_token": "[D]",
+        "dim": dims, "query_maxlen": query_length, "doc_maxlen": document_length, "mask_punctuation": True,
+        "attend_to_mask_tokens": False, "similarity": "cosine", "checkpoint": "bert-base-uncased",
+        "meta": {"version": "colbert-v0.4"}}, indent=4))
+    return directory

@@ -20,6 +20,7 @@ from kiln.tasks import TaskName
 from kiln.tasks.multi_vector import maxsim
 
 PYLATE = Path(__file__).resolve().parents[1] / ".venv-pylate" / "bin" / "python"
+COLBERT_AI = Path(__file__).resolve().parents[1] / ".venv-colbert" / "bin" / "python"
 QUERIES = ["How do I reset my password?", "a train to Lisbon",
            "what is the capital of the country whose largest river flows north into the sea near the old port"]
 DOCUMENTS = ["Please reset my password, it stopped working!", "The train to Lisbon was delayed by two hours.",
@@ -69,6 +70,49 @@ def test_kiln_encodes_and_scores_like_pylate(colbert, task_artifacts, pylate):
         for i, query in enumerate(QUERIES):
             scores = {r.index: r.score for r in predictor.rerank(query, DOCUMENTS)}
             np.testing.assert_allclose([scores[j] for j in range(len(DOCUMENTS))], pylate["scores"][i], rtol=1e-4)
+
+
+def test_kiln_reads_colbert_ai_checkpoints_and_encodes_like_colbert_ai(tmp_path_factory):
+    """The original ColBERT's layout (encoder under bert., linear.weight, artifact.metadata with [unused0]/[unused1]
+    markers): kiln's PyTorch reference and its exported ONNX graph against colbert-ai 0.2.22's Checkpoint
+    (queryFromText, docFromText, colbert_score) on the same checkpoint, in colbert-ai's own venv."""
+    from kiln.choices import ExportFormat
+    from kiln.export.job import ExportConfig, run_export
+    from kiln.model.reference import reference_predictor
+    from kiln.model.source import load_source
+    from tests.factory import build_tiny_colbert_ai
+
+    if not COLBERT_AI.is_file():
+        pytest.skip("no colbert-ai venv (run `make colbert-ai`)")
+    scratch = tmp_path_factory.mktemp("colbert-ai")
+    checkpoint = build_tiny_colbert_ai(scratch / "checkpoint")
+    (scratch / "in.json").write_text(json.dumps({"queries": QUERIES, "documents": DOCUMENTS}))
+    run = subprocess.run([str(COLBERT_AI), str(Path(__file__).parent / "peers" / "colbert_ai_encode.py"),
+                          str(checkpoint), str(scratch / "in.json"), str(scratch / "out.npz")], capture_output=True,
+                         text=True, timeout=600, cwd=scratch)
+    assert run.returncode == 0, run.stderr[-2000:]
+    theirs = dict(np.load(scratch / "out.npz"))
+    run_export(ExportConfig(model=str(checkpoint), task=TaskName.MULTI_VECTOR, format=ExportFormat.ONNX,
+                            output=scratch / "art"))
+    source = load_source(str(checkpoint), TaskName.MULTI_VECTOR.value)
+    assert source.task_config.dimension == 16 and source.task_config.late_interaction["query_length"] == 16
+    for predictor, atol in ((reference_predictor(source), 1e-5), (kiln.load(scratch / "art"), 1e-4)):
+        queries, documents = predictor.predict(QUERIES, is_query=True), predictor.predict(DOCUMENTS)
+        for i, mine in enumerate(queries):
+            np.testing.assert_allclose(mine, theirs[f"q{i}"], atol=atol)
+        for i, mine in enumerate(documents):  # the punctuation document keeps only its letters in both
+            np.testing.assert_allclose(mine, theirs[f"d{i}"], atol=atol)
+        np.testing.assert_allclose(np.stack([maxsim(q, documents) for q in queries]), theirs["scores"], rtol=1e-4)
+
+
+def test_a_colbert_without_a_known_layout_is_refused(tmp_path):
+    from kiln.errors import UnsupportedModelError
+    from kiln.model.source import load_source
+    from tests.factory import build_tiny_model
+
+    plain = build_tiny_model("bert", TaskName.FEATURE_EXTRACTION, tmp_path / "plain")
+    with pytest.raises(UnsupportedModelError, match="neither modules.json .* nor artifact.metadata"):
+        load_source(str(plain), TaskName.MULTI_VECTOR.value)
 
 
 def test_maxsim_is_the_sum_of_each_query_vectors_best_match():

@@ -6,7 +6,9 @@ modules.json (``1_Dense``…: linear, no activation), and config_sentence_transf
 document markers (``[Q] ``/``[D] ``, added tokens; the original ColBERT's ``[unused0]``/``[unused1]``),
 ``query_length``/``document_length``, query expansion with ``[MASK]`` up to ``query_length``
 (``attend_to_expansion_tokens``: whether the encoder attends to them) and the skiplist (punctuation left out of a
-document's vectors). The projection is inside the exported graph, so every engine returns [batch, tokens, dim].
+document's vectors); or as the original ColBERT (``colbert-ai``) stores them: the encoder and a ``linear``
+projection in one weights file, ``artifact.metadata`` for the rest (:class:`ColbertAiLayout`). The projection is
+inside the exported graph, so every engine returns [batch, tokens, dim].
 
 PyLate's encoding, in kiln:
 - a query is ``[CLS] [Q] text [SEP]`` cut to ``query_length``, then ``[MASK]`` up to ``query_length``; every
@@ -166,8 +168,8 @@ class MultiVector(TaskSpec):
     def settings(cls, model_dir: Path, hf_config: Any) -> dict[str, Any]:
         import transformers
 
-        given = read_json(model_dir / "config_sentence_transformers.json") \
-            if (model_dir / "config_sentence_transformers.json").is_file() else {}
+        layout = _layout(model_dir)
+        given = layout.given(model_dir)
         found = {key: given.get(key, default) if given.get(key) is not None else default
                  for key, default in DEFAULTS.items()}
         tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
@@ -183,8 +185,9 @@ class MultiVector(TaskSpec):
         words = given.get("skiplist_words")
         words = list(string.punctuation) if words is None else words
         skip = sorted({int(i) for i in tokenizer.convert_tokens_to_ids(list(words)) if i is not None})
-        dims = _projections(model_dir)
-        return {"dimension": dims[-1][1] if dims else hf_config.hidden_size, "late_interaction": {
+        projections = layout.projections(model_dir)
+        return {"dimension": projections[-1].out_features if projections else hf_config.hidden_size,
+                "late_interaction": {
             "query_length": int(found["query_length"]), "document_length": int(found["document_length"]),
             "expansion_id": int(tokenizer.mask_token_id), "do_query_expansion": bool(found["do_query_expansion"]),
             "attend_to_expansion_tokens": bool(found["attend_to_expansion_tokens"]), "skiplist_ids": skip, **ids}}
@@ -194,7 +197,7 @@ class MultiVector(TaskSpec):
         """The encoder followed by its Dense projections: the module every variant is exported from."""
         from kiln.model.late_interaction import LateInteractionModel
 
-        return LateInteractionModel(hf_model, [_load_dense(model_dir / path) for path, _ in _projections(model_dir)])
+        return LateInteractionModel(hf_model, _layout(model_dir).projections(model_dir))
 
     @classmethod
     def triton_refusal(cls) -> str | None:
@@ -357,17 +360,78 @@ class MultiVector(TaskSpec):
         return Agreement.of("mean_kendall_tau", figures, data.lengths(), tau, "kendall tau")
 
 
-def _projections(model_dir: Path) -> list[tuple[str, int]]:
-    """(directory, output size) of each Dense module after the encoder, in modules.json's order."""
-    if not (model_dir / "modules.json").is_file():
-        raise UnsupportedModelError(f"{model_dir} has no modules.json: a ColBERT checkpoint names its projection "
-                                    "there (PyLate and sentence-transformers layout)")
-    found = []
-    for module in sorted(json.loads((model_dir / "modules.json").read_text()), key=lambda m: m["idx"]):
-        if module["type"].rsplit(".", 1)[-1] == "Dense":
-            config = read_json(model_dir / module["path"] / "config.json")
-            found.append((module["path"], int(config["out_features"])))
+class SentenceTransformersLayout:
+    """PyLate's (and sentence-transformers'): modules.json lists the Dense projections after the encoder, each in
+    its own directory; config_sentence_transformers.json holds the markers, lengths and skiplist."""
+
+    marker = "modules.json"
+
+    @staticmethod
+    def given(model_dir: Path) -> dict[str, Any]:
+        path = model_dir / "config_sentence_transformers.json"
+        return read_json(path) if path.is_file() else {}
+
+    @staticmethod
+    def projections(model_dir: Path) -> list[Any]:
+        modules = sorted(json.loads((model_dir / "modules.json").read_text()), key=lambda m: m["idx"])
+        return [_load_dense(model_dir / m["path"]) for m in modules if m["type"].rsplit(".", 1)[-1] == "Dense"]
+
+
+class ColbertAiLayout:
+    """The original ColBERT's (``colbert-ai``, e.g. colbert-ir/colbertv2.0): one weights file with the encoder under
+    ``bert.`` (transformers loads it as the base model) and the bias-free projection as ``linear.weight``, and
+    ``artifact.metadata`` (its ColBERTConfig) with the markers (``[unused0]``/``[unused1]``), lengths and whether
+    punctuation is masked. Its encoding is PyLate's (both insert the marker after [CLS] and expand queries with
+    [MASK] to the query length), so only the names are read differently."""
+
+    marker = "artifact.metadata"
+
+    @staticmethod
+    def given(model_dir: Path) -> dict[str, Any]:
+        meta = read_json(model_dir / "artifact.metadata")
+        return {"query_prefix": meta.get("query_token_id", "[unused0]"),
+                "document_prefix": meta.get("doc_token_id", "[unused1]"),
+                "query_length": meta.get("query_maxlen", 32), "document_length": meta.get("doc_maxlen", 220),
+                "attend_to_expansion_tokens": meta.get("attend_to_mask_tokens", False), "do_query_expansion": True,
+                "skiplist_words": list(string.punctuation) if meta.get("mask_punctuation", True) else []}
+
+    @staticmethod
+    def projections(model_dir: Path) -> list[Any]:
+        import torch
+
+        state = _weights(model_dir)
+        if "linear.weight" not in state:
+            raise UnsupportedModelError(f"{model_dir}: a colbert-ai checkpoint keeps its projection as linear.weight; "
+                                        "its weights have none")
+        weight = state["linear.weight"]
+        linear = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=False)
+        linear.load_state_dict({"weight": weight})
+        return [linear.eval()]
+
+
+LAYOUTS = (SentenceTransformersLayout, ColbertAiLayout)  # the first whose marker file the checkpoint has
+
+
+def _layout(model_dir: Path) -> type[SentenceTransformersLayout] | type[ColbertAiLayout]:
+    found = next((layout for layout in LAYOUTS if (model_dir / layout.marker).is_file()), None)
+    if found is None:
+        raise UnsupportedModelError(f"{model_dir} has neither modules.json (PyLate / sentence-transformers layout) nor "
+                                    "artifact.metadata (colbert-ai layout): kiln cannot find its projection")
     return found
+
+
+def _weights(model_dir: Path) -> dict[str, Any]:
+    """A checkpoint's tensors: model.safetensors, else pytorch_model.bin read with torch's weights-only loader (kiln
+    reached here only if --allow-pickle let the pickled file through: kiln.model.source.check_weights)."""
+    if (model_dir / "model.safetensors").is_file():
+        from safetensors.torch import load_file
+
+        return load_file(str(model_dir / "model.safetensors"))
+    if (model_dir / "pytorch_model.bin").is_file():
+        import torch
+
+        return torch.load(model_dir / "pytorch_model.bin", map_location="cpu", weights_only=True)
+    raise ModelLoadError(f"{model_dir} holds neither model.safetensors nor pytorch_model.bin")
 
 
 def _load_dense(directory: Path) -> Any:
@@ -389,4 +453,3 @@ def _load_dense(directory: Path) -> Any:
     linear = torch.nn.Linear(int(config["in_features"]), int(config["out_features"]), bias="bias" in state)
     linear.load_state_dict(state)
     return linear.eval()
-
