@@ -86,8 +86,6 @@ def run_embed(config: EmbedConfig, progress: Progress = lambda done, total: None
         raise UsageError(f"kiln embed needs an artifact of {kinds}; {config.artifact} does {task}")
     variant = artifact.variant_name(config.variant)
     precision = parse_precision(config.precision, "--precision")
-    if spec.multi_vectors and config.ray is not None:
-        raise UsageError(f"kiln embed of a {task} artifact runs on this machine: --ray is not supported for it yet")
     refuse_rejected(artifact.manifest.build.stored_vectors, artifact.task_config.dimension, precision)
     # Ranges from the artifact's calibration, checked before any text is embedded (int8/uint8 need them).
     ranges = ranges_for(precision, artifact.output_calibration() if precision.calibrated else None, "--precision")

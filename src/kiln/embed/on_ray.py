@@ -17,6 +17,7 @@ import numpy as np
 from kiln.artifact.directory import Artifact
 from kiln.embed.corpus import Corpus, pyarrow_module
 from kiln.errors import UsageError
+from kiln.tasks import task_spec
 
 LOCAL = "local"  # --ray local: start a Ray instance on this machine
 
@@ -37,14 +38,20 @@ class Embedder:
     def __init__(self, path: str, variant: str, threads: int) -> None:
         artifact = Artifact.open(path)
         self.predictor = artifact.predictor(variant, artifact.serving_plan(variant, threads=threads))
+        self.multi = task_spec(artifact.task_config.task).multi_vectors
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        return {"vector": np.stack(self.predictor.predict([str(t) for t in batch["text"]])).astype(np.float32)}
+        found = [v.astype(np.float32) for v in self.predictor.predict([str(t) for t in batch["text"]])]
+        if not self.multi:
+            return {"vector": np.stack(found)}
+        ragged = np.empty(len(found), dtype=object)  # a late-interaction model's [tokens, dim] per text: Ray Data
+        ragged[:] = found  # carries them as a variable-shaped tensor column
+        return {"vector": ragged}
 
 
 def vectors_on_ray(config: Any, artifact: Artifact, variant: str, corpus: Corpus,
                    parts: list[tuple[int, list[range]]], advance: Callable[[int], None]
-                   ) -> Iterator[tuple[int, np.ndarray]]:
+                   ) -> Iterator[tuple[int, np.ndarray | list[np.ndarray]]]:
     ray = ray_module()
     started = not ray.is_initialized()
     if started:
@@ -69,7 +76,8 @@ def _connect(ray: Any, address: str) -> None:
 
 
 def _run(ray: Any, config: Any, artifact: Artifact, variant: str, corpus: Corpus,
-         parts: list[tuple[int, list[range]]], advance: Callable[[int], None]) -> Iterator[tuple[int, np.ndarray]]:
+         parts: list[tuple[int, list[range]]], advance: Callable[[int], None]
+         ) -> Iterator[tuple[int, np.ndarray | list[np.ndarray]]]:
     pa = pyarrow_module()
     default = artifact.serving_default(variant)
     threads = config.threads or (default.threads if default else None) or 1
@@ -90,18 +98,16 @@ def _run(ray: Any, config: Any, artifact: Artifact, variant: str, corpus: Corpus
         Embedder, fn_constructor_kwargs={"path": str(artifact.path), "variant": variant, "threads": threads},
         batch_size=config.window, batch_format="numpy", compute=ray.data.ActorPoolStrategy(size=actors),
         num_cpus=threads)
+    multi = task_spec(artifact.task_config.task).multi_vectors
     pending = iter(parts)
     index, part_windows = next(pending)
-    need, got = sum(len(w) for w in part_windows), []
+    need, rows = sum(len(w) for w in part_windows), []
     for batch in dataset.iter_batches(batch_size=None, batch_format="numpy"):
-        vectors = batch["vector"]
-        advance(len(vectors))
-        got.append(vectors)
-        while got and sum(len(v) for v in got) >= need:
-            stacked = np.concatenate(got)
-            yield index, stacked[:need]
-            rest = stacked[need:]
-            got = [rest] if len(rest) else []
+        advance(len(batch["vector"]))
+        rows += list(batch["vector"])
+        while len(rows) >= need:
+            yield index, rows[:need] if multi else np.stack(rows[:need])
+            rows = rows[need:]
             if (nxt := next(pending, None)) is None:
                 break
             index, part_windows = nxt
