@@ -107,7 +107,8 @@ class DecodeBatch:
     def _choose(self, sequences: Sequence[Decoding], logits: np.ndarray) -> list[Emitted]:
         out = []
         for seq, row in zip(sequences, logits):
-            token = next_token(row, seq.sampling, seq.rng)
+            token = next_token(row, seq.sampling, seq.rng, seq.prompt + seq.text.ids
+                               if seq.sampling.repetition_penalty != 1.0 else ())
             text = seq.text.add(token)
             out.append(Emitted(seq, token, text, seq.finished))
         return out

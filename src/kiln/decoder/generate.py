@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from kiln.decoder.batch import DecodeBatch, Emitted, new_sequence
+from kiln.decoder.beam import Beams, Hypothesis, beam_search
 from kiln.decoder.sampling import Sampling
 from kiln.decoder.steps import Stepper
 from kiln.decoder.stopping import Stops
@@ -21,6 +22,7 @@ class Generated:
     token_ids: tuple[int, ...]
     finish_reason: str  # "length": max_new_tokens reached; "stop": EOS or a stop string
     prompt_tokens: int
+    score: float | None = None  # beam search: the sum of log-probabilities / length ** length_penalty
 
 
 @dataclass(frozen=True)
@@ -49,10 +51,12 @@ def prompt_ids(predictor: Any, prompts: Sequence[str], max_new_tokens: int) -> l
     return [list(enc.ids) for enc in prepared.encodings]
 
 
-def stream(steps: Stepper, pad_id: int, prompts: Sequence[Sequence[int]], sampling: Sampling, stops: Stops,
-           decode, *, batch_size: int = 16) -> Iterator[tuple[int, Emitted]]:
+def stream(steps: Stepper, pad_id: int, prompts: Sequence[Sequence[int]], sampling: Sampling | Sequence[Sampling],
+           stops: Stops, decode, *, batch_size: int = 16) -> Iterator[tuple[int, Emitted]]:
     """(prompt index, what it produced) per step: up to ``batch_size`` prompts decode together and a finished
-    one's place goes to the next waiting prompt (the same continuous batching the server does)."""
+    one's place goes to the next waiting prompt (the same continuous batching the server does). ``sampling``:
+    one for every prompt, or one each."""
+    samplings = [sampling] * len(prompts) if isinstance(sampling, Sampling) else list(sampling)
     if batch_size < 1:
         raise UsageError(f"batch_size must be at least 1 (got {batch_size})")
     batch = DecodeBatch(steps, pad_id)
@@ -61,7 +65,7 @@ def stream(steps: Stepper, pad_id: int, prompts: Sequence[Sequence[int]], sampli
         room = batch_size - len(batch)
         if waiting and room > 0:  # joiners prefill in one call and get their first token; the others wait a round
             joining, waiting = waiting[:room], waiting[room:]
-            emitted = batch.add([new_sequence(p, sampling, stops, decode, owner=i) for i, p in joining])
+            emitted = batch.add([new_sequence(p, samplings[i], stops, decode, owner=i) for i, p in joining])
         else:
             emitted = batch.step()
         for e in emitted:
@@ -78,3 +82,35 @@ def collect(events: Iterator[tuple[int, Emitted]], prompt_lengths: Sequence[int]
             ids = (*text.ids, text.eos) if text.eos is not None else tuple(text.ids)
             done[i] = Generated(text.text, ids, str(text.finish_reason), prompt_lengths[i])
     return [done[i] for i in range(len(prompt_lengths))]
+
+
+def beam_generate(steps: Stepper, prompts: Sequence[Sequence[int]], beams: Beams, stops: Stops, decode,
+                  repetition_penalty: float = 1.0) -> list[Any]:
+    """Beam search per prompt (kiln.decoder.beam): its best continuation, or with num_return_sequences > 1 the list
+    of the best, best first."""
+    results = []
+    for prompt in prompts:
+        found = [_generated(h, stops, decode, len(prompt)) for h in
+                 beam_search(steps, prompt, beams, stops.max_new_tokens, stops.eos_ids, repetition_penalty)]
+        results.append(found if beams.num_return_sequences > 1 else found[0])
+    return results
+
+
+def sample_many(steps: Stepper, pad_id: int, prompts: Sequence[Sequence[int]], options: Any, decode,
+                batch_size: int) -> list[list[Generated]]:
+    """num_return_sequences independent samples per prompt: each copy of a prompt draws from its own generator
+    (seed + k for the k-th copy when a seed is given), all decoding in the same continuous batch."""
+    count = options.num_return_sequences
+    copies = [p for p in prompts for _ in range(count)]
+    samplings = [replace(options.sampling, seed=None if options.sampling.seed is None else options.sampling.seed + k)
+                 for _ in prompts for k in range(count)]
+    events = stream(steps, pad_id, copies, samplings, options.stops, decode, batch_size=batch_size)
+    flat = collect(events, [len(p) for p in copies])
+    return [flat[i * count : (i + 1) * count] for i in range(len(prompts))]
+
+
+def _generated(found: Hypothesis, stops: Stops, decode, prompt_tokens: int) -> Generated:
+    ended = bool(found.tokens) and found.tokens[-1] in stops.eos_ids
+    text_ids = found.tokens[:-1] if ended else found.tokens
+    return Generated(decode(list(text_ids)), found.tokens, "stop" if ended else "length", prompt_tokens,
+                     found.score)

@@ -48,13 +48,19 @@ class GenerativeTask(TaskSpec):
     def generate(self, predictor: Predictor, prompts: Any, **options: Any) -> Any:
         """Continuations of ``prompts``; up to ``predictor.batch_size`` decode together, a finished one's place
         goes to the next. One stepper holds the cache, so concurrent calls take turns (``predictor.generating``)."""
-        from kiln.decoder.generate import collect, prompt_ids, stream
+        from kiln.decoder.generate import beam_generate, collect, prompt_ids, sample_many, stream
 
         single = isinstance(prompts, str)
         opts = self.options(**options)
         ids = prompt_ids(predictor, [prompts] if single else prompts, opts.stops.max_new_tokens)
+        steps, decode = predictor.engine.steps, predictor.encoder.decode
         with predictor.generating:
-            events = stream(predictor.engine.steps, predictor.encoder.pad_id, ids, opts.sampling, opts.stops,
-                            predictor.encoder.decode, batch_size=predictor.batch_size)
-            results = collect(events, [len(i) for i in ids])
+            if opts.beams.active:
+                results = beam_generate(steps, ids, opts.beams, opts.stops, decode, opts.sampling.repetition_penalty)
+            elif opts.num_return_sequences > 1:
+                results = sample_many(steps, predictor.encoder.pad_id, ids, opts, decode, predictor.batch_size)
+            else:
+                events = stream(steps, predictor.encoder.pad_id, ids, opts.sampling, opts.stops, decode,
+                                batch_size=predictor.batch_size)
+                results = collect(events, [len(i) for i in ids])
         return results[0] if single else results

@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from kiln.choices import WireProtocol
 from kiln.data import corpus
 from kiln.data.texts import length_mix
+from kiln.decoder.beam import Beams
 from kiln.decoder.graph import CacheShape, dynamic_axes, make_decoder_module, positions
 from kiln.decoder.sampling import Sampling
 from kiln.decoder.stopping import Stops
@@ -33,6 +34,9 @@ from kiln.tasks.http import NonBlank, ResponseModel, Route
 from kiln.validation.figures import Agreement, AgreementInputs, EvalSet, Floor, Run
 
 MAX_STOPS = 4  # stop strings per request, as OpenAI allows
+MAX_RETURN_SEQUENCES = 16  # continuations per prompt
+OPTIONS = ("max_new_tokens", "temperature", "top_k", "top_p", "seed", "stop", "repetition_penalty", "num_beams",
+           "length_penalty", "early_stopping", "num_return_sequences")
 
 
 @dataclass(frozen=True)
@@ -40,6 +44,8 @@ class GenerationOptions:
     sampling: Sampling
     stops: Stops
     truncate: bool = True  # text is cut to the window for validation; prompts never are (generate refuses them)
+    beams: Beams = Beams()  # num_beams 1: no beam search
+    num_return_sequences: int = 1  # continuations per prompt (beam search's best, or independent samples)
 
 
 @dataclass(frozen=True)
@@ -249,14 +255,29 @@ class TextGeneration(GenerativeTask):
     # -- per call -----------------------------------------------------------------------------------------
     def options(self, max_new_tokens: int = 32, temperature: float = 0.0, top_k: int | None = None,
                 top_p: float = 1.0, seed: int | None = None, stop: Sequence[str] = (), truncate: bool = True,
+                repetition_penalty: float = 1.0, num_beams: int = 1, length_penalty: float = 1.0,
+                early_stopping: bool | str = False, num_return_sequences: int = 1,
                 **unknown: Any) -> GenerationOptions:
         if unknown:
-            raise UsageError(f"unknown generation option(s) {', '.join(sorted(unknown))}; use max_new_tokens, "
-                             "temperature, top_k, top_p, seed, stop")
+            raise UsageError(f"unknown generation option(s) {', '.join(sorted(unknown))}; use {', '.join(OPTIONS)}")
         if isinstance(stop, str):
             stop = (stop,)
-        return GenerationOptions(Sampling(temperature, top_k, top_p, seed),
-                                 Stops(max_new_tokens, frozenset(self.config.eos_ids), tuple(stop)), truncate)
+        sampling = Sampling(temperature, top_k, top_p, seed, repetition_penalty)
+        beams = Beams(num_beams, length_penalty, early_stopping, num_return_sequences if num_beams > 1 else 1)
+        if beams.active and not sampling.greedy:
+            raise UsageError("num_beams > 1 searches with temperature 0 (beam search); beam sampling is not "
+                             "supported: set temperature 0, or num_beams 1 to sample")
+        if beams.active and stop:
+            raise UsageError("stop strings end a text as it streams; with num_beams > 1 use the EOS token and "
+                             "max_new_tokens")
+        if num_return_sequences > 1 and not beams.active and sampling.greedy:
+            raise UsageError("greedy decoding gives one continuation: num_return_sequences > 1 needs num_beams > 1 "
+                             "or temperature > 0")
+        if not 1 <= num_return_sequences <= MAX_RETURN_SEQUENCES:
+            raise UsageError(f"num_return_sequences must be between 1 and {MAX_RETURN_SEQUENCES} "
+                             f"(got {num_return_sequences})")
+        return GenerationOptions(sampling, Stops(max_new_tokens, frozenset(self.config.eos_ids), tuple(stop)),
+                                 truncate, beams, num_return_sequences)
 
     def prepare(self, inputs: Sequence[Any], encoder, options: Any) -> Prepared:
         """Prompts are never truncated (the window check refuses one too long); teacher-forced text is."""
