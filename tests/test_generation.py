@@ -103,10 +103,12 @@ def test_kiln_pipeline_answers_as_transformers_text_generation_pipeline(tiny_mod
     assert listed[0] == [{"generated_text": want[0]["generated_text"][len(PROMPTS[0]):]}] and len(listed) == 2
     sampled = [ours(PROMPTS[1], max_new_tokens=12, do_sample=True, seed=s) for s in (3, 3, 4)]
     assert sampled[0] == sampled[1] != sampled[2]
-    with pytest.raises(UsageError, match="num_return_sequences"):
+    beams = dict(max_new_tokens=8, num_beams=3, num_return_sequences=2)
+    assert ours(PROMPTS[0], **beams) == theirs(PROMPTS[0], do_sample=False, **beams)  # two dicts, best first
+    with pytest.raises(UsageError, match="num_return_sequences > 1 needs num_beams > 1 or temperature > 0"):
         ours(PROMPTS[0], num_return_sequences=2)
-    with pytest.raises(UsageError, match="unknown generation option.*num_beams"):
-        ours(PROMPTS[0], num_beams=2)
+    with pytest.raises(UsageError, match="unknown generation option.*num_beam;"):
+        ours(PROMPTS[0], num_beam=2)
 
 
 def test_sampling_is_seeded_and_reduces_to_greedy(decoder_artifacts):

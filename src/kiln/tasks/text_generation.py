@@ -157,8 +157,9 @@ class TextGenerationPipeline:
 
     As in transformers: greedy unless ``do_sample=True`` (then ``temperature`` 1.0, ``top_k`` 50, ``top_p`` 1.0 unless
     given), ``return_full_text`` (default True) puts the prompt in front, ``stop_strings`` end the text. kiln adds
-    ``seed`` (transformers draws from torch's global generator). transformers' build-the-model wrapper (chat
-    templates, beams, several sequences per prompt) is not offered: those options are refused by name.
+    ``seed`` (transformers draws from torch's global generator). Beam search (``num_beams``, ``length_penalty``,
+    ``early_stopping``) and ``num_return_sequences`` (one dict each, best first) as transformers'; chat templates
+    are not offered.
     """
 
     task = "text-generation"
@@ -172,8 +173,6 @@ class TextGenerationPipeline:
         options = {**self.defaults, **kwargs}
         full = options.pop("return_full_text", True)
         sample = options.pop("do_sample", False)
-        if options.pop("num_return_sequences", 1) != 1:
-            raise UsageError("num_return_sequences: kiln makes one continuation per prompt; repeat the prompt")
         if "stop_strings" in options:
             options["stop"] = options.pop("stop_strings")
         if sample:
@@ -186,7 +185,8 @@ class TextGenerationPipeline:
             raise UsageError("text-generation takes a prompt string or a list of them (chat messages are not "
                              "supported)")
         results = self.predictor.generate(prompts, **options)
-        shaped = [[{"generated_text": (p + r.text) if full else r.text}] for p, r in zip(prompts, results)]
+        shaped = [[{"generated_text": (p + r.text) if full else r.text} for r in (rs if isinstance(rs, list) else [rs])]
+                  for p, rs in zip(prompts, results)]
         return shaped[0] if single else shaped
 
 
