@@ -355,6 +355,11 @@ def test_generation_routes_are_exact_in_the_schema(decoder_artifacts):
         bad = client.post("/generate", json={"inputs": "hi", "max_new_tokens": 0})
         assert bad.status_code == 422 and "max_new_tokens" in bad.json()["error"]["message"]
         assert client.post("/generate", json={"inputs": "hi", "beams": 2}).status_code == 422
+        assert body["repetition_penalty"]["exclusiveMinimum"] == 0
+        penalized = client.post("/generate", json={"inputs": PROMPTS[0], "max_new_tokens": 12,
+                                                   "repetition_penalty": 1.5}).json()
+        offline = kiln.load(decoder_artifacts["gpt2"]).generate(PROMPTS[0], max_new_tokens=12, repetition_penalty=1.5)
+        assert penalized["generated_text"] == offline.text  # through the server's continuous-batching loop
         assert client.post("/embed", json={"inputs": "hi"}).status_code == 404
 
 

@@ -69,6 +69,9 @@ class _Body(BaseModel):
     top_p: float = Field(1.0, gt=0, le=1, description="Sample among the most likely tokens holding this mass.")
     seed: int | None = Field(None, ge=0, le=2**63 - 1, description="Same seed, prompt and model: same tokens.")
     stop: Stop | None = Field(None, description=f"Up to {MAX_STOPS} strings; the text ends before the first.")
+    repetition_penalty: float = Field(1.0, gt=0, le=100, description="transformers' (and vLLM's) repetition "
+                                      "penalty: a token already in the text has its logit divided by it (multiplied "
+                                      "when negative); 1: none.")
     stream: bool = Field(False, description="Server-sent events, one per generated piece of text.")
 
     def stops(self) -> tuple[str, ...]:
@@ -85,7 +88,8 @@ class _Body(BaseModel):
 
     def options(self) -> dict[str, Any]:
         return {"max_new_tokens": self.new_tokens(), "temperature": self.temperature, "top_k": self.top_k,
-                "top_p": self.top_p, "seed": self.seed, "stop": self.stops()}
+                "top_p": self.top_p, "seed": self.seed, "stop": self.stops(),
+                "repetition_penalty": self.repetition_penalty}
 
     def input_count(self) -> int:
         return len(self.prompts())
