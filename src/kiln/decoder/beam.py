@@ -90,7 +90,8 @@ def beam_search(steps: Stepper, prompt: Sequence[int], beams: Beams, max_new_tok
     for step in range(max_new_tokens):
         generated = step + 1
         last = generated == max_new_tokens
-        log_probs = penalize_repetition(log_softmax(rows), [list(prompt) + r for r in running], repetition_penalty)
+        seen = [list(prompt) + r for r in running] if repetition_penalty != 1.0 else []
+        log_probs = penalize_repetition(log_softmax(rows), seen, repetition_penalty)
         total = (log_probs + scores[:, None]).reshape(-1)
         order = np.argsort(-total, kind="stable")[:keep]
         vocab = log_probs.shape[1]
@@ -104,9 +105,10 @@ def beam_search(steps: Stepper, prompt: Sequence[int], beams: Beams, max_new_tok
                      zip(parents, tokens, normalised, stops, range(len(order))) if stop and rank < width]
             kept = sorted(kept + fresh, key=lambda h: -h.score)[:width]
         # Running on: the best candidates that do not stop.
-        live = np.argsort(-(totals + stops * NEVER), kind="stable")[:width]
+        runnable = totals + stops * NEVER
+        live = np.argsort(-runnable, kind="stable")[:width]
         running = [[*running[parents[i]], int(tokens[i])] for i in live]
-        scores = (totals + stops * NEVER)[live].astype(np.float32)
+        scores = runnable[live].astype(np.float32)
         if beams.early_stopping == "never" and beams.length_penalty > 0:
             best_length = max_new_tokens
         else:

@@ -350,15 +350,7 @@ class FeatureExtraction(TaskSpec):
         """The user's labelled pairs as retrieval judgements: each distinct first text a query, each distinct
         second text a document, the label its graded relevance (unlisted pairs 0). None for kiln's own STS pairs
         (too few to rank)."""
-        if data.builtin:
-            return None
-        queries = list(dict.fromkeys(a for a, _ in data.inputs))
-        documents = list(dict.fromkeys(b for _, b in data.inputs))
-        q_index, d_index = {q: i for i, q in enumerate(queries)}, {d: i for i, d in enumerate(documents)}
-        relevance = np.zeros((len(queries), len(documents)), dtype=np.float64)
-        for (a, b), label in zip(data.inputs, data.labels):
-            relevance[q_index[a], d_index[b]] = max(relevance[q_index[a], d_index[b]], label)
-        return Judgements(data.source, queries, documents, relevance)
+        return None if data.builtin else Judgements.of_pairs(data.source, data.inputs, data.labels)
 
     @classmethod
     def builtin_eval(cls) -> EvalSet:

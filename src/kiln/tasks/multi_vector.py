@@ -317,13 +317,8 @@ class MultiVector(TaskSpec):
     @classmethod
     def retrieval_judgements(cls, data: EvalSet) -> Judgements | None:
         """The --eval rows (query, text, relevance) as retrieval judgements: every query searches every text."""
-        documents = list(dict.fromkeys(t for item in data.inputs for t in item.texts))
-        where = {d: i for i, d in enumerate(documents)}
-        relevance = np.zeros((len(data.inputs), len(documents)))
-        for i, (item, labels) in enumerate(zip(data.inputs, data.labels)):
-            for text, label in zip(item.texts, labels):
-                relevance[i, where[text]] = max(relevance[i, where[text]], label)
-        return Judgements(data.source, [item.query for item in data.inputs], documents, relevance)
+        return Judgements.of_pairs(data.source, ((item.query, t) for item in data.inputs for t in item.texts),
+                                   (label for labels in data.labels for label in labels))
 
     def comparable(self, reduced: Any) -> np.ndarray:
         return np.asarray(reduced, dtype=np.float32).reshape(-1)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -126,3 +126,16 @@ class Judgements:
     queries: list[str]
     documents: list[str]
     relevance: np.ndarray  # (queries, documents), 0 = not relevant
+
+    @classmethod
+    def of_pairs(cls, source: str, pairs: Iterable[tuple[str, str]], labels: Iterable[float]) -> Judgements:
+        """(query, text) rows and their labels: each distinct query, in first-seen order, searches every distinct
+        text; a pair's relevance is its highest label (unlisted pairs 0)."""
+        pairs, labels = list(pairs), list(labels)
+        queries = list(dict.fromkeys(q for q, _ in pairs))
+        documents = list(dict.fromkeys(t for _, t in pairs))
+        q_index, d_index = {q: i for i, q in enumerate(queries)}, {d: i for i, d in enumerate(documents)}
+        relevance = np.zeros((len(queries), len(documents)), dtype=np.float64)
+        for (q, t), label in zip(pairs, labels):
+            relevance[q_index[q], d_index[t]] = max(relevance[q_index[q], d_index[t]], label)
+        return cls(source, queries, documents, relevance)
