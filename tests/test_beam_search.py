@@ -23,8 +23,8 @@ PROMPTS = ["the river flows north past the old port", "a train", "The quick"]
 
 
 @pytest.fixture(scope="module")
-def gpt2(tmp_path_factory) -> tuple[object, object, object, int]:
-    """(transformers model, tokenizer, kiln predictor, EOS id), EOS set to a token greedy decoding picks often."""
+def gpt2_art(tmp_path_factory) -> tuple[object, object, int]:
+    """(model directory, exported artifact, EOS id), EOS set to a token greedy decoding picks often."""
     directory = build_tiny_model("gpt2", TaskName.TEXT_GENERATION, tmp_path_factory.mktemp("beams") / "model")
     model = transformers.AutoModelForCausalLM.from_pretrained(directory).eval()
     tokenizer = transformers.AutoTokenizer.from_pretrained(directory)
@@ -38,7 +38,15 @@ def gpt2(tmp_path_factory) -> tuple[object, object, object, int]:
             (directory / name).write_text(json.dumps({**config, "eos_token_id": eos}))
     art = directory.parent / "art"
     run_export(ExportConfig(model=str(directory), task=TaskName.TEXT_GENERATION, format=ExportFormat.ONNX, output=art))
-    return transformers.AutoModelForCausalLM.from_pretrained(directory).eval(), tokenizer, kiln.load(art), eos
+    return directory, art, eos
+
+
+@pytest.fixture(scope="module")
+def gpt2(gpt2_art) -> tuple[object, object, object, int]:
+    """(transformers model, tokenizer, kiln predictor, EOS id)."""
+    directory, art, eos = gpt2_art
+    return (transformers.AutoModelForCausalLM.from_pretrained(directory).eval(),
+            transformers.AutoTokenizer.from_pretrained(directory), kiln.load(art), eos)
 
 
 @pytest.mark.parametrize("options", [
@@ -90,7 +98,101 @@ def test_sampled_sequences_are_seeded_copies(gpt2):
     ({"num_beams": 17}, "num_beams must be between 1 and 16"),
     ({"repetition_penalty": 0}, "repetition_penalty must be above 0"),
     ({"temperature": 0.5, "num_return_sequences": 17}, "num_return_sequences must be between 1 and 16"),
+    ({"num_beams": 2, "logprobs": 1}, "logprobs are reported per chosen token"),
+    ({"logprobs": 21}, "logprobs must be between 0 and 20"),
 ])
 def test_bad_decoding_options_are_refused_by_name(gpt2, options, message):
     with pytest.raises(UsageError, match=message):
         gpt2[2].generate(PROMPTS[1], max_new_tokens=4, **options)
+
+
+def _model_logprobs(model, tokenizer, prompt: str, generated: list[int]) -> np.ndarray:
+    """transformers' log-softmax over the vocabulary at each generated position (teacher-forced)."""
+    ids = tokenizer(prompt, return_tensors="pt").input_ids
+    with torch.no_grad():
+        logits = model(torch.cat([ids, torch.tensor([generated])], dim=1)).logits[0, ids.shape[1] - 1 : -1]
+    return torch.log_softmax(logits.float(), dim=-1).numpy()
+
+
+def test_logprobs_are_the_models_own_distribution(gpt2):
+    model, tokenizer, predictor, _ = gpt2
+    for options in ({}, {"temperature": 0.8, "seed": 5, "repetition_penalty": 1.3}):
+        got = predictor.generate(PROMPTS[0], max_new_tokens=10, logprobs=3, **options)
+        want = _model_logprobs(model, tokenizer, PROMPTS[0], list(got.token_ids))
+        assert [c.token for c in got.logprobs] == list(got.token_ids)
+        np.testing.assert_allclose([c.logprob for c in got.logprobs],
+                                   want[np.arange(len(want)), list(got.token_ids)], atol=1e-4)
+        for chosen, row in zip(got.logprobs, want):
+            assert [i for i, _ in chosen.top] == np.argsort(-row, kind="stable")[:3].tolist()
+        offsets = [c.offset for c in got.logprobs]
+        assert offsets == sorted(offsets) and offsets[0] == 0 and offsets[-1] <= len(got.text)
+    assert predictor.generate(PROMPTS[0], max_new_tokens=3).logprobs is None
+
+
+def test_served_beams_samples_and_logprobs_equal_offline(gpt2, gpt2_art):
+    """A real uvicorn server: a beam search (n best beams) runs beside greedy streams in the decode loop and
+    answers as offline beam search; n seeded samples and logprobs on /v1/completions answer as offline generate."""
+    import httpx
+
+    from kiln.serve import process
+    from kiln.serve.app import ServeConfig, create_app
+    from tests.waiting import concurrently
+
+    model, tokenizer, predictor, _ = gpt2
+    beams = {"num_beams": 4, "length_penalty": 0.5}
+    want_beams = predictor.generate(PROMPTS[0], max_new_tokens=16, num_return_sequences=3, **beams)
+    want_greedy = predictor.generate(PROMPTS[1:], max_new_tokens=24)
+    app = create_app(ServeConfig(models={"m": gpt2_art[1]}))
+    with process.serve_in_thread(app) as base:
+        loop = app.state.models["m"].scheduler
+
+        def beam_call() -> dict:
+            return httpx.post(f"{base}/v1/completions", timeout=60, json={
+                "model": "m", "prompt": PROMPTS[0], "max_tokens": 16, "temperature": 0, "n": 3, **beams}).json()
+
+        def greedy_call(k: int) -> str:
+            return httpx.post(f"{base}/generate", timeout=60, json={
+                "inputs": PROMPTS[1 + k], "max_new_tokens": 24}).json()["generated_text"]
+
+        answers = concurrently([beam_call, lambda: greedy_call(0), lambda: greedy_call(1)], "beams beside greedy")
+        assert [c["text"] for c in answers[0]["choices"]] == [w.text for w in want_beams]
+        assert [c["index"] for c in answers[0]["choices"]] == [0, 1, 2]
+        assert answers[0]["usage"]["completion_tokens"] == sum(len(w.token_ids) for w in want_beams)
+        assert answers[1:] == [w.text for w in want_greedy]
+        assert loop.widest > 4  # the search's 4 beams and greedy rows decoded in the same rounds
+        best = httpx.post(f"{base}/generate", timeout=60,
+                          json={"inputs": PROMPTS[0], "max_new_tokens": 16, **beams}).json()
+        assert best["generated_text"] == want_beams[0].text
+
+        sampled = httpx.post(f"{base}/v1/completions", timeout=60, json={
+            "model": "m", "prompt": PROMPTS[:2], "max_tokens": 8, "temperature": 0.9, "seed": 3, "n": 2,
+            "logprobs": 2}).json()
+        offline = predictor.generate(PROMPTS[:2], max_new_tokens=8, temperature=0.9, seed=3, num_return_sequences=2,
+                                     logprobs=2)
+        flat = [g for per_prompt in offline for g in per_prompt]
+        assert [c["text"] for c in sampled["choices"]] == [g.text for g in flat]
+        for choice, g in zip(sampled["choices"], flat):
+            assert choice["logprobs"]["token_logprobs"] == [c.logprob for c in g.logprobs]
+            assert choice["logprobs"]["tokens"] == [tokenizer.decode([t]) for t in g.token_ids]
+            assert [len(top) for top in choice["logprobs"]["top_logprobs"]] == [2] * len(g.token_ids)
+
+        with httpx.stream("POST", f"{base}/v1/completions", timeout=30, json={
+                "model": "m", "prompt": PROMPTS[0], "max_tokens": 6, "temperature": 0, "logprobs": 1,
+                "stream": True}) as response:
+            chunks = [json.loads(line[6:]) for line in response.iter_lines()
+                      if line.startswith("data: ") and line != "data: [DONE]"]
+        greedy = predictor.generate(PROMPTS[0], max_new_tokens=6, logprobs=1)
+        assert [c["choices"][0]["logprobs"]["token_logprobs"][0] for c in chunks] == \
+            [c.logprob for c in greedy.logprobs]
+
+        for body, message in [
+            ({"num_beams": 2, "stream": True}, "a beam search knows its answer only when it ends"),
+            ({"num_beams": 2, "logprobs": 1}, "logprobs are reported per chosen token"),
+            ({"num_beams": 2, "n": 3}, "n must be at most num_beams"),
+            ({"n": 2}, "n > 1 needs temperature > 0"),
+            ({"logprobs": 21}, "logprobs"),
+            ({"early_stopping": "sometimes"}, "early_stopping"),
+        ]:
+            bad = httpx.post(f"{base}/v1/completions", timeout=30,
+                             json={"model": "m", "prompt": "hi", "max_tokens": 4, "temperature": 0, **body})
+            assert bad.status_code == 422 and message in bad.json()["error"]["message"], (body, bad.text)

@@ -9,12 +9,13 @@ composition change brings the cache out of the runtime once; steps in between ha
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from kiln.decoder.graph import CacheShape, positions
+from kiln.decoder.logprobs import TokenLogprob, token_logprob
 from kiln.decoder.sampling import Sampling, next_token
 from kiln.decoder.steps import Past, Stepper, empty_past
 from kiln.decoder.stopping import Detokenizer, Stops
@@ -29,6 +30,8 @@ class Decoding:
     text: Detokenizer
     rng: np.random.Generator
     owner: Any = None  # whoever waits for it (offline: the prompt's index; serving: the request's stream)
+    logprobs: int | None = None  # None: not reported; n: each chosen token's log-probability and the n best
+    chosen: list[TokenLogprob] = field(default_factory=list)  # filled when ``logprobs`` is not None
 
     @property
     def finished(self) -> bool:
@@ -36,8 +39,8 @@ class Decoding:
 
 
 def new_sequence(prompt: Sequence[int], sampling: Sampling, stops: Stops, decode: Callable[[Sequence[int]], str],
-                 owner: Any = None) -> Decoding:
-    return Decoding(list(prompt), sampling, Detokenizer(decode, stops), sampling.generator(), owner)
+                 owner: Any = None, logprobs: int | None = None) -> Decoding:
+    return Decoding(list(prompt), sampling, Detokenizer(decode, stops), sampling.generator(), owner, logprobs)
 
 
 @dataclass(frozen=True)
@@ -48,6 +51,7 @@ class Emitted:
     token: int
     text: str  # newly shown text (may be empty)
     finished: bool
+    logprob: TokenLogprob | None = None  # when the sequence asked for log-probabilities
 
 
 class DecodeBatch:
@@ -109,8 +113,12 @@ class DecodeBatch:
         for seq, row in zip(sequences, logits):
             token = next_token(row, seq.sampling, seq.rng, seq.prompt + seq.text.ids
                                if seq.sampling.repetition_penalty != 1.0 else ())
+            logprob = None
+            if seq.logprobs is not None:
+                logprob = token_logprob(row, token, seq.logprobs, len(seq.text.text))
+                seq.chosen.append(logprob)
             text = seq.text.add(token)
-            out.append(Emitted(seq, token, text, seq.finished))
+            out.append(Emitted(seq, token, text, seq.finished, logprob))
         return out
 
     def _merge(self, sequences: list[Decoding], mask: np.ndarray, past: Past, last: np.ndarray) -> None:

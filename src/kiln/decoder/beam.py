@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kiln.decoder.graph import positions
+from kiln.decoder.logprobs import log_softmax
 from kiln.decoder.sampling import penalize_repetition
 from kiln.decoder.steps import Past, Stepper, empty_past
 from kiln.errors import UsageError
@@ -66,61 +67,93 @@ class Hypothesis:
     score: float
 
 
-def log_softmax(logits: np.ndarray) -> np.ndarray:
-    shifted = logits.astype(np.float32) - logits.max(axis=-1, keepdims=True)
-    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+class BeamSearch:
+    """One prompt's beam search, a step at a time (``advance``), so a server can interleave it with its running
+    batch. Between steps the beams' cache is plain numpy (reordered to the surviving beams' parents right after each
+    step), never a view into a runtime's memory, so other work may run on the same stepper in between."""
+
+    def __init__(self, steps: Stepper, prompt: Sequence[int], beams: Beams, max_new_tokens: int,
+                 eos_ids: frozenset[int], repetition_penalty: float = 1.0, owner: object = None) -> None:
+        self.steps, self.prompt, self.beams = steps, list(prompt), beams
+        self.max_new_tokens, self.eos_ids, self.repetition_penalty = max_new_tokens, eos_ids, repetition_penalty
+        self.owner = owner  # whoever waits for the result (serving: the request's stream)
+        self.width = beams.num_beams
+        self.keep = max(2, 1 + len(eos_ids)) * self.width  # candidates per step: enough that width can run on
+        self.running: list[list[int]] = [[] for _ in range(self.width)]
+        self.scores = np.full(self.width, NEVER, dtype=np.float32)
+        self.scores[0] = 0.0  # one live beam at first: the others would repeat it
+        self.kept: list[Hypothesis] = []
+        self.generated = 0
+        self.done = False
+        self._improvable = True
+        self._past: Past | None = None
+
+    @property
+    def results(self) -> list[Hypothesis]:
+        """The ``num_return_sequences`` best finished hypotheses, best first."""
+        return self.kept[: self.beams.num_return_sequences]
+
+    def advance(self) -> bool:
+        """Run one step (the prompt's prefill first) and choose the beams; True once the search has ended."""
+        rows = self._prefill() if self._past is None else self._step()
+        self.generated += 1
+        generated, beams = self.generated, self.beams
+        last = generated == self.max_new_tokens
+        seen = [self.prompt + r for r in self.running] if self.repetition_penalty != 1.0 else []
+        log_probs = penalize_repetition(log_softmax(rows), seen, self.repetition_penalty)
+        total = (log_probs + self.scores[:, None]).reshape(-1)
+        order = np.argsort(-total, kind="stable")[: self.keep]
+        vocab = log_probs.shape[1]
+        parents, tokens, totals = order // vocab, order % vocab, total[order]
+        stops = np.array([last or int(t) in self.eos_ids for t in tokens])
+        # Finished: stopping candidates ranked within the first num_beams, unless the kept slots are closed.
+        closed = (len(self.kept) == self.width and beams.early_stopping is True) or not self._improvable
+        if not closed:
+            normalised = totals / (generated ** beams.length_penalty)
+            fresh = [Hypothesis((*self.running[p], int(t)), float(s)) for p, t, s, stop, rank in
+                     zip(parents, tokens, normalised, stops, range(len(order))) if stop and rank < self.width]
+            self.kept = sorted(self.kept + fresh, key=lambda h: -h.score)[: self.width]
+        # Running on: the best candidates that do not stop.
+        runnable = totals + stops * NEVER
+        live = np.argsort(-runnable, kind="stable")[: self.width]
+        self.running = [[*self.running[parents[i]], int(tokens[i])] for i in live]
+        self.scores = runnable[live].astype(np.float32)
+        if beams.early_stopping == "never" and beams.length_penalty > 0:
+            best_length = self.max_new_tokens
+        else:
+            best_length = generated
+        self._improvable = self._improvable and (
+            len(self.kept) < self.width
+            or self.scores[0] / (best_length ** beams.length_penalty) > min(h.score for h in self.kept))
+        full = len(self.kept) == self.width and beams.early_stopping is True
+        self.done = not self._improvable or full or bool(stops.all())
+        if not self.done:  # the cache follows the surviving beams' parents (a copy: no runtime memory is held)
+            arrays = self._past.arrays()
+            self._past = Past({n: np.ascontiguousarray(a[parents[live]]) for n, a in arrays.items()},
+                              self._past.length)
+        else:
+            self._past = Past({}, 0)
+        return self.done
+
+    def _prefill(self) -> np.ndarray:
+        """The prompt is prefilled once; every beam starts from its cache."""
+        ids = np.asarray([self.prompt], dtype=np.int64)
+        mask = np.ones_like(ids)
+        logits, past = self.steps.step(ids, mask, positions(mask, ids.shape[1]), empty_past(self.steps.shape, 1))
+        self._past = Past({n: np.repeat(a, self.width, axis=0) for n, a in past.arrays().items()}, past.length)
+        return np.repeat(logits[:, -1], self.width, axis=0)
+
+    def _step(self) -> np.ndarray:
+        mask = np.ones((self.width, self._past.length + 1), dtype=np.int64)
+        last_tokens = np.asarray([[r[-1]] for r in self.running], dtype=np.int64)
+        logits, self._past = self.steps.step(last_tokens, mask, positions(mask, 1), self._past)
+        return logits[:, -1]
 
 
 def beam_search(steps: Stepper, prompt: Sequence[int], beams: Beams, max_new_tokens: int,
                 eos_ids: frozenset[int], repetition_penalty: float = 1.0) -> list[Hypothesis]:
     """The ``num_return_sequences`` best continuations of ``prompt``, best first."""
-    width = beams.num_beams
-    keep = max(2, 1 + len(eos_ids)) * width  # candidates per step: enough that width of them can run on
-    ids = np.asarray([prompt], dtype=np.int64)
-    mask = np.ones_like(ids)
-    logits, past = steps.step(ids, mask, positions(mask, ids.shape[1]), empty_past(steps.shape, 1))
-    # The prompt is prefilled once; every beam starts from its cache.
-    past = Past({n: np.repeat(a, width, axis=0) for n, a in past.arrays().items()}, past.length)
-    rows = np.repeat(logits[:, -1], width, axis=0)
-    running: list[list[int]] = [[] for _ in range(width)]
-    scores = np.full(width, NEVER, dtype=np.float32)
-    scores[0] = 0.0  # one live beam at first: the others would repeat it
-    kept: list[Hypothesis] = []
-    improvable = True
-    for step in range(max_new_tokens):
-        generated = step + 1
-        last = generated == max_new_tokens
-        seen = [list(prompt) + r for r in running] if repetition_penalty != 1.0 else []
-        log_probs = penalize_repetition(log_softmax(rows), seen, repetition_penalty)
-        total = (log_probs + scores[:, None]).reshape(-1)
-        order = np.argsort(-total, kind="stable")[:keep]
-        vocab = log_probs.shape[1]
-        parents, tokens, totals = order // vocab, order % vocab, total[order]
-        stops = np.array([last or int(t) in eos_ids for t in tokens])
-        # Finished: stopping candidates ranked within the first num_beams, unless the kept slots are closed.
-        closed = (len(kept) == width and beams.early_stopping is True) or not improvable
-        if not closed:
-            normalised = totals / (generated ** beams.length_penalty)
-            fresh = [Hypothesis((*running[p], int(t)), float(s)) for p, t, s, stop, rank in
-                     zip(parents, tokens, normalised, stops, range(len(order))) if stop and rank < width]
-            kept = sorted(kept + fresh, key=lambda h: -h.score)[:width]
-        # Running on: the best candidates that do not stop.
-        runnable = totals + stops * NEVER
-        live = np.argsort(-runnable, kind="stable")[:width]
-        running = [[*running[parents[i]], int(tokens[i])] for i in live]
-        scores = runnable[live].astype(np.float32)
-        if beams.early_stopping == "never" and beams.length_penalty > 0:
-            best_length = max_new_tokens
-        else:
-            best_length = generated
-        improvable = improvable and (len(kept) < width or
-                                     scores[0] / (best_length ** beams.length_penalty) > min(h.score for h in kept))
-        if not improvable or (len(kept) == width and beams.early_stopping is True) or stops.all():
-            break
-        arrays = past.arrays()
-        past = Past({n: np.ascontiguousarray(a[parents[live]]) for n, a in arrays.items()}, past.length)
-        mask = np.ones((width, past.length + 1), dtype=np.int64)
-        last_tokens = np.asarray([[r[-1]] for r in running], dtype=np.int64)
-        logits, past = steps.step(last_tokens, mask, positions(mask, 1), past)
-        rows = logits[:, -1]
-    return kept[: beams.num_return_sequences]
+    search = BeamSearch(steps, prompt, beams, max_new_tokens, eos_ids, repetition_penalty)
+    while not search.advance():
+        pass
+    return search.results

@@ -6,8 +6,9 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from kiln.decoder.batch import DecodeBatch, Emitted, new_sequence
+from kiln.decoder.batch import DecodeBatch, Decoding, Emitted, new_sequence
 from kiln.decoder.beam import Beams, Hypothesis, beam_search
+from kiln.decoder.logprobs import TokenLogprob
 from kiln.decoder.sampling import Sampling
 from kiln.decoder.steps import Stepper
 from kiln.decoder.stopping import Stops
@@ -23,6 +24,7 @@ class Generated:
     finish_reason: str  # "length": max_new_tokens reached; "stop": EOS or a stop string
     prompt_tokens: int
     score: float | None = None  # beam search: the sum of log-probabilities / length ** length_penalty
+    logprobs: tuple[TokenLogprob, ...] | None = None  # per generated token, when asked for
 
 
 @dataclass(frozen=True)
@@ -52,7 +54,8 @@ def prompt_ids(predictor: Any, prompts: Sequence[str], max_new_tokens: int) -> l
 
 
 def stream(steps: Stepper, pad_id: int, prompts: Sequence[Sequence[int]], sampling: Sampling | Sequence[Sampling],
-           stops: Stops, decode, *, batch_size: int = 16) -> Iterator[tuple[int, Emitted]]:
+           stops: Stops, decode, *, batch_size: int = 16, logprobs: int | None = None
+           ) -> Iterator[tuple[int, Emitted]]:
     """(prompt index, what it produced) per step: up to ``batch_size`` prompts decode together and a finished
     one's place goes to the next waiting prompt (the same continuous batching the server does). ``sampling``:
     one for every prompt, or one each."""
@@ -65,7 +68,8 @@ def stream(steps: Stepper, pad_id: int, prompts: Sequence[Sequence[int]], sampli
         room = batch_size - len(batch)
         if waiting and room > 0:  # joiners prefill in one call and get their first token; the others wait a round
             joining, waiting = waiting[:room], waiting[room:]
-            emitted = batch.add([new_sequence(p, samplings[i], stops, decode, owner=i) for i, p in joining])
+            emitted = batch.add([new_sequence(p, samplings[i], stops, decode, owner=i, logprobs=logprobs)
+                                 for i, p in joining])
         else:
             emitted = batch.step()
         for e in emitted:
@@ -75,13 +79,16 @@ def stream(steps: Stepper, pad_id: int, prompts: Sequence[Sequence[int]], sampli
 
 def collect(events: Iterator[tuple[int, Emitted]], prompt_lengths: Sequence[int]) -> list[Generated]:
     """The finished continuations of ``stream``'s events, in prompt order."""
-    done: dict[int, Generated] = {}
-    for i, e in events:
-        if e.finished:
-            text = e.sequence.text
-            ids = (*text.ids, text.eos) if text.eos is not None else tuple(text.ids)
-            done[i] = Generated(text.text, ids, str(text.finish_reason), prompt_lengths[i])
+    done = {i: generated_of(e.sequence, prompt_lengths[i]) for i, e in events if e.finished}
     return [done[i] for i in range(len(prompt_lengths))]
+
+
+def generated_of(sequence: Decoding, prompt_tokens: int) -> Generated:
+    """A finished sequence's continuation (its EOS, when it stopped at one, among the token ids, not the text)."""
+    text = sequence.text
+    ids = (*text.ids, text.eos) if text.eos is not None else tuple(text.ids)
+    logprobs = tuple(sequence.chosen) if sequence.logprobs is not None else None
+    return Generated(text.text, ids, str(text.finish_reason), prompt_tokens, logprobs=logprobs)
 
 
 def beam_generate(steps: Stepper, prompts: Sequence[Sequence[int]], beams: Beams, stops: Stops, decode,
@@ -90,7 +97,7 @@ def beam_generate(steps: Stepper, prompts: Sequence[Sequence[int]], beams: Beams
     of the best, best first."""
     results = []
     for prompt in prompts:
-        found = [_generated(h, stops, decode, len(prompt)) for h in
+        found = [from_hypothesis(h, stops, decode, len(prompt)) for h in
                  beam_search(steps, prompt, beams, stops.max_new_tokens, stops.eos_ids, repetition_penalty)]
         results.append(found if beams.num_return_sequences > 1 else found[0])
     return results
@@ -102,14 +109,19 @@ def sample_many(steps: Stepper, pad_id: int, prompts: Sequence[Sequence[int]], o
     (seed + k for the k-th copy when a seed is given), all decoding in the same continuous batch."""
     count = options.num_return_sequences
     copies = [p for p in prompts for _ in range(count)]
-    samplings = [replace(options.sampling, seed=None if options.sampling.seed is None else options.sampling.seed + k)
-                 for _ in prompts for k in range(count)]
-    events = stream(steps, pad_id, copies, samplings, options.stops, decode, batch_size=batch_size)
+    samplings = [s for _ in prompts for s in copies_of(options.sampling, count)]
+    events = stream(steps, pad_id, copies, samplings, options.stops, decode, batch_size=batch_size,
+                    logprobs=options.logprobs)
     flat = collect(events, [len(p) for p in copies])
     return [flat[i * count : (i + 1) * count] for i in range(len(prompts))]
 
 
-def _generated(found: Hypothesis, stops: Stops, decode, prompt_tokens: int) -> Generated:
+def copies_of(sampling: Sampling, count: int) -> list[Sampling]:
+    """``count`` independent samplers: the k-th draws with seed + k when a seed is given."""
+    return [replace(sampling, seed=None if sampling.seed is None else sampling.seed + k) for k in range(count)]
+
+
+def from_hypothesis(found: Hypothesis, stops: Stops, decode, prompt_tokens: int) -> Generated:
     ended = bool(found.tokens) and found.tokens[-1] in stops.eos_ids
     text_ids = found.tokens[:-1] if ended else found.tokens
     return Generated(decode(list(text_ids)), found.tokens, "stop" if ended else "length", prompt_tokens,

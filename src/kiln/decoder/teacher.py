@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from kiln.decoder.graph import ATTENTION_MASK, INPUT_IDS, LOGITS, CacheShape, positions
-from kiln.decoder.steps import empty_past, stepper
+from kiln.decoder.steps import Stepper, empty_past, stepper
 
 
 class TeacherForced:
@@ -30,6 +30,11 @@ class TeacherForced:
         self.name, self.providers = engine.name, engine.providers
         self.input_names = (INPUT_IDS, ATTENTION_MASK)
         self.shape = shape
+
+    def new_stepper(self) -> Stepper:
+        """A stepper of its own on the same engine (OpenVINO: its own infer requests), for work whose cache must
+        not share runtime memory with ``steps``' (the server's beam searches beside its batch)."""
+        return stepper(self.step_engine, self.shape)
 
     def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         ids = np.ascontiguousarray(inputs[INPUT_IDS], np.int64)

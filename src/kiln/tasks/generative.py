@@ -61,6 +61,6 @@ class GenerativeTask(TaskSpec):
                 results = sample_many(steps, predictor.encoder.pad_id, ids, opts, decode, predictor.batch_size)
             else:
                 events = stream(steps, predictor.encoder.pad_id, ids, opts.sampling, opts.stops, decode,
-                                batch_size=predictor.batch_size)
+                                batch_size=predictor.batch_size, logprobs=opts.logprobs)
                 results = collect(events, [len(i) for i in ids])
         return results[0] if single else results

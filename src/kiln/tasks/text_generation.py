@@ -22,8 +22,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from kiln.choices import WireProtocol
 from kiln.data import corpus
 from kiln.data.texts import length_mix
-from kiln.decoder.beam import Beams
+from kiln.decoder.beam import MAX_BEAMS, Beams
 from kiln.decoder.graph import CacheShape, dynamic_axes, make_decoder_module, positions
+from kiln.decoder.logprobs import MAX_LOGPROBS
 from kiln.decoder.sampling import Sampling
 from kiln.decoder.stopping import Stops
 from kiln.decoder.teacher import TeacherForced
@@ -36,7 +37,7 @@ from kiln.validation.figures import Agreement, AgreementInputs, EvalSet, Floor, 
 MAX_STOPS = 4  # stop strings per request, as OpenAI allows
 MAX_RETURN_SEQUENCES = 16  # continuations per prompt
 OPTIONS = ("max_new_tokens", "temperature", "top_k", "top_p", "seed", "stop", "repetition_penalty", "num_beams",
-           "length_penalty", "early_stopping", "num_return_sequences")
+           "length_penalty", "early_stopping", "num_return_sequences", "logprobs")
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,7 @@ class GenerationOptions:
     truncate: bool = True  # text is cut to the window for validation; prompts never are (generate refuses them)
     beams: Beams = Beams()  # num_beams 1: no beam search
     num_return_sequences: int = 1  # continuations per prompt (beam search's best, or independent samples)
+    logprobs: int | None = None  # None: none reported; n: each chosen token's log-probability and the n best
 
 
 @dataclass(frozen=True)
@@ -72,6 +74,12 @@ class _Body(BaseModel):
     repetition_penalty: float = Field(1.0, gt=0, le=100, description="transformers' (and vLLM's) repetition "
                                       "penalty: a token already in the text has its logit divided by it (multiplied "
                                       "when negative); 1: none.")
+    num_beams: int = Field(1, ge=1, le=MAX_BEAMS, description="Beam search over this many beams (temperature 0, "
+                           "no stop strings, no streaming), as transformers' generate; 1: none.")
+    length_penalty: float = Field(1.0, ge=-10, le=10, description="Beam search: a finished beam scores its summed "
+                                  "log-probability / length ** length_penalty.")
+    early_stopping: bool | Literal["never"] = Field(False, description="Beam search: true ends when num_beams "
+                                                    "beams have finished; false or \"never\" as transformers'.")
     stream: bool = Field(False, description="Server-sent events, one per generated piece of text.")
 
     def stops(self) -> tuple[str, ...]:
@@ -89,7 +97,8 @@ class _Body(BaseModel):
     def options(self) -> dict[str, Any]:
         return {"max_new_tokens": self.new_tokens(), "temperature": self.temperature, "top_k": self.top_k,
                 "top_p": self.top_p, "seed": self.seed, "stop": self.stops(),
-                "repetition_penalty": self.repetition_penalty}
+                "repetition_penalty": self.repetition_penalty, "num_beams": self.num_beams,
+                "length_penalty": self.length_penalty, "early_stopping": self.early_stopping}
 
     def input_count(self) -> int:
         return len(self.prompts())
@@ -114,9 +123,22 @@ class CompletionRequest(_Body):
     prompt: NonBlank | list[NonBlank] = Field(description="A prompt or a list of prompts.")
     max_tokens: int = Field(16, ge=1, le=1_000_000, description="At most this many tokens per prompt.")
     temperature: float = Field(1.0, ge=0, le=2, description="0: greedy; above 0: sampling at that temperature.")
+    n: int = Field(1, ge=1, le=MAX_RETURN_SEQUENCES, description="Choices per prompt: independent samples (seed + k "
+                   "for the k-th when seeded), or with num_beams the n best beams (n <= num_beams).")
+    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS, description="Per chosen token its log-probability "
+                                 "under the model (raw logits, before penalty and temperature) and this many most "
+                                 "likely alternatives; not with num_beams > 1.")
 
     def prompts(self) -> list[str]:
         return [self.prompt] if isinstance(self.prompt, str) else list(self.prompt)
+
+    def options(self) -> dict[str, Any]:
+        if self.n > 1 and self.num_beams == 1 and self.temperature == 0:
+            raise UsageError("n > 1 needs temperature > 0 (independent samples) or num_beams >= n (the n best "
+                             "beams): greedy decoding gives one continuation")
+        if self.n > self.num_beams > 1:
+            raise UsageError(f"n must be at most num_beams ({self.num_beams}) with beam search (got {self.n})")
+        return {**super().options(), "num_return_sequences": self.n, "logprobs": self.logprobs}
 
     def new_tokens(self) -> int:
         return self.max_tokens
@@ -135,10 +157,20 @@ class GenerateResponse(ResponseModel):
     usage: Usage
 
 
+class CompletionLogprobs(ResponseModel):
+    """OpenAI's completion log-probabilities: per token its text, log-probability, best alternatives, and where
+    its text starts in the completion."""
+
+    tokens: list[str]
+    token_logprobs: list[float]
+    top_logprobs: list[dict[str, float]]
+    text_offset: list[int]
+
+
 class CompletionChoice(ResponseModel):
     text: str
     index: int
-    logprobs: None = None
+    logprobs: CompletionLogprobs | None = None
     finish_reason: Literal["length", "stop"] | None
 
 
@@ -260,7 +292,7 @@ class TextGeneration(GenerativeTask):
     def options(self, max_new_tokens: int = 32, temperature: float = 0.0, top_k: int | None = None,
                 top_p: float = 1.0, seed: int | None = None, stop: Sequence[str] = (), truncate: bool = True,
                 repetition_penalty: float = 1.0, num_beams: int = 1, length_penalty: float = 1.0,
-                early_stopping: bool | str = False, num_return_sequences: int = 1,
+                early_stopping: bool | str = False, num_return_sequences: int = 1, logprobs: int | None = None,
                 **unknown: Any) -> GenerationOptions:
         if unknown:
             raise UsageError(f"unknown generation option(s) {', '.join(sorted(unknown))}; use {', '.join(OPTIONS)}")
@@ -280,8 +312,14 @@ class TextGeneration(GenerativeTask):
         if not 1 <= num_return_sequences <= MAX_RETURN_SEQUENCES:
             raise UsageError(f"num_return_sequences must be between 1 and {MAX_RETURN_SEQUENCES} "
                              f"(got {num_return_sequences})")
+        if logprobs is not None and not 0 <= logprobs <= MAX_LOGPROBS:
+            raise UsageError(f"logprobs must be between 0 and {MAX_LOGPROBS} (got {logprobs})")
+        if logprobs is not None and beams.active:
+            raise UsageError("logprobs are reported per chosen token of a sampled or greedy decoding; with "
+                             "num_beams > 1 the beams' scores are the search's figure: set num_beams 1 or drop "
+                             "logprobs")
         return GenerationOptions(sampling, Stops(max_new_tokens, frozenset(self.config.eos_ids), tuple(stop)),
-                                 truncate, beams, num_return_sequences)
+                                 truncate, beams, num_return_sequences, logprobs)
 
     def prepare(self, inputs: Sequence[Any], encoder, options: Any) -> Prepared:
         """Prompts are never truncated (the window check refuses one too long); teacher-forced text is."""
