@@ -125,6 +125,15 @@ class StudentMaker:
     method: str  # "distill" or "prune": the lineage file is kiln-<method>.json
     describe: dict[str, Any]
     make: Callable[[Any, Features, Any, Callable[[str, dict[str, Any]], None]], Student]
+    decoders: bool = False  # whether it can make a decoder's student (keeping layers can; slicing heads cannot)
+
+    def check(self, source: Any) -> None:
+        from kiln.errors import UnsupportedModelError
+        from kiln.model.architectures import arch_spec
+
+        if arch_spec(source.model_type).decoder and not self.decoders:
+            raise UnsupportedModelError(f"kiln {self.method} changes encoder layers; {source.model_type!r} is a "
+                                        "decoder (kiln distill --layers K makes its student)")
 
 
 def layer_student(config: DistillConfig) -> StudentMaker:
@@ -133,7 +142,7 @@ def layer_student(config: DistillConfig) -> StudentMaker:
         keep = _keep_layers(config, depth(source.model))
         return Student(build_student(source.model, keep), keep, {"layers": len(keep), "keep_layers": list(keep)})
 
-    return StudentMaker("distill", {"layers": config.layers, "keep_layers": config.keep_layers}, make)
+    return StudentMaker("distill", {"layers": config.layers, "keep_layers": config.keep_layers}, make, decoders=True)
 
 
 def run_distill(config: DistillConfig, progress: Callable[[str, dict[str, Any]], None] = lambda kind, data: None
@@ -158,13 +167,7 @@ def run_compression(config: DistillConfig, maker: StudentMaker,
     recipe = Recipe(keep=(), **config.recipe)  # checked before anything slow; the student's layers come below
     inputs, labels, described = _data(config)
     source = load_source(config.teacher, config.task, allow_pickle=config.allow_pickle)
-    from kiln.model.architectures import arch_spec
-
-    if arch_spec(source.model_type).decoder:
-        from kiln.errors import UnsupportedModelError
-
-        raise UnsupportedModelError(f"kiln distill and kiln prune change encoder layers; {source.model_type!r} is a "
-                                    "decoder (its variants come from kiln optimize: int8 with a KV cache)")
+    maker.check(source)
     configure_torch_threads(EngineOptions(intra_op_threads=config.threads))
     spec = task_spec(config.task)
     train_idx, held_idx = split(len(inputs), config.held_out, config.max_held_out, recipe.seed)
@@ -285,6 +288,7 @@ def distill(teacher: str | Path | None = None, *, task: str = DEFAULT_TASK, outp
     beside the teacher's outputs when given; ``recipe`` sets kiln.compress.trainer.Recipe fields (epochs,
     batch_size, lr, ...). Writes a model directory (safetensors, tokenizer, sentence-transformers files,
     kiln-distill.json) and returns what it measured; then ``kiln.optimize(student, reference=teacher)``."""
+    task = getattr(task, "value", task)  # a TaskName or its string
     config = DistillConfig(str(teacher) if teacher is not None else None, str(task), Path(output), layers=layers,
                            keep_layers=",".join(map(str, keep_layers)) if keep_layers else None,
                            texts=Path(texts) if texts else None, train=Path(train) if train else None,

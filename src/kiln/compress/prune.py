@@ -116,7 +116,7 @@ def prune(model: str | Path | None = None, *, task: str = DEFAULT_TASK, output: 
     """``kiln prune`` from Python: remove the ``heads`` and ``ffn`` shares of least importance (across layers, or
     the same share per layer with ``scope="layer"``), recover with distillation from the unpruned model, write a
     model directory (kiln-prune.json holds its lineage) and return what it measured."""
-    config = DistillConfig(str(model) if model is not None else None, str(task), Path(output),
+    config = DistillConfig(str(model) if model is not None else None, str(getattr(task, "value", task)), Path(output),
                            texts=Path(texts) if texts else None, train=Path(train) if train else None,
                            recipe={"lr": RECOVERY_LR, **(recipe or {})}, threads=threads, overwrite=overwrite,
                            allow_pickle=allow_pickle)

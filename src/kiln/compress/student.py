@@ -1,8 +1,9 @@
 """A student built from its teacher by keeping some of its layers: every weight is copied, none re-initialised.
 
-The layers of every encoder kiln supports live under a module list called ``layer`` or ``layers`` (BERT,
+The layers of every model kiln supports live under a module list called ``layer``, ``layers`` or ``h`` (BERT,
 RoBERTa, ELECTRA, MPNet, DeBERTa-v2: ``encoder.layer.N``; DistilBERT: ``transformer.layer.N``; ModernBERT:
-``layers.N``), so keeping layers is renumbering those state-dict keys; embeddings, head, pooler and anything
+``layers.N``; GPT-2 and GPT-Neo: ``transformer.h.N``), so keeping layers is renumbering those state-dict keys;
+embeddings, head, pooler and anything
 else shared are copied as they are. ALBERT shares one layer's weights across its depth: its student runs the
 same shared layer fewer times.
 """
@@ -16,12 +17,22 @@ from typing import Any
 
 from kiln.errors import UsageError
 
-LAYER_KEY = re.compile(r"^(?P<prefix>(?:.*\.)?(?:layer|layers))\.(?P<index>\d+)\.(?P<rest>.*)$")
+LAYER_KEY = re.compile(r"^(?P<prefix>(?:.*\.)?(?:layer|layers|h))\.(?P<index>\d+)\.(?P<rest>.*)$")
 # Weights a student cannot take, by model type: ModernBERT's first layer has no pre-attention norm (the
 # embeddings are normalised already), so a later teacher layer copied there leaves its attn_norm behind.
 FIRST_LAYER_DROPS: dict[str, tuple[str, ...]] = {"modernbert": ("layers.0.attn_norm.",)}
 # Config entries with one value per layer (ModernBERT's full/sliding attention pattern): kept for kept layers.
-PER_LAYER_CONFIG = ("layer_types",)
+PER_LAYER_CONFIG = ("layer_types", "attention_layers")
+
+
+def _gpt_neo_types(config: Any) -> None:
+    """GPT-Neo rebuilds ``attention_layers`` from ``attention_types`` ([[kinds, repeats], ...]) when it is loaded:
+    the student's must spell out its kept layers' kinds."""
+    config.attention_types = [[list(config.attention_layers), 1]]
+
+
+# Config entries derived from the per-layer ones, rewritten for the student by model type.
+CONFIG_FIXES: dict[str, Any] = {"gpt_neo": _gpt_neo_types}
 
 
 def depth(model: Any) -> int:
@@ -63,6 +74,9 @@ def build_student(teacher: Any, keep: Sequence[int]) -> Any:
         values = getattr(config, name, None)
         if isinstance(values, (list, tuple)) and len(values) == depth(teacher):
             setattr(config, name, [values[i] for i in keep])
+    fix = CONFIG_FIXES.get(getattr(config, "model_type", ""))
+    if fix is not None:
+        fix(config)
     with torch.device("cpu"):
         student = type(teacher)(config)
     shared = getattr(config, "model_type", "") == "albert"  # one layer's weights for the whole depth

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -10,8 +11,9 @@ from kiln.decoder.batch import DecodeBatch, Decoding, Emitted, new_sequence
 from kiln.decoder.beam import Beams, Hypothesis, beam_search
 from kiln.decoder.logprobs import TokenLogprob
 from kiln.decoder.sampling import Sampling
+from kiln.decoder.speculative import speculative_greedy
 from kiln.decoder.steps import Stepper
-from kiln.decoder.stopping import Stops
+from kiln.decoder.stopping import Detokenizer, Stops
 from kiln.errors import UsageError
 
 
@@ -114,6 +116,39 @@ def sample_many(steps: Stepper, pad_id: int, prompts: Sequence[Sequence[int]], o
                     logprobs=options.logprobs)
     flat = collect(events, [len(p) for p in copies])
     return [flat[i * count : (i + 1) * count] for i in range(len(prompts))]
+
+
+def draft_generate(predictor: Any, draft: Any, prompts: Sequence[Sequence[int]], options: Any) -> list[Generated]:
+    """Greedy continuations found with a draft model's guesses (kiln.decoder.speculative): the same text as greedy
+    decoding without it. The draft must be a decoder with the target's tokenizer (its ids must mean the same)."""
+    if getattr(draft, "engine", None) is None or not hasattr(draft.engine, "new_stepper"):
+        raise UsageError("draft: pass a decoder's predictor (kiln.load of a text-generation artifact)")
+    if draft.encoder.tokenizer.get_vocab(True) != predictor.encoder.tokenizer.get_vocab(True):
+        raise UsageError("draft: its tokenizer differs from the model's; speculative decoding compares token ids, so "
+                         "the draft must share the model's tokenizer (kiln distill --layers K keeps it)")
+    longest = max(len(p) for p in prompts) + options.stops.max_new_tokens
+    if longest > draft.encoder.max_length:
+        raise UsageError(f"draft: its window of {draft.encoder.max_length} tokens is shorter than the longest prompt "
+                         f"with max_new_tokens ({longest})")
+    results = []
+    draft_steps = draft.engine.new_stepper()  # its own: the draft may be the model itself (OpenVINO's requests)
+    with draft.generating if draft is not predictor else nullcontext():  # the caller holds the model's lock
+        for prompt in prompts:
+            tokens = speculative_greedy(predictor.engine.steps, draft_steps, prompt,
+                                        options.stops.max_new_tokens, options.stops.eos_ids, options.draft_tokens)
+            results.append(detokenized(tokens, options.stops, predictor.encoder.decode, len(prompt)))
+    return results
+
+
+def detokenized(tokens: Sequence[int], stops: Stops, decode, prompt_tokens: int) -> Generated:
+    """The text of generated ``tokens`` as streaming would show it: ending at an EOS or a stop string."""
+    text = Detokenizer(decode, stops)
+    for token in tokens:
+        text.add(token)
+        if text.finish_reason:
+            break
+    ids = (*text.ids, text.eos) if text.eos is not None else tuple(text.ids)
+    return Generated(text.text, ids, str(text.finish_reason), prompt_tokens)
 
 
 def copies_of(sampling: Sampling, count: int) -> list[Sampling]:

@@ -48,14 +48,16 @@ class GenerativeTask(TaskSpec):
     def generate(self, predictor: Predictor, prompts: Any, **options: Any) -> Any:
         """Continuations of ``prompts``; up to ``predictor.batch_size`` decode together, a finished one's place
         goes to the next. One stepper holds the cache, so concurrent calls take turns (``predictor.generating``)."""
-        from kiln.decoder.generate import beam_generate, collect, prompt_ids, sample_many, stream
+        from kiln.decoder.generate import beam_generate, collect, draft_generate, prompt_ids, sample_many, stream
 
         single = isinstance(prompts, str)
         opts = self.options(**options)
         ids = prompt_ids(predictor, [prompts] if single else prompts, opts.stops.max_new_tokens)
         steps, decode = predictor.engine.steps, predictor.encoder.decode
         with predictor.generating:
-            if opts.beams.active:
+            if opts.draft is not None:
+                results = draft_generate(predictor, opts.draft, ids, opts)
+            elif opts.beams.active:
                 results = beam_generate(steps, ids, opts.beams, opts.stops, decode, opts.sampling.repetition_penalty)
             elif opts.num_return_sequences > 1:
                 results = sample_many(steps, predictor.encoder.pad_id, ids, opts, decode, predictor.batch_size)

@@ -26,6 +26,7 @@ from kiln.decoder.beam import MAX_BEAMS, Beams
 from kiln.decoder.graph import CacheShape, dynamic_axes, make_decoder_module, positions
 from kiln.decoder.logprobs import MAX_LOGPROBS
 from kiln.decoder.sampling import Sampling
+from kiln.decoder.speculative import check_draft_tokens
 from kiln.decoder.stopping import Stops
 from kiln.decoder.teacher import TeacherForced
 from kiln.errors import UsageError
@@ -37,7 +38,7 @@ from kiln.validation.figures import Agreement, AgreementInputs, EvalSet, Floor, 
 MAX_STOPS = 4  # stop strings per request, as OpenAI allows
 MAX_RETURN_SEQUENCES = 16  # continuations per prompt
 OPTIONS = ("max_new_tokens", "temperature", "top_k", "top_p", "seed", "stop", "repetition_penalty", "num_beams",
-           "length_penalty", "early_stopping", "num_return_sequences", "logprobs")
+           "length_penalty", "early_stopping", "num_return_sequences", "logprobs", "draft", "draft_tokens")
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,8 @@ class GenerationOptions:
     beams: Beams = Beams()  # num_beams 1: no beam search
     num_return_sequences: int = 1  # continuations per prompt (beam search's best, or independent samples)
     logprobs: int | None = None  # None: none reported; n: each chosen token's log-probability and the n best
+    draft: Any = None  # a draft decoder's Predictor: speculative greedy decoding (kiln.decoder.speculative)
+    draft_tokens: int = 4  # tokens the draft proposes per target step
 
 
 @dataclass(frozen=True)
@@ -293,7 +296,7 @@ class TextGeneration(GenerativeTask):
                 top_p: float = 1.0, seed: int | None = None, stop: Sequence[str] = (), truncate: bool = True,
                 repetition_penalty: float = 1.0, num_beams: int = 1, length_penalty: float = 1.0,
                 early_stopping: bool | str = False, num_return_sequences: int = 1, logprobs: int | None = None,
-                **unknown: Any) -> GenerationOptions:
+                draft: Any = None, draft_tokens: int = 4, **unknown: Any) -> GenerationOptions:
         if unknown:
             raise UsageError(f"unknown generation option(s) {', '.join(sorted(unknown))}; use {', '.join(OPTIONS)}")
         if isinstance(stop, str):
@@ -318,8 +321,17 @@ class TextGeneration(GenerativeTask):
             raise UsageError("logprobs are reported per chosen token of a sampled or greedy decoding; with "
                              "num_beams > 1 the beams' scores are the search's figure: set num_beams 1 or drop "
                              "logprobs")
+        if draft is not None:
+            check_draft_tokens(draft_tokens)
+            refused = [name for name, used in (("temperature > 0", not sampling.greedy),
+                                               ("num_beams > 1", beams.active),
+                                               ("repetition_penalty", repetition_penalty != 1.0),
+                                               ("logprobs", logprobs is not None)) if used]
+            if refused:
+                raise UsageError(f"a draft model speeds up greedy decoding and keeps its output; it does not combine "
+                                 f"with {', '.join(refused)}")
         return GenerationOptions(sampling, Stops(max_new_tokens, frozenset(self.config.eos_ids), tuple(stop)),
-                                 truncate, beams, num_return_sequences, logprobs)
+                                 truncate, beams, num_return_sequences, logprobs, draft, draft_tokens)
 
     def prepare(self, inputs: Sequence[Any], encoder, options: Any) -> Prepared:
         """Prompts are never truncated (the window check refuses one too long); teacher-forced text is."""

@@ -1,0 +1,134 @@
+"""Speculative decoding with a draft model: the text is greedy decoding's with the target alone, whatever the draft
+proposes (a distilled one-layer student, the target itself, an unrelated model with the same tokenizer), through
+EOS and the token budget; a draft that cannot work is refused by name."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import transformers
+
+import kiln
+from kiln.choices import ExportFormat
+from kiln.compress.distill import distill
+from kiln.data.docstrings import docstring_sentences
+from kiln.decoder.speculative import Speculation, speculative_greedy
+from kiln.errors import UsageError
+from kiln.export.job import ExportConfig, run_export
+from kiln.runtime.tokenization import TextEncoder
+from kiln.tasks import TaskName
+from tests.factory import build_tiny_model
+
+PROMPTS = ["Return the number of items in a container, and then", "The quick", "A list of"]
+
+
+def _export(directory, out):
+    run_export(ExportConfig(model=str(directory), task=TaskName.TEXT_GENERATION, format=ExportFormat.ONNX,
+                            output=out))
+    return kiln.load(out)
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory) -> dict[str, object]:
+    """Predictors: a 2-layer target whose EOS is a token it often picks, its 1-layer distilled student, and an
+    unrelated model of the same shape and tokenizer (another seed)."""
+    root = tmp_path_factory.mktemp("speculative")
+    target = _trained(build_tiny_model("gpt2", TaskName.TEXT_GENERATION, root / "target"))
+    tokens = _export(target, root / "probe").generate(PROMPTS[0], max_new_tokens=24).token_ids
+    eos = max(set(tokens[4:]), key=tokens[4:].count)
+    for name in ("config.json", "generation_config.json"):
+        if (target / name).is_file():
+            config = json.loads((target / name).read_text())
+            (target / name).write_text(json.dumps({**config, "eos_token_id": eos}))
+    texts = root / "texts.txt"
+    texts.write_text("\n".join(docstring_sentences()[:300]))
+    student = distill(target, task=TaskName.TEXT_GENERATION, output=root / "student", layers=1, texts=texts,
+                      recipe={"epochs": 2})
+    other = build_tiny_model("gpt2", TaskName.TEXT_GENERATION, root / "other", seed=7)
+    return {"target": _export(target, root / "target-art"), "student": _export(student.path, root / "student-art"),
+            "other": _export(other, root / "other-art"), "student-art": root / "student-art"}
+
+
+def _trained(directory, steps: int = 150):
+    """The tiny GPT-2 after a few seconds of language modelling on docstrings: random weights predict noise no
+    student could learn; these predict text a one-layer student partly can."""
+    import numpy as np
+    import torch
+
+    torch.manual_seed(0)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(directory)
+    model = transformers.AutoModelForCausalLM.from_pretrained(directory)
+    stream = np.array([i for t in docstring_sentences()[:2000] for i in tokenizer(t)["input_ids"]], dtype=np.int64)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    rng = np.random.default_rng(0)
+    model.train()
+    for _ in range(steps):
+        starts = rng.integers(0, len(stream) - 65, 16)
+        x = torch.from_numpy(np.stack([stream[o : o + 64] for o in starts]))
+        loss = model(input_ids=x, labels=x).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    model.eval().save_pretrained(directory, safe_serialization=True)
+    return directory
+
+
+@pytest.mark.parametrize("draft", ["student", "target", "other"])
+@pytest.mark.parametrize("draft_tokens", [1, 3, 8])
+def test_output_is_the_targets_greedy_decoding(models, draft, draft_tokens):
+    target = models["target"]
+    for max_new in (1, 7, 30):
+        want = target.generate(PROMPTS, max_new_tokens=max_new)
+        got = target.generate(PROMPTS, max_new_tokens=max_new, draft=models[draft], draft_tokens=draft_tokens)
+        assert got == want, (draft, draft_tokens, max_new)
+    assert any(g.finish_reason == "stop" for g in target.generate(PROMPTS, max_new_tokens=30))  # EOS is reached
+
+
+def test_acceptance_follows_how_well_the_draft_knows_the_target(models):
+    target = models["target"]
+    steps = target.engine.steps
+    runs = {}
+    for name in ("target", "student", "other"):
+        record = Speculation()
+        for prompt in PROMPTS:
+            ids = target.encoder.encode([prompt], truncate=False)[0].ids
+            speculative_greedy(steps, models[name].engine.steps, ids, 30, frozenset(), 4, record)
+        runs[name] = record
+    assert runs["target"].acceptance == 1.0  # its own guesses: every proposal kept, k + 1 tokens per step
+    assert max(runs["target"].per_round) == 5
+    assert runs["target"].target_steps < runs["other"].target_steps
+    assert runs["student"].acceptance > runs["other"].acceptance  # distillation taught the student the target
+
+
+def test_drafts_that_cannot_work_are_refused(models, tiny_model):
+    target, student = models["target"], models["student"]
+    for options, message in [
+        ({"temperature": 0.7}, "does not combine with temperature > 0"),
+        ({"num_beams": 2}, "does not combine with num_beams > 1"),
+        ({"repetition_penalty": 1.2, "logprobs": 1}, "does not combine with repetition_penalty, logprobs"),
+        ({"draft_tokens": 0}, "draft_tokens must be between 1 and 16"),
+        ({"draft_tokens": 17}, "draft_tokens must be between 1 and 16"),
+    ]:
+        with pytest.raises(UsageError, match=message):
+            target.generate(PROMPTS[0], max_new_tokens=4, draft=student, **options)
+    with pytest.raises(UsageError, match="pass a decoder's predictor"):
+        target.generate(PROMPTS[0], max_new_tokens=4, draft="student")
+    bert = transformers.AutoTokenizer.from_pretrained(tiny_model("bert", TaskName.FEATURE_EXTRACTION))
+    swapped = kiln.load(models["student-art"])
+    swapped.encoder = TextEncoder(bert.backend_tokenizer, max_length=swapped.encoder.max_length,
+                                  pad_id=swapped.encoder.pad_id, input_names=swapped.encoder.input_names)
+    with pytest.raises(UsageError, match="its tokenizer differs from the model's"):
+        target.generate(PROMPTS[0], max_new_tokens=4, draft=swapped)
+
+
+def test_gpt_neo_students_keep_their_attention_kinds(tiny_model, tmp_path):
+    """GPT-Neo alternates global and local attention per layer: a student of its second layer is a local one, and
+    loads (transformers rebuilds the per-layer kinds from attention_types) and exports."""
+    texts = tmp_path / "texts.txt"
+    texts.write_text("\n".join(docstring_sentences()[:20]))
+    result = distill(tiny_model("gpt_neo", TaskName.TEXT_GENERATION), task=TaskName.TEXT_GENERATION,
+                     output=tmp_path / "student", keep_layers=[1], texts=texts, recipe={"epochs": 0})
+    config = transformers.AutoConfig.from_pretrained(result.path)
+    assert config.num_layers == 1 and config.attention_layers == ["local"]
+    assert _export(result.path, tmp_path / "art").generate("A", max_new_tokens=3).token_ids
