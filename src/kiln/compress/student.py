@@ -3,9 +3,8 @@
 The layers of every model kiln supports live under a module list called ``layer``, ``layers`` or ``h`` (BERT,
 RoBERTa, ELECTRA, MPNet, DeBERTa-v2: ``encoder.layer.N``; DistilBERT: ``transformer.layer.N``; ModernBERT:
 ``layers.N``; GPT-2 and GPT-Neo: ``transformer.h.N``), so keeping layers is renumbering those state-dict keys;
-embeddings, head, pooler and anything
-else shared are copied as they are. ALBERT shares one layer's weights across its depth: its student runs the
-same shared layer fewer times.
+embeddings, head, pooler and anything else shared are copied as they are. ALBERT shares one layer's weights across
+its depth: its student runs the same shared layer fewer times.
 """
 
 from __future__ import annotations
