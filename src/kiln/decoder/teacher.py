@@ -42,12 +42,15 @@ class TeacherForced:
         first = max(1, int(mask.sum(axis=1).min()) // 2)
         logits, past = self.steps.step(ids[:, :first], mask[:, :first], positions(mask[:, :first], first),
                                        empty_past(self.shape, ids.shape[0]))
-        parts = [logits]
+        # Written in place, step by step: gathering the steps' logits and concatenating them held the batch's
+        # logits twice (1.6 GB for 32 rows of 128 tokens over GPT-2's 50k vocabulary).
+        out = np.empty((ids.shape[0], ids.shape[1], logits.shape[-1]), np.float32)
+        out[:, :first] = logits
         for column in range(first, ids.shape[1]):
             seen = mask[:, : column + 1]
             logits, past = self.steps.step(ids[:, column : column + 1], seen, positions(seen, 1), past)
-            parts.append(logits)
-        return {LOGITS: np.concatenate(parts, axis=1).astype(np.float32, copy=False)}
+            out[:, column] = logits[:, 0]
+        return {LOGITS: out}
 
     def warmup(self) -> None:
         self.run({INPUT_IDS: np.ones((1, 4), np.int64), ATTENTION_MASK: np.ones((1, 4), np.int64)})

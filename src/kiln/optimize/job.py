@@ -280,11 +280,18 @@ class OptimizeJob:
         predictor = self._predictor(built.record())
         # Judged under every batching a server may give its inputs (sorted, mixed, alone, over several one-thread
         # sessions): the worst one counts.
-        batched = measure_batchings(self.work.agreement, predictor, self._predictor(built.record(), sessions=2))
+        def hopeless(agreement: Agreement) -> bool:  # a batching under the floors: the worst can only be lower
+            return not judge(self.config.task, agreement, self.tolerance).accepted
+
+        batched = measure_batchings(self.work.agreement, predictor, self._predictor(built.record(), sessions=2),
+                                    hopeless)
         agreement = batched.agreements[batched.worst]
         data = self.work.eval_set
-        metric = self.spec.evaluate(predictor, data) if data is not None else None
-        verdict = gate_verdict(self.config.task, batched, metric, self.work.reference_metric, self.tolerance)
+        verdict = gate_verdict(self.config.task, batched, None, None, self.tolerance)
+        metric = None
+        if verdict.accepted and data is not None:  # the task metric can only add a reason to reject, not remove one
+            metric = self.spec.evaluate(predictor, data)
+            verdict = gate_verdict(self.config.task, batched, metric, self.work.reference_metric, self.tolerance)
         return Checked(built, agreement, metric, verdict, params, batched)
 
     def _alternatives(self, spec: VariantSpec, default: Checked) -> Checked:

@@ -10,8 +10,9 @@ zero means the variant is batch-invariant, which ``kiln serve --deterministic`` 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -62,54 +63,73 @@ class BatchedAgreement:
 
     agreements: Mapping[Batching, Agreement]
     drift: BatchDrift
+    complete: bool = True  # False: the batchings stopped at one the gate fails (measure_batchings' ``hopeless``)
 
     @property
     def worst(self) -> Batching:
         """The batching the gate judges: the lowest primary agreement."""
-        return min(self.agreements, key=lambda b: self.agreements[b].value)
+        # Ties go to the batching named first in Batching (sorted: the offline path), whatever order they ran in.
+        return min((b for b in Batching if b in self.agreements), key=lambda b: self.agreements[b].value)
 
 
-def _runs(candidate: Predictor, prepared: Prepared, sessions: Predictor | None) -> dict[Batching, Run]:
-    handler = candidate.handler
-    options = handler.options()
-    reduced = {
-        Batching.SORTED: candidate.run_features(prepared.encodings, sort=True),
-        Batching.MIXED: candidate.run_features(prepared.encodings, sort=False),
-        Batching.ALONE: candidate.with_batch_size(1).run_features(prepared.encodings),
+def _plans(candidate: Predictor, sessions: Predictor | None) -> dict[Batching, Callable[[Prepared], list[Any]]]:
+    """How each batching runs the prepared inputs, alone first: it is what the others' drift is measured from."""
+    plans: dict[Batching, Callable[[Prepared], list[Any]]] = {
+        Batching.ALONE: lambda p: candidate.with_batch_size(1).run_features(p.encodings),
+        Batching.SORTED: lambda p: candidate.run_features(p.encodings, sort=True),
+        Batching.MIXED: lambda p: candidate.run_features(p.encodings, sort=False),
     }
     if sessions is not None:
-        reduced[Batching.SESSIONS] = sessions.run_features(prepared.encodings, sort=True)
-    return {b: Run(tuple(r), tuple(handler.finalize(prepared, r, options, candidate.encoder)))
-            for b, r in reduced.items()}
+        plans[Batching.SESSIONS] = lambda p: sessions.run_features(p.encodings, sort=True)
+    return plans
 
 
-def _drift(candidate: Predictor, data: AgreementInputs, prepared: Prepared,
-           runs: Mapping[Batching, Run]) -> BatchDrift:
-    spec, handler = task_spec(candidate.config.task), candidate.handler
-    alone = runs[Batching.ALONE]
-    worst_diff, worst_cos, consistency, figure = 0.0, 1.0, 1.0, ""
-    for batching, run in runs.items():
-        if batching is Batching.ALONE:
-            continue
-        for a, b in zip(alone.reduced, run.reduced):
-            x, y = handler.comparable(a).astype(np.float64), handler.comparable(b).astype(np.float64)
-            worst_diff = max(worst_diff, float(np.max(np.abs(x - y))) if x.size else 0.0)
-            worst_cos = min(worst_cos, cosine(x, y))
+class _DriftMeter:
+    """The drift of each batching from the alone run, taken as each batching runs (so only the alone run and the
+    current one are held: a decoder's logits are ~0.5 GB a run on GPT-2 small)."""
+
+    def __init__(self, candidate: Predictor, data: AgreementInputs, prepared: Prepared, alone: Run) -> None:
+        self.spec, self.handler = task_spec(candidate.config.task), candidate.handler
+        self.data, self.prepared, self.alone = data, prepared, alone
+        self.worst_diff, self.worst_cos, self.consistency, self.figure = 0.0, 1.0, 1.0, ""
+
+    def add(self, run: Run) -> None:
+        for a, b in zip(self.alone.reduced, run.reduced):
+            x, y = self.handler.comparable(a).astype(np.float64), self.handler.comparable(b).astype(np.float64)
+            self.worst_diff = max(self.worst_diff, float(np.max(np.abs(x - y))) if x.size else 0.0)
+            self.worst_cos = min(self.worst_cos, cosine(x, y))
         # The task's own agreement, with the alone run as the reference: the share of labels, ranks or next
         # tokens that stay the same, or the cosine, between batchings.
         # (The candidate against itself: one space, whatever the original's.)
-        against_alone = spec.agreement(AgreementInputs(prepared, alone, data.config), run)
-        if against_alone.value <= consistency:
-            consistency, figure = against_alone.value, against_alone.primary
-    return BatchDrift(worst_diff, worst_cos, consistency, figure or "identical")
+        against_alone = self.spec.agreement(AgreementInputs(self.prepared, self.alone, self.data.config), run)
+        if against_alone.value <= self.consistency:
+            self.consistency, self.figure = against_alone.value, against_alone.primary
+
+    def result(self) -> BatchDrift:
+        return BatchDrift(self.worst_diff, self.worst_cos, self.consistency, self.figure or "identical")
 
 
-def measure_batchings(data: AgreementInputs, candidate: Predictor,
-                      sessions: Predictor | None = None) -> BatchedAgreement:
-    """Agreement with the original in sorted batches, mixed batches and alone (and, given ``sessions``, the same
-    variant loaded as several one-thread sessions), and the drift between them."""
+def measure_batchings(data: AgreementInputs, candidate: Predictor, sessions: Predictor | None = None,
+                      hopeless: Callable[[Agreement], bool] | None = None) -> BatchedAgreement:
+    """Agreement with the original alone, in sorted batches and in mixed batches (and, given ``sessions``, the same
+    variant loaded as several one-thread sessions), and the drift between them. ``hopeless``: given, the batchings
+    stop at the first whose agreement it calls failing: the gate judges the worst batching, so no later one can
+    make the variant pass (``complete`` is then False and the drift covers the batchings run)."""
     spec = task_spec(candidate.config.task)
     prepared = data.prepared_for(candidate)
-    runs = _runs(candidate, prepared, sessions)
-    return BatchedAgreement({b: spec.agreement(data, run) for b, run in runs.items()},
-                            _drift(candidate, data, prepared, runs))
+    handler, options = candidate.handler, candidate.handler.options()
+    agreements: dict[Batching, Agreement] = {}
+    meter: _DriftMeter | None = None
+    plans = _plans(candidate, sessions)
+    for batching, plan in plans.items():
+        reduced = plan(prepared)
+        run = Run(tuple(reduced), tuple(handler.finalize(prepared, reduced, options, candidate.encoder)))
+        agreements[batching] = spec.agreement(data, run)
+        if meter is None:
+            meter = _DriftMeter(candidate, data, prepared, run)
+        else:
+            meter.add(run)
+        del reduced, run  # the next batching's outputs take their place
+        if hopeless is not None and hopeless(agreements[batching]):
+            break
+    return BatchedAgreement(agreements, meter.result(), complete=len(agreements) == len(plans))

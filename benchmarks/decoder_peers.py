@@ -1,0 +1,275 @@
+"""kiln's decoder variants against the tools a user would pick instead, on the same GPT-2-small-shaped weights.
+
+Configurations (each in a fresh process; the peers in their own venv, ``--venv``, created on first use):
+  * transformers ``generate``, PyTorch fp32, and bf16 where the CPU has it (kiln's venv);
+  * optimum-intel ``OVModelForCausalLM`` (stateful, int8 weights: ``load_in_8bit=True``);
+  * CTranslate2's ``Generator`` on its own int8 conversion;
+  * ONNX Runtime GenAI running kiln's own exported step graph (onnx-fp32 and onnx-int8-dynamic) with a
+    ``genai_config.json`` written here;
+  * kiln's variants from a ``kiln optimize`` output (``kiln.decoder.generate.stream`` on token ids).
+
+Per configuration, greedy decoding of prompts of 128 and 512 token ids at batch 1 and 4: time to first token
+(a 1-token call, median of 3) and per-token latency ((64-token call - first token) / 63). The tokens of every
+configuration are compared with transformers fp32's: equal precision must mean equal tokens (same weights).
+
+    python benchmarks/decoder_peers.py MODEL_DIR KILN_OPTIMIZE_OUT [--threads 2] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+NEW = 64
+SHAPES = [(1, 128), (4, 128), (1, 512), (4, 512)]
+PEER_PACKAGES = ["torch==2.13.0", "transformers==4.57.1", "optimum-intel[openvino,nncf]==2.2.0", "ctranslate2==4.8.5",
+                 "onnxruntime-genai==0.18.0"]
+
+
+def prompt_ids(batch: int, length: int) -> list[list[int]]:
+    import numpy as np
+
+    rng = np.random.default_rng(length)
+    return rng.integers(100, 1000, (batch, length)).tolist()
+
+
+def measure(generate) -> dict:
+    """``generate(ids, new) -> list of token lists`` timed over SHAPES."""
+    rows, tokens = [], {}
+    generate(prompt_ids(1, 8), 2)  # warm-up
+    for batch, length in SHAPES:
+        ids = prompt_ids(batch, length)
+        firsts = []
+        for _ in range(3):
+            start = time.perf_counter()
+            generate(ids, 1)
+            firsts.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        out = generate(ids, NEW)
+        whole = time.perf_counter() - start
+        first = statistics.median(firsts)
+        rows.append({"batch": batch, "prompt": length, "first_token_ms": round(1000 * first, 1),
+                     "per_token_ms": round(1000 * (whole - first) / (NEW - 1), 2)})
+        tokens[f"{batch}x{length}"] = [list(map(int, o))[:NEW] for o in out]
+        print(rows[-1], file=sys.stderr, flush=True)
+    return {"rows": rows, "tokens": tokens}
+
+
+# -- workers -----------------------------------------------------------------------------------------------------
+def transformers_worker(model_dir: str, dtype: str, threads: int):
+    import torch
+    import transformers
+
+    torch.set_num_threads(threads)
+    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=getattr(torch, dtype)).eval()
+    model.generation_config.eos_token_id = None  # every configuration generates all 64 tokens
+
+    def generate(ids, new):
+        x = torch.tensor(ids)
+        with torch.inference_mode():
+            out = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=new, do_sample=False,
+                                 pad_token_id=0)
+        return out[:, x.shape[1]:].tolist()
+
+    return generate
+
+
+def optimum_worker(model_dir: str, threads: int):
+    import torch
+    from optimum.intel import OVModelForCausalLM
+
+    model = OVModelForCausalLM.from_pretrained(model_dir, export=True, load_in_8bit=True, compile=True,
+                                               ov_config={"INFERENCE_NUM_THREADS": str(threads),
+                                                          "PERFORMANCE_HINT": "LATENCY"})
+    model.generation_config.eos_token_id = None
+
+    def generate(ids, new):
+        x = torch.tensor(ids)
+        out = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=new, do_sample=False,
+                             pad_token_id=0)
+        return out[:, x.shape[1]:].tolist()
+
+    return generate
+
+
+def ct2_worker(model_dir: str, threads: int):
+    import ctranslate2
+    import transformers
+
+    out = Path(tempfile.mkdtemp(prefix="ct2-"))
+    ctranslate2.converters.TransformersConverter(model_dir).convert(str(out), quantization="int8", force=True)
+    generator = ctranslate2.Generator(str(out), device="cpu", compute_type="int8", intra_threads=threads)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
+
+    def generate(ids, new):
+        tokens = [tokenizer.convert_ids_to_tokens(row) for row in ids]
+        results = generator.generate_batch(tokens, max_length=new, sampling_topk=1, include_prompt_in_result=False,
+                                           end_token=[], min_length=new)
+        return [r.sequences_ids[0] for r in results]
+
+    return generate
+
+
+def genai_worker(variant_dir: str, model_dir: str, threads: int):
+    import onnxruntime_genai as og
+    import transformers
+
+    config = transformers.AutoConfig.from_pretrained(model_dir)
+    work = Path(tempfile.mkdtemp(prefix="genai-"))
+    onnx_files = [p for p in Path(variant_dir).iterdir() if p.suffix in (".onnx", ".data")]
+    for p in onnx_files:
+        os.symlink(p, work / p.name)
+    graph = next(p.name for p in onnx_files if p.suffix == ".onnx")
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        if (Path(model_dir) / name).is_file():
+            shutil.copy(Path(model_dir) / name, work / name)
+    heads = config.num_attention_heads
+    (work / "genai_config.json").write_text(json.dumps({"model": {
+        "type": "gpt2", "vocab_size": config.vocab_size, "context_length": config.n_positions,
+        "bos_token_id": config.bos_token_id, "eos_token_id": config.eos_token_id, "pad_token_id": 0,
+        "decoder": {"filename": graph, "head_size": config.n_embd // heads, "hidden_size": config.n_embd,
+                    "num_attention_heads": heads, "num_key_value_heads": heads, "num_hidden_layers": config.n_layer,
+                    "session_options": {"intra_op_num_threads": threads, "log_id": "kiln", "provider_options": []},
+                    "inputs": {"input_ids": "input_ids", "attention_mask": "attention_mask",
+                               "position_ids": "position_ids", "past_key_names": "past_key_values.%d.key",
+                               "past_value_names": "past_key_values.%d.value"},
+                    "outputs": {"logits": "logits", "present_key_names": "present.%d.key",
+                                "present_value_names": "present.%d.value"}}},
+        "search": {"do_sample": False, "max_length": config.n_positions, "num_beams": 1, "min_length": 0,
+                   "past_present_share_buffer": False}}))
+    model = og.Model(str(work))
+
+    def generate(ids, new):
+        params = og.GeneratorParams(model)
+        params.set_search_options(max_length=len(ids[0]) + new, min_length=len(ids[0]) + new, do_sample=False,
+                                  batch_size=len(ids))
+        generator = og.Generator(model, params)
+        generator.append_tokens([list(row) for row in ids])
+        out = [[] for _ in ids]
+        while not generator.is_done():
+            generator.generate_next_token()
+            for i, t in enumerate(generator.get_next_tokens()):
+                out[i].append(int(t))
+        return out
+
+    return generate
+
+
+def kiln_worker(artifact: str, variant: str, threads: int):
+    import kiln
+    from kiln.decoder.generate import collect, stream
+    from kiln.decoder.sampling import Sampling
+    from kiln.decoder.stopping import Stops
+
+    predictor = kiln.load(artifact, variant=variant, threads=threads)
+    steps, pad = predictor.engine.steps, predictor.encoder.pad_id
+
+    def generate(ids, new):
+        events = stream(steps, pad, ids, Sampling(), Stops(new, frozenset()), predictor.encoder.decode,
+                        batch_size=len(ids))
+        return [list(g.token_ids) for g in collect(events, [len(i) for i in ids])]
+
+    return generate
+
+
+def worker(args: list[str]) -> None:
+    kind, *rest = args
+    threads = int(os.environ.get("KILN_PEER_THREADS", "2"))
+    makers = {"transformers": lambda: transformers_worker(rest[0], rest[1], threads),
+              "optimum": lambda: optimum_worker(rest[0], threads), "ct2": lambda: ct2_worker(rest[0], threads),
+              "genai": lambda: genai_worker(rest[0], rest[1], threads),
+              "kiln": lambda: kiln_worker(rest[0], rest[1], threads)}
+    print(json.dumps(measure(makers[kind]())))
+
+
+# -- the orchestrator -----------------------------------------------------------------------------------------
+def ensure_venv(venv: Path) -> Path:
+    python = venv / "bin" / "python"
+    if not python.exists():
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        subprocess.run([str(python), "-m", "pip", "install", "-q", PEER_PACKAGES[0]], check=True)
+        subprocess.run([str(python), "-m", "pip", "install", "-q", *PEER_PACKAGES[1:]], check=True)
+    return python
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "--worker":
+        worker(sys.argv[2:])
+        return
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("model", type=Path)
+    parser.add_argument("artifact", type=Path, help="a kiln optimize output of the same model")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--venv", type=Path, default=HERE / ".decoder-peers-venv")
+    parser.add_argument("--only", default=None, help="comma-separated configuration names")
+    parser.add_argument("--json", type=Path, default=HERE / "decoder_peers.json")
+    args = parser.parse_args()
+    from kiln.system.cpu import cpu_info
+
+    peer = str(ensure_venv(args.venv))
+    me = sys.executable
+    model, art = str(args.model), str(args.artifact)
+    manifest = json.loads((args.artifact / "manifest.json").read_text())
+    variants = {v["name"]: v for v in manifest["variants"]}
+    configs = {"transformers-fp32": [me, "transformers", model, "float32"],
+               "optimum-intel-int8-weights": [peer, "optimum", model],
+               "ctranslate2-int8": [peer, "ct2", model]}
+    if cpu_info().has_bf16:
+        configs["transformers-bf16"] = [me, "transformers", model, "bfloat16"]
+    for name in ("onnx-fp32", "onnx-int8-dynamic"):
+        if name in variants:
+            configs[f"onnxruntime-genai on kiln {name}"] = [peer, "genai", str(args.artifact / variants[name]["path"]),
+                                                            model]
+    for name in variants:
+        configs[f"kiln {name}"] = [me, "kiln", art, name]
+    wanted = set(args.only.split(",")) if args.only else set(configs)
+    results = {}
+    for name, (python, *argv) in configs.items():
+        if name not in wanted:
+            continue
+        print(f"== {name}", flush=True)
+        env = {**os.environ, "KILN_PEER_THREADS": str(args.threads)}
+        done = subprocess.run([python, __file__, "--worker", *argv], capture_output=True, text=True, env=env)
+        if done.returncode != 0:
+            results[name] = {"error": done.stderr.strip().splitlines()[-1] if done.stderr.strip() else "failed"}
+            print(f"   failed: {results[name]['error']}", flush=True)
+            continue
+        results[name] = json.loads(done.stdout.strip().splitlines()[-1])
+    reference = results.get("transformers-fp32", {}).get("tokens", {})
+    for result in results.values():
+        if "tokens" in result and reference:
+            same = [a == b for shape in reference for a, b in zip(reference[shape], result["tokens"].get(shape, []))]
+            result["identical_to_transformers_fp32"] = f"{sum(same)}/{len(same)} sequences"
+            result["token_agreement"] = _agreement(reference, result["tokens"])
+    out = {"command": "python " + " ".join(sys.argv), "cpu": cpu_info().to_dict(), "new_tokens": NEW,
+           "threads": args.threads, "results": results}
+    args.json.write_text(json.dumps(out, indent=1) + "\n")
+    for name, result in results.items():
+        rows = " | ".join(f"b{r['batch']}/{r['prompt']}: {r['first_token_ms']} + {r['per_token_ms']} ms"
+                          for r in result.get("rows", []))
+        print(f"{name:42s} {rows or result.get('error')} {result.get('identical_to_transformers_fp32', '')}")
+    print(f"-> {args.json}")
+
+
+def _agreement(reference: dict, tokens: dict) -> float:
+    """Share of positions whose token equals transformers fp32's, up to the first difference in each sequence
+    counted as the rest of it (a greedy decoding that diverges once continues from another text)."""
+    kept = total = 0
+    for shape, rows in reference.items():
+        for a, b in zip(rows, tokens.get(shape, [])):
+            first = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+            kept, total = kept + first, total + len(a)
+    return round(kept / total, 4) if total else 0.0
+
+
+if __name__ == "__main__":
+    main()

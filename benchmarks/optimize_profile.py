@@ -1,0 +1,99 @@
+"""``kiln optimize --task text-generation`` on GPT-2 small's shape, profiled by stage: wall time and memory.
+
+The model is benchmarks/decoder_latency.py's (12 layers, 768 wide, 50,257-token vocabulary, random weights). The
+optimize run happens in this process with kiln's own progress messages; each message closes the stage the previous
+one opened, and a sampler thread reads the resident memory (VmRSS) every 0.2 s, so each stage gets its seconds and
+its peak memory, and the run its total and its peak (VmHWM).
+
+    python benchmarks/optimize_profile.py [--label after] [--output benchmarks/optimize_profile.json]
+
+The JSON keeps one entry per label, so a before and an after run sit side by side.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))
+
+
+def _status(field: str) -> int:
+    """A /proc/self/status field in MiB (VmRSS now, VmHWM the peak so far)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) // 1024
+    return 0
+
+
+class Stages:
+    """Progress messages as stage boundaries, with the peak resident memory seen inside each stage."""
+
+    def __init__(self) -> None:
+        self.start = self.last = time.perf_counter()
+        self.rows: list[dict] = []
+        self.current, self.peak = "start", _status("VmRSS")
+        self._stop = threading.Event()
+        threading.Thread(target=self._sample, daemon=True).start()
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.2):
+            self.peak = max(self.peak, _status("VmRSS"))
+
+    def __call__(self, message: str) -> None:
+        now = time.perf_counter()
+        self.peak = max(self.peak, _status("VmRSS"))
+        self.rows.append({"stage": self.current, "seconds": round(now - self.last, 1), "peak_rss_mib": self.peak})
+        print(f"[{now - self.start:7.1f}s {self.peak:6d} MiB] {message}", flush=True)
+        self.current, self.last, self.peak = message, now, _status("VmRSS")
+
+    def close(self) -> dict:
+        self("done")
+        self._stop.set()
+        return {"seconds": round(time.perf_counter() - self.start, 1), "peak_rss_mib": _status("VmHWM"),
+                "stages": self.rows}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--label", default="run")
+    parser.add_argument("--output", type=Path, default=HERE / "optimize_profile.json")
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--keep", type=Path, default=None, help="copy the model and the optimize output here")
+    args = parser.parse_args()
+
+    from decoder_latency import build_model
+
+    import kiln
+    from kiln.optimize.job import OptimizeConfig, OptimizeJob
+    from kiln.system.cpu import cpu_info
+
+    with tempfile.TemporaryDirectory() as scratch:
+        model = build_model(Path(scratch) / "gpt2-small")
+        stages = Stages()
+        config = OptimizeConfig(model=str(model), task="text-generation", output=Path(scratch) / "opt",
+                                threads=args.threads)
+        summary = OptimizeJob(config, stages).run()
+        profile = stages.close()
+        variants = {o.name: {"status": o.status.value, "reason": o.reason} for o in summary.outcomes}
+        if args.keep is not None:
+            import shutil
+
+            shutil.copytree(model, args.keep / "model", dirs_exist_ok=True)
+            shutil.copytree(config.output, args.keep / "opt", dirs_exist_ok=True)
+    previous = json.loads(args.output.read_text()) if args.output.is_file() else {}
+    previous[args.label] = {"command": "python " + " ".join(sys.argv), "kiln": kiln.__version__,
+                            "cpu": cpu_info().to_dict(), **profile, "variants": variants}
+    args.output.write_text(json.dumps(previous, indent=1) + "\n")
+    print(f"-> {args.output} [{args.label}]: {profile['seconds']} s, peak {profile['peak_rss_mib']} MiB")
+
+
+if __name__ == "__main__":
+    main()
