@@ -42,12 +42,32 @@ def held_out_prompts(count: int, tokenizer) -> list[str]:
     return out
 
 
-def timed(predictor, prompts: list[str], new_tokens: int, **options) -> tuple[float, list]:
-    """(seconds, results) of one prompt at a time (batch 1), after one warm-up call."""
-    predictor.generate(prompts[0], max_new_tokens=4, **options)
+def greedy_tokens(predictor, prompts: list[list[int]], new_tokens: int) -> list[tuple[int, ...]]:
+    """kiln's own greedy decoding (the continuous-batching stream generate() runs), one prompt at a time, never
+    stopping at EOS: a briefly trained model ends most texts within a few tokens."""
+    from kiln.decoder.generate import collect, stream
+    from kiln.decoder.sampling import Sampling
+    from kiln.decoder.stopping import Stops
+
+    out = []
+    for prompt in prompts:
+        events = stream(predictor.engine.steps, predictor.encoder.pad_id, [prompt], Sampling(),
+                        Stops(new_tokens, frozenset()), predictor.encoder.decode, batch_size=1)
+        out.append(collect(events, [len(prompt)])[0].token_ids)
+    return out
+
+
+def speculative_tokens(target, draft_steps, prompts: list[list[int]], new_tokens: int, k: int, record=None):
+    from kiln.decoder.speculative import speculative_greedy
+
+    return [tuple(speculative_greedy(target.engine.steps, draft_steps, p, new_tokens, frozenset(), k, record))
+            for p in prompts]
+
+
+def clock(call) -> tuple[float, object]:
     start = time.perf_counter()
-    results = [predictor.generate(p, max_new_tokens=new_tokens, **options) for p in prompts]
-    return time.perf_counter() - start, results
+    result = call()
+    return time.perf_counter() - start, result
 
 
 def main() -> None:
@@ -56,7 +76,7 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=12)
     parser.add_argument("--width", type=int, default=512)
     parser.add_argument("--draft-layers", type=int, default=1)
-    parser.add_argument("--draft-tokens", default="2,4,6")
+    parser.add_argument("--draft-tokens", default="1,2,3,4")
     parser.add_argument("--prompts", type=int, default=16)
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=2)
@@ -71,7 +91,7 @@ def main() -> None:
     import kiln
     from kiln.choices import ExportFormat
     from kiln.compress.distill import distill
-    from kiln.decoder.speculative import Speculation, speculative_greedy
+    from kiln.decoder.speculative import Speculation
     from kiln.export.job import ExportConfig, run_export
     from kiln.system.cpu import cpu_info
 
@@ -92,6 +112,13 @@ def main() -> None:
             distilled = {"seconds": round(time.perf_counter() - begin, 1), "agreement": result.agreement,
                          "figures": result.figures, "parameters": result.parameters,
                          "teacher_parameters": result.teacher_parameters}
+        made = work / "made.json"  # how the models were made, kept for reruns on the same --work
+        if trained or distilled:
+            known = json.loads(made.read_text()) if made.is_file() else {}
+            made.write_text(json.dumps({**known, **({"target": trained} if trained else {}),
+                                        **({"student": distilled} if distilled else {})}))
+        known = json.loads(made.read_text()) if made.is_file() else {}
+        trained, distilled = trained or known.get("target"), distilled or known.get("student")
         arts = {}
         for name, directory in (("target", target_dir), ("student", student_dir)):
             arts[name] = work / f"{name}-onnx"
@@ -102,25 +129,27 @@ def main() -> None:
         tokenizer = transformers.AutoTokenizer.from_pretrained(target_dir)
         prompts = held_out_prompts(args.prompts, tokenizer)
 
-        rows, plain_times = [], []
-        for _ in range(args.rounds):
-            seconds, greedy = timed(target, prompts, args.new_tokens)
+        ids = [target.encoder.encode([p], truncate=False)[0].ids for p in prompts]
+        ks = [int(x) for x in args.draft_tokens.split(",")]
+        draft_steps = student.engine.new_stepper()
+        greedy_tokens(target, ids[:1], 4)  # warm-up, both models
+        speculative_tokens(target, draft_steps, ids[:1], 4, ks[0])
+        plain_times, times, greedy = [], {k: [] for k in ks}, None
+        for _ in range(args.rounds):  # interleaved, so a slower moment of the machine costs each setting alike
+            seconds, greedy = clock(lambda: greedy_tokens(target, ids, args.new_tokens))
             plain_times.append(seconds)
-        tokens = sum(len(g.token_ids) for g in greedy)
-        plain = min(plain_times)
-        for k in (int(x) for x in args.draft_tokens.split(",")):
-            times = []
-            for _ in range(args.rounds):
-                seconds, got = timed(target, prompts, args.new_tokens, draft=student, draft_tokens=k)
-                times.append(seconds)
+            for k in ks:
+                seconds, got = clock(lambda k=k: speculative_tokens(target, draft_steps, ids, args.new_tokens, k))
+                times[k].append(seconds)
                 if got != greedy:
                     raise SystemExit(f"draft_tokens {k}: speculative output differs from greedy decoding")
+        tokens = sum(len(g) for g in greedy)
+        plain = min(plain_times)
+        rows = []
+        for k in ks:
             record = Speculation()
-            for p in prompts:
-                ids = target.encoder.encode([p], truncate=False)[0].ids
-                speculative_greedy(target.engine.steps, student.engine.steps, ids, args.new_tokens,
-                                   frozenset(target.config.eos_ids), k, record)
-            best = min(times)
+            speculative_tokens(target, draft_steps, ids, args.new_tokens, k, record)
+            best = min(times[k])
             rows.append({"draft_tokens": k, "seconds": round(best, 3), "tokens_per_s": round(tokens / best, 1),
                          "speedup": round(plain / best, 2), "acceptance": round(record.acceptance, 3),
                          "tokens_per_target_step": round(statistics.mean(record.per_round), 2),
@@ -130,7 +159,8 @@ def main() -> None:
            "machine": platform.processor() or platform.machine(), "prompts": len(prompts),
            "new_tokens": args.new_tokens, "generated_tokens": tokens, "target": trained or "reused from --work",
            "student": distilled or "reused from --work",
-           "greedy": {"seconds": round(plain, 3), "tokens_per_s": round(tokens / plain, 1)}, "speculative": rows}
+           "greedy": {"seconds": round(plain, 3), "tokens_per_s": round(tokens / plain, 1)}, "speculative": rows,
+           "sample": target.encoder.decode(list(greedy[0]))}
     args.output.write_text(json.dumps(out, indent=1) + "\n")
     print(f"-> {args.output}")
 

@@ -122,7 +122,7 @@ def draft_generate(predictor: Any, draft: Any, prompts: Sequence[Sequence[int]],
     """Greedy continuations found with a draft model's guesses (kiln.decoder.speculative): the same text as greedy
     decoding without it. The draft must be a decoder with the target's tokenizer (its ids must mean the same)."""
     if getattr(draft, "engine", None) is None or not hasattr(draft.engine, "new_stepper"):
-        raise UsageError("draft: pass a decoder's predictor (kiln.load of a text-generation artifact)")
+        raise UsageError("draft: pass a decoder's predictor (kiln.load of a decoder artifact)")
     if draft.encoder.tokenizer.get_vocab(True) != predictor.encoder.tokenizer.get_vocab(True):
         raise UsageError("draft: its tokenizer differs from the model's; speculative decoding compares token ids, so "
                          "the draft must share the model's tokenizer (kiln distill --layers K keeps it)")

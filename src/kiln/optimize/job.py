@@ -260,7 +260,9 @@ class OptimizeJob:
             return self._failed(spec, err, start)
         status = Status.ACCEPTED if checked.verdict.accepted else Status.REJECTED
         outcome = Outcome(spec.name, status, checked.verdict.reason, record=checked.built.record(),
-                          agreement=checked.agreement, metric=checked.metric, batched=checked.batched,
+                          agreement=checked.agreement, metric=checked.metric,
+                          # cut short before the alone run: no drift was measured (not "batch-invariant")
+                          batched=checked.batched if Batching.ALONE in checked.batched.agreements else None,
                           size_bytes=sum((self.ctx.stage / f).stat().st_size for f in checked.built.files),
                           parameters=checked.parameters, sensitivity=sensitivity,
                           build_seconds=time.perf_counter() - start)
@@ -283,8 +285,8 @@ class OptimizeJob:
         def hopeless(agreement: Agreement) -> bool:  # a batching under the floors: the worst can only be lower
             return not judge(self.config.task, agreement, self.tolerance).accepted
 
-        batched = measure_batchings(self.work.agreement, predictor, self._predictor(built.record(), sessions=2),
-                                    hopeless)
+        batched = measure_batchings(self.work.agreement, predictor,
+                                    lambda: self._predictor(built.record(), sessions=2), hopeless)
         agreement = batched.agreements[batched.worst]
         data = self.work.eval_set
         verdict = gate_verdict(self.config.task, batched, None, None, self.tolerance)

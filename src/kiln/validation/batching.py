@@ -72,15 +72,22 @@ class BatchedAgreement:
         return min((b for b in Batching if b in self.agreements), key=lambda b: self.agreements[b].value)
 
 
-def _plans(candidate: Predictor, sessions: Predictor | None) -> dict[Batching, Callable[[Prepared], list[Any]]]:
-    """How each batching runs the prepared inputs, alone first: it is what the others' drift is measured from."""
+def _plans(candidate: Predictor, sessions: Predictor | Callable[[], Predictor] | None
+           ) -> dict[Batching, Callable[[Prepared], list[Any]]]:
+    """How each batching runs the prepared inputs, cheapest first (so a hopeless variant stops after one batched
+    pass), alone second: every later batching's drift is measured against it. ``sessions``: a predictor, or what
+    makes one (only when its batching is reached: a rejected variant never loads its extra sessions)."""
     plans: dict[Batching, Callable[[Prepared], list[Any]]] = {
-        Batching.ALONE: lambda p: candidate.with_batch_size(1).run_features(p.encodings),
         Batching.SORTED: lambda p: candidate.run_features(p.encodings, sort=True),
+        Batching.ALONE: lambda p: candidate.with_batch_size(1).run_features(p.encodings),
         Batching.MIXED: lambda p: candidate.run_features(p.encodings, sort=False),
     }
     if sessions is not None:
-        plans[Batching.SESSIONS] = lambda p: sessions.run_features(p.encodings, sort=True)
+        def in_sessions(p: Prepared) -> list[Any]:
+            made = sessions if isinstance(sessions, Predictor) else sessions()
+            return made.run_features(p.encodings, sort=True)
+
+        plans[Batching.SESSIONS] = in_sessions
     return plans
 
 
@@ -120,16 +127,22 @@ def measure_batchings(data: AgreementInputs, candidate: Predictor, sessions: Pre
     handler, options = candidate.handler, candidate.handler.options()
     agreements: dict[Batching, Agreement] = {}
     meter: _DriftMeter | None = None
+    sorted_run: Run | None = None  # held until the alone run exists to measure its drift against
     plans = _plans(candidate, sessions)
     for batching, plan in plans.items():
         reduced = plan(prepared)
         run = Run(tuple(reduced), tuple(handler.finalize(prepared, reduced, options, candidate.encoder)))
         agreements[batching] = spec.agreement(data, run)
-        if meter is None:
+        if batching is Batching.SORTED:
+            sorted_run = run
+        elif batching is Batching.ALONE:
             meter = _DriftMeter(candidate, data, prepared, run)
+            meter.add(sorted_run)
+            sorted_run = None
         else:
             meter.add(run)
         del reduced, run  # the next batching's outputs take their place
         if hopeless is not None and hopeless(agreements[batching]):
             break
-    return BatchedAgreement(agreements, meter.result(), complete=len(agreements) == len(plans))
+    drift = meter.result() if meter is not None else BatchDrift(0.0, 1.0, 1.0, "not measured (rejected early)")
+    return BatchedAgreement(agreements, drift, complete=len(agreements) == len(plans))
