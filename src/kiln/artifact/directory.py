@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -57,12 +57,13 @@ class Artifact:
 
     def serving_plan(self, variant: str | None = None, *, threads: int | None = None, sessions: int | None = None,
                      batch_size: int | None = None, pad_multiple: int | None = None,
-                     device: str = "cpu") -> ServingPlan:
+                     device: str = "cpu", spin_wait: bool = True) -> ServingPlan:
         """How to run a variant: each setting from the caller, else from `kiln bench`'s serving default
         (serving.json), else kiln's default (all usable cores, 1 session, batches of 32, the engine's padding)."""
         default = self.serving_default(variant, device) or ServingDefault(self.variant_name(variant))
         threads = threads if threads is not None else default.threads
-        return ServingPlan(EngineOptions.for_variant(self.variant(variant), threads, device),
+        options = replace(EngineOptions.for_variant(self.variant(variant), threads, device), spin_wait=spin_wait)
+        return ServingPlan(options,
                            sessions if sessions is not None else default.sessions,
                            batch_size if batch_size is not None else default.batch_size,
                            pad_multiple if pad_multiple is not None else default.pad_multiple)
@@ -176,13 +177,15 @@ def extract_variant(artifact: Artifact, variant: str | None, dest: Path, *, mode
 
 def load(path: str | Path, variant: str | None = None, *, threads: int | None = None,
          device: str = "cpu", batch_size: int | None = None, sessions: int | None = None,
-         pad_multiple: int | None = None) -> Predictor:
+         pad_multiple: int | None = None, spin_wait: bool = True) -> Predictor:
     """Open and verify an artifact and return a ready predictor for one of its variants.
 
     ``threads``, ``sessions``, ``batch_size`` and ``pad_multiple`` default to the serving default ``kiln bench``
     measured and wrote into the artifact (serving.json), else to all usable cores, 1, 32 and the engine's own.
+    ``spin_wait=False``: ONNX Runtime's threads sleep between runs instead of spinning (load a speculative
+    decoding's model and draft so: they take turns on the same cores).
     """
     artifact = Artifact.open(path)
     return artifact.predictor(variant, artifact.serving_plan(
         variant, threads=threads, sessions=sessions, batch_size=batch_size, pad_multiple=pad_multiple,
-        device=device))
+        device=device, spin_wait=spin_wait))

@@ -41,6 +41,10 @@ class EngineOptions:
     precision: Precision = Precision.FP32  # torch: autocast dtype; OpenVINO: inference precision hint
     streams: int | None = None  # OpenVINO CPU streams: one per session (engines.open_sessions)
     rows_alone: bool = False  # run each row of a batch on its own (kiln.engines.rows): batch-invariant answers
+    # ONNX Runtime's worker threads spin between runs (the default): the fastest for back-to-back runs of one
+    # session, but two sessions taking turns (speculative decoding's draft and model) or a busy machine lose the
+    # cores to the spinning: benchmarks/speculative.py measured 1.31x -> 1.48x with spinning off on both.
+    spin_wait: bool = True
 
     def __post_init__(self) -> None:
         for flag, value in (("--threads", self.intra_op_threads), ("--inter-op-threads", self.inter_op_threads)):
