@@ -45,6 +45,10 @@ class EngineOptions:
     # session, but two sessions taking turns (speculative decoding's draft and model) or a busy machine lose the
     # cores to the spinning: benchmarks/speculative.py measured 1.31x -> 1.48x with spinning off on both.
     spin_wait: bool = True
+    # ONNX Runtime's CPU arena keeps the largest run's buffers for the session's life. Serving wants that (no
+    # allocation per request); validation runs a few big batches per session and holds several sessions, where
+    # the arenas were most of kiln optimize's peak on a decoder (GPT-2 small: benchmarks/optimize_profile.py).
+    memory_arena: bool = True
 
     def __post_init__(self) -> None:
         for flag, value in (("--threads", self.intra_op_threads), ("--inter-op-threads", self.inter_op_threads)):

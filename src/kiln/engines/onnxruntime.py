@@ -24,6 +24,7 @@ def session_options(options: EngineOptions):
     so.intra_op_num_threads = options.intra_op_threads or 0
     so.inter_op_num_threads = options.inter_op_threads or 0
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    so.enable_cpu_mem_arena = options.memory_arena
     if not options.spin_wait:
         so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     return so

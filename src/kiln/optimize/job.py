@@ -314,7 +314,7 @@ class OptimizeJob:
         ranking = spec.rank(self.ctx, self.ctx.calibration_batches()[:16])
         timing_set = self.work.timing[:64]
         # Timed now, while the files on disk are the fully quantized ones the search starts from.
-        full_seconds = time_predictor(self._predictor(full.built.record()), timing_set, rounds=1).seconds
+        full_seconds = time_predictor(self._predictor(full.built.record(), timed=True), timing_set, rounds=1).seconds
         attempts: dict[int, Checked] = {}
 
         def attempt(excluded: list[str]) -> tuple[float, bool]:
@@ -330,15 +330,17 @@ class OptimizeJob:
             return full, Sensitivity(top, search.rounds, (), False)
         # The search stops at the first accepted attempt, so its files are the ones on disk.
         chosen = attempts[len(search.excluded)]
-        seconds = time_predictor(self._predictor(chosen.built.record()), timing_set, rounds=1).seconds
+        seconds = time_predictor(self._predictor(chosen.built.record(), timed=True), timing_set, rounds=1).seconds
         return chosen, Sensitivity(top, search.rounds, search.excluded, True, speed_cost=seconds / full_seconds)
 
     # -- timing, choice, records ---------------------------------------------------------------------------
-    def _predictor(self, record: VariantRecord, sessions: int = 1) -> Predictor:
+    def _predictor(self, record: VariantRecord, sessions: int = 1, timed: bool = False) -> Predictor:
         """The variant as validation runs it: one session with the run's threads, or ``sessions`` sessions of one
         thread each (a multi-session serving plan)."""
         device = self.device if record.engine != "openvino" else "cpu"
         options = EngineOptions.for_variant(record, self.threads if sessions == 1 else 1, device)
+        if not timed:  # validation: no arena held between its few big batches (EngineOptions.memory_arena)
+            options = dataclasses.replace(options, memory_arena=False)
         engines = [create_engine(record.engine, self.ctx.stage / record.path, options) for _ in range(sessions)]
         return Predictor(self.source.task_config, self.reference.encoder, engines[0], batch_size=self.config.batch_size,
                          sessions=engines[1:])
@@ -353,7 +355,7 @@ class OptimizeJob:
             return outcome
         self.progress(f"timing {outcome.name}")
         try:
-            return dataclasses.replace(outcome, timing=time_predictor(self._predictor(outcome.record),
+            return dataclasses.replace(outcome, timing=time_predictor(self._predictor(outcome.record, timed=True),
                                                                       self.work.timing))
         except Exception as err:  # an engine that validates but cannot be timed is a failed variant, said so
             return dataclasses.replace(outcome, status=Status.FAILED, reason=f"timing: {type(err).__name__}: {err}")
