@@ -132,3 +132,13 @@ def test_gpt_neo_students_keep_their_attention_kinds(tiny_model, tmp_path):
     config = transformers.AutoConfig.from_pretrained(result.path)
     assert config.num_layers == 1 and config.attention_layers == ["local"]
     assert _export(result.path, tmp_path / "art").generate("A", max_new_tokens=3).token_ids
+
+
+def test_sleeping_threads_answer_alike(models, tmp_path):
+    """kiln.load(spin_wait=False) (ONNX Runtime's threads sleep between runs, for a model and its draft taking
+    turns): the same tokens, with or without a draft."""
+    quiet = kiln.load(models["student-art"], spin_wait=False)
+    loud = kiln.load(models["student-art"])
+    assert quiet.raw_engine.session.get_session_options().get_session_config_entry(
+        "session.intra_op.allow_spinning") == "0"
+    assert quiet.generate(PROMPTS, max_new_tokens=12) == loud.generate(PROMPTS, max_new_tokens=12)
