@@ -113,7 +113,8 @@ def latency(graph: str, ir: str, config_dir: str) -> None:
         steps = stepper(create_engine(engine, path, EngineOptions()), shape)
         load = time.perf_counter() - begin
         times, tokens = [], None
-        for new in (1, 9):
+        collect(stream(steps, 0, prompt, Sampling(), Stops(1, frozenset()), lambda ids: "", batch_size=1), [128])
+        for new in (1, 9):  # after a warm-up call: OpenVINO compiles its kernels on the first shapes it meets
             begin = time.perf_counter()
             events = stream(steps, 0, prompt, Sampling(), Stops(new, frozenset()), lambda ids: "", batch_size=1)
             tokens = collect(events, [128])[0].token_ids

@@ -42,8 +42,9 @@ class EngineOptions:
     streams: int | None = None  # OpenVINO CPU streams: one per session (engines.open_sessions)
     rows_alone: bool = False  # run each row of a batch on its own (kiln.engines.rows): batch-invariant answers
     # ONNX Runtime's worker threads spin between runs (the default): the fastest for back-to-back runs of one
-    # session, but two sessions taking turns (speculative decoding's draft and model) or a busy machine lose the
-    # cores to the spinning: benchmarks/speculative.py measured 1.31x -> 1.48x with spinning off on both.
+    # session (greedy decoding: 127 tokens/s spinning, 110 sleeping), but two sessions taking turns lose the cores
+    # to each other's spinning (speculative decoding, model + draft: 125 tokens/s spinning, 168 sleeping;
+    # benchmarks/speculative.json and speculative.spin.json, one sitting, 2-core AMD EPYC).
     spin_wait: bool = True
     # ONNX Runtime's CPU arena keeps the largest run's buffers for the session's life. Serving wants that (no
     # allocation per request); validation runs a few big batches per session and holds several sessions, where
