@@ -134,7 +134,7 @@ def test_gpt_neo_students_keep_their_attention_kinds(tiny_model, tmp_path):
     assert _export(result.path, tmp_path / "art").generate("A", max_new_tokens=3).token_ids
 
 
-def test_sleeping_threads_answer_alike(models, tmp_path):
+def test_sleeping_threads_answer_alike(models):
     """kiln.load(spin_wait=False) (ONNX Runtime's threads sleep between runs, for a model and its draft taking
     turns): the same tokens, with or without a draft."""
     quiet = kiln.load(models["student-art"], spin_wait=False)

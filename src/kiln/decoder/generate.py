@@ -88,9 +88,8 @@ def collect(events: Iterator[tuple[int, Emitted]], prompt_lengths: Sequence[int]
 def generated_of(sequence: Decoding, prompt_tokens: int) -> Generated:
     """A finished sequence's continuation (its EOS, when it stopped at one, among the token ids, not the text)."""
     text = sequence.text
-    ids = (*text.ids, text.eos) if text.eos is not None else tuple(text.ids)
     logprobs = tuple(sequence.chosen) if sequence.logprobs is not None else None
-    return Generated(text.text, ids, str(text.finish_reason), prompt_tokens, logprobs=logprobs)
+    return Generated(text.text, text.token_ids, str(text.finish_reason), prompt_tokens, logprobs=logprobs)
 
 
 def beam_generate(steps: Stepper, prompts: Sequence[Sequence[int]], beams: Beams, stops: Stops, decode,
@@ -147,8 +146,7 @@ def detokenized(tokens: Sequence[int], stops: Stops, decode, prompt_tokens: int)
         text.add(token)
         if text.finish_reason:
             break
-    ids = (*text.ids, text.eos) if text.eos is not None else tuple(text.ids)
-    return Generated(text.text, ids, str(text.finish_reason), prompt_tokens)
+    return Generated(text.text, text.token_ids, str(text.finish_reason), prompt_tokens)
 
 
 def copies_of(sampling: Sampling, count: int) -> list[Sampling]:

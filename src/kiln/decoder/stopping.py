@@ -36,6 +36,11 @@ class Detokenizer:
     finish_reason: str | None = None  # "length" | "stop" (EOS or a stop string)
     eos: int | None = None  # the end-of-sequence token it stopped at (not part of ``ids`` or the text)
 
+    @property
+    def token_ids(self) -> tuple[int, ...]:
+        """The generated ids, the EOS it stopped at included (the text leaves it out)."""
+        return (*self.ids, self.eos) if self.eos is not None else tuple(self.ids)
+
     def add(self, token: int) -> str:
         """Take one generated token; returns the new text that can be shown (may be empty)."""
         if self.finish_reason:

@@ -92,8 +92,9 @@ def _plans(candidate: Predictor, sessions: Predictor | Callable[[], Predictor] |
 
 
 class _DriftMeter:
-    """The drift of each batching from the alone run, taken as each batching runs (so only the alone run and the
-    current one are held: a decoder's logits are ~0.5 GB a run on GPT-2 small)."""
+    """The drift of each batching from the alone run, taken as each batching runs (so only the alone run, the
+    current one and, until the alone run exists, the sorted one are held: a decoder's logits are ~0.5 GB a run on
+    GPT-2 small)."""
 
     def __init__(self, candidate: Predictor, data: AgreementInputs, prepared: Prepared, alone: Run) -> None:
         self.spec, self.handler = task_spec(candidate.config.task), candidate.handler
@@ -116,7 +117,8 @@ class _DriftMeter:
         return BatchDrift(self.worst_diff, self.worst_cos, self.consistency, self.figure or "identical")
 
 
-def measure_batchings(data: AgreementInputs, candidate: Predictor, sessions: Predictor | None = None,
+def measure_batchings(data: AgreementInputs, candidate: Predictor,
+                      sessions: Predictor | Callable[[], Predictor] | None = None,
                       hopeless: Callable[[Agreement], bool] | None = None) -> BatchedAgreement:
     """Agreement with the original alone, in sorted batches and in mixed batches (and, given ``sessions``, the same
     variant loaded as several one-thread sessions), and the drift between them. ``hopeless``: given, the batchings
