@@ -196,3 +196,35 @@ def test_served_beams_samples_and_logprobs_equal_offline(gpt2, gpt2_art):
             bad = httpx.post(f"{base}/v1/completions", timeout=30,
                              json={"model": "m", "prompt": "hi", "max_tokens": 4, "temperature": 0, **body})
             assert bad.status_code == 422 and message in bad.json()["error"]["message"], (body, bad.text)
+
+
+def test_a_failing_search_step_fails_its_request_and_the_batch_beside_it(gpt2_art):
+    """Inject a fault into the beam searches' stepper: the beam request and the greedy request decoding beside it
+    get a 500 naming the failure, nothing hangs, and the loop goes on serving."""
+    from fastapi.testclient import TestClient
+
+    from kiln.serve.app import ServeConfig, create_app
+    from tests.waiting import concurrently
+
+    app = create_app(ServeConfig(models={"m": gpt2_art[1]}))
+    with TestClient(app) as c:
+        loop = app.state.models["m"].scheduler
+        step = loop.beam_steps.step
+        calls = []
+
+        def broken(*args):
+            calls.append(len(loop.batch))
+            if len(calls) > 1 and calls[-1] and "failed" not in calls:  # past the prefill, beside a greedy row
+                calls.append("failed")
+                raise RuntimeError("injected: a beam step failed")
+            return step(*args)
+
+        loop.beam_steps.step = broken
+        answers = concurrently([
+            lambda: c.post("/generate", json={"inputs": PROMPTS[0], "max_new_tokens": 16, "num_beams": 3}),
+            lambda: c.post("/generate", json={"inputs": PROMPTS[1], "max_new_tokens": 64}),
+        ], "the requests beside a failing beam search to be answered")
+        assert [a.status_code for a in answers] == [500, 500]
+        assert all("injected: a beam step failed" in a.json()["error"]["message"] for a in answers)
+        after = c.post("/generate", json={"inputs": PROMPTS[2], "max_new_tokens": 4, "num_beams": 2})
+        assert after.status_code == 200 and not loop.searches
