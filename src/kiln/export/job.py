@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -18,7 +19,7 @@ from kiln.model.reference import example_inputs, reference_predictor, task_modul
 from kiln.model.source import SourceModel, load_source, pad_token_id
 from kiln.runtime.predictor import Predictor
 from kiln.tasks import DEFAULT_TASK, task_spec
-from kiln.validation.parity import ParityReport, ParityTolerance, measure_parity
+from kiln.validation.parity import ParityReport, ParityTolerance, compare_parity, expected_outputs
 
 TOKENIZER_DIR = "tokenizer"
 # Variant name, engine and file name for each export format.
@@ -85,20 +86,24 @@ def run_export(config: ExportConfig, progress: Progress = lambda _: None) -> Exp
 
     progress(f"loading {config.model or 'the bundled default model'} for {config.task}")
     source = load_source(config.model, config.task, allow_pickle=config.allow_pickle)
-    reference = reference_predictor(source)
+    described, task_config = source.describe(), source.task_config
     with staged_directory(config.output, overwrite=config.overwrite) as stage:
         tokenizer = write_tokenizer(source, stage)
         progress(f"exporting {source.model_type} to {config.format.value}")
         record = export_variant(source, config, stage)
         progress("checking parity against PyTorch")
+        reference = reference_predictor(source)
+        encoder = reference.encoder
+        expected = expected_outputs(reference, task_spec(config.task).parity_inputs())
+        # The PyTorch original is done with: free its weights before the candidate loads its own copy.
+        del source, reference
+        gc.collect()
         engine = create_engine(record.engine, stage / record.path, EngineOptions())
-        candidate = Predictor(source.task_config, reference.encoder, engine)
-        parity = measure_parity(reference, candidate, task_spec(config.task).parity_inputs(),
-                                tolerance=config.tolerance)
+        parity = compare_parity(expected, Predictor(task_config, encoder, engine), tolerance=config.tolerance)
         if not parity.passed:
             raise ParityError(f"{record.name} disagrees with PyTorch beyond tolerance: {parity.summary()}")
         record = replace(record, parity=parity)
-        manifest = seal(stage, Manifest(source=source.describe(), task=source.task_config, tokenizer=tokenizer,
+        manifest = seal(stage, Manifest(source=described, task=task_config, tokenizer=tokenizer,
                                         variants={record.name: record}, build=BuildRecord(best=record.name)))
     return ExportResult(path=config.output.expanduser().resolve(), manifest=manifest, parity=parity)
 

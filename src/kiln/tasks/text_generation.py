@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from kiln.choices import WireProtocol
 from kiln.data import corpus
-from kiln.data.texts import length_mix
+from kiln.data.texts import builtin_sentences, joined, length_mix
 from kiln.decoder.beam import MAX_BEAMS, Beams
 from kiln.decoder.graph import CacheShape, dynamic_axes, make_decoder_module, positions
 from kiln.decoder.logprobs import MAX_LOGPROBS
@@ -348,6 +348,14 @@ class TextGeneration(GenerativeTask):
         return list(reduced)
 
     # -- inputs -------------------------------------------------------------------------------------------
+    @classmethod
+    def parity_inputs(cls) -> list[Any]:
+        """A quarter of the built-in sentences and three paragraphs (~1,500 tokens in all, the longest ~430: past
+        GPT-Neo's 256-token local-attention window). Not the encoders' set, whose 1,180-token paragraph makes
+        every batch of eight a 50k-vocabulary logit row per padded position: on GPT-Neo 2.7B that set ran past
+        17 minutes and 22 GiB (benchmarks/neo_2b7.py)."""
+        return [*builtin_sentences()[::4], joined(3, 4), joined(44, 2), joined(10, 8)]
+
     @classmethod
     def agreement_inputs(cls, encoder, count: int = 32) -> list[Any]:
         """Held-out documentation text of 16 tokens up to 128 (or the window): teacher-forced logits at every

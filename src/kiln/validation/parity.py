@@ -64,31 +64,43 @@ def cosine(a: np.ndarray, b: np.ndarray) -> float:
     return float(a64 @ b64 / denom) if denom > 0 else float(np.array_equal(a64, b64))
 
 
-def measure_parity(
-    reference: Predictor,
-    candidate: Predictor,
-    inputs: Sequence[Any],
-    *,
-    batch_sizes: Sequence[int] = (1, 8),
-    tolerance: ParityTolerance = ParityTolerance(),
-) -> ParityReport:
-    """Compare the candidate at each batch size with the reference run one input at a time.
+@dataclass(frozen=True)
+class Expected:
+    """The reference's outputs on the parity inputs, run one input at a time: taken before the candidate loads, so
+    the PyTorch original can be freed first (a 2.7B decoder's fp32 weights and its ONNX copy do not fit together
+    in 24 GiB)."""
+
+    encodings: list
+    outputs: list[np.ndarray]
+
+    @property
+    def lengths(self) -> list[int]:
+        return [len(e.ids) for e in self.encodings]
+
+
+def expected_outputs(reference: Predictor, inputs: Sequence[Any]) -> Expected:
+    prepared = reference.prepare(inputs)
+    return Expected(prepared.encodings, _comparable(reference, prepared.encodings, 1))
+
+
+def compare_parity(expected: Expected, candidate: Predictor, *, batch_sizes: Sequence[int] = (1, 8),
+                   tolerance: ParityTolerance = ParityTolerance()) -> ParityReport:
+    """Compare the candidate at each batch size with the reference's outputs.
 
     Batches are formed in input order (not length-sorted) so short inputs sit in batches padded to long
     ones: parity and batch-vs-single invariance are checked together.
     """
-    prepared = reference.prepare(inputs)
-    lengths = [len(e.ids) for e in prepared.encodings]
-    expected = _comparable(reference, prepared.encodings, 1)
+    lengths = expected.lengths
     diffs: list[float] = []
     cosines: list[float] = []
     buckets: list[int] = []
     for batch_size in batch_sizes:
-        got = _comparable(candidate, prepared.encodings, batch_size)
-        for n, want, have in zip(lengths, expected, got):
+        got = _comparable(candidate, expected.encodings, batch_size)
+        for n, want, have in zip(lengths, expected.outputs, got):
             diffs.append(float(np.max(np.abs(want - have))) if want.size else 0.0)
             cosines.append(cosine(want, have))
             buckets.append(bucket_index(n))
+        del got
     return ParityReport(
         batch_sizes=tuple(batch_sizes), features=len(lengths), max_abs_diff=max(diffs),
         min_cosine=min(cosines), mean_cosine=float(np.mean(cosines)),
