@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 
 import pytest
+
+from kiln.tasks import TaskName
+from tests.waiting import wait_until
 
 
 def kiln(*args: str, cwd=None) -> subprocess.CompletedProcess:
@@ -67,3 +71,24 @@ def test_existing_output_needs_force(tiny_model, tmp_path):
     out.mkdir()
     result = kiln("export", str(tiny_model("bert")), "-o", str(out))
     assert result.returncode == 1 and "already exists; pass --force" in result.stderr
+
+
+def test_a_terminated_export_leaves_nothing_behind(tiny_model, tmp_path):
+    """Fault injection: SIGTERM while the artifact is being staged unwinds the build like Ctrl-C: exit 143, one
+    line, and neither the artifact nor its hidden staging directory is left on disk."""
+    out = tmp_path / "art"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "kiln", "export", str(tiny_model("gpt2", TaskName.TEXT_GENERATION)),
+                             "--task", "text-generation", "-o", str(out)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        wait_until(lambda: any(tmp_path.glob(".art.*.partial")) or proc.poll() is not None, "the staging directory",
+                   timeout=120)
+        assert proc.poll() is None, "the export finished before it could be terminated"
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 143 and stderr.strip().splitlines()[-1] == "terminated", stderr
+    assert "Traceback" not in stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == []

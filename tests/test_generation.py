@@ -23,7 +23,11 @@ from kiln.decoder.steps import ArraySteps, BoundSteps, SharedSteps, empty_past
 from kiln.decoder.stopping import Detokenizer, Stops
 from kiln.errors import UnsupportedModelError, UsageError
 from kiln.export.job import ExportConfig, run_export
+from kiln.model.reference import reference_predictor
+from kiln.model.source import load_source
 from kiln.tasks import TaskName
+from kiln.tasks.text_generation import TextGeneration
+from kiln.validation.figures import EvalSet
 from tests.test_serve_process import start_server
 from tests.waiting import concurrently, wait_until
 
@@ -256,7 +260,7 @@ def optimized_gpt2(tiny_model, tmp_path_factory):
     return summary, out
 
 
-def test_optimize_builds_validates_and_picks_a_decoder_variant(optimized_gpt2, tmp_path):
+def test_optimize_builds_validates_and_picks_a_decoder_variant(optimized_gpt2, tiny_model, tmp_path):
     from kiln.optimize.job import OptimizeConfig
 
     summary, artifact = optimized_gpt2
@@ -271,6 +275,14 @@ def test_optimize_builds_validates_and_picks_a_decoder_variant(optimized_gpt2, t
     openvino = outcomes["openvino-fp32"]  # validated through SharedSteps: the cache shared between two requests
     assert openvino.agreement.figures["next_token_agreement"] == 1.0
     assert openvino.metric["perplexity"] == pytest.approx(summary.reference_metric["perplexity"], rel=1e-4)
+    # The built-in perplexity comes from the agreement run's logits: the same figure a pass of its own gives.
+    reference = reference_predictor(load_source(str(tiny_model("gpt2", TaskName.TEXT_GENERATION)), "text-generation"))
+    texts = TextGeneration.agreement_inputs(reference.encoder)
+    own_pass = TextGeneration.evaluate(reference, EvalSet("text-generation", "agreement", tuple(texts),
+                                                          (None,) * len(texts)))
+    assert summary.reference_metric == pytest.approx(own_pass, rel=1e-6)
+    with pytest.raises(UsageError, match="no texts to measure perplexity on"):
+        TextGeneration.evaluate(reference, TextGeneration.builtin_eval())
     assert kiln.load(artifact, "openvino-fp32").generate(PROMPTS, max_new_tokens=8) == \
         kiln.load(artifact, "onnx-fp32").generate(PROMPTS, max_new_tokens=8)
     assert summary.best in outcomes and summary.reference_timing.ms_per_sequence > 0

@@ -223,7 +223,8 @@ class OptimizeJob:
         eval_set = datasets.eval_set(cfg.task, cfg.eval_file)
         self.progress("running the PyTorch fp32 reference on the agreement set")
         data = agreement_inputs(self.reference, self.spec.agreement_inputs(encoder))
-        reference_metric = self.spec.evaluate(self.reference, eval_set) if eval_set else None
+        reference_metric = self._metric(self.reference, eval_set, self.spec.agreement(data, data.reference)) \
+            if eval_set is not None else None
         user = datasets.read_inputs(cfg.calibration_file, cfg.task) if cfg.calibration_file else None
         calibration = user or self.spec.calibration_inputs(encoder)
         source = f"{cfg.calibration_file} ({len(calibration)} inputs)" if user else datasets.builtin_calibration(
@@ -292,9 +293,15 @@ class OptimizeJob:
         verdict = gate_verdict(self.config.task, batched, None, None, self.tolerance)
         metric = None
         if verdict.accepted and data is not None:  # the task metric can only add a reason to reject, not remove one
-            metric = self.spec.evaluate(predictor, data)
+            metric = self._metric(predictor, data, agreement)
             verdict = gate_verdict(self.config.task, batched, metric, self.work.reference_metric, self.tolerance)
         return Checked(built, agreement, metric, verdict, params, batched)
+
+    def _metric(self, predictor: Predictor, data: EvalSet, agreement: Agreement) -> dict[str, float]:
+        """The task metric on ``data``: from the agreement run where it already holds it (a decoder's built-in
+        perplexity, of the batching the gate judges), else a pass of its own."""
+        carried = self.spec.builtin_metric_of(agreement) if data.builtin else None
+        return carried if carried is not None else self.spec.evaluate(predictor, data)
 
     def _alternatives(self, spec: VariantSpec, default: Checked) -> Checked:
         """Try the variant's alternative parameters in order; keep the first that passes, else the best."""
@@ -364,7 +371,7 @@ class OptimizeJob:
                  attention: str) -> RunSummary:
         return RunSummary(
             model=self.source.name, task=self.spec.name, tolerance=self.tolerance,
-            primary_metric=self.spec.metric if self.work.eval_set else None,
+            primary_metric=self.spec.metric if self.work.eval_set is not None else None,
             reference_metric=self.work.reference_metric, reference_timing=reference_timing,
             outcomes=tuple(outcomes), best=best.name if best else None, command=invocation(),
             baseline_attention=attention, calibration=self.work.calibration_source,
@@ -382,7 +389,7 @@ class OptimizeJob:
                 tolerance=self.tolerance, cpu=self.cpu.to_dict(), calibration=self.work.calibration_source,
                 reference_timing=ReferenceTiming(timing.sequences, timing.seconds, timing.batch_size,
                                                  summary.baseline_attention),
-                eval=self.work.eval_set.source if self.work.eval_set else None,
+                eval=self.work.eval_set.source if self.work.eval_set is not None else None,
                 reference=self.original.describe() if self.original is not self.source else None,
                 reference_metric=self.work.reference_metric),
         )

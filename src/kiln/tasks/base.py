@@ -331,6 +331,12 @@ class TaskSpec:
         raise NotImplementedError
 
     @classmethod
+    def builtin_metric_of(cls, agreement: Agreement) -> dict[str, float] | None:
+        """The built-in task metric where the agreement run already measures it (None: ``evaluate`` the built-in
+        eval set in a pass of its own)."""
+        return None
+
+    @classmethod
     def eval_inputs(cls, data: EvalSet) -> list[Any]:
         """Model inputs from labelled data, to calibrate or time on."""
         return list(data.inputs)
