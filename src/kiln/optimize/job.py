@@ -28,7 +28,7 @@ from kiln.artifact.records import (
 from kiln.artifact.staging import staged_directory
 from kiln.bench.measure import Timing, time_predictor
 from kiln.bench.results import BenchResults, OptimizeSection
-from kiln.choices import CalibrationMethod, Target, parse_choice
+from kiln.choices import CalibrationMethod, Scheduling, Target, parse_choice
 from kiln.engines import EngineOptions, create_engine
 from kiln.errors import KilnError, UsageError
 from kiln.export.job import write_tokenizer
@@ -286,8 +286,11 @@ class OptimizeJob:
         def hopeless(agreement: Agreement) -> bool:  # a batching under the floors: the worst can only be lower
             return not judge(self.config.task, agreement, self.tolerance).accepted
 
-        batched = measure_batchings(self.work.agreement, predictor,
-                                    lambda: self._predictor(built.record(), sessions=2), hopeless)
+        # Several sessions side by side is a plan of the batch scheduler only: kiln serve decodes on one session
+        # (its DecodeLoop), so a decoder is not judged, nor loaded twice more, for a plan that never serves it.
+        sessions = (lambda: self._predictor(built.record(), sessions=2)) \
+            if self.spec.scheduling is Scheduling.BATCH else None
+        batched = measure_batchings(self.work.agreement, predictor, sessions, hopeless)
         agreement = batched.agreements[batched.worst]
         data = self.work.eval_set
         verdict = gate_verdict(self.config.task, batched, None, None, self.tolerance)
