@@ -191,6 +191,48 @@ def worker(args: list[str]) -> None:
     print(json.dumps(measure(makers[kind]())))
 
 
+# -- served streams --------------------------------------------------------------------------------------------
+def served_streams(artifact: Path, model_dir: str, streams: int) -> dict:
+    """``kiln serve`` on the artifact's best variant, ``streams`` clients at once, each streaming one greedy
+    64-token /v1/completions of its own 128-token prompt: the tokens/s all clients get together, and each
+    client's time to first token. (None of the four peers ships an HTTP server in its package.)"""
+    import concurrent.futures
+
+    import httpx
+    import transformers
+
+    from kiln.serve import process
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
+    prompts = [tokenizer.decode(row) for row in prompt_ids(streams, 128)]
+    proc, port = process.start_server([sys.executable, "-m", "kiln", "serve", str(artifact)])
+
+    def one(prompt: str) -> tuple[float, int]:
+        begin, first, chunks = time.perf_counter(), None, 0
+        with httpx.stream("POST", f"http://127.0.0.1:{port}/v1/completions", timeout=600, json={
+                "model": "any", "prompt": prompt, "max_tokens": NEW, "temperature": 0, "stream": True}) as reply:
+            reply.raise_for_status()
+            for line in reply.iter_lines():
+                if line.startswith("data: {"):
+                    chunks += 1
+                    first = first or time.perf_counter() - begin
+        return first or 0.0, chunks
+
+    try:
+        one(prompts[0])  # warm-up
+        begin = time.perf_counter()
+        with concurrent.futures.ThreadPoolExecutor(streams) as pool:
+            done = list(pool.map(one, prompts))
+        wall = time.perf_counter() - begin
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+    firsts = sorted(f for f, _ in done)
+    tokens = sum(c for _, c in done)
+    return {"streams": streams, "tokens": tokens, "seconds": round(wall, 2), "tokens_per_s": round(tokens / wall, 1),
+            "first_token_p50_s": round(statistics.median(firsts), 3), "first_token_max_s": round(firsts[-1], 3)}
+
+
 # -- the orchestrator -----------------------------------------------------------------------------------------
 def ensure_venv(venv: Path) -> Path:
     python = venv / "bin" / "python"
@@ -244,6 +286,9 @@ def main() -> None:
             print(f"   failed: {results[name]['error']}", flush=True)
             continue
         results[name] = json.loads(done.stdout.strip().splitlines()[-1])
+    if "served" in wanted or not args.only:
+        print("== kiln serve, 8 and 32 streams", flush=True)
+        results["kiln serve (best variant)"] = {"served": [served_streams(args.artifact, model, n) for n in (8, 32)]}
     reference = results.get("transformers-fp32", {}).get("tokens", {})
     for result in results.values():
         if "tokens" in result and reference:
@@ -256,7 +301,8 @@ def main() -> None:
     for name, result in results.items():
         rows = " | ".join(f"b{r['batch']}/{r['prompt']}: {r['first_token_ms']} + {r['per_token_ms']} ms"
                           for r in result.get("rows", []))
-        print(f"{name:42s} {rows or result.get('error')} {result.get('identical_to_transformers_fp32', '')}")
+        print(f"{name:42s} {rows or result.get('error') or result.get('served')} "
+              f"{result.get('identical_to_transformers_fp32', '')}")
     print(f"-> {args.json}")
 
 

@@ -19,6 +19,10 @@ configuration runs in a fresh process; ``--rounds`` rounds alternate peers and k
 reported per round and as the median.
 
     python benchmarks/peers.py kiln-out [--rounds 2] [--texts 1024] [--threads 2] [--json out.json]
+
+Decoders (GPT-2-shaped, greedy continuations; see benchmarks/decoder_peers.py):
+
+    python benchmarks/peers.py decoders MODEL_DIR KILN_OPTIMIZE_OUT [--threads 2]
 """
 
 from __future__ import annotations
@@ -245,6 +249,13 @@ def stage_kiln(work: Path, threads: int) -> dict:
 
 # -- main -------------------------------------------------------------------------------------------------------
 def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "decoders":  # the decoder peers: benchmarks/decoder_peers.py
+        sys.argv = [str(HERE / "decoder_peers.py"), *sys.argv[2:]]
+        sys.path.insert(0, str(HERE))
+        import decoder_peers
+
+        decoder_peers.main()
+        return
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("artifact", nargs="?", type=Path)
     parser.add_argument("--rounds", type=int, default=2)
