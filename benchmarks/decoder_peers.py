@@ -261,7 +261,7 @@ def main() -> None:
     me = sys.executable
     model, art = str(args.model), str(args.artifact)
     manifest = json.loads((args.artifact / "manifest.json").read_text())
-    variants = {v["name"]: v for v in manifest["variants"]}
+    variants = manifest["variants"]  # name -> record
     configs = {"transformers-fp32": [me, "transformers", model, "float32"],
                "optimum-intel-int8-weights": [peer, "optimum", model],
                "ctranslate2-int8": [peer, "ct2", model]}
@@ -269,8 +269,8 @@ def main() -> None:
         configs["transformers-bf16"] = [me, "transformers", model, "bfloat16"]
     for name in ("onnx-fp32", "onnx-int8-dynamic"):
         if name in variants:
-            configs[f"onnxruntime-genai on kiln {name}"] = [peer, "genai", str(args.artifact / variants[name]["path"]),
-                                                            model]
+            graph_dir = (args.artifact / variants[name]["path"]).parent
+            configs[f"onnxruntime-genai on kiln {name}"] = [peer, "genai", str(graph_dir), model]
     for name in variants:
         configs[f"kiln {name}"] = [me, "kiln", art, name]
     wanted = set(args.only.split(",")) if args.only else set(configs)
