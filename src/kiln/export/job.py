@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gc
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -18,6 +17,7 @@ from kiln.export.torchscript import export_torchscript
 from kiln.model.reference import example_inputs, reference_predictor, task_module
 from kiln.model.source import SourceModel, load_source, pad_token_id
 from kiln.runtime.predictor import Predictor
+from kiln.system.memory import release_freed
 from kiln.tasks import DEFAULT_TASK, task_spec
 from kiln.validation.parity import ParityReport, ParityTolerance, compare_parity, expected_outputs
 
@@ -97,7 +97,7 @@ def run_export(config: ExportConfig, progress: Progress = lambda _: None) -> Exp
         expected = expected_outputs(reference, task_spec(config.task).parity_inputs())
         # The PyTorch original is done with: free its weights before the candidate loads its own copy.
         del source, reference
-        gc.collect()
+        release_freed()
         engine = create_engine(record.engine, stage / record.path, EngineOptions())
         parity = compare_parity(expected, Predictor(task_config, encoder, engine), tolerance=config.tolerance)
         if not parity.passed:

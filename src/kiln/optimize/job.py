@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 from tokenizers import Encoding
@@ -44,6 +44,7 @@ from kiln.runtime.precision import CALIBRATION_FILE, parse_precision
 from kiln.runtime.predictor import Predictor
 from kiln.system.cpu import cpu_info, int8_scheme
 from kiln.system.invocation import invocation
+from kiln.system.memory import release_freed
 from kiln.tasks import TASKS, task_spec
 from kiln.validation.agreement import agreement_inputs, measure_agreement
 from kiln.validation.batching import BatchedAgreement, Batching, measure_batchings
@@ -51,6 +52,7 @@ from kiln.validation.figures import Agreement, AgreementInputs, EvalSet
 from kiln.validation.gate import Verdict, judge, judge_drift, tolerance_for
 
 Progress = Callable[[str], None]
+T = TypeVar("T")
 TIE = 0.02  # variants within 2% of the fastest count as tied; the smaller file wins
 BEST_DIR = "best"
 
@@ -171,9 +173,10 @@ class OptimizeJob:
             tokenizer = write_tokenizer(self.source, stage)
             self.ctx = BuildContext(self.source, stage, self.reference.encoder, self.work.calibration, self.cpu,
                                     int8_scheme(self.cpu), cfg.target, cfg.calibration_method, scratch=Path(scratch))
-            outcomes = [self._variant(VARIANTS[name]) for name in cfg.variant_names()]
-            reference_timing, attention = self._time_reference()
-            outcomes = [self._time(o) for o in outcomes]
+            # Each stage's engines are dropped when it ends: hand their memory back before the next one loads.
+            outcomes = [_released(self._variant(VARIANTS[name])) for name in cfg.variant_names()]
+            reference_timing, attention = _released(self._time_reference())
+            outcomes = [_released(self._time(o)) for o in outcomes]
             best = choose(outcomes)
             kept = self._reference_variant()
             self._prune(outcomes, kept)
@@ -445,6 +448,12 @@ def gate_verdict(task: str, batched: BatchedAgreement, metric: dict[str, float] 
     if worst is not Batching.SORTED:
         verdict = dataclasses.replace(verdict, reason=f"{verdict.reason} ({WORST_WORDS[worst]})")
     return judge_drift(verdict, batched.drift, tolerance)
+
+
+def _released(value: T) -> T:
+    """``value``, once the memory freed while computing it is given back (kiln.system.memory)."""
+    release_freed()
+    return value
 
 
 def time_original(original: SourceModel, timing: tuple[Encoding, ...], batch_size: int,
