@@ -101,22 +101,48 @@ def optimum_worker(model_dir: str, threads: int):
     return generate
 
 
-def ct2_worker(model_dir: str, threads: int):
-    import ctranslate2
+def _with_id_vocabulary(model_dir: str) -> str:
+    """The model directory with a tokenizer of one token per id ("<0>" ... "<50256>"): CTranslate2 takes its
+    vocabulary from the tokenizer and needs one entry per logit, and the benchmark's tokenizer is a small BPE
+    beside a 50,257-row model (random weights, token ids in and out). Ids map to themselves either way."""
+    import tokenizers
     import transformers
 
+    config = transformers.AutoConfig.from_pretrained(model_dir)
+    size, eos = config.vocab_size, f"<{config.eos_token_id}>"
+    copy = Path(tempfile.mkdtemp(prefix="peer-model-"))
+    for item in Path(model_dir).iterdir():
+        if not item.name.startswith("tokenizer") and item.name != "special_tokens_map.json":
+            os.symlink(item, copy / item.name)
+    vocab = {f"<{i}>": i for i in range(size)}
+    tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="<0>")).save(str(copy / "tokenizer.json"))
+    (copy / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "PreTrainedTokenizerFast",
+                                                            "bos_token": eos, "eos_token": eos, "unk_token": "<0>"}))
+    return str(copy)
+
+
+def ct2_worker(model_dir: str, threads: int):
+    import ctranslate2
+    import tokenizers
+
     out = Path(tempfile.mkdtemp(prefix="ct2-"))
-    ctranslate2.converters.TransformersConverter(model_dir).convert(str(out), quantization="int8", force=True)
+    ids_dir = _with_id_vocabulary(model_dir)
+    ctranslate2.converters.TransformersConverter(ids_dir).convert(str(out), quantization="int8", force=True)
     generator = ctranslate2.Generator(str(out), device="cpu", compute_type="int8", intra_threads=threads)
-    tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
+    tokenizer = tokenizers.Tokenizer.from_file(str(Path(ids_dir) / "tokenizer.json"))
 
     def generate(ids, new):
-        tokens = [tokenizer.convert_ids_to_tokens(row) for row in ids]
+        tokens = [[tokenizer.id_to_token(i) for i in row] for row in ids]
         results = generator.generate_batch(tokens, max_length=new, sampling_topk=1, include_prompt_in_result=False,
                                            end_token=[], min_length=new)
         return [r.sequences_ids[0] for r in results]
 
     return generate
+
+
+# ORT GenAI's "gpt2" type is its legacy GPT model (one combined past tensor per layer); kiln's step graph has a key
+# and a value input per layer, which its decoder-only types read (phi-2's names are the same as kiln's).
+GENAI_TYPE = os.environ.get("KILN_GENAI_TYPE", "phi")
 
 
 def genai_worker(variant_dir: str, model_dir: str, threads: int):
@@ -134,7 +160,7 @@ def genai_worker(variant_dir: str, model_dir: str, threads: int):
             shutil.copy(Path(model_dir) / name, work / name)
     heads = config.num_attention_heads
     (work / "genai_config.json").write_text(json.dumps({"model": {
-        "type": "gpt2", "vocab_size": config.vocab_size, "context_length": config.n_positions,
+        "type": GENAI_TYPE, "vocab_size": config.vocab_size, "context_length": config.n_positions,
         "bos_token_id": config.bos_token_id, "eos_token_id": config.eos_token_id, "pad_token_id": 0,
         "decoder": {"filename": graph, "head_size": config.n_embd // heads, "hidden_size": config.n_embd,
                     "num_attention_heads": heads, "num_key_value_heads": heads, "num_hidden_layers": config.n_layer,
@@ -274,7 +300,8 @@ def main() -> None:
     for name in variants:
         configs[f"kiln {name}"] = [me, "kiln", art, name]
     wanted = set(args.only.split(",")) if args.only else set(configs)
-    results = {}
+    # --only reruns some configurations and keeps the others' results from the same file.
+    results = json.loads(args.json.read_text())["results"] if args.only and args.json.is_file() else {}
     for name, (python, *argv) in configs.items():
         if name not in wanted:
             continue
@@ -295,7 +322,9 @@ def main() -> None:
             same = [a == b for shape in reference for a, b in zip(reference[shape], result["tokens"].get(shape, []))]
             result["identical_to_transformers_fp32"] = f"{sum(same)}/{len(same)} sequences"
             result["token_agreement"] = _agreement(reference, result["tokens"])
-    out = {"command": "python " + " ".join(sys.argv), "cpu": cpu_info().to_dict(), "new_tokens": NEW,
+    before = json.loads(args.json.read_text()) if args.only and args.json.is_file() else {}
+    previous = before.get("commands") or ([before["command"]] if "command" in before else [])
+    out = {"commands": [*previous, "python " + " ".join(sys.argv)], "cpu": cpu_info().to_dict(), "new_tokens": NEW,
            "threads": args.threads, "results": results}
     args.json.write_text(json.dumps(out, indent=1) + "\n")
     for name, result in results.items():
