@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import re
 import subprocess
 import sys
@@ -81,13 +82,17 @@ def test_best_is_a_servable_artifact_that_matches_pytorch(optimized, tiny_model)
     assert cos.min() >= 0.99  # within the gate's default tolerance
 
 
-def test_tight_tolerance_triggers_sensitivity_and_records_it(tiny_model, tmp_path):
+def test_tight_tolerance_triggers_sensitivity_and_records_it(tiny_model, tmp_path, caplog):
     model = str(tiny_model("bert"))
     first = OptimizeJob(OptimizeConfig(model=model, task=TaskName.FEATURE_EXTRACTION, output=tmp_path / "a",
                                        tolerance=1e-6, variants=("onnx-fp32", "onnx-int8-dynamic"),
                                        sensitivity=False)).run()
     full = next(o for o in first.outcomes if o.name == "onnx-int8-dynamic")
     assert full.status == "rejected" and full.sensitivity is None  # fully quantized: outside 1e-6
+    # Kept in the artifact for comparison; loading it by name says it failed the gate.
+    with caplog.at_level(logging.WARNING, logger="kiln.artifact"):
+        Artifact.open(tmp_path / "a").predictor("onnx-int8-dynamic")
+    assert "variant onnx-int8-dynamic was rejected by kiln optimize" in caplog.text
     # A tolerance the fully quantized model misses by construction and that keeping layers in fp32 reaches (the
     # tiny model is the same every session: its tokenizer is kept in tests/data/tokenizers).
     tolerance = (1 - full.agreement.value) * 0.999

@@ -9,12 +9,15 @@ from pathlib import Path
 import numpy as np
 
 from kiln.artifact.manifest import Manifest, read_manifest, verify
-from kiln.artifact.records import BuildRecord, ServingDefault, VariantRecord
+from kiln.artifact.records import BuildRecord, ServingDefault, Status, VariantRecord
 from kiln.engines import Engine, EngineOptions, create_engine, open_sessions
 from kiln.errors import ArtifactError, UsageError
+from kiln.log import get_logger
 from kiln.runtime.predictor import Predictor
 from kiln.runtime.tokenization import TextEncoder
 from kiln.tasks.config import TaskConfig
+
+_log = get_logger("artifact")
 
 
 @dataclass
@@ -85,7 +88,11 @@ class Artifact:
         """A predictor for the variant run as ``plan`` says (default: ``serving_plan``): ``plan.sessions`` engine
         sessions take batches side by side."""
         plan = plan or self.serving_plan(variant)
-        return self.predictor_of(self.variant(variant), plan)
+        record = self.variant(variant)
+        if record.status is Status.REJECTED:  # kept for comparison (timed, benchmarked), loaded only when named
+            _log.warning("variant %s was rejected by kiln optimize (%s); its answers are outside the tolerance",
+                         record.name, record.reason)
+        return self.predictor_of(record, plan)
 
     def predictor_of(self, record: VariantRecord, plan: ServingPlan) -> Predictor:
         """A predictor for one variant record of this artifact (a variant, or the kept fp32 reference)."""
