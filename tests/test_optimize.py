@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import re
@@ -21,6 +22,7 @@ from kiln.optimize.outcome import RunSummary, read_results
 from kiln.optimize.variants import VARIANTS, default_variants
 from kiln.records import to_jsonable
 from kiln.tasks import TaskName
+from kiln.validation.gate import Verdict
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +84,7 @@ def test_best_is_a_servable_artifact_that_matches_pytorch(optimized, tiny_model)
     assert cos.min() >= 0.99  # within the gate's default tolerance
 
 
-def test_tight_tolerance_triggers_sensitivity_and_records_it(tiny_model, tmp_path, caplog):
+def test_tight_tolerance_triggers_sensitivity_and_records_it(tiny_model, tmp_path, caplog, monkeypatch):
     model = str(tiny_model("bert"))
     first = OptimizeJob(OptimizeConfig(model=model, task=TaskName.FEATURE_EXTRACTION, output=tmp_path / "a",
                                        tolerance=1e-6, variants=("onnx-fp32", "onnx-int8-dynamic"),
@@ -106,6 +108,34 @@ def test_tight_tolerance_triggers_sensitivity_and_records_it(tiny_model, tmp_pat
     assert int8.sensitivity.speed_cost > 0
     recorded = Artifact.open(tmp_path / "b").manifest.variants["onnx-int8-dynamic"].sensitivity
     assert recorded.excluded == excluded
+    # Attempts are screened on sorted batches; the set the search settles on gets every batching.
+    assert int8.batched is not None and int8.batched.complete and "alone" in int8.batched.agreements
+
+    # Fault injection: the settled set passes the screen but fails its full check (as a batching other than the
+    # sorted one could make it). The search must not ship it: the next larger set that passed the screen is
+    # checked in full instead, or, with none, the variant is rejected and its files are the fully quantized ones.
+    real_check, refused = OptimizeJob._check, []
+
+    def failing_first_full_check(self, built, params, screen=False):
+        checked = real_check(self, built, params, screen)
+        nodes = built.record().recipe[-1].get("excluded_nodes") or ()
+        if not screen and nodes and not refused:
+            refused.append(len(nodes))
+            return dataclasses.replace(checked, verdict=Verdict(False, "injected: fails in alone batches"))
+        return checked
+
+    monkeypatch.setattr(OptimizeJob, "_check", failing_first_full_check)
+    again = OptimizeJob(OptimizeConfig(model=model, task=TaskName.FEATURE_EXTRACTION, output=tmp_path / "c",
+                                       tolerance=tolerance, variants=("onnx-fp32", "onnx-int8-dynamic"))).run()
+    moved = next(o for o in again.outcomes if o.name == "onnx-int8-dynamic")
+    assert refused == [len(excluded)]  # the same settled set as above, refused once
+    screened_passes = sorted(r.excluded for r in moved.sensitivity.rounds if r.accepted and r.excluded > refused[0])
+    if screened_passes:
+        assert moved.status == "accepted" and len(moved.sensitivity.excluded) == screened_passes[0]
+        assert tuple(moved.record.recipe[-1]["excluded_nodes"]) == moved.sensitivity.excluded
+    else:
+        assert moved.status == "rejected" and not moved.sensitivity.accepted
+        assert not moved.record.recipe[-1].get("excluded_nodes")
 
 
 def test_nothing_passing_is_an_error_with_every_reason(tiny_model, tmp_path):
