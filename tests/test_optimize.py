@@ -111,31 +111,39 @@ def test_tight_tolerance_triggers_sensitivity_and_records_it(tiny_model, tmp_pat
     # Attempts are screened on sorted batches; the set the search settles on gets every batching.
     assert int8.batched is not None and int8.batched.complete and "alone" in int8.batched.agreements
 
-    # Fault injection: the settled set passes the screen but fails its full check (as a batching other than the
-    # sorted one could make it). The search must not ship it: the next larger set that passed the screen is
-    # checked in full instead, or, with none, the variant is rejected and its files are the fully quantized ones.
-    real_check, refused = OptimizeJob._check, []
+    # Fault injection: the screen turns down 1 and 2 layers, so the search doubles to 4 (passes) and bisects to 3
+    # (passes); then 3 fails its full check (as a batching other than the sorted one could make it). The search
+    # must not ship 3: the next larger set that passed the screen, 4, is checked in full and kept. Refused as well,
+    # the variant is rejected with its fully quantized files.
+    real_check = OptimizeJob._check
 
-    def failing_first_full_check(self, built, params, screen=False):
-        checked = real_check(self, built, params, screen)
-        nodes = built.record().recipe[-1].get("excluded_nodes") or ()
-        if not screen and nodes and not refused:
-            refused.append(len(nodes))
-            return dataclasses.replace(checked, verdict=Verdict(False, "injected: fails in alone batches"))
-        return checked
+    def injected(refuse_full: set[int]):
+        def check(self, built, params, screen=False):
+            checked = real_check(self, built, params, screen)
+            kept = len(built.record().recipe[-1].get("excluded_nodes") or ())
+            if (screen and kept in (1, 2)) or (not screen and kept in refuse_full):
+                return dataclasses.replace(checked, verdict=Verdict(False, f"injected: {kept} refused"))
+            return checked
+        return check
 
-    monkeypatch.setattr(OptimizeJob, "_check", failing_first_full_check)
-    again = OptimizeJob(OptimizeConfig(model=model, task=TaskName.FEATURE_EXTRACTION, output=tmp_path / "c",
-                                       tolerance=tolerance, variants=("onnx-fp32", "onnx-int8-dynamic"))).run()
-    moved = next(o for o in again.outcomes if o.name == "onnx-int8-dynamic")
-    assert refused == [len(excluded)]  # the same settled set as above, refused once
-    screened_passes = sorted(r.excluded for r in moved.sensitivity.rounds if r.accepted and r.excluded > refused[0])
-    if screened_passes:
-        assert moved.status == "accepted" and len(moved.sensitivity.excluded) == screened_passes[0]
-        assert tuple(moved.record.recipe[-1]["excluded_nodes"]) == moved.sensitivity.excluded
-    else:
-        assert moved.status == "rejected" and not moved.sensitivity.accepted
-        assert not moved.record.recipe[-1].get("excluded_nodes")
+    def run(name: str, refuse_full: set[int]):
+        monkeypatch.setattr(OptimizeJob, "_check", injected(refuse_full))
+        try:
+            summary = OptimizeJob(OptimizeConfig(model=model, task=TaskName.FEATURE_EXTRACTION,
+                                                 output=tmp_path / name, tolerance=tolerance,
+                                                 variants=("onnx-fp32", "onnx-int8-dynamic"))).run()
+        finally:
+            monkeypatch.undo()
+        return next(o for o in summary.outcomes if o.name == "onnx-int8-dynamic")
+
+    moved = run("c", {3})
+    assert [(r.excluded, r.accepted) for r in moved.sensitivity.rounds] == [(1, False), (2, False), (4, True),
+                                                                            (3, True)]
+    assert moved.status == "accepted" and len(moved.sensitivity.excluded) == 4
+    assert tuple(moved.record.recipe[-1]["excluded_nodes"]) == moved.sensitivity.excluded
+    refused = run("d", {3, 4})
+    assert refused.status == "rejected" and not refused.sensitivity.accepted
+    assert not refused.record.recipe[-1].get("excluded_nodes")  # the fully quantized files the rejection describes
 
 
 def test_nothing_passing_is_an_error_with_every_reason(tiny_model, tmp_path):
