@@ -5,6 +5,7 @@ openai client."""
 from __future__ import annotations
 
 import threading
+import time
 
 import httpx
 import numpy as np
@@ -347,6 +348,15 @@ def test_continuous_batching_and_a_vanished_client_frees_its_slot(decoder_artifa
         want = kiln.load(decoder_artifacts["gpt2"]).generate(PROMPTS, max_new_tokens=40)
         assert results == [want[k % 3].text for k in range(6)]
         assert loop.widest > 1  # steps were shared
+        # 20 ms a round from here: the tiny model decodes 100 tokens in about 0.1 s, so under load the sequence
+        # could finish before the client's check below (the suite saw it once); slowed, it takes 2 s.
+        stepper, real_step = loop.batch.steps, loop.batch.steps.step
+
+        def slow_step(*args, **kwargs):
+            time.sleep(0.02)
+            return real_step(*args, **kwargs)
+
+        stepper.step = slow_step
         with httpx.stream("POST", f"{base}/generate", timeout=30,
                           json={"inputs": PROMPTS[0], "max_new_tokens": 100, "stream": True}) as response:
             next(response.iter_lines())  # the first token arrived: the sequence is in the batch
