@@ -98,9 +98,7 @@ def run_export(config: ExportConfig, progress: Progress = lambda _: None) -> Exp
         # The PyTorch original is done with: free its weights before the candidate loads its own copy.
         del source, reference
         release_freed()
-        # No arena: parity runs once at batch 1 and 8 and is never timed, so memory a session keeps for reuse only
-        # adds to the peak (optimize's validation engines do the same).
-        engine = create_engine(record.engine, stage / record.path, EngineOptions(memory_arena=False))
+        engine = create_engine(record.engine, stage / record.path, EngineOptions())
         parity = compare_parity(expected, Predictor(task_config, encoder, engine), tolerance=config.tolerance)
         if not parity.passed:
             raise ParityError(f"{record.name} disagrees with PyTorch beyond tolerance: {parity.summary()}")
