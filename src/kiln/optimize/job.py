@@ -226,7 +226,7 @@ class OptimizeJob:
         eval_set = datasets.eval_set(cfg.task, cfg.eval_file)
         self.progress("running the PyTorch fp32 reference on the agreement set")
         data = agreement_inputs(self.reference, self.spec.agreement_inputs(encoder))
-        reference_metric = self._metric(self.reference, eval_set, self.spec.agreement(data, data.reference)) \
+        reference_metric = self._metric(self.reference, eval_set, lambda: self.spec.agreement(data, data.reference)) \
             if eval_set is not None else None
         user = datasets.read_inputs(cfg.calibration_file, cfg.task) if cfg.calibration_file else None
         calibration = user or self.spec.calibration_inputs(encoder)
@@ -301,14 +301,15 @@ class OptimizeJob:
         verdict = gate_verdict(self.config.task, batched, None, None, self.tolerance)
         metric = None
         if verdict.accepted and data is not None and not screen:  # it can only add a reason to reject
-            metric = self._metric(predictor, data, agreement)
+            metric = self._metric(predictor, data, lambda: agreement)
             verdict = gate_verdict(self.config.task, batched, metric, self.work.reference_metric, self.tolerance)
         return Checked(built, agreement, metric, verdict, params, batched)
 
-    def _metric(self, predictor: Predictor, data: EvalSet, agreement: Agreement) -> dict[str, float]:
+    def _metric(self, predictor: Predictor, data: EvalSet, agreement: Callable[[], Agreement]) -> dict[str, float]:
         """The task metric on ``data``: from the agreement run where it already holds it (a decoder's built-in
-        perplexity, of the batching the gate judges), else a pass of its own."""
-        carried = self.spec.builtin_metric_of(agreement) if data.builtin else None
+        perplexity, of the batching the gate judges), else a pass of its own. ``agreement`` is asked for only on
+        the built-in set (the reference's, against itself, is computed for that alone)."""
+        carried = self.spec.builtin_metric_of(agreement()) if data.builtin else None
         return carried if carried is not None else self.spec.evaluate(predictor, data)
 
     def _alternatives(self, spec: VariantSpec, default: Checked) -> Checked:
