@@ -348,22 +348,22 @@ class OptimizeJob:
         if confirmed is None:
             spec.build(self.ctx, (), **full.parameters)  # leave the fully quantized files the rejection describes
             return full, Sensitivity(top, search.rounds, (), False)
-        count, chosen = confirmed
+        excluded, chosen = confirmed
         seconds = time_predictor(self._predictor(chosen.built.record(), timed=True), timing_set, rounds=1).seconds
-        excluded = tuple(name for name, _ in ranking[:count])
         return chosen, Sensitivity(top, search.rounds, excluded, True, speed_cost=seconds / full_seconds)
 
     def _confirm(self, spec: VariantSpec, full: Checked, ranking: list[tuple[str, float]],
-                 attempts: dict[int, Checked], settled: int) -> tuple[int, Checked] | None:
-        """The fewest layers kept in fp32 that pass every batching: the set the screened search settled on (its
-        files are the last written), else the next larger set that passed the screen; None when none does."""
+                 attempts: dict[int, Checked], settled: int) -> tuple[tuple[str, ...], Checked] | None:
+        """The fewest layers kept in fp32 that pass every batching, and their check: the set the screened search
+        settled on (its files are the last written), else the next larger set that passed the screen; None when
+        none does."""
         for count in sorted(n for n, c in attempts.items() if c.verdict.accepted and n >= settled):
-            built = attempts[count].built if count == settled else \
-                spec.build(self.ctx, [name for name, _ in ranking[:count]], **full.parameters)
+            excluded = tuple(name for name, _ in ranking[:count])
+            built = attempts[count].built if count == settled else spec.build(self.ctx, excluded, **full.parameters)
             checked = self._check(built, full.parameters)
             self.progress(f"{spec.name}: {count} layer(s) kept in fp32 -> {checked.verdict.reason} (every batching)")
             if checked.verdict.accepted:
-                return count, checked
+                return excluded, checked
         return None
 
     # -- timing, choice, records ---------------------------------------------------------------------------
