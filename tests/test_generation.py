@@ -269,8 +269,9 @@ def test_optimize_builds_validates_and_picks_a_decoder_variant(optimized_gpt2, t
     fp32 = outcomes["onnx-fp32"]
     assert fp32.agreement.figures["next_token_agreement"] == 1.0
     assert fp32.agreement.figures["mean_logit_cosine"] > 0.99999
-    # Judged under the batchings its decode loop gives it: one session, so no sessions batching.
-    assert set(fp32.batched.agreements) == {"sorted", "alone", "mixed"}
+    # Judged under the batchings its decode loop gives it: one session, so no sessions batching; and the 32
+    # agreement texts are one batch of 32, so arrival order is the sorted batch's rows reordered: not run twice.
+    assert set(fp32.batched.agreements) == {"sorted", "alone"}
     assert fp32.metric["perplexity"] == pytest.approx(summary.reference_metric["perplexity"], rel=1e-4)
     int8 = outcomes["onnx-int8-dynamic"]
     assert int8.record.recipe[-1]["pass"] == "ort-int8-dynamic" and int8.record.recipe[-1]["per_channel"]

@@ -7,6 +7,7 @@ import pytest
 from kiln.artifact.directory import Artifact
 from kiln.data.texts import builtin_sentences
 from kiln.optimize.openvino_passes import convert, fake_quantized_inputs, quantize_int8, rank_ir_layers
+from kiln.optimize.sensitivity import Int8Mode
 
 
 def test_openvino_int8_excludes_layers_by_their_ir_names(tiny_artifact, tmp_path):
@@ -15,7 +16,7 @@ def test_openvino_int8_excludes_layers_by_their_ir_names(tiny_artifact, tmp_path
     batches = [encoder.collate(encoder.encode([t])) for t in builtin_sentences()[:8]]
     ir = tmp_path / "fp32" / "model.xml"
     convert(tiny_artifact / "onnx-fp32" / "model.onnx", ir)
-    ranking = rank_ir_layers(ir, batches, static=True)
+    ranking = rank_ir_layers(ir, batches, mode=Int8Mode.STATIC)
     assert len(ranking) == 12  # 2 layers x (q, k, v, attention output, FFN in, FFN out)
     excluded = [name for name, _ in ranking[:2]]
     quantize_int8(ir, tmp_path / "int8" / "model.xml", batches, ignored=excluded)
@@ -43,3 +44,71 @@ def test_onnx_static_int8_calibrates_on_batches_of_different_lengths(tiny_artifa
     assert step["calibration"] == method
     ops = {n.op_type for n in onnx.load(str(tmp_path / "model.onnx")).graph.node}
     assert {"QuantizeLinear", "DequantizeLinear"} <= ops
+
+
+@pytest.fixture(scope="module")
+def gpt2_export(tiny_model, tmp_path_factory):
+    """The tiny GPT-2's exported step graph (its Conv1D layers are Gemm nodes)."""
+    from kiln.choices import ExportFormat
+    from kiln.export.job import ExportConfig, run_export
+    from kiln.tasks import TaskName
+
+    art = tmp_path_factory.mktemp("passes-gpt2") / "art"
+    run_export(ExportConfig(model=str(tiny_model("gpt2", TaskName.TEXT_GENERATION)), task=TaskName.TEXT_GENERATION,
+                            format=ExportFormat.ONNX, output=art))
+    return art
+
+
+def test_onnx_ranking_counts_gemm_layers_as_the_quantizer_does(gpt2_export):
+    """GPT-2's Conv1D layers export as Gemm: ranking MatMuls alone left only the head, so the search never ran."""
+    import onnx
+
+    from kiln.optimize.sensitivity import rank_layers
+    from kiln.tasks import task_handler
+
+    art = gpt2_export
+    graph = art / "onnx-fp32" / "model.onnx"
+    gemms = [n.name for n in onnx.load(str(graph)).graph.node if n.op_type == "Gemm"]
+    assert gemms  # the premise: this export has Gemm layers
+    opened = Artifact.open(art)
+    encoder, handler = opened.encoder(), task_handler(opened.task_config)
+    batches = [handler.graph_feed(encoder.collate(encoder.encode([t]))) for t in builtin_sentences()[:3]]
+    ranked = dict(rank_layers(graph, batches, mode=Int8Mode.DYNAMIC))
+    assert set(gemms) <= set(ranked) and all(e > 0 for e in ranked.values())
+
+
+def test_weight_only_ranking_ignores_activation_outliers():
+    """A layer whose inputs have one huge outlier loses most under per-tensor activation int8, and nothing more
+    under weight-only int8 than a layer without: each scheme ranks the error its variant makes."""
+    import numpy as np
+
+    from kiln.optimize.sensitivity import Captured, rank_by_int8_error
+
+    rng = np.random.default_rng(0)
+    w = rng.normal(0, 0.02, (64, 32)).astype(np.float32)
+    calm = rng.normal(0, 1, (100, 64)).astype(np.float32)
+    spiky = calm.copy()
+    spiky[0, 0] = 500.0  # one outlier widens the activation range 100-fold
+    layers = [("calm", w, [Captured.of(calm)]), ("spiky", w, [Captured.of(spiky)])]
+    dynamic = dict(rank_by_int8_error(layers, mode=Int8Mode.DYNAMIC))
+    weights = dict(rank_by_int8_error(layers, mode=Int8Mode.WEIGHTS))
+    assert dynamic["spiky"] > 10 * dynamic["calm"]
+    assert weights["spiky"] < 2 * weights["calm"] and weights["calm"] < dynamic["calm"]
+    assert rank_by_int8_error(layers, mode=Int8Mode.DYNAMIC)[0][0] == "spiky"
+
+
+def test_dynamic_int8_keeps_excluded_gemm_layers_in_fp32(gpt2_export, tmp_path):
+    """ORT renames a Gemm to "<name>_MatMul" before it matches exclusions: kiln's Gemm names must still hold."""
+    import onnx
+
+    from kiln.optimize.onnx_passes import quantize_dynamic_int8
+    from kiln.system.cpu import cpu_info, int8_scheme
+
+    graph = gpt2_export / "onnx-fp32" / "model.onnx"
+    gemms = [n.name for n in onnx.load(str(graph)).graph.node if n.op_type == "Gemm"]
+
+    def integer_matmuls(exclude: list[str]) -> int:
+        quantize_dynamic_int8(graph, tmp_path / "q.onnx", int8_scheme(cpu_info()), exclude=exclude)
+        return sum(n.op_type == "MatMulInteger" for n in onnx.load(str(tmp_path / "q.onnx")).graph.node)
+
+    assert integer_matmuls(gemms[:2]) == integer_matmuls([]) - 2

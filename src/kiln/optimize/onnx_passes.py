@@ -73,7 +73,9 @@ def quantize_dynamic_int8(
         quantize_dynamic(
             str(src), str(dst), per_channel=per_channel, reduce_range=scheme.reduce_range,
         weight_type=QuantType.QInt8 if scheme.weights_signed else QuantType.QUInt8,
-        nodes_to_exclude=list(exclude),
+        # ORT's dynamic quantizer first rewrites each Gemm as a MatMul named "<gemm>_MatMul" (and an Add), then
+        # matches the exclusions against those names: a Gemm's own name excluded nothing (GPT-2's Conv1D layers).
+        nodes_to_exclude=[*exclude, *(f"{name}_MatMul" for name in exclude)],
         # Fused com.microsoft ops defeat ONNX shape inference; tell the quantizer their outputs are float.
         extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT, "MatMulConstBOnly": True},
     )

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from kiln.errors import missing_dependency
+from kiln.optimize.sensitivity import Int8Mode
 
 
 def _openvino():
@@ -100,13 +101,14 @@ def _weight(op) -> np.ndarray | None:
     return w.T if op.get_attributes().get("transpose_b") else w
 
 
-def rank_ir_layers(path: Path, batches: Sequence[dict[str, np.ndarray]], *, static: bool) -> list[tuple[str, float]]:
+def rank_ir_layers(path: Path, batches: Sequence[dict[str, np.ndarray]], *, mode: Int8Mode
+                   ) -> list[tuple[str, float]]:
     """(IR op name, relative int8 error) of every MatMul with a constant weight, worst first.
 
     Ranks the OpenVINO model's own ops (activations captured from the IR itself), so the names handed to
     NNCF's ignored scope are names NNCF finds in the model it quantizes.
     """
-    from kiln.optimize.sensitivity import rank_by_int8_error
+    from kiln.optimize.sensitivity import Captured, rank_by_int8_error
 
     ov = _openvino()
     core = ov.Core()
@@ -119,10 +121,13 @@ def rank_ir_layers(path: Path, batches: Sequence[dict[str, np.ndarray]], *, stat
     by_name = {name: out for out in compiled.outputs for name in out.get_names()}
     names = [i.get_any_name() for i in compiled.inputs]
     # share_inputs=False: the calibration batches are reused by the quantizer; OpenVINO must not write into them.
-    runs = [compiled({n: b[n] for n in names}, share_inputs=False) for b in batches]
-    layers = [(op.get_friendly_name(), w, [r[by_name[op.input_value(0).get_any_name()]] for r in runs])
-              for op, w in targets]
-    return rank_by_int8_error(layers, static=static)
+    wanted = {op.input_value(0).get_any_name() for op, _ in targets}
+    runs = []
+    for b in batches:  # only the captured activations are kept, thinned to the rows the error is measured on
+        result = compiled({n: b[n] for n in names}, share_inputs=False)
+        runs.append({name: Captured.of(result[by_name[name]]) for name in wanted})
+    layers = [(op.get_friendly_name(), w, [r[op.input_value(0).get_any_name()] for r in runs]) for op, w in targets]
+    return rank_by_int8_error(layers, mode=mode)
 
 
 def fake_quantized_inputs(path: Path) -> set[str]:

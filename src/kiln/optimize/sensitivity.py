@@ -1,10 +1,11 @@
 """Which layers int8 hurts most: an analytic per-layer error ranking, then exclusion until the gate passes.
 
-Ranking: each quantizable MatMul's input activations are captured on calibration batches; its int8
-output (weights per-channel symmetric, activations per-tensor asymmetric, ranges per batch for dynamic
-quantization or over all batches for static) is compared with the fp32 output. Layers are then kept in
-fp32 in order of that error (1, 2, 4, 8, … of them), each time rebuilding and re-validating the real
-variant, until it passes the gate or no longer improves.
+Ranking: each quantizable MatMul's (or Gemm's) input activations are captured on calibration batches; its int8
+output is compared with the fp32 output, quantized the way the variant quantizes it (``Int8Mode``): weights per
+output channel, and activations per tensor with ranges per batch (dynamic), over all batches (static), or not at
+all (weight-only int8, whose error is the weights' alone). Layers are then kept in fp32 in order of that error
+(1, 2, 4, 8, ... of them), each time rebuilding and re-validating the real variant, until it passes the gate or no
+longer improves.
 """
 
 from __future__ import annotations
@@ -16,6 +17,19 @@ from pathlib import Path
 import numpy as np
 
 from kiln.artifact.records import Round
+from kiln.choices import Choice
+
+# Rows of captured activations each batch contributes to a layer's error: the ranking needs the error's size, not
+# every token, and a 50k-vocabulary head over all of a decoder's calibration tokens is gigabytes in float64.
+MAX_ROWS = 256
+
+
+class Int8Mode(Choice):
+    """How the ranked variant quantizes a layer, so the ranking measures the error that variant makes."""
+
+    DYNAMIC = "dynamic"  # int8 weights (symmetric) and activations with each batch's own range
+    STATIC = "static"  # int8 weights (symmetric) and activations with one range calibrated over every batch
+    WEIGHTS = "weights"  # int8 weights only (asymmetric, as NNCF's INT8_ASYM); activations stay float
 
 
 @dataclass(frozen=True)
@@ -25,52 +39,110 @@ class SearchResult:
     accepted: bool
 
 
-def _fake_quant_error(x: np.ndarray, w: np.ndarray, x_range: tuple[float, float]) -> float:
-    x = x.reshape(-1, x.shape[-1]).astype(np.float64)
-    w = w.astype(np.float64)
-    w_scale = np.maximum(np.abs(w).max(axis=0), 1e-12) / 127.0
-    wq = np.clip(np.round(w / w_scale), -127, 127) * w_scale
+@dataclass(frozen=True)
+class Captured:
+    """A layer's input activations on one batch: at most MAX_ROWS evenly spaced rows (float32), and the range of
+    all of them (what dynamic or static quantization would see)."""
+
+    rows: np.ndarray
+    low: float
+    high: float
+
+    @classmethod
+    def of(cls, x: np.ndarray) -> Captured:
+        x = x.reshape(-1, x.shape[-1])
+        low, high = float(x.min()), float(x.max())
+        if len(x) > MAX_ROWS:
+            x = x[np.linspace(0, len(x) - 1, MAX_ROWS).astype(int)]
+        return cls(np.asarray(x, np.float32), low, high)
+
+
+def _quantized_weight(w: np.ndarray, mode: Int8Mode) -> np.ndarray:
+    """``w`` [in, out] rounded to int8 per output channel and back: symmetric, or asymmetric for weight-only."""
+    if mode is Int8Mode.WEIGHTS:
+        lo, hi = np.minimum(w.min(axis=0), 0.0), np.maximum(w.max(axis=0), 0.0)
+        scale = np.maximum(hi - lo, 1e-12) / 255.0
+        zero = np.round(-lo / scale)
+        return (np.clip(np.round(w / scale) + zero, 0, 255) - zero) * scale
+    scale = np.maximum(np.abs(w).max(axis=0), 1e-12) / 127.0
+    return np.clip(np.round(w / scale), -127, 127) * scale
+
+
+def _quantized_input(x: np.ndarray, x_range: tuple[float, float]) -> np.ndarray:
+    """``x`` rounded to uint8 over ``x_range`` (asymmetric, per tensor) and back."""
     lo, hi = min(x_range[0], 0.0), max(x_range[1], 0.0)
     scale = max(hi - lo, 1e-12) / 255.0
     zero = np.round(-lo / scale)
-    xq = (np.clip(np.round(x / scale) + zero, 0, 255) - zero) * scale
+    return (np.clip(np.round(x / scale) + zero, 0, 255) - zero) * scale
+
+
+def _fake_quant_error(x: np.ndarray, w: np.ndarray, wq: np.ndarray, x_range: tuple[float, float] | None) -> float:
+    """Relative error of the int8 layer's output on ``x``; ``x_range`` None: activations stay float."""
+    xq = x if x_range is None else _quantized_input(x, x_range).astype(np.float32)
     y = x @ w
-    return float(np.linalg.norm(xq @ wq - y) / max(np.linalg.norm(y), 1e-12))
+    return float(np.linalg.norm(xq @ wq - y) / max(float(np.linalg.norm(y)), 1e-12))
 
 
-def rank_layers(graph: Path, batches: Sequence[dict[str, np.ndarray]], *, static: bool) -> list[tuple[str, float]]:
-    """(node name, relative int8 output error) for every MatMul/Attention with a constant weight, worst first."""
+def _constant_weight(node, weights: dict) -> np.ndarray | None:
+    """A MatMul's or Gemm's constant weight as [in, out] (Gemm's transB honoured), else None."""
+    from onnx import helper, numpy_helper
+
+    if len(node.input) < 2 or node.input[1] not in weights:
+        return None
+    w = numpy_helper.to_array(weights[node.input[1]])
+    if w.ndim != 2:
+        return None
+    attributes = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    return w.T if node.op_type == "Gemm" and attributes.get("transB", 0) else w
+
+
+def rank_layers(graph: Path, batches: Sequence[dict[str, np.ndarray]], *,
+                mode: Int8Mode) -> list[tuple[str, float]]:
+    """(node name, relative int8 output error) for every MatMul, Gemm or Attention with a constant weight, worst
+    first. Gemm counts: ONNX Runtime quantizes it like a MatMul, and GPT-2's Conv1D layers export as Gemm (ranking
+    MatMuls alone left only GPT-2's head to exclude, so its search never ran)."""
     import onnx
     import onnxruntime as ort
-    from onnx import numpy_helper
 
     model = onnx.load(str(graph))
     weights = {t.name: t for t in model.graph.initializer}
-    targets = [n for n in model.graph.node
-               if n.op_type in ("MatMul", "Attention") and len(n.input) > 1 and n.input[1] in weights]
+    targets = [(n, w) for n in model.graph.node
+               if n.op_type in ("MatMul", "Gemm", "Attention") and (w := _constant_weight(n, weights)) is not None]
     existing = {o.name for o in model.graph.output}
-    captured = sorted({n.input[0] for n in targets} - existing)
+    captured = sorted({n.input[0] for n, _ in targets} - existing)
     for name in captured:
         model.graph.output.append(onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None))
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    del model
     inputs = {i.name for i in session.get_inputs()}
     names = [o.name for o in session.get_outputs()]
-    runs = [dict(zip(names, session.run(None, {k: v for k, v in b.items() if k in inputs}))) for b in batches]
-    layers = [(node.name, numpy_helper.to_array(weights[node.input[1]]), [r[node.input[0]] for r in runs])
-              for node in targets]
-    return rank_by_int8_error(layers, static=static)
+    wanted = {n.input[0] for n, _ in targets}
+    runs = []
+    for b in batches:  # only the captured activations are kept, thinned to the rows the error is measured on
+        out = session.run(None, {k: v for k, v in b.items() if k in inputs})
+        runs.append({name: Captured.of(value) for name, value in zip(names, out) if name in wanted})
+    layers = [(node.name, w, [r[node.input[0]] for r in runs]) for node, w in targets]
+    return rank_by_int8_error(layers, mode=mode)
 
 
-def rank_by_int8_error(layers: Sequence[tuple[str, np.ndarray, Sequence[np.ndarray]]], *,
-                       static: bool) -> list[tuple[str, float]]:
+def rank_by_int8_error(layers: Sequence[tuple[str, np.ndarray, Sequence[Captured]]], *,
+                       mode: Int8Mode) -> list[tuple[str, float]]:
     """(name, mean relative int8 error) per (name, weight [in, out], captured input activations), worst first."""
     errors = []
-    for name, w, acts in layers:
-        global_range = (min(float(a.min()) for a in acts), max(float(a.max()) for a in acts))
-        errs = [_fake_quant_error(a, w, global_range if static else (float(a.min()), float(a.max())))
-                for a in acts]
+    for name, w, captures in layers:
+        w = np.asarray(w, np.float32)
+        wq = _quantized_weight(w, mode).astype(np.float32)
+        calibrated = (min(c.low for c in captures), max(c.high for c in captures))
+        errs = [_fake_quant_error(c.rows, w, wq, _input_range(mode, c, calibrated)) for c in captures]
         errors.append((name, float(np.mean(errs))))
     return sorted(errors, key=lambda e: -e[1])
+
+
+def _input_range(mode: Int8Mode, capture: Captured, calibrated: tuple[float, float]) -> tuple[float, float] | None:
+    """The range ``mode`` quantizes this batch's activations over; None where they stay float."""
+    if mode is Int8Mode.WEIGHTS:
+        return None
+    return calibrated if mode is Int8Mode.STATIC else (capture.low, capture.high)
 
 
 def exclusion_search(

@@ -15,9 +15,11 @@ from kiln.artifact.records import EngineHints
 from kiln.choices import Precision, Target, VariantName
 from kiln.optimize import onnx_passes, openvino_passes, torch_passes
 from kiln.optimize.context import BuildContext, BuiltVariant
-from kiln.optimize.sensitivity import rank_layers
+from kiln.optimize.sensitivity import Int8Mode, rank_layers
 
 Builder = Callable[..., BuiltVariant]  # (context, nodes to keep in fp32, **tuning parameters) -> variant
+# (context, calibration batches) -> (layer name, int8 error) worst first, in the names the variant's quantizer takes
+Ranker = Callable[[BuildContext, list[dict[str, np.ndarray]]], list[tuple[str, float]]]
 
 
 @dataclass(frozen=True)
@@ -26,9 +28,7 @@ class VariantSpec:
     build: Builder  # (context, nodes to keep in fp32) -> variant
     targets: frozenset[Target]  # targets that build it by default
     why_not: Callable[[BuildContext], str | None] = lambda ctx: None  # reason it cannot be built here
-    # For int8 variants: (context, calibration batches) -> (layer name, int8 error) worst first, in the names
-    # the variant's own quantizer takes for exclusion.
-    rank: Callable[[BuildContext, list[dict[str, np.ndarray]]], list[tuple[str, float]]] | None = None
+    rank: Ranker | None = None  # int8 variants: their layers by int8 sensitivity, for the exclusion search
     # Parameter sets tried in order when the default build fails the gate, before any layer is excluded.
     alternatives: tuple[dict[str, Any], ...] = ()
     # Why the variant is left out of the defaults on this machine (still built when named in --variants).
@@ -233,6 +233,17 @@ def _needs_cuda_for_fp16_speed(ctx: BuildContext) -> str | None:
     return None  # builds anywhere; only chosen by default for --target cuda (CPU fp16 kernels are slow)
 
 
+def _ranked_onnx(graph: Callable[[BuildContext], Path], mode: Int8Mode) -> Ranker:
+    """Layers of the ONNX graph ``graph`` builds, by the int8 error ``mode`` makes in each."""
+    return lambda ctx, batches: rank_layers(graph(ctx), batches, mode=mode)
+
+
+def _ranked_ir(mode: Int8Mode) -> Ranker:
+    """Layers of the fp32 OpenVINO IR, by their IR names (the names NNCF's ignored scope takes)."""
+    return lambda ctx, batches: openvino_passes.rank_ir_layers(ctx.stage / _openvino_fp32_ir(ctx).path, batches,
+                                                               mode=mode)
+
+
 CPU = frozenset({Target.CPU})
 ALL = frozenset(Target)
 VARIANTS: dict[VariantName, VariantSpec] = {VariantName(spec.name): spec for spec in (
@@ -240,21 +251,19 @@ VARIANTS: dict[VariantName, VariantSpec] = {VariantName(spec.name): spec for spe
     VariantSpec("onnx-fused", _fused, ALL),
     VariantSpec("onnx-fused-gelu-approx", lambda ctx, ex=(): _fused(ctx, ex, gelu=True), ALL),
     VariantSpec("onnx-int8-dynamic", _int8_dynamic, CPU,
-                rank=lambda ctx, batches: rank_layers(_int8_source(ctx)[0], batches, static=False)),
+                rank=_ranked_onnx(lambda ctx: _int8_source(ctx)[0], Int8Mode.DYNAMIC)),
     VariantSpec("onnx-int8-dynamic-rows", _int8_dynamic_rows, CPU,
-                rank=lambda ctx, batches: rank_layers(_int8_source(ctx)[0], batches, static=False)),
+                rank=_ranked_onnx(lambda ctx: _int8_source(ctx)[0], Int8Mode.DYNAMIC)),
     VariantSpec("onnx-int8-static", _int8_static, CPU,
-                rank=lambda ctx, batches: rank_layers(ctx.stage / _fp32(ctx).path, batches, static=True)),
+                rank=_ranked_onnx(lambda ctx: ctx.stage / _fp32(ctx).path, Int8Mode.STATIC)),
     VariantSpec("openvino-fp32", _openvino_fp32, CPU, _needs_openvino),
     VariantSpec("openvino-bf16", _openvino_bf16, CPU, _needs_openvino_bf16),
     VariantSpec("openvino-int8-static", _openvino_int8, CPU, _needs_openvino, not_by_default=_openvino_int8_kernels,
-                rank=lambda ctx, batches: openvino_passes.rank_ir_layers(ctx.stage / _openvino_fp32_ir(ctx).path,
-                                                                         batches, static=True),
+                rank=_ranked_ir(Int8Mode.STATIC),
                 alternatives=tuple({"smooth_quant_alpha": a} for a in (0.8, 0.7, 0.6, 0.5))),
     VariantSpec("openvino-int8-weights", _openvino_int8_weights, CPU, _needs_openvino,
                 not_by_default=_weights_only_pays,
-                rank=lambda ctx, batches: openvino_passes.rank_ir_layers(ctx.stage / _openvino_fp32_ir(ctx).path,
-                                                                         batches, static=False)),
+                rank=_ranked_ir(Int8Mode.WEIGHTS)),
     VariantSpec("onnx-fp16", _fp16, frozenset({Target.CUDA})),
     VariantSpec("torchscript", _torchscript, ALL),
     VariantSpec("torch-bf16", _torch_autocast(Precision.BF16), CPU, _needs_bf16),

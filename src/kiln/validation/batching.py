@@ -72,16 +72,21 @@ class BatchedAgreement:
         return min((b for b in Batching if b in self.agreements), key=lambda b: self.agreements[b].value)
 
 
-def _plans(candidate: Predictor, sessions: Predictor | Callable[[], Predictor] | None
+def _plans(candidate: Predictor, sessions: Predictor | Callable[[], Predictor] | None, count: int
            ) -> dict[Batching, Callable[[Prepared], list[Any]]]:
-    """How each batching runs the prepared inputs, cheapest first (so a hopeless variant stops after one batched
-    pass), alone second: every later batching's drift is measured against it. ``sessions``: a predictor, or what
-    makes one (only when its batching is reached: a rejected variant never loads its extra sessions)."""
+    """How each batching runs the ``count`` prepared inputs, cheapest first (so a hopeless variant stops after one
+    batched pass), alone second: every later batching's drift is measured against it. ``sessions``: a predictor, or
+    what makes one (only when its batching is reached: a rejected variant never loads its extra sessions).
+
+    Mixed batches are planned only when the inputs fill more than one batch: in one batch, arrival order is the
+    sorted batch with its rows in another order, the same padded computation (a decoder's 32 agreement texts at
+    batch 32 ran it twice: 10 s of each GPT-2 small check, benchmarks/optimize_profile.py)."""
     plans: dict[Batching, Callable[[Prepared], list[Any]]] = {
         Batching.SORTED: lambda p: candidate.run_features(p.encodings, sort=True),
         Batching.ALONE: lambda p: candidate.with_batch_size(1).run_features(p.encodings),
-        Batching.MIXED: lambda p: candidate.run_features(p.encodings, sort=False),
     }
+    if count > candidate.batch_size:
+        plans[Batching.MIXED] = lambda p: candidate.run_features(p.encodings, sort=False)
     if sessions is not None:
         def in_sessions(p: Prepared) -> list[Any]:
             made = sessions if isinstance(sessions, Predictor) else sessions()
@@ -130,7 +135,7 @@ def measure_batchings(data: AgreementInputs, candidate: Predictor,
     agreements: dict[Batching, Agreement] = {}
     meter: _DriftMeter | None = None
     sorted_run: Run | None = None  # held until the alone run exists to measure its drift against
-    plans = _plans(candidate, sessions)
+    plans = _plans(candidate, sessions, len(prepared.encodings))
     for batching, plan in plans.items():
         reduced = plan(prepared)
         run = Run(tuple(reduced), tuple(handler.finalize(prepared, reduced, options, candidate.encoder)))
