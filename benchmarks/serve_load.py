@@ -321,6 +321,8 @@ def main() -> int:
     parser.add_argument("--max-seconds", type=float, default=60.0, help="time limit per phase")
     parser.add_argument("--rounds", type=int, default=3, help="measured rounds per phase (the median is reported)")
     parser.add_argument("--serve-args", default="", help="extra `kiln serve` options, e.g. '--max-delay-ms 2'")
+    parser.add_argument("--kiln-only", action="store_true",
+                        help="offline and kiln serve only: no one-request-per-forward server, overload or SIGTERM")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
 
@@ -352,13 +354,22 @@ def main() -> int:
           "one forward per request here)", flush=True)
     print("kiln serve:", flush=True)
     served = sweep(kiln, bodies, concurrency, args.requests, args.max_seconds, args.rounds)
+    top = max(concurrency)
+    if args.kiln_only:
+        ratio = served[top]["throughput_per_s"] / base["throughput_per_s"]
+        print(f"at {top} clients: kiln serve = {ratio:.2f}x offline batched, p99 {served[top]['p99_ms']:.0f} ms")
+        if args.json:
+            Path(args.json).write_text(json.dumps({"artifact": args.artifact, "variant": base["variant"],
+                                                   "serve_args": args.serve_args, "offline": base,
+                                                   "kiln_serve": served, f"ratio_vs_offline_at_{top}": ratio},
+                                                  indent=2) + "\n")
+        return 0
     print("one request per forward (FastAPI):", flush=True)
     plain = sweep(naive, bodies, concurrency, args.requests, args.max_seconds, args.rounds)
     print("overload and shutdown:", flush=True)
     over = overload(kiln, bodies, 64, min(args.max_seconds, 15.0))
     term = sigterm(kiln, bodies, 64, 3.0, args.max_seconds)
 
-    top = max(concurrency)
     result = {
         "artifact": args.artifact, "variant": base["variant"], "threads": base["threads"],
         "texts": len(texts), "tokens": {"min": min(lengths), "median": statistics.median(lengths),

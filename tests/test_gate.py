@@ -47,7 +47,7 @@ def test_search_finds_the_smallest_passing_count(needed, expected_calls):
         calls.append(len(excluded))
         return len(excluded) / 36, len(excluded) >= needed
 
-    result = exclusion_search([(f"layer{i}", 1.0 - i / 36) for i in range(36)], attempt)
+    result = exclusion_search([(f"layer{i}", 1.0 - i / 36) for i in range(36)], attempt, max_share=1.0)
     assert result.accepted and len(result.excluded) == needed
     assert result.excluded == tuple(f"layer{i}" for i in range(needed))  # worst-ranked first
     assert calls == expected_calls  # the last build is the returned set
@@ -63,3 +63,15 @@ def test_search_gives_up_when_excluding_stops_helping():
     result = exclusion_search([(f"layer{i}", 1.0) for i in range(36)], attempt)
     assert not result.accepted and result.excluded == ()
     assert calls == [1, 2, 4]  # two rounds without improvement after the first
+
+
+def test_search_stops_where_passing_would_keep_most_layers_in_fp32():
+    """By default at most half the layers are kept in fp32: a variant needing more is rejected, not searched for."""
+    calls: list[int] = []
+
+    def attempt(excluded):
+        calls.append(len(excluded))
+        return len(excluded) / 36, len(excluded) >= 20
+
+    result = exclusion_search([(f"layer{i}", 1.0) for i in range(36)], attempt)
+    assert not result.accepted and calls == [1, 2, 4, 8, 16, 18]
