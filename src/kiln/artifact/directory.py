@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -17,6 +18,9 @@ from kiln.runtime.predictor import Predictor
 from kiln.runtime.tokenization import TextEncoder
 from kiln.tasks.config import TaskConfig
 
+if TYPE_CHECKING:
+    from kiln.artifact.cpu_pick import CpuPick
+
 _log = get_logger("artifact")
 
 
@@ -24,6 +28,7 @@ _log = get_logger("artifact")
 class Artifact:
     path: Path
     manifest: Manifest
+    _pick: CpuPick | None = field(default=None, repr=False, compare=False)
 
     @classmethod
     def open(cls, path: str | Path, *, check: bool = True) -> Artifact:
@@ -36,12 +41,22 @@ class Artifact:
         return self.manifest.task
 
     def variant_name(self, name: str | None = None) -> str:
+        """``name``, checked; None: the variant for this CPU (``cpu_pick``)."""
         variants = self.manifest.variants
         if name is None:
-            name = self.manifest.build.best or next(iter(variants), None)
+            name = self.cpu_pick().variant if variants else None
         if name not in variants:
             raise UsageError(f"--variant must be one of: {', '.join(variants) or '(none)'} (got {name!r})")
         return name
+
+    def cpu_pick(self) -> CpuPick:
+        """The variant run on this CPU when none is named, and why: kiln optimize's best on the CPU class it was
+        validated on, else the fastest that passes re-validation here (kiln.artifact.cpu_pick; once per instance)."""
+        if self._pick is None:
+            from kiln.artifact.cpu_pick import pick_variant
+
+            self._pick = pick_variant(self)
+        return self._pick
 
     def variant(self, name: str | None = None) -> VariantRecord:
         return self.manifest.variants[self.variant_name(name)]
@@ -150,7 +165,11 @@ def copy_variant(root: Path, manifest: Manifest, name: str | None, dest: Path) -
                         and default.variant == name else None, reference_variant=reference,
                         tolerance=manifest.build.tolerance, output_calibration=calibration,
                         stored_vectors=manifest.build.stored_vectors,
-                        retrieval_tolerance=manifest.build.retrieval_tolerance)
+                        retrieval_tolerance=manifest.build.retrieval_tolerance,
+                        # what re-validates the copy on another CPU class (kiln.artifact.cpu_pick)
+                        cpu=manifest.build.cpu if record else {},
+                        agreement_inputs=manifest.build.agreement_inputs if record else None,
+                        unchecked_classes=manifest.build.unchecked_classes)
     seal(dest, Manifest(source=manifest.source, task=manifest.task, tokenizer=manifest.tokenizer,
                         variants={name: record} if record else {}, build=build))
     return dest
@@ -162,9 +181,9 @@ def variant_files(root: Path, manifest: Manifest, record: VariantRecord | None) 
     tokenizer_dir = Path(manifest.tokenizer.path).parent
     tokenizer_files = [p.relative_to(root).as_posix() for p in (root / tokenizer_dir).rglob("*") if p.is_file()]
     reference = manifest.build.reference_variant if record else None
-    calibration = manifest.build.output_calibration
+    extras = [f for f in (manifest.build.output_calibration, manifest.build.agreement_inputs if record else None) if f]
     return list(dict.fromkeys([*(record.files if record else ()), *(reference.files if reference else ()),
-                               *tokenizer_files, *([calibration] if calibration else [])]))
+                               *tokenizer_files, *extras]))
 
 
 def copy_files(root: Path, files: Sequence[str], dest: Path) -> None:

@@ -172,3 +172,8 @@ class BuildRecord:
     # refuses a rejected one (empty: not measured, nothing refused).
     stored_vectors: tuple[StoredVectors, ...] = ()
     retrieval_tolerance: float | None = None
+    # The inputs every variant was judged on (a JSON list beside the manifest): on a CPU of another class than
+    # ``cpu``'s, loading re-validates the variants with them against the kept fp32 reference (kiln.artifact.cpu_pick).
+    agreement_inputs: str | None = None
+    # kiln optimize --for: CPU classes it was asked to validate for and could not here, each with why.
+    unchecked_classes: Mapping[str, str] = field(default_factory=dict)

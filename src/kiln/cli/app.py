@@ -155,6 +155,12 @@ def optimize(
     retrieval_tolerance: Annotated[float, typer.Option(
         help="Largest recall@10 loss (and NDCG@10 loss against float32's, when measured) a stored size and "
         "precision may have.", min=0.0, max=1.0)] = 0.03,
+    for_classes: Annotated[Optional[str], typer.Option(  # noqa: UP045
+        "--for", help="CPU classes the artifact will run on, e.g. avx2,avx512-vnni,amx (of amx, avx512-vnni, "
+        "avx-vnni, avx512, avx2, baseline). This CPU's class is validated here; the runtimes cannot emulate "
+        "another class's kernels, so each other one is recorded as unchecked, and its variants are re-validated "
+        "on the stored agreement inputs the first time the artifact loads on such a CPU.",
+        show_default=False)] = None,
     allow_pickle: PickleOpt = False,
     force: ForceOpt = False,
 ) -> None:
@@ -180,6 +186,7 @@ def optimize(
         matryoshka_dims=int_list(matryoshka_dims, "--matryoshka-dims") or (),
         precisions=tuple(v.strip() for v in precisions.split(",") if v.strip()) if precisions else (),
         retrieval_tolerance=retrieval_tolerance,
+        for_classes=tuple(v.strip() for v in for_classes.split(",") if v.strip()) if for_classes else (),
     )
     students = StudentPlan(parse_students(distill_layers, prune or (),  # before the long run: a typo fails at once
                                           int_list(static_dims, "--static-dims") or ()),
@@ -257,6 +264,14 @@ def info(
         summary = (f"max |diff| {parity.max_abs_diff:.2e}, min cosine {parity.min_cosine:.6f}"
                    if parity else "no parity recorded")
         console.out.print(f"variant    {name}{mark}: {record.engine} {record.path}; {summary}")
+    if m.variants:
+        pick = art.cpu_pick()  # may re-validate once on a CPU class the artifact was not validated on
+        console.out.print(f"runs here  {pick.variant}: {pick.reason}")
+        for name, check in pick.checked.items():
+            speed = f", {check['ms_per_input']:.2f} ms per input" if check["ms_per_input"] is not None else ""
+            console.out.print(f"  on {pick.cpu_class}: {name}: {check['reason']}{speed}")
+    for name, why in m.build.unchecked_classes.items():
+        console.out.print(f"unchecked  {name}: {why}")
     console.out.print(f"checksums  {len(m.files)} files verified")
 
 

@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 import numpy as np
 from tokenizers import Encoding
 
+from kiln.artifact.cpu_pick import store_agreement_inputs, unchecked_classes
 from kiln.artifact.directory import copy_variant
 from kiln.artifact.manifest import Manifest, library_versions, seal
 from kiln.artifact.records import (
@@ -42,7 +43,7 @@ from kiln.optimize.variants import VARIANTS, VariantSpec, default_variants, remo
 from kiln.report.html import write_report
 from kiln.runtime.precision import CALIBRATION_FILE, parse_precision
 from kiln.runtime.predictor import Predictor
-from kiln.system.cpu import cpu_info, int8_scheme
+from kiln.system.cpu import CPU_CLASSES, cpu_info, int8_scheme
 from kiln.system.invocation import invocation
 from kiln.system.memory import release_freed
 from kiln.tasks import TASKS, task_spec
@@ -99,6 +100,9 @@ class OptimizeConfig:
     # (kiln.validation.stored_vectors); kiln serve refuses the rejected ones.
     precisions: tuple[str, ...] = ()
     retrieval_tolerance: float = 0.03  # recall@10 of the full-size float32 neighbours >= 1 - this
+    # CPU classes the artifact will run on (--for); the ones other than this CPU's are recorded as unchecked
+    # (kiln.artifact.cpu_pick re-validates on them at load).
+    for_classes: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         # Library callers may pass plain strings; the checked Enum replaces them (frozen: object.__setattr__).
@@ -118,6 +122,9 @@ class OptimizeConfig:
             kinds = ", ".join(name for name, spec in TASKS.items() if spec.embeds or spec.multi_vectors)
             raise UsageError(f"--precisions applies to tasks whose results are stored vectors ({kinds}); this run is "
                              f"--task {self.task}")
+        known = [*CPU_CLASSES, "baseline"]
+        if unknown_classes := [c for c in self.for_classes if c not in known]:
+            raise UsageError(f"--for takes CPU classes of: {', '.join(known)} (got {', '.join(unknown_classes)})")
         if not 0 < self.retrieval_tolerance < 1:
             raise UsageError(f"--retrieval-tolerance must be between 0 and 1 (got {self.retrieval_tolerance:g})")
 
@@ -186,7 +193,9 @@ class OptimizeJob:
             stored = self._stored_vectors(best, calibration)
             manifest = self._manifest(summary, tokenizer).with_build(
                 reference_variant=kept, output_calibration=calibration, stored_vectors=stored,
-                retrieval_tolerance=cfg.retrieval_tolerance if stored else None)
+                retrieval_tolerance=cfg.retrieval_tolerance if stored else None,
+                agreement_inputs=store_agreement_inputs(stage, self.work.agreement.prepared.inputs),
+                unchecked_classes=unchecked_classes(cfg.for_classes, self.cpu))
             if stored:
                 write_stored_vectors(stage, stored, cfg.retrieval_tolerance)
             if best is None:

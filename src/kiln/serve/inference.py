@@ -138,7 +138,9 @@ def load_served(name: str, path: Path, limits: BatchLimits, metrics: Metrics, *,
             "max_length": artifact.task_config.max_length, "source": to_jsonable(artifact.manifest.source),
             "validation": to_jsonable({k: v for k, v in validation.items() if v is not None}),
             "threads": plan.options.intra_op_threads, "sessions": len(predictor.sessions),
-            "max_batch_size": limits.max_batch_size, "pad_multiple": predictor.pad_multiple}
+            "max_batch_size": limits.max_batch_size, "pad_multiple": predictor.pad_multiple,
+            # which variant this CPU runs and why (kiln.artifact.cpu_pick); --deterministic may override it
+            "cpu_pick": artifact.cpu_pick().to_dict()}
     scheduler = SCHEDULERS[predictor.handler.scheduling](predictor, limits, observe)
     info["max_batch_size"] = scheduler.batch_cap
     served = Served(name, artifact, predictor, scheduler, variant, task, info=info)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import platform
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -89,3 +90,16 @@ def cpu_info() -> CpuInfo:
     quota = _cgroup_cores()
     usable = max(1, min(affinity, int(quota) if quota else affinity))
     return CpuInfo(model=model, arch=arch, features=features, logical_cores=logical, usable_cores=usable)
+
+
+# CPU classes, most capable first: the int8/bf16 kernels a runtime picks differ between them (AVX2's u8s8 with
+# 7-bit weights, VNNI's VPDPBUSD, AMX tiles), so a variant validated on one class is not validated on another.
+CPU_CLASSES = {"amx": {"amx-int8"}, "avx512-vnni": {"avx512-vnni"}, "avx-vnni": {"avx-vnni"},
+               "avx512": {"avx512"}, "avx2": {"avx2"}}
+
+
+def cpu_class(features: Sequence[str]) -> str:
+    """The class of a CPU with ``features`` (CpuInfo.features): the first of CPU_CLASSES it has, else its
+    architecture's baseline ("baseline")."""
+    have = set(features)
+    return next((name for name, needs in CPU_CLASSES.items() if needs <= have), "baseline")

@@ -1,0 +1,102 @@
+"""Portable artifacts: the variant a CPU runs is one validated on its class, re-validated once where it is new."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+
+import pytest
+from typer.testing import CliRunner
+
+from kiln.artifact import cpu_pick
+from kiln.artifact.directory import Artifact
+from kiln.cli.app import app
+from kiln.errors import UsageError
+from kiln.optimize.job import OptimizeConfig, OptimizeJob
+from kiln.system.cpu import cpu_class, cpu_info
+from kiln.tasks import TaskName
+
+HERE = cpu_class(cpu_info().features)
+ELSEWHERE = "avx2" if HERE != "avx2" else "avx512-vnni"  # a class this artifact was not validated on
+
+
+@pytest.fixture(scope="module")
+def portable(tiny_model, tmp_path_factory):
+    """kiln optimize of the tiny BERT with two variants, asked --for this CPU's class and another."""
+    out = tmp_path_factory.mktemp("portable") / "out"
+    OptimizeJob(OptimizeConfig(model=str(tiny_model("bert")), task=TaskName.FEATURE_EXTRACTION, output=out,
+                               variants=("onnx-fp32", "onnx-int8-dynamic"), for_classes=(HERE, ELSEWHERE))).run()
+    return out
+
+
+def test_optimize_stores_the_agreement_inputs_and_the_classes_it_could_not_check(portable):
+    build = Artifact.open(portable).manifest.build
+    inputs = json.loads((portable / build.agreement_inputs).read_text())
+    assert len(inputs) >= 32 and all(isinstance(t, str) for t in inputs)
+    assert list(build.unchecked_classes) == [ELSEWHERE]  # this CPU's class is validated, not recorded
+    assert "cannot emulate" in build.unchecked_classes[ELSEWHERE]
+    best = Artifact.open(portable / "best").manifest.build  # the copy carries what re-validates it
+    assert best.cpu == build.cpu and (portable / "best" / best.agreement_inputs).is_file()
+
+
+def test_for_names_its_allowed_classes():
+    with pytest.raises(UsageError, match="--for takes CPU classes of: amx, avx512-vnni"):
+        OptimizeConfig(model=None, task="feature-extraction", output=None, for_classes=("avx3",))
+
+
+def test_the_building_class_runs_the_recorded_best_unchecked(portable, monkeypatch):
+    monkeypatch.delenv(cpu_pick.CLASS_OVERRIDE, raising=False)
+    art = Artifact.open(portable)
+    pick = art.cpu_pick()
+    assert pick.variant == art.manifest.build.best and pick.checked == {} and HERE in pick.reason
+
+
+def test_a_new_class_re_validates_every_accepted_variant_once_and_caches_it(portable, tmp_path, monkeypatch):
+    monkeypatch.setenv(cpu_pick.CLASS_OVERRIDE, ELSEWHERE)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    art = Artifact.open(portable)
+    accepted = {n for n, r in art.manifest.variants.items() if r.status.value == "accepted"}
+    pick = art.cpu_pick()
+    assert set(pick.checked) == accepted and pick.cpu_class == ELSEWHERE and pick.built_on == HERE
+    passed = {n: c for n, c in pick.checked.items() if c["accepted"]}
+    assert pick.variant == min(passed, key=lambda n: passed[n]["ms_per_input"])  # the fastest that passes
+    assert "re-validated on" in pick.reason and art.variant_name() == pick.variant
+    assert (portable / cpu_pick.PICKS_DIR / f"{ELSEWHERE}.json").is_file()
+
+    def never(*_):
+        raise AssertionError("re-validated again instead of reading the cached verdict")
+
+    monkeypatch.setattr(cpu_pick, "_revalidate", never)
+    assert Artifact.open(portable).cpu_pick() == pick  # the cache, keyed by the manifest, answers
+    result = CliRunner().invoke(app, ["info", str(portable)])
+    assert result.exit_code == 0 and f"runs here  {pick.variant}: re-validated on {ELSEWHERE}" in result.output
+    assert f"unchecked  {ELSEWHERE}:" in result.output
+
+
+def test_a_read_only_artifact_caches_under_the_user_cache(portable, tmp_path, monkeypatch):
+    monkeypatch.setenv(cpu_pick.CLASS_OVERRIDE, "baseline")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    blocked = tmp_path / "read-only"
+    blocked.write_text("a file where the cache directory would go: mkdir fails as on a read-only artifact")
+    monkeypatch.setattr(cpu_pick, "_places", lambda art, here: [blocked / cpu_pick.PICKS_DIR / f"{here}.json",
+                                                                 tmp_path / "kiln" / f"{here}.json"])
+    pick = Artifact.open(portable).cpu_pick()
+    assert json.loads((tmp_path / "kiln" / "baseline.json").read_text())["pick"]["variant"] == pick.variant
+
+
+def test_when_nothing_passes_on_the_new_class_the_best_runs_with_a_warning(portable, tmp_path, monkeypatch,
+                                                                           caplog):
+    """Fault injection: the gate refuses every variant on this class."""
+    from kiln.validation import gate
+
+    monkeypatch.setenv(cpu_pick.CLASS_OVERRIDE, "amx" if HERE != "amx" else "avx2")
+    monkeypatch.setattr(cpu_pick, "_places", lambda art, here: [tmp_path / f"{here}.json"])
+    real = gate.judge
+    monkeypatch.setattr(gate, "judge", lambda *a, **k: dataclasses.replace(real(*a, **k), accepted=False,
+                                                                           reason="refused by the test"))
+    with caplog.at_level(logging.WARNING, logger="kiln"):
+        art = Artifact.open(portable)
+        pick = art.cpu_pick()
+    assert pick.variant == art.manifest.build.best and not any(c["accepted"] for c in pick.checked.values())
+    assert "no variant passed re-validation" in pick.reason and "no variant passed" in caplog.text
