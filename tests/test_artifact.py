@@ -81,3 +81,21 @@ def test_malformed_manifest(tiny_artifact, tmp_path):
 def test_unknown_variant_lists_choices(tiny_artifact):
     with pytest.raises(Exception, match=r"--variant must be one of: onnx-fp32 \(got 'nope'\)"):
         Artifact.open(tiny_artifact).predictor("nope")
+
+
+def test_a_signal_right_after_the_staging_directory_is_made_leaves_nothing(tmp_path, monkeypatch):
+    """Fault injection: Ctrl-C (or SIGTERM made an exception) lands the instant the .partial exists, before any
+    build step: the staging directory is still removed (it was once made outside the cleanup's reach)."""
+    from pathlib import Path
+
+    real = Path.mkdir
+
+    def interrupted(self, *args, **kwargs):
+        real(self, *args, **kwargs)
+        if self.name.endswith(".partial"):
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(Path, "mkdir", interrupted)
+    with pytest.raises(KeyboardInterrupt), staged_directory(tmp_path / "art", overwrite=False):
+        pass
+    assert list(tmp_path.iterdir()) == []

@@ -170,5 +170,5 @@ def unchecked_classes(wanted: Sequence[str], cpu: CpuInfo) -> dict[str, str]:
     """kiln optimize --for: each class other than this CPU's, with why it was not validated here."""
     here = cpu_class(cpu.features)
     return {c: f"this CPU is {here}; ONNX Runtime and OpenVINO pick their kernels by the CPU they run on and "
-               f"cannot emulate {c}'s here, so the variants are re-validated on the stored agreement inputs when "
-               f"the artifact first loads on a {c} CPU" for c in wanted if c != here}
+               f"cannot emulate {c}'s here, so the variants are re-validated on the stored agreement inputs the "
+               f"first time the artifact loads on a CPU of class {c}" for c in wanted if c != here}

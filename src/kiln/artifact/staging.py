@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import secrets
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -24,13 +25,25 @@ def staged_directory(target: Path, *, overwrite: bool) -> Iterator[Path]:
     if target.exists() and not target.is_dir():
         raise ArtifactError(f"{target} exists and is a file; choose a directory path for -o")
     target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".partial", dir=target.parent))
+    # The name is chosen before the directory exists and the directory is made inside the try: a signal turned
+    # into an exception (SIGTERM, Ctrl-C) between mkdtemp's mkdir and the try left the .partial behind (seen in
+    # tests/test_cli.py's terminated export on a loaded machine).
+    staging = _unused_name(target)
     try:
+        staging.mkdir(mode=0o700)
         yield staging
         _swap_into_place(staging, target)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+
+
+def _unused_name(target: Path) -> Path:
+    """``.<name>.<random>.partial`` beside ``target``, not yet taken (64 random bits: no other writer picks it)."""
+    while True:
+        staging = target.parent / f".{target.name}.{secrets.token_hex(8)}.partial"
+        if not staging.exists():
+            return staging
 
 
 def _swap_into_place(staging: Path, target: Path) -> None:
