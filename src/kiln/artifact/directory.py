@@ -177,7 +177,8 @@ def copy_variant(root: Path, manifest: Manifest, name: str | None, dest: Path) -
 
 def variant_files(root: Path, manifest: Manifest, record: VariantRecord | None) -> list[str]:
     """What a variant needs beside it (paths relative to ``root``): its files, the kept fp32 reference (live
-    agreement), the tokenizer and the output calibration (output precision's ranges); the tokenizer alone for None."""
+    agreement), the tokenizer, the output calibration (output precision's ranges) and the stored agreement inputs
+    (re-validation on another CPU class); the tokenizer alone for None."""
     tokenizer_dir = Path(manifest.tokenizer.path).parent
     tokenizer_files = [p.relative_to(root).as_posix() for p in (root / tokenizer_dir).rglob("*") if p.is_file()]
     reference = manifest.build.reference_variant if record else None
