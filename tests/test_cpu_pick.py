@@ -79,7 +79,7 @@ def test_a_read_only_artifact_caches_under_the_user_cache(portable, tmp_path, mo
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     blocked = tmp_path / "read-only"
     blocked.write_text("a file where the cache directory would go: mkdir fails as on a read-only artifact")
-    monkeypatch.setattr(cpu_pick, "_places", lambda art, here: [blocked / cpu_pick.PICKS_DIR / f"{here}.json",
+    monkeypatch.setattr(cpu_pick, "_places", lambda art, here, key: [blocked / cpu_pick.PICKS_DIR / f"{here}.json",
                                                                  tmp_path / "kiln" / f"{here}.json"])
     pick = Artifact.open(portable).cpu_pick()
     assert json.loads((tmp_path / "kiln" / "baseline.json").read_text())["pick"]["variant"] == pick.variant
@@ -91,7 +91,7 @@ def test_when_nothing_passes_on_the_new_class_the_best_runs_with_a_warning(porta
     from kiln.validation import gate
 
     monkeypatch.setenv(cpu_pick.CLASS_OVERRIDE, "amx" if HERE != "amx" else "avx2")
-    monkeypatch.setattr(cpu_pick, "_places", lambda art, here: [tmp_path / f"{here}.json"])
+    monkeypatch.setattr(cpu_pick, "_places", lambda art, here, key: [tmp_path / f"{here}.json"])
     real = gate.judge
     monkeypatch.setattr(gate, "judge", lambda *a, **k: dataclasses.replace(real(*a, **k), accepted=False,
                                                                            reason="refused by the test"))

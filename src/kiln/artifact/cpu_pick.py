@@ -75,12 +75,12 @@ def pick_variant(artifact: Artifact) -> CpuPick:
                        "agreement inputs or fp32 reference to re-validate with: its choice runs unchecked here")
         log.warning("%s", pick.reason)
         return pick
-    pick = _revalidate(artifact, here, built_on)
+    pick = _revalidate(artifact, best, here, built_on)
     _write(artifact, pick)
     return pick
 
 
-def _revalidate(artifact: Artifact, here: str, built_on: str) -> CpuPick:
+def _revalidate(artifact: Artifact, best: str, here: str, built_on: str) -> CpuPick:
     """Judge and time every accepted variant on the stored inputs, on this CPU."""
     from kiln.artifact.directory import ServingPlan
     from kiln.bench.measure import time_predictor
@@ -108,7 +108,6 @@ def _revalidate(artifact: Artifact, here: str, built_on: str) -> CpuPick:
                  f", {timing.ms_per_sequence:.2f} ms per input" if timing else "")
     passed = {n: c for n, c in checked.items() if c["accepted"]}
     if not passed:
-        best = build.best or next(iter(artifact.manifest.variants))
         pick = CpuPick(best, here, built_on, f"no variant passed re-validation on {here}; running kiln optimize's "
                        f"choice {best} outside its tolerance here", checked)
         log.warning("%s", pick.reason)
@@ -122,15 +121,15 @@ def _key(artifact: Artifact) -> str:
     return hashlib.sha256((artifact.path / "manifest.json").read_bytes()).hexdigest()[:16]
 
 
-def _places(artifact: Artifact, here: str) -> list[Path]:
-    """Where a class's verdict is cached: beside the artifact, else under the user's cache."""
-    home = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "kiln" / PICKS_DIR / _key(artifact)
+def _places(artifact: Artifact, here: str, key: str) -> list[Path]:
+    """Where a class's verdict is cached: beside the artifact, else under the user's cache (by manifest ``key``)."""
+    home = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "kiln" / PICKS_DIR / key
     return [artifact.path / PICKS_DIR / f"{here}.json", home / f"{here}.json"]
 
 
 def _read(artifact: Artifact, here: str) -> CpuPick | None:
     key = _key(artifact)
-    for path in _places(artifact, here):
+    for path in _places(artifact, here, key):
         try:
             raw = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError):
@@ -142,8 +141,9 @@ def _read(artifact: Artifact, here: str) -> CpuPick | None:
 
 def _write(artifact: Artifact, pick: CpuPick) -> None:
     """Atomically, to the first place that takes it; a read-only filesystem everywhere only costs a re-check."""
-    body = json.dumps({"manifest": _key(artifact), "pick": pick.to_dict()}, indent=2)
-    for path in _places(artifact, pick.cpu_class):
+    key = _key(artifact)
+    body = json.dumps({"manifest": key, "pick": pick.to_dict()}, indent=2)
+    for path in _places(artifact, pick.cpu_class, key):
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_suffix(".json.tmp")

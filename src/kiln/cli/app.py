@@ -23,9 +23,10 @@ from kiln.cli.audit import audit
 from kiln.cli.bench import bench
 from kiln.cli.compress import distill, prune
 from kiln.cli.embed import embed
-from kiln.cli.options import DEFAULT_TASK_OPT, ForceOpt, ModelArg, PickleOpt, TaskOpt, int_list
+from kiln.cli.options import DEFAULT_TASK_OPT, ForceOpt, ModelArg, PickleOpt, TaskOpt, int_list, name_list
 from kiln.cli.serve import serve
 from kiln.errors import KilnError
+from kiln.system.cpu import CPU_CLASS_NAMES
 from kiln.tasks import TASKS
 
 app = typer.Typer(
@@ -156,8 +157,8 @@ def optimize(
         help="Largest recall@10 loss (and NDCG@10 loss against float32's, when measured) a stored size and "
         "precision may have.", min=0.0, max=1.0)] = 0.03,
     for_classes: Annotated[Optional[str], typer.Option(  # noqa: UP045
-        "--for", help="CPU classes the artifact will run on, e.g. avx2,avx512-vnni,amx (of amx, avx512-vnni, "
-        "avx-vnni, avx512, avx2, baseline). This CPU's class is validated here; the runtimes cannot emulate "
+        "--for", help="CPU classes the artifact will run on, e.g. avx2,avx512-vnni,amx (of "
+        f"{', '.join(CPU_CLASS_NAMES)}). This CPU's class is validated here; the runtimes cannot emulate "
         "another class's kernels, so each other one is recorded as unchecked, and its variants are re-validated "
         "on the stored agreement inputs the first time the artifact loads on such a CPU.",
         show_default=False)] = None,
@@ -180,13 +181,13 @@ def optimize(
     config = OptimizeConfig(
         model=model, task=task.value, output=output, tolerance=tolerance, eval_file=eval_file,
         calibration_file=calibration, calibration_method=calibration_method, target=target,
-        variants=tuple(v.strip() for v in variants.split(",") if v.strip()) if variants else None,
+        variants=name_list(variants) or None,
         threads=threads, batch_size=batch_size, allow_pickle=allow_pickle, overwrite=force,
         sensitivity=sensitivity, reference=reference,
         matryoshka_dims=int_list(matryoshka_dims, "--matryoshka-dims") or (),
-        precisions=tuple(v.strip() for v in precisions.split(",") if v.strip()) if precisions else (),
+        precisions=name_list(precisions),
         retrieval_tolerance=retrieval_tolerance,
-        for_classes=tuple(v.strip() for v in for_classes.split(",") if v.strip()) if for_classes else (),
+        for_classes=name_list(for_classes),
     )
     students = StudentPlan(parse_students(distill_layers, prune or (),  # before the long run: a typo fails at once
                                           int_list(static_dims, "--static-dims") or ()),

@@ -31,6 +31,11 @@ PickleOpt = Annotated[
 DEFAULT_TASK_OPT = TaskName(DEFAULT_TASK)
 
 
+def name_list(value: str | None) -> tuple[str, ...]:
+    """``"a, b,"`` as ("a", "b"): the names of a comma-separated option, blanks dropped; () for None."""
+    return tuple(v.strip() for v in value.split(",") if v.strip()) if value else ()
+
+
 def int_list(value: str | None, flag: str) -> tuple[int, ...] | None:
     """``"1,8,32"`` as (1, 8, 32); a UsageError naming ``flag`` for anything else."""
     from kiln.errors import UsageError

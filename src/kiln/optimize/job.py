@@ -43,7 +43,7 @@ from kiln.optimize.variants import VARIANTS, VariantSpec, default_variants, remo
 from kiln.report.html import write_report
 from kiln.runtime.precision import CALIBRATION_FILE, parse_precision
 from kiln.runtime.predictor import Predictor
-from kiln.system.cpu import CPU_CLASSES, cpu_info, int8_scheme
+from kiln.system.cpu import CPU_CLASS_NAMES, cpu_info, int8_scheme
 from kiln.system.invocation import invocation
 from kiln.system.memory import release_freed
 from kiln.tasks import TASKS, task_spec
@@ -122,9 +122,9 @@ class OptimizeConfig:
             kinds = ", ".join(name for name, spec in TASKS.items() if spec.embeds or spec.multi_vectors)
             raise UsageError(f"--precisions applies to tasks whose results are stored vectors ({kinds}); this run is "
                              f"--task {self.task}")
-        known = [*CPU_CLASSES, "baseline"]
-        if unknown_classes := [c for c in self.for_classes if c not in known]:
-            raise UsageError(f"--for takes CPU classes of: {', '.join(known)} (got {', '.join(unknown_classes)})")
+        if unknown_classes := [c for c in self.for_classes if c not in CPU_CLASS_NAMES]:
+            raise UsageError(f"--for takes CPU classes of: {', '.join(CPU_CLASS_NAMES)} "
+                             f"(got {', '.join(unknown_classes)})")
         if not 0 < self.retrieval_tolerance < 1:
             raise UsageError(f"--retrieval-tolerance must be between 0 and 1 (got {self.retrieval_tolerance:g})")
 

@@ -57,28 +57,26 @@ class Captured:
         return cls(np.asarray(x, np.float32), low, high)
 
 
+def _asymmetric(x: np.ndarray, low: np.ndarray | float, high: np.ndarray | float) -> np.ndarray:
+    """``x`` rounded to 8 unsigned bits over [low, high] (widened to hold 0) and back; the range per tensor (scalars)
+    or per output channel (arrays broadcast along ``x``'s last axis)."""
+    low, high = np.minimum(low, 0.0), np.maximum(high, 0.0)
+    scale = np.maximum(high - low, 1e-12) / 255.0
+    zero = np.round(-low / scale)
+    return (np.clip(np.round(x / scale) + zero, 0, 255) - zero) * scale
+
+
 def _quantized_weight(w: np.ndarray, mode: Int8Mode) -> np.ndarray:
     """``w`` [in, out] rounded to int8 per output channel and back: symmetric, or asymmetric for weight-only."""
     if mode is Int8Mode.WEIGHTS:
-        lo, hi = np.minimum(w.min(axis=0), 0.0), np.maximum(w.max(axis=0), 0.0)
-        scale = np.maximum(hi - lo, 1e-12) / 255.0
-        zero = np.round(-lo / scale)
-        return (np.clip(np.round(w / scale) + zero, 0, 255) - zero) * scale
+        return _asymmetric(w, w.min(axis=0), w.max(axis=0))
     scale = np.maximum(np.abs(w).max(axis=0), 1e-12) / 127.0
     return np.clip(np.round(w / scale), -127, 127) * scale
 
 
-def _quantized_input(x: np.ndarray, x_range: tuple[float, float]) -> np.ndarray:
-    """``x`` rounded to uint8 over ``x_range`` (asymmetric, per tensor) and back."""
-    lo, hi = min(x_range[0], 0.0), max(x_range[1], 0.0)
-    scale = max(hi - lo, 1e-12) / 255.0
-    zero = np.round(-lo / scale)
-    return (np.clip(np.round(x / scale) + zero, 0, 255) - zero) * scale
-
-
 def _fake_quant_error(x: np.ndarray, w: np.ndarray, wq: np.ndarray, x_range: tuple[float, float] | None) -> float:
     """Relative error of the int8 layer's output on ``x``; ``x_range`` None: activations stay float."""
-    xq = x if x_range is None else _quantized_input(x, x_range).astype(np.float32)
+    xq = x if x_range is None else _asymmetric(x, *x_range).astype(np.float32)
     y = x @ w
     return float(np.linalg.norm(xq @ wq - y) / max(float(np.linalg.norm(y)), 1e-12))
 
@@ -115,12 +113,11 @@ def rank_layers(graph: Path, batches: Sequence[dict[str, np.ndarray]], *,
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     del model
     inputs = {i.name for i in session.get_inputs()}
-    names = [o.name for o in session.get_outputs()]
-    wanted = {n.input[0] for n, _ in targets}
+    wanted = sorted({n.input[0] for n, _ in targets})
     runs = []
-    for b in batches:  # only the captured activations are kept, thinned to the rows the error is measured on
-        out = session.run(None, {k: v for k, v in b.items() if k in inputs})
-        runs.append({name: Captured.of(value) for name, value in zip(names, out) if name in wanted})
+    for b in batches:  # only the captured activations are fetched, thinned to the rows the error is measured on
+        out = session.run(wanted, {k: v for k, v in b.items() if k in inputs})
+        runs.append({name: Captured.of(value) for name, value in zip(wanted, out)})
     layers = [(node.name, w, [r[node.input[0]] for r in runs]) for node, w in targets]
     return rank_by_int8_error(layers, mode=mode)
 

@@ -96,10 +96,12 @@ def cpu_info() -> CpuInfo:
 # 7-bit weights, VNNI's VPDPBUSD, AMX tiles), so a variant validated on one class is not validated on another.
 CPU_CLASSES = {"amx": {"amx-int8"}, "avx512-vnni": {"avx512-vnni"}, "avx-vnni": {"avx-vnni"},
                "avx512": {"avx512"}, "avx2": {"avx2"}}
+BASELINE_CLASS = "baseline"  # none of the above: the architecture's portable kernels
+CPU_CLASS_NAMES = (*CPU_CLASSES, BASELINE_CLASS)
 
 
 def cpu_class(features: Sequence[str]) -> str:
-    """The class of a CPU with ``features`` (CpuInfo.features): the first of CPU_CLASSES it has, else its
-    architecture's baseline ("baseline")."""
+    """The class of a CPU with ``features`` (CpuInfo.features): the first of CPU_CLASSES it has, else
+    BASELINE_CLASS."""
     have = set(features)
-    return next((name for name, needs in CPU_CLASSES.items() if needs <= have), "baseline")
+    return next((name for name, needs in CPU_CLASSES.items() if needs <= have), BASELINE_CLASS)
