@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from kiln.errors import UsageError
-from kiln.optimize.sensitivity import exclusion_search
+from kiln.optimize.sensitivity import RankedLayer, SearchResult, exclusion_search, paying_limit
 from kiln.tasks import TaskName, task_spec
 from kiln.validation.figures import Agreement
 from kiln.validation.gate import judge, tolerance_for
@@ -47,7 +47,7 @@ def test_search_finds_the_smallest_passing_count(needed, expected_calls):
         calls.append(len(excluded))
         return len(excluded) / 36, len(excluded) >= needed
 
-    result = exclusion_search([(f"layer{i}", 1.0 - i / 36) for i in range(36)], attempt, max_share=1.0)
+    result = exclusion_search([f"layer{i}" for i in range(36)], attempt, max_share=1.0)
     assert result.accepted and len(result.excluded) == needed
     assert result.excluded == tuple(f"layer{i}" for i in range(needed))  # worst-ranked first
     assert calls == expected_calls  # the last build is the returned set
@@ -60,7 +60,7 @@ def test_search_gives_up_when_excluding_stops_helping():
         calls.append(len(excluded))
         return 0.5, False  # never improves
 
-    result = exclusion_search([(f"layer{i}", 1.0) for i in range(36)], attempt)
+    result = exclusion_search([f"layer{i}" for i in range(36)], attempt)
     assert not result.accepted and result.excluded == ()
     assert calls == [1, 2, 4]  # two rounds without improvement after the first
 
@@ -73,5 +73,33 @@ def test_search_stops_where_passing_would_keep_most_layers_in_fp32():
         calls.append(len(excluded))
         return len(excluded) / 36, len(excluded) >= 20
 
-    result = exclusion_search([(f"layer{i}", 1.0) for i in range(36)], attempt)
+    result = exclusion_search([f"layer{i}" for i in range(36)], attempt)
     assert not result.accepted and calls == [1, 2, 4, 8, 16, 18]
+
+
+def test_search_keeps_no_more_layers_in_fp32_than_can_pay():
+    """The caller's limit (paying_limit) bounds the doubling; a limit of 0 makes no attempt at all."""
+    calls: list[int] = []
+
+    def attempt(excluded):
+        calls.append(len(excluded))
+        return len(excluded) / 36, len(excluded) >= 20
+
+    result = exclusion_search([f"layer{i}" for i in range(36)], attempt, limit=6)
+    assert not result.accepted and calls == [1, 2, 4, 6]
+    calls.clear()
+    assert exclusion_search([f"layer{i}" for i in range(36)], attempt, limit=0) == SearchResult((), (), False)
+    assert calls == []
+
+
+def test_paying_limit_predicts_time_by_the_weights_kept_in_fp32():
+    head, blocks = RankedLayer("head", 0.9, 400), [RankedLayer(f"b{i}", 0.1, 100) for i in range(6)]
+    # fully int8 4 ms, its float graph 10 ms and the fastest accepted too: half the gain is 7 ms, i.e. half the
+    # weights (500 of 1,000) may stay in fp32.
+    assert paying_limit([*blocks, head], quantized_ms=4, float_ms=10, best_ms=10) == 5
+    # The head first: 400 of 1,000 weights, then one block more reaches 500.
+    assert paying_limit([head, *blocks], quantized_ms=4, float_ms=10, best_ms=10) == 2
+    # A faster variant accepted already (6 ms): at most (6 - 4) / 2 = 1 ms of the 6 ms span, 1/6 of the weights.
+    assert paying_limit([*blocks, head], quantized_ms=4, float_ms=10, best_ms=6) == 1
+    # Fully int8 is no faster than what passed already: nothing to search.
+    assert paying_limit([*blocks, head], quantized_ms=7, float_ms=10, best_ms=6) == 0

@@ -146,6 +146,25 @@ def test_tight_tolerance_triggers_sensitivity_and_records_it(tiny_model, tmp_pat
     assert not refused.record.recipe[-1].get("excluded_nodes")  # the fully quantized files the rejection describes
 
 
+def test_int8_search_keeps_no_more_layers_in_fp32_than_can_pay(tiny_model, tmp_path):
+    """The search's bound comes from this run's own timings (fully int8, the float graph it quantizes, the fastest
+    accepted variant), is said in the sensitivity record, and no attempt passes it."""
+    import re
+
+    model = str(tiny_model("bert"))
+    summary = OptimizeJob(OptimizeConfig(model=model, task=TaskName.FEATURE_EXTRACTION, output=tmp_path / "o",
+                                         tolerance=1e-6, variants=("onnx-fp32", "onnx-int8-static"))).run()
+    fp32, int8 = (next(o for o in summary.outcomes if o.name == n) for n in ("onnx-fp32", "onnx-int8-static"))
+    assert fp32.status == "accepted" and fp32.timing is not None
+    bound = int8.sensitivity.limit
+    if bound.startswith("not searched"):  # the tiny model's int8 kernels need not be faster than its fp32
+        assert int8.sensitivity.rounds == () and "not searched" in int8.reason
+    else:
+        limit = int(re.match(r"searching up to (\d+) of (\d+) layers", bound).group(1))
+        assert int8.sensitivity.rounds and max(r.excluded for r in int8.sensitivity.rounds) <= limit
+    assert "onnx-fp32" in bound and "ms a text" in bound
+
+
 def test_nothing_passing_is_an_error_with_every_reason(tiny_model, tmp_path):
     with pytest.raises(NothingPassed, match=r"no variant passed the gate \(torch-int8-dynamic rejected: "
                                             r"min_cosine 0\.\d+ < 0\.9999990"):

@@ -18,7 +18,7 @@ def test_openvino_int8_excludes_layers_by_their_ir_names(tiny_artifact, tmp_path
     convert(tiny_artifact / "onnx-fp32" / "model.onnx", ir)
     ranking = rank_ir_layers(ir, batches, mode=Int8Mode.STATIC)
     assert len(ranking) == 12  # 2 layers x (q, k, v, attention output, FFN in, FFN out)
-    excluded = [name for name, _ in ranking[:2]]
+    excluded = [layer.name for layer in ranking[:2]]
     quantize_int8(ir, tmp_path / "int8" / "model.xml", batches, ignored=excluded)
     quantized = fake_quantized_inputs(tmp_path / "int8" / "model.xml")
     assert len(quantized) == 10 and not set(excluded) & quantized  # the ranked names are the IR's, and honoured
@@ -73,7 +73,7 @@ def test_onnx_ranking_counts_gemm_layers_as_the_quantizer_does(gpt2_export):
     opened = Artifact.open(art)
     encoder, handler = opened.encoder(), task_handler(opened.task_config)
     batches = [handler.graph_feed(encoder.collate(encoder.encode([t]))) for t in builtin_sentences()[:3]]
-    ranked = dict(rank_layers(graph, batches, mode=Int8Mode.DYNAMIC))
+    ranked = {r.name: r.error for r in rank_layers(graph, batches, mode=Int8Mode.DYNAMIC)}
     assert set(gemms) <= set(ranked) and all(e > 0 for e in ranked.values())
 
 
@@ -90,11 +90,12 @@ def test_weight_only_ranking_ignores_activation_outliers():
     spiky = calm.copy()
     spiky[0, 0] = 500.0  # one outlier widens the activation range 100-fold
     layers = [("calm", w, [Captured.of(calm)]), ("spiky", w, [Captured.of(spiky)])]
-    dynamic = dict(rank_by_int8_error(layers, mode=Int8Mode.DYNAMIC))
-    weights = dict(rank_by_int8_error(layers, mode=Int8Mode.WEIGHTS))
+    dynamic = {r.name: r.error for r in rank_by_int8_error(layers, mode=Int8Mode.DYNAMIC)}
+    weights = {r.name: r.error for r in rank_by_int8_error(layers, mode=Int8Mode.WEIGHTS)}
     assert dynamic["spiky"] > 10 * dynamic["calm"]
     assert weights["spiky"] < 2 * weights["calm"] and weights["calm"] < dynamic["calm"]
-    assert rank_by_int8_error(layers, mode=Int8Mode.DYNAMIC)[0][0] == "spiky"
+    assert rank_by_int8_error(layers, mode=Int8Mode.DYNAMIC)[0].name == "spiky"
+    assert {r.weights for r in rank_by_int8_error(layers, mode=Int8Mode.DYNAMIC)} == {64 * 32}
 
 
 def test_dynamic_int8_keeps_excluded_gemm_layers_in_fp32(gpt2_export, tmp_path):

@@ -38,7 +38,7 @@ from kiln.model.source import SourceModel, load_source
 from kiln.optimize import datasets
 from kiln.optimize.context import BuildContext, BuiltVariant
 from kiln.optimize.outcome import Outcome, RunSummary, write_stored_vectors, write_summaries
-from kiln.optimize.sensitivity import exclusion_search
+from kiln.optimize.sensitivity import RankedLayer, exclusion_search, paying_limit
 from kiln.optimize.variants import VARIANTS, VariantSpec, default_variants, remove_variant_files
 from kiln.report.html import write_report
 from kiln.runtime.precision import CALIBRATION_FILE, parse_precision
@@ -180,10 +180,14 @@ class OptimizeJob:
             tokenizer = write_tokenizer(self.source, stage)
             self.ctx = BuildContext(self.source, stage, self.reference.encoder, self.work.calibration, self.cpu,
                                     int8_scheme(self.cpu), cfg.target, cfg.calibration_method, scratch=Path(scratch))
-            # Each stage's engines are dropped when it ends: hand their memory back before the next one loads.
-            outcomes = [_released(self._variant(VARIANTS[name])) for name in cfg.variant_names()]
+            # Each variant is timed as soon as it is judged (an int8 search bounds itself by the times of those
+            # before it), and each stage's engines are dropped when it ends: their memory goes back before the
+            # next one loads.
+            self.outcomes: list[Outcome] = []
+            for name in cfg.variant_names():
+                self.outcomes.append(_released(self._time(_released(self._variant(VARIANTS[name])))))
+            outcomes = self.outcomes
             reference_timing, attention = _released(self._time_reference())
-            outcomes = [_released(self._time(o)) for o in outcomes]
             best = choose(outcomes)
             kept = self._reference_variant()
             self._prune(outcomes, kept)
@@ -255,7 +259,7 @@ class OptimizeJob:
         start = time.perf_counter()
         try:
             checked = self._build_and_check(spec, ())
-            sensitivity = None
+            sensitivity, timing = None, None
             search = self.config.sensitivity and self.own_loss is None
             if not checked.verdict.accepted and self.own_loss and (spec.alternatives or spec.rank):
                 self.progress(f"{spec.name}: {checked.verdict.reason}; no precision search: {self.own_loss}")
@@ -264,7 +268,7 @@ class OptimizeJob:
                 checked = self._alternatives(spec, checked)
             if not checked.verdict.accepted and spec.rank is not None and search:
                 self.progress(f"{spec.name}: {checked.verdict.reason}; ranking layers by int8 sensitivity")
-                checked, sensitivity = self._exclude(spec, checked)
+                checked, sensitivity, timing = self._exclude(spec, checked)
         except KilnError as err:
             if isinstance(err, UsageError):
                 raise  # the user's input is wrong for every variant alike
@@ -278,7 +282,8 @@ class OptimizeJob:
                           batched=checked.batched if Batching.ALONE in checked.batched.agreements else None,
                           size_bytes=sum((self.ctx.stage / f).stat().st_size for f in checked.built.files),
                           parameters=checked.parameters, sensitivity=sensitivity,
-                          build_seconds=time.perf_counter() - start)
+                          build_seconds=time.perf_counter() - start,
+                          timing=timing if checked.verdict.accepted else None)
         self.progress(f"{spec.name}: {status.value} ({checked.verdict.reason})")
         return outcome
 
@@ -334,12 +339,15 @@ class OptimizeJob:
         spec.build(self.ctx, (), **best.parameters)  # leave the best attempt's files on disk
         return best
 
-    def _exclude(self, spec: VariantSpec, full: Checked) -> tuple[Checked, Sensitivity]:
-        """Rebuild with the most int8-sensitive layers kept in fp32 until the gate passes."""
-        ranking = spec.rank(self.ctx, self.ctx.calibration_batches()[:16])
-        timing_set = self.work.timing[:64]
+    def _exclude(self, spec: VariantSpec, full: Checked) -> tuple[Checked, Sensitivity, Timing | None]:
+        """Rebuild with the most int8-sensitive layers kept in fp32 until the gate passes, keeping no more than can
+        pay (``_search_limit``). The chosen set's timing comes back with it: the run's own timing of the variant."""
         # Timed now, while the files on disk are the fully quantized ones the search starts from.
-        full_seconds = time_predictor(self._predictor(full.built.record(), timed=True), timing_set, rounds=1).seconds
+        full_timing = time_predictor(self._predictor(full.built.record(), timed=True), self.work.timing, rounds=1)
+        limit, why, bound, ranking = self._search_limit(
+            spec, lambda: spec.rank(self.ctx, self.ctx.calibration_batches()[:16]), full_timing)
+        if why:
+            self.progress(f"{spec.name}: {why}")
         attempts: dict[int, Checked] = {}
 
         def attempt(excluded: list[str]) -> tuple[float, bool]:
@@ -351,23 +359,54 @@ class OptimizeJob:
                           f"(sorted batches)")
             return candidate.agreement.value, candidate.verdict.accepted
 
-        search = exclusion_search(ranking, attempt)
-        top = tuple((name, error) for name, error in ranking[:10])
-        confirmed = self._confirm(spec, full, ranking, attempts, len(search.excluded)) if search.accepted else None
+        names = [layer.name for layer in ranking]
+        search = exclusion_search(names, attempt, limit=limit)
+        top = tuple((layer.name, layer.error) for layer in ranking[:10])
+        confirmed = self._confirm(spec, full, names, attempts, len(search.excluded)) if search.accepted else None
         if confirmed is None:
             spec.build(self.ctx, (), **full.parameters)  # leave the fully quantized files the rejection describes
-            return full, Sensitivity(top, search.rounds, (), False)
+            if bound and (limit == 0 or any(r.excluded == limit for r in search.rounds)):  # the bound stopped it
+                full = dataclasses.replace(full, verdict=dataclasses.replace(
+                    full.verdict, reason=f"{full.verdict.reason}; {bound}"))
+            return full, Sensitivity(top, search.rounds, (), False, limit=why), None
         excluded, chosen = confirmed
-        seconds = time_predictor(self._predictor(chosen.built.record(), timed=True), timing_set, rounds=1).seconds
-        return chosen, Sensitivity(top, search.rounds, excluded, True, speed_cost=seconds / full_seconds)
+        timing = time_predictor(self._predictor(chosen.built.record(), timed=True), self.work.timing)
+        return chosen, Sensitivity(top, search.rounds, excluded, True, speed_cost=timing.seconds / full_timing.seconds,
+                                   limit=why), timing
 
-    def _confirm(self, spec: VariantSpec, full: Checked, ranking: list[tuple[str, float]],
+    def _search_limit(self, spec: VariantSpec, rank: Callable[[], list[RankedLayer]], full: Timing
+                      ) -> tuple[int | None, str, str, list[RankedLayer]]:
+        """How many layers the search may keep in fp32, why (said in the log and the sensitivity record), the words
+        a rejection adds when that bound stops the search, and the ranking (not computed when nothing can pay).
+        None: exclusion_search's default share, where the float graph's time is not known (not built, or failed)."""
+        timed = [o for o in self.outcomes if o.status is Status.ACCEPTED and o.timing]
+        source = spec.quantizes(self.ctx) if spec.quantizes else None
+        float_timing = next((o.timing for o in timed if o.name == source), None)
+        if float_timing is None:
+            return None, "", "", rank()
+        best = min(timed, key=lambda o: o.timing.ms_per_sequence)
+        said = (f"fully int8 {full.ms_per_sequence:.1f} ms a text, {source} {float_timing.ms_per_sequence:.1f}, "
+                f"fastest accepted ({best.name}) {best.timing.ms_per_sequence:.1f}")
+        if full.ms_per_sequence >= best.timing.ms_per_sequence:
+            bound = f"not searched: fully int8, it is no faster than {best.name}"
+            return 0, f"{bound} ({said})", bound, []
+        ranking = rank()
+        limit = paying_limit(ranking, quantized_ms=full.ms_per_sequence, float_ms=float_timing.ms_per_sequence,
+                             best_ms=best.timing.ms_per_sequence)
+        bound = (f"none passed with up to {limit} of {len(ranking)} layers in fp32; more would keep less than half "
+                 f"of int8's gain over {best.name}") if limit else \
+            f"not searched: its most sensitive layer in fp32 would keep less than half of int8's gain over {best.name}"
+        return limit, (f"searching up to {limit} of {len(ranking)} layers in fp32: more would keep less than half of "
+                       f"int8's gain over {best.name}" if limit else bound) + \
+            f" ({said}; time predicted by the share of weights kept)", bound, ranking
+
+    def _confirm(self, spec: VariantSpec, full: Checked, names: list[str],
                  attempts: dict[int, Checked], settled: int) -> tuple[tuple[str, ...], Checked] | None:
         """The fewest layers kept in fp32 that pass every batching, and their check: the set the screened search
         settled on (its files are the last written), else the next larger set that passed the screen; None when
         none does."""
         for count in sorted(n for n, c in attempts.items() if c.verdict.accepted and n >= settled):
-            excluded = tuple(name for name, _ in ranking[:count])
+            excluded = tuple(names[:count])
             built = attempts[count].built if count == settled else spec.build(self.ctx, excluded, **full.parameters)
             checked = self._check(built, full.parameters)
             self.progress(f"{spec.name}: {count} layer(s) kept in fp32 -> {checked.verdict.reason} (every batching)")
@@ -393,7 +432,7 @@ class OptimizeJob:
 
     def _time(self, outcome: Outcome) -> Outcome:
         timed = (Status.ACCEPTED, Status.REJECTED) if self.config.time_rejected else (Status.ACCEPTED,)
-        if outcome.status not in timed or outcome.record is None:
+        if outcome.status not in timed or outcome.record is None or outcome.timing is not None:
             return outcome
         self.progress(f"timing {outcome.name}")
         try:

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from kiln.errors import missing_dependency
-from kiln.optimize.sensitivity import Int8Mode
+from kiln.optimize.sensitivity import Int8Mode, RankedLayer
 
 
 def _openvino():
@@ -102,8 +102,8 @@ def _weight(op) -> np.ndarray | None:
 
 
 def rank_ir_layers(path: Path, batches: Sequence[dict[str, np.ndarray]], *, mode: Int8Mode
-                   ) -> list[tuple[str, float]]:
-    """(IR op name, relative int8 error) of every MatMul with a constant weight, worst first.
+                   ) -> list[RankedLayer]:
+    """Every MatMul with a constant weight (by IR op name) and its relative int8 error, worst first.
 
     Ranks the OpenVINO model's own ops (activations captured from the IR itself), so the names handed to
     NNCF's ignored scope are names NNCF finds in the model it quantizes.

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -30,6 +31,14 @@ class Int8Mode(Choice):
     DYNAMIC = "dynamic"  # int8 weights (symmetric) and activations with each batch's own range
     STATIC = "static"  # int8 weights (symmetric) and activations with one range calibrated over every batch
     WEIGHTS = "weights"  # int8 weights only (asymmetric, as NNCF's INT8_ASYM); activations stay float
+
+
+class RankedLayer(NamedTuple):
+    """One quantizable layer in a sensitivity ranking."""
+
+    name: str  # as the variant's quantizer takes it in its exclusion list
+    error: float  # relative int8 output error on the calibration batches
+    weights: int  # its weight's parameter count: what keeping it in fp32 costs in speed (kiln.optimize.job)
 
 
 @dataclass(frozen=True)
@@ -95,7 +104,7 @@ def _constant_weight(node, weights: dict) -> np.ndarray | None:
 
 
 def rank_layers(graph: Path, batches: Sequence[dict[str, np.ndarray]], *,
-                mode: Int8Mode) -> list[tuple[str, float]]:
+                mode: Int8Mode) -> list[RankedLayer]:
     """(node name, relative int8 output error) for every MatMul, Gemm or Attention with a constant weight, worst
     first. Gemm counts: ONNX Runtime quantizes it like a MatMul, and GPT-2's Conv1D layers export as Gemm (ranking
     MatMuls alone left only GPT-2's head to exclude, so its search never ran)."""
@@ -123,16 +132,16 @@ def rank_layers(graph: Path, batches: Sequence[dict[str, np.ndarray]], *,
 
 
 def rank_by_int8_error(layers: Sequence[tuple[str, np.ndarray, Sequence[Captured]]], *,
-                       mode: Int8Mode) -> list[tuple[str, float]]:
-    """(name, mean relative int8 error) per (name, weight [in, out], captured input activations), worst first."""
+                       mode: Int8Mode) -> list[RankedLayer]:
+    """Each (name, weight [in, out], captured input activations) with its mean relative int8 error, worst first."""
     errors = []
     for name, w, captures in layers:
         w = np.asarray(w, np.float32)
         wq = _quantized_weight(w, mode).astype(np.float32)
         calibrated = (min(c.low for c in captures), max(c.high for c in captures))
         errs = [_fake_quant_error(c.rows, w, wq, _input_range(mode, c, calibrated)) for c in captures]
-        errors.append((name, float(np.mean(errs))))
-    return sorted(errors, key=lambda e: -e[1])
+        errors.append(RankedLayer(name, float(np.mean(errs)), int(w.size)))
+    return sorted(errors, key=lambda e: -e.error)
 
 
 def _input_range(mode: Int8Mode, capture: Captured, calibrated: tuple[float, float]) -> tuple[float, float] | None:
@@ -142,28 +151,58 @@ def _input_range(mode: Int8Mode, capture: Captured, calibrated: tuple[float, flo
     return calibrated if mode is Int8Mode.STATIC else (capture.low, capture.high)
 
 
+def paying_limit(ranking: Sequence[RankedLayer], *, quantized_ms: float, float_ms: float, best_ms: float) -> int:
+    """The most layers (taken in ranking order) the search may keep in fp32 while the variant keeps at least half
+    of int8's gain over the fastest variant accepted so far; 0 when even the fully quantized variant has no gain.
+
+    ``quantized_ms``: the fully quantized variant's time per text; ``float_ms``: the float graph it quantizes;
+    ``best_ms``: the fastest accepted variant's (all from the same timing inputs). A variant with layers kept in
+    fp32 is predicted between the two by the share of weights kept: matrix products dominate these models, and
+    int8 speeds up a layer in proportion to its weights. Past the limit a passing set would not be chosen (or
+    would keep so little of int8's gain that int8's risk is not worth it), so finding it is wasted: on GPT-2 small
+    openvino-int8-weights passed with 16 of 49 layers kept after 7 attempts and 240 s, and was then slower than
+    onnx-fp32 (benchmarks/optimize_profile.py, after7).
+    """
+    gain = best_ms - quantized_ms
+    if gain <= 0 or float_ms <= quantized_ms:
+        return 0
+    allowed = quantized_ms + gain / 2  # the slowest time that keeps half the gain
+    total = sum(layer.weights for layer in ranking) or 1
+    kept, limit = 0, 0
+    for count, layer in enumerate(ranking[:-1], start=1):  # at least one layer stays quantized
+        kept += layer.weights
+        if quantized_ms + (float_ms - quantized_ms) * kept / total > allowed:
+            break
+        limit = count
+    return limit
+
+
 def exclusion_search(
-    ranking: list[tuple[str, float]],
+    names: Sequence[str],
     attempt: Callable[[list[str]], tuple[float, bool]],
-    *, max_flat_rounds: int = 2, max_share: float = 0.5,
+    *, max_flat_rounds: int = 2, max_share: float = 0.5, limit: int | None = None,
 ) -> SearchResult:
-    """Keep the worst layers in fp32 until ``attempt`` (rebuild + validate) accepts, excluding as few as found.
+    """Keep the worst layers (``names``, worst first) in fp32 until ``attempt`` (rebuild + validate) accepts,
+    excluding as few as found.
 
     The count doubles (1, 2, 4, …) until one passes, then bisects down between the last failing and the
     first passing count. The search gives up when doubling stops improving the agreement figure (by 1% of its
-    distance to 1.0) twice in a row, or when passing would take more than ``max_share`` of the layers in fp32:
-    such a variant keeps less than half of int8's gain at int8's risk (GPT-2 small's dynamic int8 passed with 40
-    of its 49 layers in fp32, after 12 rebuilds and 300 s of checks: an fp32 variant in all but name).
+    distance to 1.0) twice in a row, or when passing would take more than ``limit`` layers in fp32: by default
+    ``max_share`` of them, where kiln optimize knows no timings to predict from (``paying_limit`` where it does).
+    A variant with most layers in fp32 keeps less than half of int8's gain at int8's risk (GPT-2 small's dynamic
+    int8 passed with 40 of its 49 layers in fp32, after 12 rebuilds and 300 s of checks: fp32 in all but name).
     The last call to ``attempt`` is always the returned exclusion set (its files are the ones on disk).
     """
     rounds: list[Round] = []
     best_value, flat = -np.inf, 0
     failing, count = 0, 1
-    # At least one layer stays quantized: excluding all is just the fp32 model.
-    limit = max(1, min(len(ranking) - 1, int(len(ranking) * max_share)))
+    if limit is None:  # at least one layer stays quantized: excluding all is just the fp32 model
+        limit = max(1, min(len(names) - 1, int(len(names) * max_share)))
+    if limit < 1:
+        return SearchResult((), (), False)
 
     def run(n: int) -> bool:
-        value, accepted = attempt([name for name, _ in ranking[:n]])
+        value, accepted = attempt(list(names[:n]))
         rounds.append(Round(n, value, accepted))
         return accepted
 
@@ -189,4 +228,4 @@ def exclusion_search(
             failing = middle
     if rounds[-1].excluded != passing:
         run(passing)  # rebuild the smallest passing set so its files are the last written
-    return SearchResult(tuple(name for name, _ in ranking[:passing]), tuple(rounds), True)
+    return SearchResult(tuple(names[:passing]), tuple(rounds), True)

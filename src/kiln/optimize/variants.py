@@ -15,11 +15,11 @@ from kiln.artifact.records import EngineHints
 from kiln.choices import Precision, Target, VariantName
 from kiln.optimize import onnx_passes, openvino_passes, torch_passes
 from kiln.optimize.context import BuildContext, BuiltVariant
-from kiln.optimize.sensitivity import Int8Mode, rank_layers
+from kiln.optimize.sensitivity import Int8Mode, RankedLayer, rank_layers
 
 Builder = Callable[..., BuiltVariant]  # (context, nodes to keep in fp32, **tuning parameters) -> variant
 # (context, calibration batches) -> (layer name, int8 error) worst first, in the names the variant's quantizer takes
-Ranker = Callable[[BuildContext, list[dict[str, np.ndarray]]], list[tuple[str, float]]]
+Ranker = Callable[[BuildContext, list[dict[str, np.ndarray]]], list[RankedLayer]]
 
 
 @dataclass(frozen=True)
@@ -29,6 +29,9 @@ class VariantSpec:
     targets: frozenset[Target]  # targets that build it by default
     why_not: Callable[[BuildContext], str | None] = lambda ctx: None  # reason it cannot be built here
     rank: Ranker | None = None  # int8 variants: their layers by int8 sensitivity, for the exclusion search
+    # int8 variants: the float variant whose graph they quantize; its time bounds the layers the search may keep in
+    # fp32 (kiln.optimize.sensitivity.paying_limit).
+    quantizes: Callable[[BuildContext], str] | None = None
     # Parameter sets tried in order when the default build fails the gate, before any layer is excluded.
     alternatives: tuple[dict[str, Any], ...] = ()
     # Why the variant is left out of the defaults on this machine (still built when named in --variants).
@@ -79,6 +82,10 @@ def _int8_source(ctx: BuildContext) -> tuple[Path, list[dict]]:
         return ctx.stage / _fp32(ctx).path, []
     fused, fuse_step = _fused_path(ctx)
     return fused, [fuse_step]
+
+
+def _int8_source_name(ctx: BuildContext) -> str:
+    return "onnx-fused" if ctx.spec.fuses else "onnx-fp32"
 
 
 def _int8_dynamic(ctx: BuildContext, exclude: Sequence[str] = (), name: str = "onnx-int8-dynamic") -> BuiltVariant:
@@ -251,19 +258,20 @@ VARIANTS: dict[VariantName, VariantSpec] = {VariantName(spec.name): spec for spe
     VariantSpec("onnx-fused", _fused, ALL),
     VariantSpec("onnx-fused-gelu-approx", lambda ctx, ex=(): _fused(ctx, ex, gelu=True), ALL),
     VariantSpec("onnx-int8-dynamic", _int8_dynamic, CPU,
-                rank=_ranked_onnx(lambda ctx: _int8_source(ctx)[0], Int8Mode.DYNAMIC)),
+                rank=_ranked_onnx(lambda ctx: _int8_source(ctx)[0], Int8Mode.DYNAMIC), quantizes=_int8_source_name),
     VariantSpec("onnx-int8-dynamic-rows", _int8_dynamic_rows, CPU,
-                rank=_ranked_onnx(lambda ctx: _int8_source(ctx)[0], Int8Mode.DYNAMIC)),
+                rank=_ranked_onnx(lambda ctx: _int8_source(ctx)[0], Int8Mode.DYNAMIC), quantizes=_int8_source_name),
     VariantSpec("onnx-int8-static", _int8_static, CPU,
-                rank=_ranked_onnx(lambda ctx: ctx.stage / _fp32(ctx).path, Int8Mode.STATIC)),
+                rank=_ranked_onnx(lambda ctx: ctx.stage / _fp32(ctx).path, Int8Mode.STATIC),
+                quantizes=lambda ctx: "onnx-fp32"),
     VariantSpec("openvino-fp32", _openvino_fp32, CPU, _needs_openvino),
     VariantSpec("openvino-bf16", _openvino_bf16, CPU, _needs_openvino_bf16),
     VariantSpec("openvino-int8-static", _openvino_int8, CPU, _needs_openvino, not_by_default=_openvino_int8_kernels,
-                rank=_ranked_ir(Int8Mode.STATIC),
+                rank=_ranked_ir(Int8Mode.STATIC), quantizes=lambda ctx: "openvino-fp32",
                 alternatives=tuple({"smooth_quant_alpha": a} for a in (0.8, 0.7, 0.6, 0.5))),
     VariantSpec("openvino-int8-weights", _openvino_int8_weights, CPU, _needs_openvino,
                 not_by_default=_weights_only_pays,
-                rank=_ranked_ir(Int8Mode.WEIGHTS)),
+                rank=_ranked_ir(Int8Mode.WEIGHTS), quantizes=lambda ctx: "openvino-fp32"),
     VariantSpec("onnx-fp16", _fp16, frozenset({Target.CUDA})),
     VariantSpec("torchscript", _torchscript, ALL),
     VariantSpec("torch-bf16", _torch_autocast(Precision.BF16), CPU, _needs_bf16),
