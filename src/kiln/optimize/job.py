@@ -38,7 +38,7 @@ from kiln.model.source import SourceModel, load_source
 from kiln.optimize import datasets
 from kiln.optimize.context import BuildContext, BuiltVariant
 from kiln.optimize.outcome import Outcome, RunSummary, write_stored_vectors, write_summaries
-from kiln.optimize.sensitivity import RankedLayer, exclusion_search, paying_limit
+from kiln.optimize.sensitivity import RankedLayer, exclusion_search, paying_limit, share_limit
 from kiln.optimize.variants import VARIANTS, VariantSpec, default_variants, remove_variant_files
 from kiln.report.html import write_report
 from kiln.runtime.precision import CALIBRATION_FILE, parse_precision
@@ -391,14 +391,18 @@ class OptimizeJob:
             bound = f"not searched: fully int8, it is no faster than {best.name}"
             return 0, f"{bound} ({said})", bound, []
         ranking = rank()
-        limit = paying_limit(ranking, quantized_ms=full.ms_per_sequence, float_ms=float_timing.ms_per_sequence,
-                             best_ms=best.timing.ms_per_sequence)
-        bound = (f"none passed with up to {limit} of {len(ranking)} layers in fp32; more would keep less than half "
-                 f"of int8's gain over {best.name}") if limit else \
-            f"not searched: its most sensitive layer in fp32 would keep less than half of int8's gain over {best.name}"
-        return limit, (f"searching up to {limit} of {len(ranking)} layers in fp32: more would keep less than half of "
-                       f"int8's gain over {best.name}" if limit else bound) + \
-            f" ({said}; time predicted by the share of weights kept)", bound, ranking
+        paying = paying_limit(ranking, quantized_ms=full.ms_per_sequence, float_ms=float_timing.ms_per_sequence,
+                              best_ms=best.timing.ms_per_sequence)
+        if paying == 0:
+            bound = f"not searched: its most sensitive layer in fp32 would keep less than half of int8's gain over " \
+                    f"{best.name}"
+            return 0, f"{bound} ({said})", bound, ranking
+        limit = min(paying, share_limit(len(ranking)))
+        why = (f"more would keep less than half of int8's gain over {best.name}" if limit == paying else
+               f"half the layers (by the timings, {paying} would still keep half of int8's gain over {best.name})")
+        bound = f"none passed with up to {limit} of {len(ranking)} layers in fp32; {why}"
+        return limit, (f"searching up to {limit} of {len(ranking)} layers in fp32: {why} ({said}; time predicted "
+                       f"by the share of weights kept)"), bound, ranking
 
     def _confirm(self, spec: VariantSpec, full: Checked, names: list[str],
                  attempts: dict[int, Checked], settled: int) -> tuple[tuple[str, ...], Checked] | None:

@@ -177,6 +177,12 @@ def paying_limit(ranking: Sequence[RankedLayer], *, quantized_ms: float, float_m
     return limit
 
 
+def share_limit(layers: int, max_share: float = 0.5) -> int:
+    """The most of ``layers`` a search keeps in fp32 by count: ``max_share`` of them, and never all (excluding every
+    layer is just the fp32 model)."""
+    return max(1, min(layers - 1, int(layers * max_share)))
+
+
 def exclusion_search(
     names: Sequence[str],
     attempt: Callable[[list[str]], tuple[float, bool]],
@@ -187,8 +193,8 @@ def exclusion_search(
 
     The count doubles (1, 2, 4, …) until one passes, then bisects down between the last failing and the
     first passing count. The search gives up when doubling stops improving the agreement figure (by 1% of its
-    distance to 1.0) twice in a row, or when passing would take more than ``limit`` layers in fp32: by default
-    ``max_share`` of them, where kiln optimize knows no timings to predict from (``paying_limit`` where it does).
+    distance to 1.0) twice in a row, or when passing would take more layers in fp32 than ``max_share`` of them or
+    the caller's ``limit`` (kiln optimize's ``paying_limit``, from its timings), whichever is fewer.
     A variant with most layers in fp32 keeps less than half of int8's gain at int8's risk (GPT-2 small's dynamic
     int8 passed with 40 of its 49 layers in fp32, after 12 rebuilds and 300 s of checks: fp32 in all but name).
     The last call to ``attempt`` is always the returned exclusion set (its files are the ones on disk).
@@ -196,8 +202,8 @@ def exclusion_search(
     rounds: list[Round] = []
     best_value, flat = -np.inf, 0
     failing, count = 0, 1
-    if limit is None:  # at least one layer stays quantized: excluding all is just the fp32 model
-        limit = max(1, min(len(names) - 1, int(len(names) * max_share)))
+    share = share_limit(len(names), max_share)
+    limit = share if limit is None else min(limit, share)
     if limit < 1:
         return SearchResult((), (), False)
 
