@@ -33,7 +33,8 @@ class Quick:
 async def lags(predictor, encodings, window: int, inline: bool, timeout_s: float = 120.0) -> tuple[list[float], int]:
     """(the ticker's lags in seconds, sorted; batches formed) while ``encodings`` are queued at once and run; a
     TimeoutError past ``timeout_s``."""
-    batcher = Batcher(predictor, BatchLimits(window=window, max_batch_size=64, max_delay_s=0.001))
+    batcher = Batcher(predictor, BatchLimits(window=window, window_requests=window, max_batch_size=64,
+                                             max_delay_s=0.001))
     formed = []
     batcher.on_batch = formed.append
     loop = asyncio.get_running_loop()

@@ -28,9 +28,9 @@ def serve(
         help="While every engine session is busy, how long the first waiting input may wait for others before the "
         "next batch closes. A request reaching an idle engine runs at once.", min=0)] = 5.0,
     batch_window: Annotated[Optional[int], typer.Option(  # noqa: UP045
-        help="How many of the oldest waiting inputs are sorted by length and grouped when the next batch is chosen "
-        "(it always holds the oldest; default: kiln.serve.batcher.BatchLimits.window). A wider window pads less; a "
-        "narrower one lets fewer later inputs overtake an earlier one, which bounds tail latency.",
+        help="How many of the oldest waiting requests have their inputs sorted by length and grouped when the next "
+        "batch is chosen (the batch always holds the oldest input; default: 32). A wider window pads less; a "
+        "narrower one lets fewer later requests overtake an earlier one, which bounds tail latency.",
         show_default=False, min=1)] = None,
     max_concurrent: Annotated[int, typer.Option(help="In-flight requests before new ones get 429 + Retry-After.",
                                                 min=1)] = 512,
@@ -103,7 +103,7 @@ def serve(
     from kiln.serve.shadow import ShadowConfig
 
     limits = BatchLimits(max_batch_tokens, max_batch_size, max_delay_ms / 1000,
-                         **({"window": batch_window} if batch_window is not None else {}))
+                         **({"window_requests": batch_window} if batch_window is not None else {}))
     config = ServeConfig(models=models, limits=limits,
                          max_concurrent=max_concurrent, api_key=api_key, threads=threads,
                          sessions=sessions, max_inputs_per_request=max_inputs_per_request,
