@@ -83,6 +83,21 @@ def test_every_cached_step_matches_transformers(arch, rows, tiny_model, decoder_
     assert past.length == ids.shape[1]
 
 
+def test_teacher_forced_rows_are_the_padded_batch_cut_to_each_row(decoder_artifacts):
+    """Validation's rows (written straight into each row's real positions) equal the padded forward's, bit for bit,
+    for rows of different lengths in one batch: no padding kept, none of it leaking in."""
+    predictor = kiln.load(decoder_artifacts["gpt2"])
+    encodings = predictor.encoder.encode(["A short one.", "A somewhat longer sentence than the first, with more words.",
+                                          "Mid-sized text here."])
+    arrays = predictor.encoder.collate(encodings)
+    padded = predictor.engine.run(arrays)["logits"]
+    rows = predictor.engine.run_rows(arrays)
+    assert [len(r) for r in rows] == [len(e.ids) for e in encodings] and len({len(r) for r in rows}) == 3
+    for row, full, encoding in zip(rows, padded, encodings):
+        np.testing.assert_array_equal(row, full[: len(encoding.ids)])
+    assert [np.array_equal(a, b) for a, b in zip(predictor.run_features(encodings), rows)] == [True] * 3
+
+
 @pytest.mark.parametrize("arch", DECODERS)
 def test_greedy_generation_equals_model_generate(arch, tiny_model, decoder_artifacts):
     model, tokenizer = _hf(tiny_model(arch, TaskName.TEXT_GENERATION))
@@ -255,9 +270,16 @@ def optimized_gpt2(tiny_model, tmp_path_factory):
     from kiln.optimize.job import OptimizeConfig, OptimizeJob
 
     out = tmp_path_factory.mktemp("gpt2-optimized") / "opt"
+    said: list[str] = []
     summary = OptimizeJob(OptimizeConfig(model=str(tiny_model("gpt2", TaskName.TEXT_GENERATION)),
                                          task="text-generation", output=out,
-                                         variants=("onnx-fp32", "onnx-int8-dynamic", "openvino-fp32"))).run()
+                                         variants=("onnx-fp32", "onnx-int8-dynamic", "openvino-fp32")),
+                          progress=said.append).run()
+    # Nothing left to build reads PyTorch once the fp32 export exists (the reference is timed first): its weights
+    # go after the first variant, and the later variants and the manifest do without them.
+    freed = [k for k, line in enumerate(said) if "PyTorch weights freed" in line]
+    assert len(freed) == 1 and said.index("building onnx-int8-dynamic") == freed[0] + 1, said
+    assert any(line.startswith("timing the PyTorch fp32 reference") for line in said[: freed[0]])
     return summary, out
 
 
@@ -269,6 +291,8 @@ def test_optimize_builds_validates_and_picks_a_decoder_variant(optimized_gpt2, t
     fp32 = outcomes["onnx-fp32"]
     assert fp32.agreement.figures["next_token_agreement"] == 1.0
     assert fp32.agreement.figures["mean_logit_cosine"] > 0.99999
+    model = load_source(str(tiny_model("gpt2", TaskName.TEXT_GENERATION)), "text-generation").model
+    assert Artifact.open(artifact).manifest.source.parameters == sum(p.numel() for p in model.parameters())
     # Judged under the batchings its decode loop gives it: one session, so no sessions batching; and the 32
     # agreement texts are one batch of 32, so arrival order is the sorted batch's rows reordered: not run twice.
     assert set(fp32.batched.agreements) == {"sorted", "alone"}

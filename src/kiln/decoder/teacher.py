@@ -8,6 +8,7 @@ what generation does.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -37,20 +38,43 @@ class TeacherForced:
         return stepper(self.step_engine, self.shape)
 
     def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        ids = inputs[INPUT_IDS]
+        out: np.ndarray | None = None
+        # Written in place, step by step: gathering the steps' logits and concatenating them held the batch's
+        # logits twice (1.6 GB for 32 rows of 128 tokens over GPT-2's 50k vocabulary).
+        for start, end, logits in self._forced(inputs):
+            if out is None:
+                out = np.empty((ids.shape[0], ids.shape[1], logits.shape[-1]), np.float32)
+            out[:, start:end] = logits
+        return {LOGITS: out}
+
+    def run_rows(self, inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
+        """``run``'s logits cut to each row's real positions, written there directly: validation keeps only those,
+        and the padded batch is 1.8x their size on the agreement texts (0.82 GB for 32 rows of up to 128 tokens
+        over GPT-2's vocabulary, held beside the rows cut from it)."""
+        lengths = [int(n) for n in np.asarray(inputs[ATTENTION_MASK]).sum(axis=1)]
+        rows: list[np.ndarray] = []
+        for start, end, logits in self._forced(inputs):
+            if not rows:
+                rows = [np.empty((n, logits.shape[-1]), np.float32) for n in lengths]
+            for i, (row, n) in enumerate(zip(rows, lengths)):
+                if start < n:  # positions past a row's end (its padding) are computed with the batch, not kept
+                    stop = min(end, n)
+                    row[start:stop] = logits[i, : stop - start]
+        return rows
+
+    def _forced(self, inputs: dict[str, np.ndarray]) -> Iterator[tuple[int, int, np.ndarray]]:
+        """(first position, end, logits [batch, end - first, vocab]) of the prefill, then of each step."""
         ids = np.ascontiguousarray(inputs[INPUT_IDS], np.int64)
         mask = np.ascontiguousarray(inputs[ATTENTION_MASK], np.int64)
         first = max(1, int(mask.sum(axis=1).min()) // 2)
         logits, past = self.steps.step(ids[:, :first], mask[:, :first], positions(mask[:, :first], first),
                                        empty_past(self.shape, ids.shape[0]))
-        # Written in place, step by step: gathering the steps' logits and concatenating them held the batch's
-        # logits twice (1.6 GB for 32 rows of 128 tokens over GPT-2's 50k vocabulary).
-        out = np.empty((ids.shape[0], ids.shape[1], logits.shape[-1]), np.float32)
-        out[:, :first] = logits
+        yield 0, first, logits
         for column in range(first, ids.shape[1]):
             seen = mask[:, : column + 1]
             logits, past = self.steps.step(ids[:, column : column + 1], seen, positions(seen, 1), past)
-            out[:, column] = logits[:, 0]
-        return {LOGITS: out}
+            yield column, column + 1, logits
 
     def warmup(self) -> None:
         self.run({INPUT_IDS: np.ones((1, 4), np.int64), ATTENTION_MASK: np.ones((1, 4), np.int64)})

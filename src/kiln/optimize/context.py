@@ -51,6 +51,10 @@ class BuildContext:
             self._cache[key] = build()
         return self._cache[key]
 
+    def built(self, key: str) -> bool:
+        """Whether the shared intermediate ``key`` has been built (``once``)."""
+        return key in self._cache
+
     def fp32_onnx(self) -> BuiltVariant:
         def build() -> BuiltVariant:
             config = ExportConfig(model=None, task=self.source.task_config.task, format=ExportFormat.ONNX,

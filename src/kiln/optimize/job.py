@@ -172,6 +172,8 @@ class OptimizeJob:
     def run(self) -> RunSummary:
         cfg = self.config
         self.source, self.reference = self._load()
+        # Described while the weights are there (they may be freed before the manifest is written).
+        self.described = (self.source.describe(), self.original.describe())
         self.work = self._workload()
         if cfg.reference is not None:
             self._judge_the_model_itself()
@@ -183,11 +185,15 @@ class OptimizeJob:
             # Each variant is timed as soon as it is judged (an int8 search bounds itself by the times of those
             # before it), and each stage's engines are dropped when it ends: their memory goes back before the
             # next one loads.
-            self.outcomes: list[Outcome] = []
-            for name in cfg.variant_names():
-                self.outcomes.append(_released(self._time(_released(self._variant(VARIANTS[name])))))
-            outcomes = self.outcomes
+            # The original is timed first: once no variant left to build reads the PyTorch model, its weights go
+            # (GPT-2 small's are 0.5 GB of a decoder run's peak).
             reference_timing, attention = _released(self._time_reference())
+            self.outcomes: list[Outcome] = []
+            names = cfg.variant_names()
+            for k, name in enumerate(names):
+                self.outcomes.append(_released(self._time(_released(self._variant(VARIANTS[name])))))
+                self._free_the_model_unless(names[k + 1 :])
+            outcomes = self.outcomes
             best = choose(outcomes)
             kept = self._reference_variant()
             self._prune(outcomes, kept)
@@ -430,6 +436,16 @@ class OptimizeJob:
         return Predictor(self.source.task_config, self.reference.encoder, engines[0], batch_size=self.config.batch_size,
                          sessions=engines[1:])
 
+    def _free_the_model_unless(self, remaining: list[str]) -> None:
+        """Drop the PyTorch weights (moved to the meta device: any later use fails loudly, nothing computes on
+        stale memory) once the fp32 export exists and no variant in ``remaining`` reads the model. Its structure and
+        config stay: the manifest's parameter count reads shapes only."""
+        if self.ctx.built("onnx-fp32") and not any(VARIANTS[n].needs_model(self.ctx) for n in remaining):
+            for source in {id(s): s for s in (self.source, self.original)}.values():
+                if next(source.model.parameters()).device.type != "meta":
+                    source.model.to("meta")
+                    self.progress(f"{source.name}: PyTorch weights freed (no variant left to build reads them)")
+
     def _time_reference(self) -> tuple[Timing, str]:
         self.progress(f"timing the PyTorch fp32 reference on {len(self.work.timing)} sequences")
         return time_original(self.original, self.work.timing, self.config.batch_size, self.threads)
@@ -460,7 +476,7 @@ class OptimizeJob:
     def _manifest(self, summary: RunSummary, tokenizer: TokenizerRecord) -> Manifest:
         outcomes, timing = summary.outcomes, summary.reference_timing
         return Manifest(
-            source=self.source.describe(), task=self.source.task_config, tokenizer=tokenizer,
+            source=self.described[0], task=self.source.task_config, tokenizer=tokenizer,
             variants={o.name: o.recorded() for o in outcomes if o.record},
             build=BuildRecord(
                 best=summary.best, skipped={o.name: o.reason for o in outcomes if not o.record},
@@ -468,7 +484,7 @@ class OptimizeJob:
                 reference_timing=ReferenceTiming(timing.sequences, timing.seconds, timing.batch_size,
                                                  summary.baseline_attention),
                 eval=self.work.eval_set.source if self.work.eval_set is not None else None,
-                reference=self.original.describe() if self.original is not self.source else None,
+                reference=self.described[1] if self.original is not self.source else None,
                 reference_metric=self.work.reference_metric),
         )
 

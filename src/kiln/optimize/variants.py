@@ -36,6 +36,9 @@ class VariantSpec:
     alternatives: tuple[dict[str, Any], ...] = ()
     # Why the variant is left out of the defaults on this machine (still built when named in --variants).
     not_by_default: Callable[[BuildContext], str | None] = lambda ctx: None
+    # Whether its build reads the PyTorch model beyond the shared fp32 ONNX export (kiln optimize frees the model's
+    # weights once no variant left to build does).
+    needs_model: Callable[[BuildContext], bool] = lambda ctx: False
 
 
 def _onnx_file(ctx: BuildContext, name: str, recipe: list, path: Path) -> BuiltVariant:
@@ -251,16 +254,29 @@ def _ranked_ir(mode: Int8Mode) -> Ranker:
                                                                mode=mode)
 
 
+def _fusing(graph: str = "onnx-fused") -> Callable[[BuildContext], bool]:
+    """Whether a build still fuses ``graph``: the BERT fusions read the model's shape (heads, a pruned model's
+    layout) until that graph exists."""
+    return lambda ctx: ctx.spec.fuses and not ctx.built(graph)
+
+
+def _always(ctx: BuildContext) -> bool:
+    return True
+
+
 CPU = frozenset({Target.CPU})
 ALL = frozenset(Target)
 VARIANTS: dict[VariantName, VariantSpec] = {VariantName(spec.name): spec for spec in (
     VariantSpec("onnx-fp32", _fp32, ALL),
-    VariantSpec("onnx-fused", _fused, ALL),
-    VariantSpec("onnx-fused-gelu-approx", lambda ctx, ex=(): _fused(ctx, ex, gelu=True), ALL),
+    VariantSpec("onnx-fused", _fused, ALL, needs_model=_fusing()),
+    VariantSpec("onnx-fused-gelu-approx", lambda ctx, ex=(): _fused(ctx, ex, gelu=True), ALL,
+                needs_model=_fusing("onnx-fused-gelu-approx")),
     VariantSpec("onnx-int8-dynamic", _int8_dynamic, CPU,
-                rank=_ranked_onnx(lambda ctx: _int8_source(ctx)[0], Int8Mode.DYNAMIC), quantizes=_int8_source_name),
+                rank=_ranked_onnx(lambda ctx: _int8_source(ctx)[0], Int8Mode.DYNAMIC), quantizes=_int8_source_name,
+                needs_model=_fusing()),
     VariantSpec("onnx-int8-dynamic-rows", _int8_dynamic_rows, CPU,
-                rank=_ranked_onnx(lambda ctx: _int8_source(ctx)[0], Int8Mode.DYNAMIC), quantizes=_int8_source_name),
+                rank=_ranked_onnx(lambda ctx: _int8_source(ctx)[0], Int8Mode.DYNAMIC), quantizes=_int8_source_name,
+                needs_model=_fusing()),
     VariantSpec("onnx-int8-static", _int8_static, CPU,
                 rank=_ranked_onnx(lambda ctx: ctx.stage / _fp32(ctx).path, Int8Mode.STATIC),
                 quantizes=lambda ctx: "onnx-fp32"),
@@ -272,11 +288,11 @@ VARIANTS: dict[VariantName, VariantSpec] = {VariantName(spec.name): spec for spe
     VariantSpec("openvino-int8-weights", _openvino_int8_weights, CPU, _needs_openvino,
                 not_by_default=_weights_only_pays,
                 rank=_ranked_ir(Int8Mode.WEIGHTS), quantizes=lambda ctx: "openvino-fp32"),
-    VariantSpec("onnx-fp16", _fp16, frozenset({Target.CUDA})),
-    VariantSpec("torchscript", _torchscript, ALL),
-    VariantSpec("torch-bf16", _torch_autocast(Precision.BF16), CPU, _needs_bf16),
-    VariantSpec("torch-fp16", _torch_autocast(Precision.FP16), frozenset({Target.CUDA})),
-    VariantSpec("torch-int8-dynamic", _torch_int8, CPU),
+    VariantSpec("onnx-fp16", _fp16, frozenset({Target.CUDA}), needs_model=_fusing()),
+    VariantSpec("torchscript", _torchscript, ALL, needs_model=_always),
+    VariantSpec("torch-bf16", _torch_autocast(Precision.BF16), CPU, _needs_bf16, needs_model=_always),
+    VariantSpec("torch-fp16", _torch_autocast(Precision.FP16), frozenset({Target.CUDA}), needs_model=_always),
+    VariantSpec("torch-int8-dynamic", _torch_int8, CPU, needs_model=_always),
 )}
 
 

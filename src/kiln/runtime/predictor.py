@@ -102,23 +102,25 @@ class Predictor:
         groups = [order[b : b + self.batch_size] for b in range(0, len(order), self.batch_size)]
         batches = [self.encoder.collate([encodings[i] for i in idx], multiple=self.pad_multiple) for idx in groups]
         reduced: list[Any] = [None] * len(encodings)
-        for idx, arrays, outputs in zip(groups, batches, self._run(batches)):
-            for i, value in zip(idx, self.handler.reduce_arrays(outputs, arrays)):
+        for idx, values in zip(groups, self._run(batches)):
+            for i, value in zip(idx, values):
                 reduced[i] = value
         return reduced
 
-    def _run(self, batches: list[dict[str, np.ndarray]]) -> Iterable[dict[str, np.ndarray]]:
+    def _run(self, batches: list[dict[str, np.ndarray]]) -> Iterable[list[Any]]:
+        """Each batch's reduced values, in order."""
         if len(self.sessions) == 1 or len(batches) == 1:
-            # One batch's outputs at a time: each is reduced before the next runs (a decoder's padded logits are
-            # 0.8 GB a batch of 32 on GPT-2 small; a list held every batch's at once).
-            return (self.engine.run(b) for b in batches)
+            # One batch at a time, reduced before the next runs (a decoder's logits are 0.5 GB a batch of 32 on
+            # GPT-2 small; a list held every batch's raw outputs at once).
+            return (self.handler.run_batch(self.engine, b) for b in batches)
         from concurrent.futures import ThreadPoolExecutor
 
         # Session k takes every k-th batch: sorted batches grow in length, so each gets a like share of work.
         count = len(self.sessions)
         with ThreadPoolExecutor(max_workers=count) as pool:
-            parts = list(pool.map(lambda k: [self.sessions[k].run(b) for b in batches[k::count]], range(count)))
-        results: list[dict[str, np.ndarray]] = [{}] * len(batches)
+            parts = list(pool.map(lambda k: [self.handler.run_batch(self.sessions[k], b) for b in batches[k::count]],
+                                  range(count)))
+        results: list[list[Any]] = [[]] * len(batches)
         for k, part in enumerate(parts):
             results[k::count] = part
         return results

@@ -283,7 +283,7 @@ class Batcher(OwnedLoop):
 
     def _forward(self, engine: Engine, arrays: dict[str, Any]) -> list[Any]:
         """The forward pass and the task's pooling, both on the session's thread (off the event loop)."""
-        return self.predictor.handler.reduce_arrays(engine.run(arrays), arrays)
+        return self.predictor.handler.run_batch(engine, arrays)
 
     async def _run(self, batch: list[_Item], arrays: dict[str, Any] | Exception) -> None:
         loop = asyncio.get_running_loop()

@@ -188,6 +188,10 @@ class TaskSpec:
         """``check_inputs`` then ``prepare`` (default options): what every caller with inputs and a tokenizer needs."""
         return self.prepare(self.check_inputs(inputs), encoder, options or self.options())
 
+    def run_batch(self, engine: Any, arrays: dict[str, np.ndarray]) -> list[Any]:
+        """One collated batch through ``engine``, reduced: one value per row."""
+        return self.reduce_arrays(engine.run(arrays), arrays)
+
     def reduce_arrays(self, outputs: dict[str, np.ndarray], arrays: dict[str, np.ndarray]) -> list[Any]:
         """``reduce`` given the whole collated batch: a task whose real positions are not its attention mask
         (ColBERT's unattended query expansion) reads the input ids too."""

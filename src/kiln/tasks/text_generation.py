@@ -337,6 +337,13 @@ class TextGeneration(GenerativeTask):
         """Prompts are never truncated (the window check refuses one too long); teacher-forced text is."""
         return one_per_input(inputs, encoder.encode(inputs, truncate=options.truncate))
 
+    def run_batch(self, engine: Any, arrays: dict[str, np.ndarray]) -> list[Any]:
+        """A KV-cache graph's teacher-forced logits are written straight into each row's real positions
+        (TeacherForced.run_rows): the padded batch is never held."""
+        if isinstance(engine, TeacherForced):
+            return engine.run_rows(arrays)
+        return super().run_batch(engine, arrays)
+
     def reduce(self, outputs: dict[str, np.ndarray], attention_mask: np.ndarray) -> list[Any]:
         """Per row: the logits of its real positions (fp32: parity needs them exact; a 50k vocabulary x 128 tokens
         is 26 MB a row, which is why agreement and perplexity run on a few dozen texts)."""
