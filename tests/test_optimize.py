@@ -144,6 +144,14 @@ def test_tight_tolerance_triggers_sensitivity_and_records_it(tiny_model, tmp_pat
     refused = run("d", {3, 4})
     assert refused.status == "rejected" and not refused.sensitivity.accepted
     assert not refused.record.recipe[-1].get("excluded_nodes")  # the fully quantized files the rejection describes
+    # ... and they are those files on disk, put back after the search's attempts overwrote them.
+    import onnx
+
+    def integer_matmuls(artifact):
+        graph = onnx.load(str(tmp_path / artifact / "onnx-int8-dynamic" / "model.onnx")).graph
+        return sum(n.op_type == "MatMulInteger" for n in graph.node)
+
+    assert integer_matmuls("d") == integer_matmuls("a") > integer_matmuls("c")
 
 
 def test_int8_search_keeps_no_more_layers_in_fp32_than_can_pay(tiny_model, tmp_path):

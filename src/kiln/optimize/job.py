@@ -348,8 +348,10 @@ class OptimizeJob:
     def _exclude(self, spec: VariantSpec, full: Checked) -> tuple[Checked, Sensitivity, Timing | None]:
         """Rebuild with the most int8-sensitive layers kept in fp32 until the gate passes, keeping no more than can
         pay (``_search_limit``). The chosen set's timing comes back with it: the run's own timing of the variant."""
-        # Timed now, while the files on disk are the fully quantized ones the search starts from.
+        # Timed now, while the files on disk are the fully quantized ones the search starts from; kept aside, they
+        # are put back if the search finds nothing (re-quantizing them cost GPT-2 small 11 s).
         full_timing = time_predictor(self._predictor(full.built.record(), timed=True), self.work.timing, rounds=1)
+        stash = self._stash(full.built)
         limit, why, bound, ranking = self._search_limit(
             spec, lambda: spec.rank(self.ctx, self.ctx.calibration_batches()[:16]), full_timing)
         if why:
@@ -369,16 +371,33 @@ class OptimizeJob:
         search = exclusion_search(names, attempt, limit=limit)
         top = tuple((layer.name, layer.error) for layer in ranking[:10])
         confirmed = self._confirm(spec, full, names, attempts, len(search.excluded)) if search.accepted else None
-        if confirmed is None:
-            spec.build(self.ctx, (), **full.parameters)  # leave the fully quantized files the rejection describes
+        if confirmed is None:  # leave the fully quantized files the rejection describes
+            if stash is None:
+                spec.build(self.ctx, (), **full.parameters)
+            else:
+                shutil.rmtree(self.ctx.stage / full.built.name)
+                shutil.move(stash, self.ctx.stage / full.built.name)
             if bound and (limit == 0 or any(r.excluded == limit for r in search.rounds)):  # the bound stopped it
                 full = dataclasses.replace(full, verdict=dataclasses.replace(
                     full.verdict, reason=f"{full.verdict.reason}; {bound}"))
             return full, Sensitivity(top, search.rounds, (), False, limit=why), None
         excluded, chosen = confirmed
+        if stash is not None:
+            shutil.rmtree(stash)
         timing = time_predictor(self._predictor(chosen.built.record(), timed=True), self.work.timing)
         return chosen, Sensitivity(top, search.rounds, excluded, True, speed_cost=timing.seconds / full_timing.seconds,
                                    limit=why), timing
+
+    def _stash(self, built: BuiltVariant) -> Path | None:
+        """A copy of ``built``'s own directory in the scratch space; None where its files are not all in it (a
+        variant sharing another's files), or there is no scratch space."""
+        own = self.ctx.stage / built.name
+        if self.ctx.scratch is None or not all(Path(f).parts[0] == built.name for f in built.files):
+            return None
+        stash = self.ctx.scratch / f"stash-{built.name}"
+        shutil.rmtree(stash, ignore_errors=True)
+        shutil.copytree(own, stash)
+        return stash
 
     def _search_limit(self, spec: VariantSpec, rank: Callable[[], list[RankedLayer]], full: Timing
                       ) -> tuple[int | None, str, str, list[RankedLayer]]:
