@@ -156,6 +156,24 @@ class Workload:
     timing: tuple[Encoding, ...]
 
 
+@dataclass(frozen=True)
+class SearchBound:
+    """What an int8 search may keep in fp32, and the words for it."""
+
+    limit: int | None  # most layers kept in fp32; None: exclusion_search's default share
+    ranking: list[RankedLayer]  # empty when nothing could pay (not ranked)
+    rejection: str = ""  # what a rejection adds when the bound stopped the search
+    figures: str = ""  # the timings it came from
+    search: str = ""  # how far the search goes, when it runs
+
+    @property
+    def said(self) -> str:
+        """The bound as the log and the sensitivity record say it ("" where no timings bounded it)."""
+        if not self.figures:
+            return ""
+        return f"{self.search or self.rejection} ({self.figures})"
+
+
 class OptimizeJob:
     def __init__(self, config: OptimizeConfig, progress: Progress = lambda _: None) -> None:
         self.config = config
@@ -352,10 +370,11 @@ class OptimizeJob:
         # are put back if the search finds nothing (re-quantizing them cost GPT-2 small 11 s).
         full_timing = time_predictor(self._predictor(full.built.record(), timed=True), self.work.timing, rounds=1)
         stash = self._stash(full.built)
-        limit, why, bound, ranking = self._search_limit(
-            spec, lambda: spec.rank(self.ctx, self.ctx.calibration_batches()[:16]), full_timing)
-        if why:
-            self.progress(f"{spec.name}: {why}")
+        bound = self._search_limit(spec, lambda: spec.rank(self.ctx, self.ctx.calibration_batches()[:16]),
+                                   full_timing)
+        ranking, limit = bound.ranking, bound.limit
+        if bound.said:
+            self.progress(f"{spec.name}: {bound.said}")
         attempts: dict[int, Checked] = {}
 
         def attempt(excluded: list[str]) -> tuple[float, bool]:
@@ -377,16 +396,16 @@ class OptimizeJob:
             else:
                 shutil.rmtree(self.ctx.stage / full.built.name)
                 shutil.move(stash, self.ctx.stage / full.built.name)
-            if bound and (limit == 0 or any(r.excluded == limit for r in search.rounds)):  # the bound stopped it
+            if bound.rejection and (limit == 0 or any(r.excluded == limit for r in search.rounds)):  # it stopped
                 full = dataclasses.replace(full, verdict=dataclasses.replace(
-                    full.verdict, reason=f"{full.verdict.reason}; {bound}"))
-            return full, Sensitivity(top, search.rounds, (), False, limit=why), None
+                    full.verdict, reason=f"{full.verdict.reason}; {bound.rejection}"))
+            return full, Sensitivity(top, search.rounds, (), False, limit=bound.said), None
         excluded, chosen = confirmed
         if stash is not None:
             shutil.rmtree(stash)
         timing = time_predictor(self._predictor(chosen.built.record(), timed=True), self.work.timing)
         return chosen, Sensitivity(top, search.rounds, excluded, True, speed_cost=timing.seconds / full_timing.seconds,
-                                   limit=why), timing
+                                   limit=bound.said), timing
 
     def _stash(self, built: BuiltVariant) -> Path | None:
         """A copy of ``built``'s own directory in the scratch space; None where its files are not all in it (a
@@ -399,35 +418,32 @@ class OptimizeJob:
         shutil.copytree(own, stash)
         return stash
 
-    def _search_limit(self, spec: VariantSpec, rank: Callable[[], list[RankedLayer]], full: Timing
-                      ) -> tuple[int | None, str, str, list[RankedLayer]]:
-        """How many layers the search may keep in fp32, why (said in the log and the sensitivity record), the words
-        a rejection adds when that bound stops the search, and the ranking (not computed when nothing can pay).
-        None: exclusion_search's default share, where the float graph's time is not known (not built, or failed)."""
+    def _search_limit(self, spec: VariantSpec, rank: Callable[[], list[RankedLayer]], full: Timing) -> SearchBound:
+        """How many layers the search may keep in fp32 (kiln.optimize.sensitivity.paying_limit), from this run's
+        timings of the variant fully int8, of the float graph it quantizes and of the fastest accepted variant;
+        exclusion_search's default share where the float graph's time is not known (not built, or failed)."""
         timed = [o for o in self.outcomes if o.status is Status.ACCEPTED and o.timing]
         source = spec.quantizes(self.ctx) if spec.quantizes else None
         float_timing = next((o.timing for o in timed if o.name == source), None)
         if float_timing is None:
-            return None, "", "", rank()
+            return SearchBound(None, rank())
         best = min(timed, key=lambda o: o.timing.ms_per_sequence)
         said = (f"fully int8 {full.ms_per_sequence:.1f} ms a text, {source} {float_timing.ms_per_sequence:.1f}, "
                 f"fastest accepted ({best.name}) {best.timing.ms_per_sequence:.1f}")
-        if full.ms_per_sequence >= best.timing.ms_per_sequence:
-            bound = f"not searched: fully int8, it is no faster than {best.name}"
-            return 0, f"{bound} ({said})", bound, []
+        if full.ms_per_sequence >= best.timing.ms_per_sequence:  # no ranking either: nothing can pay
+            return SearchBound(0, [], f"not searched: fully int8, it is no faster than {best.name}", said)
         ranking = rank()
         paying = paying_limit(ranking, quantized_ms=full.ms_per_sequence, float_ms=float_timing.ms_per_sequence,
                               best_ms=best.timing.ms_per_sequence)
         if paying == 0:
-            bound = f"not searched: its most sensitive layer in fp32 would keep less than half of int8's gain over " \
-                    f"{best.name}"
-            return 0, f"{bound} ({said})", bound, ranking
+            return SearchBound(0, ranking, f"not searched: its most sensitive layer in fp32 would keep less than "
+                                           f"half of int8's gain over {best.name}", said)
         limit = min(paying, share_limit(len(ranking)))
         why = (f"more would keep less than half of int8's gain over {best.name}" if limit == paying else
                f"half the layers (by the timings, {paying} would still keep half of int8's gain over {best.name})")
-        bound = f"none passed with up to {limit} of {len(ranking)} layers in fp32; {why}"
-        return limit, (f"searching up to {limit} of {len(ranking)} layers in fp32: {why} ({said}; time predicted "
-                       f"by the share of weights kept)"), bound, ranking
+        return SearchBound(limit, ranking, f"none passed with up to {limit} of {len(ranking)} layers in fp32; {why}",
+                           f"{said}; time predicted by the share of weights kept",
+                           f"searching up to {limit} of {len(ranking)} layers in fp32: {why}")
 
     def _confirm(self, spec: VariantSpec, full: Checked, names: list[str],
                  attempts: dict[int, Checked], settled: int) -> tuple[tuple[str, ...], Checked] | None:
