@@ -164,7 +164,7 @@ def test_int8_search_keeps_no_more_layers_in_fp32_than_can_pay(tiny_model, tmp_p
                                          tolerance=1e-6, variants=("onnx-fp32", "onnx-int8-static"))).run()
     fp32, int8 = (next(o for o in summary.outcomes if o.name == n) for n in ("onnx-fp32", "onnx-int8-static"))
     assert fp32.status == "accepted" and fp32.timing is not None
-    bound = int8.sensitivity.limit
+    bound = int8.sensitivity.bound
     if bound.startswith("not searched"):  # the tiny model's int8 kernels need not be faster than its fp32
         assert int8.sensitivity.rounds == () and "not searched" in int8.reason
     else:

@@ -200,11 +200,10 @@ class OptimizeJob:
             tokenizer = write_tokenizer(self.source, stage)
             self.ctx = BuildContext(self.source, stage, self.reference.encoder, self.work.calibration, self.cpu,
                                     int8_scheme(self.cpu), cfg.target, cfg.calibration_method, scratch=Path(scratch))
-            # Each variant is timed as soon as it is judged (an int8 search bounds itself by the times of those
-            # before it), and each stage's engines are dropped when it ends: their memory goes back before the
-            # next one loads.
-            # The original is timed first: once no variant left to build reads the PyTorch model, its weights go
-            # (GPT-2 small's are 0.5 GB of a decoder run's peak).
+            # The original is timed first, so its PyTorch weights can go once no variant left to build reads them
+            # (GPT-2 small's are 0.5 GB of a decoder run's peak). Each variant is timed as soon as it is judged (an
+            # int8 search bounds itself by the times of those before it); each stage's engines are dropped when it
+            # ends, their memory handed back before the next one loads.
             reference_timing, attention = _released(self._time_reference())
             self.outcomes: list[Outcome] = []
             names = cfg.variant_names()
@@ -366,15 +365,16 @@ class OptimizeJob:
     def _exclude(self, spec: VariantSpec, full: Checked) -> tuple[Checked, Sensitivity, Timing | None]:
         """Rebuild with the most int8-sensitive layers kept in fp32 until the gate passes, keeping no more than can
         pay (``_search_limit``). The chosen set's timing comes back with it: the run's own timing of the variant."""
-        # Timed now, while the files on disk are the fully quantized ones the search starts from; kept aside, they
-        # are put back if the search finds nothing (re-quantizing them cost GPT-2 small 11 s).
+        # Timed now, while the files on disk are the fully quantized ones the search starts from.
         full_timing = time_predictor(self._predictor(full.built.record(), timed=True), self.work.timing, rounds=1)
-        stash = self._stash(full.built)
         bound = self._search_limit(spec, lambda: spec.rank(self.ctx, self.ctx.calibration_batches()[:16]),
                                    full_timing)
         ranking, limit = bound.ranking, bound.limit
         if bound.said:
             self.progress(f"{spec.name}: {bound.said}")
+        # Kept aside when attempts will overwrite them, and put back if the search finds nothing (re-quantizing
+        # them cost GPT-2 small 11 s).
+        stash = self._stash(full.built) if limit != 0 else None
         attempts: dict[int, Checked] = {}
 
         def attempt(excluded: list[str]) -> tuple[float, bool]:
@@ -391,21 +391,21 @@ class OptimizeJob:
         top = tuple((layer.name, layer.error) for layer in ranking[:10])
         confirmed = self._confirm(spec, full, names, attempts, len(search.excluded)) if search.accepted else None
         if confirmed is None:  # leave the fully quantized files the rejection describes
-            if stash is None:
-                spec.build(self.ctx, (), **full.parameters)
-            else:
+            if stash is not None:
                 shutil.rmtree(self.ctx.stage / full.built.name)
                 shutil.move(stash, self.ctx.stage / full.built.name)
+            elif search.rounds:  # an attempt overwrote them and nothing was set aside
+                spec.build(self.ctx, (), **full.parameters)
             if bound.rejection and (limit == 0 or any(r.excluded == limit for r in search.rounds)):  # it stopped
                 full = dataclasses.replace(full, verdict=dataclasses.replace(
                     full.verdict, reason=f"{full.verdict.reason}; {bound.rejection}"))
-            return full, Sensitivity(top, search.rounds, (), False, limit=bound.said), None
+            return full, Sensitivity(top, search.rounds, (), False, bound=bound.said), None
         excluded, chosen = confirmed
         if stash is not None:
             shutil.rmtree(stash)
         timing = time_predictor(self._predictor(chosen.built.record(), timed=True), self.work.timing)
         return chosen, Sensitivity(top, search.rounds, excluded, True, speed_cost=timing.seconds / full_timing.seconds,
-                                   limit=bound.said), timing
+                                   bound=bound.said), timing
 
     def _stash(self, built: BuiltVariant) -> Path | None:
         """A copy of ``built``'s own directory in the scratch space; None where its files are not all in it (a
@@ -422,7 +422,7 @@ class OptimizeJob:
         """How many layers the search may keep in fp32 (kiln.optimize.sensitivity.paying_limit), from this run's
         timings of the variant fully int8, of the float graph it quantizes and of the fastest accepted variant;
         exclusion_search's default share where the float graph's time is not known (not built, or failed)."""
-        timed = [o for o in self.outcomes if o.status is Status.ACCEPTED and o.timing]
+        timed = accepted_and_timed(self.outcomes)
         source = spec.quantizes(self.ctx) if spec.quantizes else None
         float_timing = next((o.timing for o in timed if o.name == source), None)
         if float_timing is None:
@@ -653,9 +653,14 @@ def _device_for(target: str, progress: Progress) -> str:
     return "cpu"
 
 
+def accepted_and_timed(outcomes: list[Outcome]) -> list[Outcome]:
+    """The outcomes a choice is made among: accepted, with their timing."""
+    return [o for o in outcomes if o.status is Status.ACCEPTED and o.timing]
+
+
 def choose(outcomes: list[Outcome]) -> Outcome | None:
     """Fastest accepted variant; within TIE of the fastest, the smallest file wins."""
-    timed = [o for o in outcomes if o.status is Status.ACCEPTED and o.timing]
+    timed = accepted_and_timed(outcomes)
     if not timed:
         return None
     fastest = min(o.timing.ms_per_sequence for o in timed)
