@@ -37,8 +37,8 @@ def test_tolerance_validation():
 
 
 @pytest.mark.parametrize(("needed", "expected_calls"), [
-    (1, [1]), (3, [1, 2, 4, 3]), (5, [1, 2, 4, 8, 6, 5]), (8, [1, 2, 4, 8, 6, 7, 8]),
-    (35, [1, 2, 4, 8, 16, 32, 35, 33, 34, 35]),
+    (1, [35, 1]), (3, [35, 1, 2, 4, 3]), (5, [35, 1, 2, 4, 8, 6, 5]), (8, [35, 1, 2, 4, 8, 6, 7, 8]),
+    (35, [35, 1, 2, 4, 8, 16, 32, 33, 34, 35]),
 ])
 def test_search_finds_the_smallest_passing_count(needed, expected_calls):
     calls: list[int] = []
@@ -53,16 +53,17 @@ def test_search_finds_the_smallest_passing_count(needed, expected_calls):
     assert calls == expected_calls  # the last build is the returned set
 
 
-def test_search_gives_up_when_excluding_stops_helping():
+def test_search_tries_the_most_it_may_keep_first_and_stops_there_when_it_fails():
+    """The most layers allowed in fp32 hold every smaller set's layers: when they fail, nothing smaller is tried."""
     calls: list[int] = []
 
     def attempt(excluded):
         calls.append(len(excluded))
-        return 0.5, False  # never improves
+        return 0.5, False
 
     result = exclusion_search([f"layer{i}" for i in range(36)], attempt)
     assert not result.accepted and result.excluded == ()
-    assert calls == [1, 2, 4]  # two rounds without improvement after the first
+    assert calls == [18]
 
 
 def test_search_stops_where_passing_would_keep_most_layers_in_fp32():
@@ -74,11 +75,11 @@ def test_search_stops_where_passing_would_keep_most_layers_in_fp32():
         return len(excluded) / 36, len(excluded) >= 20
 
     result = exclusion_search([f"layer{i}" for i in range(36)], attempt)
-    assert not result.accepted and calls == [1, 2, 4, 8, 16, 18]
+    assert not result.accepted and calls == [18]
 
 
 def test_search_keeps_no_more_layers_in_fp32_than_can_pay():
-    """The caller's limit (paying_limit) bounds the doubling; a limit of 0 makes no attempt at all."""
+    """The caller's limit (paying_limit) bounds the search; a limit of 0 makes no attempt at all."""
     calls: list[int] = []
 
     def attempt(excluded):
@@ -86,7 +87,15 @@ def test_search_keeps_no_more_layers_in_fp32_than_can_pay():
         return len(excluded) / 36, len(excluded) >= 20
 
     result = exclusion_search([f"layer{i}" for i in range(36)], attempt, limit=6)
-    assert not result.accepted and calls == [1, 2, 4, 6]
+    assert not result.accepted and calls == [6]
+    calls.clear()
+
+    def needs_3(excluded):
+        calls.append(len(excluded))
+        return len(excluded) / 36, len(excluded) >= 3
+
+    result = exclusion_search([f"layer{i}" for i in range(36)], needs_3, limit=6)
+    assert result.accepted and len(result.excluded) == 3 and calls == [6, 1, 2, 4, 3]
     calls.clear()
     assert exclusion_search([f"layer{i}" for i in range(36)], attempt, limit=0) == SearchResult((), (), False)
     assert calls == []

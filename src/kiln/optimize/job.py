@@ -6,7 +6,7 @@ import dataclasses
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -208,6 +208,7 @@ class OptimizeJob:
             self.outcomes: list[Outcome] = []
             names = cfg.variant_names()
             for k, name in enumerate(names):
+                self.remaining = names[k:]  # this variant and those after it (_build frees the model by them)
                 self.outcomes.append(_released(self._time(_released(self._variant(VARIANTS[name])))))
                 self._free_the_model_unless(names[k + 1 :])
             outcomes = self.outcomes
@@ -317,7 +318,16 @@ class OptimizeJob:
         return Outcome(spec.name, Status.FAILED, reason, build_seconds=time.perf_counter() - start)
 
     def _build_and_check(self, spec: VariantSpec, excluded: list[str] | tuple[str, ...], **params: Any) -> Checked:
-        return self._check(spec.build(self.ctx, excluded, **params), params)
+        return self._check(self._build(spec, excluded, params), params)
+
+    def _build(self, spec: VariantSpec, excluded: Sequence[str], params: dict[str, Any]) -> BuiltVariant:
+        """The variant's files, and the memory its passes freed handed back before its check loads it: OpenVINO's
+        conversion of GPT-2 small peaks at 1.3 GB, and left that much in the heap under the check's engine and
+        logits (benchmarks/optimize_profile.py, after11). The PyTorch weights go as soon as the build leaves no
+        variant from this one on that reads them: the fp32 export's own check and timing no longer carry them."""
+        built = spec.build(self.ctx, excluded, **params)
+        self._free_the_model_unless(self.remaining)
+        return _released(built)
 
     def _check(self, built: BuiltVariant, params: dict[str, Any], screen: bool = False) -> Checked:
         """The gate's verdict on a built variant. ``screen``: the sorted batching's agreement only (no other
@@ -380,7 +390,7 @@ class OptimizeJob:
         def attempt(excluded: list[str]) -> tuple[float, bool]:
             # Screened on the sorted batching alone: a passing attempt's full check cost ~50 s against ~14 s on
             # GPT-2 small, and bisection makes several. The set the search settles on is checked fully below.
-            candidate = self._check(spec.build(self.ctx, excluded, **full.parameters), full.parameters, screen=True)
+            candidate = self._check(self._build(spec, excluded, full.parameters), full.parameters, screen=True)
             attempts[len(excluded)] = candidate
             self.progress(f"{spec.name}: {len(excluded)} layer(s) kept in fp32 -> {candidate.verdict.reason} "
                           f"(sorted batches)")
@@ -441,7 +451,8 @@ class OptimizeJob:
         limit = min(paying, share_limit(len(ranking)))
         why = (f"more would keep less than half of int8's gain over {best.name}" if limit == paying else
                f"half the layers (by the timings, {paying} would still keep half of int8's gain over {best.name})")
-        return SearchBound(limit, ranking, f"none passed with up to {limit} of {len(ranking)} layers in fp32; {why}",
+        return SearchBound(limit, ranking,
+                           f"the most it may keep in fp32, {limit} of {len(ranking)} layers, did not pass; {why}",
                            f"{said}; time predicted by the share of weights kept",
                            f"searching up to {limit} of {len(ranking)} layers in fp32: {why}")
 
@@ -452,7 +463,7 @@ class OptimizeJob:
         none does."""
         for count in sorted(n for n, c in attempts.items() if c.verdict.accepted and n >= settled):
             excluded = tuple(names[:count])
-            built = attempts[count].built if count == settled else spec.build(self.ctx, excluded, **full.parameters)
+            built = attempts[count].built if count == settled else self._build(spec, excluded, full.parameters)
             checked = self._check(built, full.parameters)
             self.progress(f"{spec.name}: {count} layer(s) kept in fp32 -> {checked.verdict.reason} (every batching)")
             if checked.verdict.accepted:

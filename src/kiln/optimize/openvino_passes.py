@@ -88,16 +88,19 @@ def quantize_int8(
             "excluded_nodes": list(ignored)}
 
 
-def _weight(op) -> np.ndarray | None:
-    """A MatMul's constant weight as [in, out] (through a Convert of compressed weights), else None."""
+def _weight_constant(op):
+    """A MatMul's constant 2-D weight node (through a Convert of compressed weights), else None."""
     source = op.input_value(1).get_node()
     if source.get_type_name() == "Convert":
         source = source.input_value(0).get_node()
-    if source.get_type_name() != "Constant":
+    if source.get_type_name() != "Constant" or len(source.get_output_shape(0)) != 2:
         return None
-    w = np.asarray(source.get_data(), dtype=np.float32)
-    if w.ndim != 2:
-        return None
+    return source
+
+
+def _weight(op) -> np.ndarray:
+    """A MatMul's constant weight as [in, out] (``_weight_constant`` found it)."""
+    w = np.asarray(_weight_constant(op).get_data(), dtype=np.float32)
     return w.T if op.get_attributes().get("transpose_b") else w
 
 
@@ -106,27 +109,30 @@ def rank_ir_layers(path: Path, batches: Sequence[dict[str, np.ndarray]], *, mode
     """Every MatMul with a constant weight (by IR op name) and its relative int8 error, worst first.
 
     Ranks the OpenVINO model's own ops (activations captured from the IR itself), so the names handed to
-    NNCF's ignored scope are names NNCF finds in the model it quantizes.
+    NNCF's ignored scope are names NNCF finds in the model it quantizes. Each weight is read as its error is
+    measured, after the compiled model is gone: not all of them beside it.
     """
     from kiln.optimize.sensitivity import Captured, rank_by_int8_error
 
     ov = _openvino()
     core = ov.Core()
     model = core.read_model(str(path))
-    targets = [(op, w) for op in model.get_ordered_ops()
-               if op.get_type_name() == "MatMul" and (w := _weight(op)) is not None]
+    targets = [op for op in model.get_ordered_ops()
+               if op.get_type_name() == "MatMul" and _weight_constant(op) is not None]
     # Several MatMuls may read one tensor (q, k, v): outputs are matched by the tensor's name, not position.
-    model.add_outputs([op.input_value(0) for op, _ in targets])
+    model.add_outputs([op.input_value(0) for op in targets])
     compiled = core.compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
     by_name = {name: out for out in compiled.outputs for name in out.get_names()}
     names = [i.get_any_name() for i in compiled.inputs]
     # share_inputs=False: the calibration batches are reused by the quantizer; OpenVINO must not write into them.
-    wanted = {op.input_value(0).get_any_name() for op, _ in targets}
+    wanted = {op.input_value(0).get_any_name() for op in targets}
     runs = []
     for b in batches:  # only the captured activations are kept, thinned to the rows the error is measured on
         result = compiled({n: b[n] for n in names}, share_inputs=False)
         runs.append({name: Captured.of(result[by_name[name]]) for name in wanted})
-    layers = [(op.get_friendly_name(), w, [r[op.input_value(0).get_any_name()] for r in runs]) for op, w in targets]
+    del compiled
+    layers = ((op.get_friendly_name(), _weight(op), [r[op.input_value(0).get_any_name()] for r in runs])
+              for op in targets)
     return rank_by_int8_error(layers, mode=mode)
 
 

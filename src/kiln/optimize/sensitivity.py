@@ -3,14 +3,15 @@
 Ranking: each quantizable MatMul's (or Gemm's) input activations are captured on calibration batches; its int8
 output is compared with the fp32 output, quantized the way the variant quantizes it (``Int8Mode``): weights per
 output channel, and activations per tensor with ranges per batch (dynamic), over all batches (static), or not at
-all (weight-only int8, whose error is the weights' alone). Layers are then kept in fp32 in order of that error
-(1, 2, 4, 8, ... of them), each time rebuilding and re-validating the real variant, until it passes the gate or no
-longer improves.
+all (weight-only int8, whose error is the weights' alone). Layers are then kept in fp32 in order of that error,
+each time rebuilding and re-validating the real variant: the most the search may keep first, and when that passes,
+1, 2, 4, 8, ... of them until one passes (``exclusion_search``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import tempfile
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
@@ -90,50 +91,74 @@ def _fake_quant_error(x: np.ndarray, w: np.ndarray, wq: np.ndarray, x_range: tup
     return float(np.linalg.norm(xq @ wq - y) / max(float(np.linalg.norm(y)), 1e-12))
 
 
-def _constant_weight(node, weights: dict) -> np.ndarray | None:
-    """A MatMul's or Gemm's constant weight as [in, out] (Gemm's transB honoured), else None."""
-    from onnx import helper, numpy_helper
+def _weight_shape(node, weights: dict) -> bool:
+    """Whether a MatMul's, Gemm's or Attention's second input is a constant 2-D weight."""
+    return len(node.input) >= 2 and node.input[1] in weights and len(weights[node.input[1]].dims) == 2
 
-    if len(node.input) < 2 or node.input[1] not in weights:
-        return None
-    w = numpy_helper.to_array(weights[node.input[1]])
-    if w.ndim != 2:
-        return None
-    attributes = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-    return w.T if node.op_type == "Gemm" and attributes.get("transB", 0) else w
+
+def _transposed(node) -> bool:
+    """Gemm's transB: its weight is stored [out, in]."""
+    from onnx import helper
+
+    return node.op_type == "Gemm" and any(a.name == "transB" and helper.get_attribute_value(a) for a in node.attribute)
 
 
 def rank_layers(graph: Path, batches: Sequence[dict[str, np.ndarray]], *,
                 mode: Int8Mode) -> list[RankedLayer]:
     """(node name, relative int8 output error) for every MatMul, Gemm or Attention with a constant weight, worst
     first. Gemm counts: ONNX Runtime quantizes it like a MatMul, and GPT-2's Conv1D layers export as Gemm (ranking
-    MatMuls alone left only GPT-2's head to exclude, so its search never ran)."""
+    MatMuls alone left only GPT-2's head to exclude, so its search never ran).
+
+    The graph's weights are in memory once at a time: the graph with its captured activations added as outputs is
+    written with its weights beside it as external data, which ``onnx.save_model`` writes tensor by tensor and drops
+    from the proto as it goes; ONNX Runtime then reads that file; and the weights come back one layer at a time for
+    the error. Holding the proto, its serialized copy, a session and every weight as an array at once made this the
+    second-highest peak of GPT-2 small's optimize (4.4 GB; benchmarks/optimize_profile.py, after10).
+    """
     import onnx
     import onnxruntime as ort
+    from onnx import external_data_helper, numpy_helper
 
-    model = onnx.load(str(graph))
-    weights = {t.name: t for t in model.graph.initializer}
-    targets = [(n, w) for n in model.graph.node
-               if n.op_type in ("MatMul", "Gemm", "Attention") and (w := _constant_weight(n, weights)) is not None]
-    existing = {o.name for o in model.graph.output}
-    captured = sorted({n.input[0] for n, _ in targets} - existing)
-    for name in captured:
-        model.graph.output.append(onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None))
-    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    del model
-    inputs = {i.name for i in session.get_inputs()}
-    wanted = sorted({n.input[0] for n, _ in targets})
-    runs = []
-    for b in batches:  # only the captured activations are fetched, thinned to the rows the error is measured on
-        out = session.run(wanted, {k: v for k, v in b.items() if k in inputs})
-        runs.append({name: Captured.of(value) for name, value in zip(wanted, out)})
-    layers = [(node.name, w, [r[node.input[0]] for r in runs]) for node, w in targets]
-    return rank_by_int8_error(layers, mode=mode)
+    with tempfile.TemporaryDirectory(prefix="kiln-rank-") as scratch:
+        probe = Path(scratch) / "model.onnx"
+        model = onnx.load(str(graph))
+        weights = {t.name: t for t in model.graph.initializer}
+        targets = [(n.name, n.input[0], n.input[1], _transposed(n)) for n in model.graph.node
+                   if n.op_type in ("MatMul", "Gemm", "Attention") and _weight_shape(n, weights)]
+        del weights
+        wanted = sorted({source for _, source, _, _ in targets})
+        existing = {o.name for o in model.graph.output}
+        for name in wanted:
+            if name not in existing:
+                model.graph.output.append(onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None))
+        onnx.save_model(model, str(probe), save_as_external_data=True, all_tensors_to_one_file=True,
+                        location="weights", size_threshold=1024)
+        del model
+        session = ort.InferenceSession(str(probe), providers=["CPUExecutionProvider"])
+        inputs = {i.name for i in session.get_inputs()}
+        runs = []
+        for b in batches:  # only the captured activations are fetched, thinned to the rows the error is measured on
+            out = session.run(wanted, {k: v for k, v in b.items() if k in inputs})
+            runs.append({name: Captured.of(value) for name, value in zip(wanted, out)})
+        del session
+        tensors = {t.name: t for t in onnx.load(str(probe), load_external_data=False).graph.initializer}
+
+        def weight(name: str, transposed: bool) -> np.ndarray:
+            tensor = tensors[name]
+            if external_data_helper.uses_external_data(tensor):
+                external_data_helper.load_external_data_for_tensor(tensor, scratch)
+            w = numpy_helper.to_array(tensor)
+            tensor.ClearField("raw_data")
+            return w.T if transposed else w
+
+        layers = ((name, weight(w, transposed), [r[source] for r in runs]) for name, source, w, transposed in targets)
+        return rank_by_int8_error(layers, mode=mode)
 
 
-def rank_by_int8_error(layers: Sequence[tuple[str, np.ndarray, Sequence[Captured]]], *,
+def rank_by_int8_error(layers: Iterable[tuple[str, np.ndarray, Sequence[Captured]]], *,
                        mode: Int8Mode) -> list[RankedLayer]:
-    """Each (name, weight [in, out], captured input activations) with its mean relative int8 error, worst first."""
+    """Each (name, weight [in, out], captured input activations) with its mean relative int8 error, worst first.
+    ``layers`` is consumed one at a time: a generator that loads each weight as it comes holds one at most."""
     errors = []
     for name, w, captures in layers:
         w = np.asarray(w, np.float32)
@@ -186,22 +211,22 @@ def share_limit(layers: int, max_share: float = 0.5) -> int:
 def exclusion_search(
     names: Sequence[str],
     attempt: Callable[[list[str]], tuple[float, bool]],
-    *, max_flat_rounds: int = 2, max_share: float = 0.5, limit: int | None = None,
+    *, max_share: float = 0.5, limit: int | None = None,
 ) -> SearchResult:
     """Keep the worst layers (``names``, worst first) in fp32 until ``attempt`` (rebuild + validate) accepts,
     excluding as few as found.
 
-    The count doubles (1, 2, 4, …) until one passes, then bisects down between the last failing and the
-    first passing count. The search gives up when doubling stops improving the agreement figure (by 1% of its
-    distance to 1.0) twice in a row, or when passing would take more layers in fp32 than ``max_share`` of them or
-    the caller's ``limit`` (kiln optimize's ``paying_limit``, from its timings), whichever is fewer.
+    The most layers the search may keep comes first: at most ``max_share`` of them, or the caller's ``limit``
+    (kiln optimize's ``paying_limit``, from its timings), whichever is fewer. When that set fails, no smaller one is
+    tried: it holds every smaller set's layers, and on GPT-2 small the doubling that used to come first spent five
+    attempts (75 s) climbing to the same rejection (benchmarks/optimize_profile.py, after10 against after11).
+    When it passes, the count doubles (1, 2, 4, …) until one passes, then bisects down between the last failing and
+    the first passing count, so a variant that needs few layers in fp32 still costs few attempts.
     A variant with most layers in fp32 keeps less than half of int8's gain at int8's risk (GPT-2 small's dynamic
     int8 passed with 40 of its 49 layers in fp32, after 12 rebuilds and 300 s of checks: fp32 in all but name).
     The last call to ``attempt`` is always the returned exclusion set (its files are the ones on disk).
     """
     rounds: list[Round] = []
-    best_value, flat = -np.inf, 0
-    failing, count = 0, 1
     share = share_limit(len(names), max_share)
     limit = share if limit is None else min(limit, share)
     if limit < 1:
@@ -212,19 +237,14 @@ def exclusion_search(
         rounds.append(Round(n, value, accepted))
         return accepted
 
-    while count <= limit:
-        if run(count):
-            break
-        value = rounds[-1].agreement
-        # "Helping" is relative to what is left to gain: closing 1% of the distance to 1.0. A fixed step (1e-4)
-        # called every round flat on a model whose int8 error is itself ~1e-4, and gave up while it was improving.
-        flat = flat + 1 if value <= best_value + 0.01 * (1.0 - best_value) else 0
-        best_value = max(best_value, value)
-        if flat >= max_flat_rounds or count == limit:
-            return SearchResult((), tuple(rounds), False)  # excluding more layers stopped helping
-        failing, count = count, min(count * 2, limit)
-    else:
+    # Agreement is not strictly monotone in the count near the floor (openvino-int8-weights on GPT-2 small: 13 layers
+    # 0.9540, 14 layers 0.9491 in one run), so a smaller set could pass where the most allowed just misses; that is a
+    # coin toss at the floor, not a set worth five more attempts to find.
+    if not run(limit):
         return SearchResult((), tuple(rounds), False)
+    failing, count = 0, 1
+    while count < limit and not run(count):
+        failing, count = count, min(count * 2, limit)
     passing = count
     while passing - failing > 1:
         middle = (failing + passing) // 2

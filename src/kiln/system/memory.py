@@ -28,6 +28,12 @@ def _libc() -> Any | None:
 def release_freed() -> bool:
     """Collect unreachable objects, then give free heap pages back; False where the C library cannot."""
     gc.collect()
+    return trim_heap()
+
+
+def trim_heap() -> bool:
+    """Give free heap pages back, without a garbage collection (cheap enough to call between decoding steps);
+    False where the C library cannot."""
     libc = _libc()
     if libc is None:
         return False

@@ -9,6 +9,7 @@ from kiln.runtime.predictor import Predictor
 from kiln.tasks import task_spec
 from kiln.tasks.base import Prepared
 from kiln.validation.figures import Agreement, AgreementInputs, Run
+from kiln.validation.spill import spilled
 
 
 def run(predictor: Predictor, prepared: Prepared) -> Run:
@@ -20,7 +21,8 @@ def run(predictor: Predictor, prepared: Prepared) -> Run:
 
 def agreement_inputs(reference: Predictor, inputs: Sequence[Any]) -> AgreementInputs:
     prepared = reference.prepare(inputs)
-    return AgreementInputs(prepared, run(reference, prepared), reference.config)
+    # Held for as long as variants are judged: a decoder's logits go to disk (kiln.validation.spill).
+    return AgreementInputs(prepared, spilled(run(reference, prepared)), reference.config)
 
 
 def measure_agreement(data: AgreementInputs, candidate: Predictor) -> Agreement:

@@ -18,10 +18,12 @@ import numpy as np
 
 from kiln.choices import Choice
 from kiln.runtime.predictor import Predictor
+from kiln.system.memory import trim_heap
 from kiln.tasks import task_spec
 from kiln.tasks.base import Prepared
 from kiln.validation.figures import Agreement, AgreementInputs, Run
 from kiln.validation.parity import cosine
+from kiln.validation.spill import spilled
 
 
 class Batching(Choice):
@@ -111,6 +113,7 @@ class _DriftMeter:
             x, y = self.handler.comparable(a).astype(np.float64), self.handler.comparable(b).astype(np.float64)
             self.worst_diff = max(self.worst_diff, float(np.max(np.abs(x - y))) if x.size else 0.0)
             self.worst_cos = min(self.worst_cos, cosine(x, y))
+            trim_heap()  # a decoder's rows are 50k-vocabulary float64 temporaries; glibc keeps them otherwise
         # The task's own agreement, with the alone run as the reference: the share of labels, ranks or next
         # tokens that stay the same, or the cosine, between batchings.
         # (The candidate against itself: one space, whatever the original's.)
@@ -134,14 +137,14 @@ def measure_batchings(data: AgreementInputs, candidate: Predictor,
     handler, options = candidate.handler, candidate.handler.options()
     agreements: dict[Batching, Agreement] = {}
     meter: _DriftMeter | None = None
-    sorted_run: Run | None = None  # held until the alone run exists to measure its drift against
+    sorted_run: Run | None = None  # kept until the alone run exists to measure its drift against
     plans = _plans(candidate, sessions, len(prepared.encodings))
     for batching, plan in plans.items():
         reduced = plan(prepared)
         run = Run(tuple(reduced), tuple(handler.finalize(prepared, reduced, options, candidate.encoder)))
         agreements[batching] = spec.agreement(data, run)
         if batching is Batching.SORTED:
-            sorted_run = run
+            sorted_run = spilled(run)  # a decoder's logits wait on disk for the alone run
         elif batching is Batching.ALONE:
             meter = _DriftMeter(candidate, data, prepared, run)
             meter.add(sorted_run)

@@ -30,8 +30,8 @@ def bucket_label(index: int) -> str:
 class Run:
     """One predictor's outputs on the agreement inputs: per-feature reduced outputs and final results."""
 
-    reduced: tuple[Any, ...]
-    results: tuple[Any, ...]
+    reduced: Sequence[Any]  # a tuple, or rows held on disk (kiln.validation.spill) when they are big
+    results: Sequence[Any]
 
 
 @dataclass(frozen=True)
