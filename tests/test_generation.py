@@ -96,6 +96,16 @@ def test_teacher_forced_rows_are_the_padded_batch_cut_to_each_row(decoder_artifa
     for row, full, encoding in zip(rows, padded, encodings):
         np.testing.assert_array_equal(row, full[: len(encoding.ids)])
     assert [np.array_equal(a, b) for a, b in zip(predictor.run_features(encodings), rows)] == [True] * 3
+    # Validation's engines hold no memory between calls (EngineOptions.memory_arena=False): their teacher-forced
+    # calls trim the heap as they go, with the same bits; a served or timed engine never does.
+    from kiln.decoder.teacher import TRIM_EVERY
+    from kiln.engines.base import EngineOptions
+
+    assert predictor.engine.trim_every == 0
+    artifact = Artifact.open(decoder_artifacts["gpt2"])
+    lean = predictor.handler.adapt_engine(artifact.engine(options=EngineOptions(memory_arena=False)), predictor.config)
+    assert lean.trim_every == TRIM_EVERY
+    assert [np.array_equal(a, b) for a, b in zip(lean.run_rows(arrays), rows)] == [True] * 3
 
 
 @pytest.mark.parametrize("arch", DECODERS)

@@ -17,7 +17,7 @@ from kiln.decoder.graph import ATTENTION_MASK, INPUT_IDS, LOGITS, CacheShape, po
 from kiln.decoder.steps import Stepper, empty_past, stepper
 from kiln.system.memory import trim_heap
 
-TRIM_EVERY = 4  # steps between heap trims in a teacher-forced call (every step: 15.1 s; every 8: 2.8 GB peak)
+TRIM_EVERY = 4  # steps between heap trims (benchmarks/teacher_memory.py: every 1-2 steps +1.54 GB, 8 +1.82)
 
 
 class TeacherForced:
@@ -28,8 +28,11 @@ class TeacherForced:
     is_padded = True
     pad_multiple = 1
 
-    def __init__(self, engine: Any, shape: CacheShape) -> None:
+    def __init__(self, engine: Any, shape: CacheShape, *, trim: bool = False) -> None:
+        """``trim``: hand freed heap memory back every few steps of a batch (validation, whose engines hold no
+        memory between calls); never while timing or serving, where it cost OpenVINO ~15% of a call."""
         self.step_engine = engine
+        self.trim_every = TRIM_EVERY if trim else 0
         self.steps = stepper(engine, shape)
         self.name, self.providers = engine.name, engine.providers
         self.input_names = (INPUT_IDS, ATTENTION_MASK)
@@ -73,9 +76,9 @@ class TeacherForced:
         first = max(1, int(mask.sum(axis=1).min()) // 2)
         # A stepper of this call's own: its runtime memory (OpenVINO's two requests, each holding a batch's whole
         # cache as outputs) goes when the call ends, not at the engine's. Each step allocates a cache one position
-        # longer and frees the last; glibc keeps the freed blocks, so the heap is trimmed every few steps. On GPT-2
-        # small (OpenVINO, 32 rows of 16-128 tokens, benchmarks/teacher_memory.py) the call's memory beside its
-        # logits fell from 1.8 to 1.25 GB, at 13.4 s against 12.6.
+        # longer and frees the last; glibc keeps the freed blocks, so where asked (``trim``) the heap is trimmed
+        # every few steps. On GPT-2 small (OpenVINO, 32 rows of 16-128 tokens, benchmarks/teacher_memory.py) the
+        # call's peak above the engine fell from 2.2-2.26 GB to 1.64-1.68, at 14.4-15.3 s against 12.5-13.2.
         steps = self.new_stepper()
         logits, past = steps.step(ids[:, :first], mask[:, :first], positions(mask[:, :first], first),
                                   empty_past(self.shape, ids.shape[0]))
@@ -83,7 +86,7 @@ class TeacherForced:
         for column in range(first, ids.shape[1]):
             seen = mask[:, : column + 1]
             logits, past = steps.step(ids[:, column : column + 1], seen, positions(seen, 1), past)
-            if column % TRIM_EVERY == 0:
+            if self.trim_every and ids.shape[0] > 1 and column % self.trim_every == 0:  # one row's cache is small
                 trim_heap()
             yield column, column + 1, logits
         del steps, past

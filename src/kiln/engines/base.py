@@ -49,6 +49,7 @@ class EngineOptions:
     # ONNX Runtime's CPU arena keeps the largest run's buffers for the session's life. Serving wants that (no
     # allocation per request); validation runs a few big batches per session and holds several sessions, where
     # the arenas were most of kiln optimize's peak on a decoder (GPT-2 small: benchmarks/optimize_profile.py).
+    # False also has a decoder's teacher-forced calls hand their freed memory back as they go (kiln.decoder.teacher).
     memory_arena: bool = True
 
     def __post_init__(self) -> None:

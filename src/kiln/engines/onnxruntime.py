@@ -36,6 +36,7 @@ class OnnxRuntimeEngine:
     pad_multiple = 1
 
     def __init__(self, path: Path, options: EngineOptions = EngineOptions()) -> None:
+        self.holds_memory = options.memory_arena  # False: validation; calls hand their memory back
         import onnxruntime as ort
 
         wanted = PROVIDERS[options.device]

@@ -24,6 +24,7 @@ class OpenVinoEngine:
     pad_multiple = 16
 
     def __init__(self, path: Path, options: EngineOptions = EngineOptions()) -> None:
+        self.holds_memory = options.memory_arena  # False: validation; calls hand their memory back
         try:
             import openvino as ov
         except ImportError as err:

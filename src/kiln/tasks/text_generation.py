@@ -284,7 +284,7 @@ class TextGeneration(GenerativeTask):
         """A KV-cache graph's engine, seen as a plain forward pass for validation (see kiln.decoder.teacher)."""
         shape = cache_shape(config)
         if shape.past_names()[0] in engine.input_names:
-            return TeacherForced(engine, shape)
+            return TeacherForced(engine, shape, trim=not getattr(engine, "holds_memory", True))
         return engine
 
     def graph_feed(self, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
