@@ -90,7 +90,8 @@ class TeacherForced:
                 trim_heap()
             yield column, column + 1, logits
         del steps, past
-        trim_heap()
+        if self.trim_every:
+            trim_heap()
 
     def warmup(self) -> None:
         self.run({INPUT_IDS: np.ones((1, 4), np.int64), ATTENTION_MASK: np.ones((1, 4), np.int64)})

@@ -406,7 +406,7 @@ class OptimizeJob:
                 shutil.move(stash, self.ctx.stage / full.built.name)
             elif search.rounds:  # an attempt overwrote them and nothing was set aside
                 spec.build(self.ctx, (), **full.parameters)
-            if bound.rejection and (limit == 0 or any(r.excluded == limit for r in search.rounds)):  # it stopped
+            if bound.rejection:  # the bound stopped it: nothing searched, or its first attempt (the most) failed
                 full = dataclasses.replace(full, verdict=dataclasses.replace(
                     full.verdict, reason=f"{full.verdict.reason}; {bound.rejection}"))
             return full, Sensitivity(top, search.rounds, (), False, bound=bound.said), None

@@ -105,9 +105,9 @@ def _transposed(node) -> bool:
 
 def rank_layers(graph: Path, batches: Sequence[dict[str, np.ndarray]], *,
                 mode: Int8Mode) -> list[RankedLayer]:
-    """(node name, relative int8 output error) for every MatMul, Gemm or Attention with a constant weight, worst
-    first. Gemm counts: ONNX Runtime quantizes it like a MatMul, and GPT-2's Conv1D layers export as Gemm (ranking
-    MatMuls alone left only GPT-2's head to exclude, so its search never ran).
+    """Every MatMul, Gemm or Attention with a constant weight (by node name), its relative int8 output error and its
+    weight count, worst first. Gemm counts: ONNX Runtime quantizes it like a MatMul, and GPT-2's Conv1D layers
+    export as Gemm (ranking MatMuls alone left only GPT-2's head to exclude, so its search never ran).
 
     The graph's weights are in memory once at a time: the graph with its captured activations added as outputs is
     written with its weights beside it as external data, which ``onnx.save_model`` writes tensor by tensor and drops

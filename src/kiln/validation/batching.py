@@ -113,7 +113,8 @@ class _DriftMeter:
             x, y = self.handler.comparable(a).astype(np.float64), self.handler.comparable(b).astype(np.float64)
             self.worst_diff = max(self.worst_diff, float(np.max(np.abs(x - y))) if x.size else 0.0)
             self.worst_cos = min(self.worst_cos, cosine(x, y))
-            trim_heap()  # a decoder's rows are 50k-vocabulary float64 temporaries; glibc keeps them otherwise
+            if x.nbytes >= 2**20:  # a decoder's rows: 50k-vocabulary float64 temporaries glibc keeps otherwise
+                trim_heap()
         # The task's own agreement, with the alone run as the reference: the share of labels, ranks or next
         # tokens that stay the same, or the cosine, between batchings.
         # (The candidate against itself: one space, whatever the original's.)
