@@ -108,6 +108,41 @@ def test_teacher_forced_rows_are_the_padded_batch_cut_to_each_row(decoder_artifa
     assert [np.array_equal(a, b) for a, b in zip(lean.run_rows(arrays), rows)] == [True] * 3
 
 
+def test_optimize_times_a_decoder_by_generating_as_served(decoder_artifacts):
+    """A decoder's timing is generation: every timing text a prompt continued by TIMING_NEW_TOKENS greedy tokens,
+    TIMING_BATCH decoding together, one prefill per group and one single-token step per further token; no call
+    of it returns a whole text's logits (what a teacher-forced pass held)."""
+    from kiln.bench.measure import time_predictor
+    from kiln.tasks.text_generation import TIMING_BATCH, TIMING_NEW_TOKENS
+
+    predictor = kiln.load(decoder_artifacts["gpt2"])
+    encodings = predictor.prepare(TextGeneration.timing_inputs(predictor.encoder)).encodings
+    calls: list[tuple[int, int, int]] = []  # (rows, new positions, logits positions) per step call
+    new_stepper = predictor.engine.new_stepper
+
+    class Counted:
+        def __init__(self) -> None:
+            self.inner = new_stepper()
+            self.shape = self.inner.shape
+
+        def step(self, ids, mask, position_ids, past):
+            logits, grown = self.inner.step(ids, mask, position_ids, past)
+            calls.append((ids.shape[0], ids.shape[1], logits.shape[1]))
+            return logits, grown
+
+    predictor.engine.new_stepper = Counted
+    timing = time_predictor(predictor, encodings, rounds=2)
+    assert (timing.sequences, timing.batch_size, timing.new_tokens) == (32, TIMING_BATCH, TIMING_NEW_TOKENS)
+    assert timing.seconds > 0 and "16 greedy tokens, 4 decoding together" in timing.describe()
+    groups = 32 // TIMING_BATCH
+    prefills = [c for c in calls if c[1] > 1]
+    steps = [c for c in calls if c[1] == 1]
+    # The warm-up: one group for 2 tokens; then two timed passes.
+    assert len(prefills) == 1 + 2 * groups and all(rows == TIMING_BATCH for rows, _, _ in prefills)
+    assert len(steps) == 1 + 2 * groups * (TIMING_NEW_TOKENS - 1)
+    assert all(rows == TIMING_BATCH for rows, _, _ in steps)
+
+
 @pytest.mark.parametrize("arch", DECODERS)
 def test_greedy_generation_equals_model_generate(arch, tiny_model, decoder_artifacts):
     model, tokenizer = _hf(tiny_model(arch, TaskName.TEXT_GENERATION))
@@ -306,6 +341,8 @@ def test_optimize_builds_validates_and_picks_a_decoder_variant(optimized_gpt2, t
     # Judged under the batchings its decode loop gives it: one session, so no sessions batching; and the 32
     # agreement texts are one batch of 32, so arrival order is the sorted batch's rows reordered: not run twice.
     assert set(fp32.batched.agreements) == {"sorted", "alone"}
+    # Timed by generating, the reference as the variants (PyTorch running the same step graph).
+    assert summary.reference_timing.new_tokens == fp32.timing.new_tokens == 16
     assert fp32.metric["perplexity"] == pytest.approx(summary.reference_metric["perplexity"], rel=1e-4)
     int8 = outcomes["onnx-int8-dynamic"]
     assert int8.record.recipe[-1]["pass"] == "ort-int8-dynamic" and int8.record.recipe[-1]["per_channel"]

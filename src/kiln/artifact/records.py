@@ -126,6 +126,7 @@ class ReferenceTiming:
     seconds: float
     batch_size: int
     attention: str = "eager"
+    new_tokens: int = 0  # a decoder's: each sequence a prompt continued by this many tokens (bench.measure.Timing)
 
     @property
     def ms_per_sequence(self) -> float:

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from kiln.decoder.batch import DecodeBatch, new_sequence
+from kiln.decoder.generate import stream
 from kiln.decoder.sampling import Sampling
 from kiln.decoder.stopping import Stops
 
@@ -59,6 +61,20 @@ def generate_once(steps: Any, pad_id: int, prompts: np.ndarray, new_tokens: int,
     if made != len(sequences) * new_tokens:  # the figures below are per token: they must be real tokens
         raise RuntimeError(f"{made} tokens came out of {len(sequences)} rows x {new_tokens} steps")
     return first - start, (end - first) / max(1, new_tokens - 1)
+
+
+def time_generation(steps: Any, pad_id: int, prompts: Sequence[Sequence[int]], *, batch_size: int, new_tokens: int,
+                    decode) -> float:
+    """Seconds to continue every prompt by exactly ``new_tokens`` greedy tokens, ``batch_size`` prompts decoding
+    together, a finished prompt's place going to the next (the continuous batching of ``generate()`` and kiln
+    serve). EOS is ignored, so every pass does the same work."""
+    stops = Stops(new_tokens, frozenset(), ())
+    start = time.perf_counter()
+    made = sum(1 for _ in stream(steps, pad_id, prompts, Sampling(), stops, decode, batch_size=batch_size))
+    seconds = time.perf_counter() - start
+    if made != len(prompts) * new_tokens:  # a timing per prompt of fewer tokens than said would flatter it
+        raise RuntimeError(f"{made} tokens came out of {len(prompts)} prompts x {new_tokens} tokens")
+    return seconds
 
 
 def generation_cell(steps: Any, pad_id: int, prompts: np.ndarray, *, new_tokens: int, runs: int, decode,

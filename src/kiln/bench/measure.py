@@ -95,11 +95,16 @@ def padding_efficiency(lengths: Sequence[int], batch_size: int, sort: bool, mult
 
 @dataclass(frozen=True)
 class Timing:
-    """Best wall time of passes over a length mix (length-sorted batches, tokenization excluded)."""
+    """Best wall time of passes over a length mix, tokenization excluded: length-sorted batches, or for a decoder
+    (``new_tokens`` > 0) each text a prompt continued by that many greedy tokens, ``batch_size`` decoding together."""
 
     sequences: int
     seconds: float
     batch_size: int
+    new_tokens: int = 0
+
+    def describe(self) -> str:
+        return describe_timing(self.sequences, self.batch_size, self.new_tokens)
 
     @property
     def ms_per_sequence(self) -> float:
@@ -108,6 +113,14 @@ class Timing:
     @property
     def sequences_per_second(self) -> float:
         return self.sequences / self.seconds
+
+
+def describe_timing(sequences: int, batch_size: int, new_tokens: int) -> str:
+    """What a timing timed, as the report says it."""
+    if new_tokens:
+        return (f"{sequences} prompts each continued by {new_tokens} greedy tokens, {batch_size} decoding together "
+                "(continuous batching, as generate() and kiln serve run it)")
+    return f"{sequences} sequences, length-sorted batches of {batch_size}"
 
 
 def best_seconds(predictor: Predictor, encodings: Sequence[Encoding], *, rounds: int, sort: bool = True) -> float:
@@ -131,6 +144,12 @@ def warm(predictor: Predictor, encodings: Sequence[Encoding]) -> None:
 
 
 def time_predictor(predictor: Predictor, encodings: Sequence[Encoding], *, rounds: int = 2) -> Timing:
+    """The task's own timing of ``predictor`` on ``encodings`` (``TaskSpec.time``: sorted batches, or a decoder's
+    generation), best of ``rounds`` passes after a warm-up."""
+    return predictor.handler.time(predictor, encodings, rounds=rounds)
+
+
+def time_sorted_batches(predictor: Predictor, encodings: Sequence[Encoding], *, rounds: int = 2) -> Timing:
     """Sorted batches, best of ``rounds`` passes after a warm-up batch."""
     warm(predictor, encodings)
     return Timing(len(encodings), best_seconds(predictor, encodings, rounds=rounds), predictor.batch_size)

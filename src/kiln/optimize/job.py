@@ -376,8 +376,11 @@ class OptimizeJob:
         """Rebuild with the most int8-sensitive layers kept in fp32 until the gate passes, keeping no more than can
         pay (``_search_limit``). The chosen set's timing comes back with it: the run's own timing of the variant."""
         # Timed now, while the files on disk are the fully quantized ones the search starts from.
-        full_timing = time_predictor(self._predictor(full.built.record(), timed=True), self.work.timing, rounds=1)
-        bound = self._search_limit(spec, lambda: spec.rank(self.ctx, self.ctx.calibration_batches()[:16]),
+        # Both hand back what they freed before the attempts build: GPT-2 small's onnx-int8-dynamic built its first
+        # attempt on 2.2 GB left resident by the ranking, and peaked at 3.37 GB (optimize_profile.py after15).
+        full_timing = _released(time_predictor(self._predictor(full.built.record(), timed=True), self.work.timing,
+                                               rounds=1))
+        bound = self._search_limit(spec, lambda: _released(spec.rank(self.ctx, self.ctx.calibration_batches()[:16])),
                                    full_timing)
         ranking, limit = bound.ranking, bound.limit
         if bound.said:
@@ -397,7 +400,10 @@ class OptimizeJob:
             return candidate.agreement.value, candidate.verdict.accepted
 
         names = [layer.name for layer in ranking]
-        search = exclusion_search(names, attempt, limit=limit)
+        # Where the primary figure must reach: the search aims its guesses at it (exclusion_search).
+        floor = next((f.floor for f in self.spec.floors(full.agreement, self.tolerance)
+                      if f.figure == full.agreement.primary), None)
+        search = exclusion_search(names, attempt, limit=limit, start=full.agreement.value, floor=floor)
         top = tuple((layer.name, layer.error) for layer in ranking[:10])
         confirmed = self._confirm(spec, full, names, attempts, len(search.excluded)) if search.accepted else None
         if confirmed is None:  # leave the fully quantized files the rejection describes
@@ -528,7 +534,7 @@ class OptimizeJob:
                 best=summary.best, skipped={o.name: o.reason for o in outcomes if not o.record},
                 tolerance=self.tolerance, cpu=self.cpu.to_dict(), calibration=self.work.calibration_source,
                 reference_timing=ReferenceTiming(timing.sequences, timing.seconds, timing.batch_size,
-                                                 summary.baseline_attention),
+                                                 summary.baseline_attention, timing.new_tokens),
                 eval=self.work.eval_set.source if self.work.eval_set is not None else None,
                 reference=self.described[1] if self.original is not self.source else None,
                 reference_metric=self.work.reference_metric),

@@ -91,7 +91,7 @@ def markdown(summary: RunSummary) -> str:
     timing = summary.reference_timing
     lines = [f"# kiln optimize: {summary.model} ({summary.task})", "",
              f"Tolerance {summary.tolerance:g}; task metric: {summary.primary_metric or 'none (no labelled data)'}; "
-             f"timed on {timing.sequences} sequences, length-sorted batches of {timing.batch_size}, tokenization "
+             f"timed on {timing.describe()}, tokenization "
              "excluded.", "", f"Calibration: {summary.calibration or 'not recorded'}.", "",
              *([f"Judged and timed against the reference {summary.reference} (the PyTorch fp32 row), not against "
                 "the model itself.", ""] if summary.reference else []),

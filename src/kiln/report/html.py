@@ -7,6 +7,7 @@ from html import escape
 from pathlib import Path
 
 from kiln.artifact.records import Status
+from kiln.bench.measure import describe_timing
 from kiln.bench.results import BenchResults
 from kiln.records import to_jsonable
 from kiln.report import svg, tables
@@ -97,6 +98,9 @@ def _notes(data: BenchResults) -> list[tuple[str, str]]:
         notes.append(("Batching:", f"{invariant} {tables.DRIFT_NOTE}"))
     if opt and opt.calibration:
         notes.append(("Calibration:", f"{opt.calibration}."))
+    if opt and (ref := opt.reference_timing):
+        timed = describe_timing(ref.sequences, ref.batch_size, ref.new_tokens)
+        notes.append(("ms/seq:", f"kiln optimize's timing on {timed}, tokenization excluded."))
     if opt and opt.reference:
         notes.append(("Judged and timed against:", f"{opt.reference} (the reference, PyTorch fp32), not the model "
                                                    "itself."))

@@ -28,6 +28,7 @@ from kiln.tasks.config import TaskConfig
 from kiln.validation.figures import Agreement, AgreementInputs, EvalSet, Floor, Run
 
 if TYPE_CHECKING:
+    from kiln.bench.measure import Timing
     from kiln.runtime.predictor import Predictor
     from kiln.runtime.tokenization import TextEncoder
     from kiln.tasks.http import Route
@@ -146,6 +147,13 @@ class TaskSpec:
         """The export graph when it is not the model's forward pass (a decoder's step with a KV cache): an object
         with ``module``, ``example`` and ``axes``; None exports the task module over ``example`` (the default)."""
         return None
+
+    @classmethod
+    def time(cls, predictor: Predictor, encodings: Sequence[Encoding], *, rounds: int = 2) -> Timing:
+        """How kiln optimize times a variant and the reference on the timing inputs: length-sorted batches."""
+        from kiln.bench.measure import time_sorted_batches
+
+        return time_sorted_batches(predictor, encodings, rounds=rounds)
 
     @classmethod
     def adapt_engine(cls, engine: Any, config: TaskConfig) -> Any:

@@ -38,6 +38,10 @@ from kiln.validation.figures import Agreement, AgreementInputs, EvalSet, Floor, 
 
 MAX_STOPS = 4  # stop strings per request, as OpenAI allows
 MAX_RETURN_SEQUENCES = 16  # continuations per prompt
+# kiln optimize times a decoder by generating: each timing text a prompt continued by this many greedy tokens, this
+# many prompts decoding together (kiln bench's latency cells are batches of 1 and 4).
+TIMING_NEW_TOKENS = 16
+TIMING_BATCH = 4
 OPTIONS = ("max_new_tokens", "temperature", "top_k", "top_p", "seed", "stop", "repetition_penalty", "num_beams",
            "length_penalty", "early_stopping", "num_return_sequences", "logprobs", "draft", "draft_tokens")
 
@@ -378,9 +382,32 @@ class TextGeneration(GenerativeTask):
 
     @classmethod
     def timing_inputs(cls, encoder, count: int = 32) -> list[Any]:
-        """32 texts of 16 to 128 tokens, ~1,100 cached steps a pass: optimize ranks its variants on them (kiln bench
-        measures first-token and per-token latency). 64 made timing 30% of a GPT-2 small optimize (218 of 736 s)."""
+        """32 prompts of 16 to 128 tokens, each continued by ``TIMING_NEW_TOKENS`` in ``time``: optimize ranks its
+        variants on them (kiln bench measures first-token and per-token latency by prompt length)."""
         return length_mix(count, 16, min(128, encoder.max_length), seed=3, token_count=encoder.token_count)
+
+    @classmethod
+    def time(cls, predictor, encodings, *, rounds: int = 2):
+        """Generation, as ``generate()`` and kiln serve run it: each timing text is a prompt continued by
+        ``TIMING_NEW_TOKENS`` greedy tokens, ``TIMING_BATCH`` decoding together, prompts by length. Timing the
+        teacher-forced batches validation runs instead kept every position's logits of 32 rows (4.1 GB peak on
+        GPT-2 small's OpenVINO variant, benchmarks/optimize_profile.py after13) and timed work no user asks for."""
+        from kiln.bench.generation import time_generation
+        from kiln.bench.measure import Timing
+
+        if not isinstance(predictor.engine, TeacherForced):  # a graph without a cache: its forward pass is the work
+            return super().time(predictor, encodings, rounds=rounds)
+        room = max(1, predictor.encoder.max_length - TIMING_NEW_TOKENS)  # prompt and continuation fit the window
+        prompts = sorted(([t for t, m in zip(e.ids, e.attention_mask) if m][:room] for e in encodings), key=len)
+
+        def once(chosen: list[list[int]], new_tokens: int) -> float:
+            # A stepper of the pass's own, as each teacher-forced call has (its runtime memory goes with it).
+            return time_generation(predictor.engine.new_stepper(), predictor.encoder.pad_id, chosen,
+                                   batch_size=TIMING_BATCH, new_tokens=new_tokens, decode=predictor.encoder.decode)
+
+        once(prompts[:TIMING_BATCH], 2)  # lazy initialisation is not timed
+        best = min(once(prompts, TIMING_NEW_TOKENS) for _ in range(rounds))
+        return Timing(len(prompts), best, TIMING_BATCH, TIMING_NEW_TOKENS)
 
     # -- validation ---------------------------------------------------------------------------------------
     @classmethod
