@@ -86,7 +86,10 @@ def main() -> None:
                                 threads=args.threads)
         summary = OptimizeJob(config, stages).run()
         profile = stages.close()
-        variants = {o.name: {"status": o.status.value, "reason": o.reason} for o in summary.outcomes}
+        variants = {o.name: {"status": o.status.value, "reason": o.reason,
+                             "ms_per_text": round(o.timing.ms_per_sequence, 1) if o.timing else None}
+                    for o in summary.outcomes}
+        best = summary.best
         if args.keep is not None:
             import shutil
 
@@ -94,7 +97,7 @@ def main() -> None:
             shutil.copytree(config.output, args.keep / "opt", dirs_exist_ok=True)
     previous = json.loads(args.output.read_text()) if args.output.is_file() else {}
     previous[args.label] = {"command": "python " + " ".join(sys.argv), "kiln": kiln.__version__,
-                            "cpu": cpu_info().to_dict(), **profile, "variants": variants}
+                            "cpu": cpu_info().to_dict(), **profile, "variants": variants, "best": best}
     args.output.write_text(json.dumps(previous, indent=1) + "\n")
     print(f"-> {args.output} [{args.label}]: {profile['seconds']} s, peak {profile['peak_rss_mib']} MiB")
 

@@ -388,12 +388,13 @@ class OptimizeJob:
         # Kept aside when attempts will overwrite them, and put back if the search finds nothing (re-quantizing
         # them cost GPT-2 small 11 s).
         stash = self._stash(full.built) if limit != 0 else None
-        attempts: dict[int, Checked] = {}
+        attempts: dict[int, Checked] = {}  # by count; the last one added is the one whose files are on disk
 
         def attempt(excluded: list[str]) -> tuple[float, bool]:
             # Screened on the sorted batching alone: a passing attempt's full check cost ~50 s against ~14 s on
             # GPT-2 small, and bisection makes several. The set the search settles on is checked fully below.
             candidate = self._check(self._build(spec, excluded, full.parameters), full.parameters, screen=True)
+            attempts.pop(len(excluded), None)
             attempts[len(excluded)] = candidate
             self.progress(f"{spec.name}: {len(excluded)} layer(s) kept in fp32 -> {candidate.verdict.reason} "
                           f"(sorted batches)")
@@ -465,11 +466,13 @@ class OptimizeJob:
     def _confirm(self, spec: VariantSpec, full: Checked, names: list[str],
                  attempts: dict[int, Checked], settled: int) -> tuple[tuple[str, ...], Checked] | None:
         """The fewest layers kept in fp32 that pass every batching, and their check: the set the screened search
-        settled on (its files are the last written), else the next larger set that passed the screen; None when
-        none does."""
+        settled on, else the next larger set that passed the screen; None when none does. A set is rebuilt unless
+        its files are the last written (the last attempt's)."""
+        last = next(reversed(attempts))
         for count in sorted(n for n, c in attempts.items() if c.verdict.accepted and n >= settled):
             excluded = tuple(names[:count])
-            built = attempts[count].built if count == settled else self._build(spec, excluded, full.parameters)
+            built = attempts[count].built if count == last else self._build(spec, excluded, full.parameters)
+            last = count
             checked = self._check(built, full.parameters)
             self.progress(f"{spec.name}: {count} layer(s) kept in fp32 -> {checked.verdict.reason} (every batching)")
             if checked.verdict.accepted:
