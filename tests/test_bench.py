@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import sys
 from dataclasses import replace
+from importlib.util import find_spec
 
 import numpy as np
 import pytest
@@ -20,6 +21,7 @@ from kiln.bench.results import SCHEMA, read_results
 from kiln.choices import ExportFormat
 from kiln.errors import UsageError
 from kiln.export.job import ExportConfig, run_export
+from kiln.system.cpu import cpu_info
 from kiln.tasks import TaskName
 
 
@@ -208,6 +210,29 @@ def test_gemm_bound_counts_every_weight_gemm_of_the_graph(benched, tiny_model, t
     assert bound.own_bound_per_s == pytest.approx(bound.fp32_gops * 1e9 / (2 * 128 * sum(expected)))
     assert bound.of_int8_bound == pytest.approx(bound.reached_per_s / bound.int8_bound_per_s)
     assert min(bound.int8_gops, bound.fp32_gops, bound.reached_per_s) > 0
+    # the bf16 rate is timed where the CPU has native bf16 (OpenVINO times it), and only there
+    assert (bound.bf16_gops is not None) == (cpu_info().has_bf16 and find_spec("openvino") is not None)
+
+
+def test_a_bf16_variant_is_bounded_by_the_bf16_rate_and_the_best_bound_is_the_faster_precision(benched):
+    """An OpenVINO variant with the bf16 hint runs its float GEMMs in bf16: its own bound is the bf16 one (on AMX,
+    openvino-bf16 reached 186% of an fp32-rated own bound). The best bound is the faster of int8 and bf16."""
+    from kiln.bench.gemm import BF16, gemm_bound
+    from kiln.report.tables import gemm_table
+
+    art, _, results = benched
+    model = art / Artifact.open(art).variant().path
+    bound = gemm_bound(model, 100.0, 1, float_precision=BF16, bf16=True, budget_s=0.05, min_runs=1)
+    assert bound.bf16_gops > 0 and bound.own_bound_per_s == pytest.approx(bound.bf16_bound_per_s)
+    assert bound.best_bound_per_s == max(bound.int8_bound_per_s, bound.bf16_bound_per_s)
+    assert bound.best_precision == ("bf16" if bound.bf16_bound_per_s > bound.int8_bound_per_s else "int8")
+    assert bound.of_best_bound == pytest.approx(100.0 / bound.best_bound_per_s)
+    with pytest.raises(ValueError, match="bf16=True"):
+        gemm_bound(model, 100.0, 1, float_precision=BF16)
+    target = replace(results.targets[1], gemm=bound)
+    header, rows = gemm_table(replace(results, targets=(target,)))
+    assert "bf16 GOP/s" in header and "of best bound" in header and len(rows[0]) == len(header)
+    assert rows[0][header.index("best bound seq/s")].endswith(f"({bound.best_precision})")
 
 
 def test_a_worker_killed_mid_cell_is_reported_at_once_with_its_signal(tiny_artifact, tmp_path):

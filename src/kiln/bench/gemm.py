@@ -8,7 +8,13 @@ sequences of 128 tokens. Two bounds follow:
 - the int8 bound: every weight GEMM in int8, the ceiling any int8 variant of this model could reach on this CPU
   (the figure issue 10 targets "70% of");
 - the variant's own bound: each GEMM in the precision the variant runs it in (an int8 variant that keeps some
-  layers in fp32 for fidelity is bounded by those too).
+  layers in fp32 for fidelity is bounded by those too; an OpenVINO variant with the bf16 hint runs its float GEMMs
+  in bf16).
+
+Where the CPU has native bf16 (AVX-512 BF16, AMX), the same GEMMs are also timed in bf16, through OpenVINO's CPU
+plugin (ONNX Runtime's CPU provider has no bf16 GEMM). On AMX, bf16 is not a mere fallback: on a 2-core Sapphire
+Rapids Xeon openvino-bf16 ran MiniLM 3.0x faster than openvino-fp32 and beat every int8 variant, so the ceiling of
+such a CPU is the faster of the int8 and bf16 bounds (``best_bound_per_s``), not the int8 one alone.
 
 Attention scores (QK^T, softmax x V) are not weight GEMMs and are left out, as are LayerNorm, GELU and the rest:
 the bounds are ceilings, never reachable, and the fraction reached says how much the other work costs.
@@ -22,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-INT8, FP32 = "int8", "fp32"
+INT8, FP32, BF16 = "int8", "fp32", "bf16"
 ROWS = 32 * 128  # tokens of the timed batch: 32 sequences of 128
 
 # ONNX op type -> (precision the op runs its GEMM in, index of its weight input)
@@ -57,6 +63,22 @@ class GemmBound:
     of_int8_bound: float  # reached / int8 bound
     of_own_bound: float  # reached / own bound
     kernel: str
+    bf16_gops: float | None = None  # the same GEMMs in bf16 (OpenVINO), where the CPU has native bf16; else None
+    bf16_bound_per_s: float | None = None  # sequences/s if every weight GEMM ran in bf16 and nothing else ran
+
+    @property
+    def best_precision(self) -> str:
+        """The precision whose bound is highest on this CPU (int8, or bf16 where it is faster: AMX)."""
+        return BF16 if (self.bf16_bound_per_s or 0.0) > self.int8_bound_per_s else INT8
+
+    @property
+    def best_bound_per_s(self) -> float:
+        """The ceiling of any variant of this model on this CPU: the faster of the int8 and bf16 bounds."""
+        return max(self.int8_bound_per_s, self.bf16_bound_per_s or 0.0)
+
+    @property
+    def of_best_bound(self) -> float:
+        return self.reached_per_s / self.best_bound_per_s
 
 
 def onnx_weight_gemms(path: Path) -> list[WeightGemm]:
@@ -159,25 +181,62 @@ def time_gemms(gemms: list[WeightGemm], precision: str, threads: int, *, budget_
                           warmup=1))
 
 
-def gemm_bound(model_path: Path, reached_per_s: float, threads: int, *, budget_s: float = 1.0,
-               min_runs: int = 3) -> GemmBound | None:
-    """The bound of the variant stored at ``model_path``; None where kiln cannot read its GEMMs (TorchScript)."""
+def time_gemms_bf16(gemms: list[WeightGemm], threads: int, *, budget_s: float = 1.0, min_runs: int = 3) -> float:
+    """Seconds OpenVINO's CPU plugin needs for ``gemms`` in bf16 on ROWS tokens with ``threads`` threads (fastest
+    run). The outputs stay bf16: converting 4096 rows of every GEMM to fp32 is work the model's own graph never
+    does (its GEMMs feed bf16 adds and layer norms), and would bound it too low."""
+    import openvino as ov
+    import openvino.opset13 as ops
+    from openvino.preprocess import PrePostProcessor
+
+    from kiln.bench.measure import time_calls
+
+    rng = np.random.default_rng(0)
+    params = {k: ops.parameter([ROWS, k], np.float32, name=f"x{k}") for k in sorted({g.inner for g in gemms})}
+    results = [ops.result(ops.matmul(params[g.inner], ops.constant(
+        rng.standard_normal((g.inner, g.outer), dtype=np.float32)), False, False)) for g in gemms]
+    ppp = PrePostProcessor(ov.Model(results, list(params.values()), "weight_gemms"))
+    for i in range(len(results)):
+        ppp.output(i).tensor().set_element_type(ov.Type.bf16)
+    compiled = ov.Core().compile_model(ppp.build(), "CPU", {"INFERENCE_PRECISION_HINT": "bf16",
+                                                              "INFERENCE_NUM_THREADS": threads,
+                                                              "PERFORMANCE_HINT": "LATENCY"})
+    request = compiled.create_infer_request()
+    feed = {p.get_any_name(): rng.standard_normal(tuple(p.get_shape()), dtype=np.float32) for p in compiled.inputs}
+    return min(time_calls(lambda: request.infer(feed, share_inputs=True, share_outputs=True), budget_s=budget_s,
+                          min_runs=min_runs, warmup=1))
+
+
+def gemm_bound(model_path: Path, reached_per_s: float, threads: int, *, float_precision: str = FP32,
+               bf16: bool = False, budget_s: float = 1.0, min_runs: int = 3) -> GemmBound | None:
+    """The bound of the variant stored at ``model_path``; None where kiln cannot read its GEMMs (TorchScript).
+
+    ``float_precision`` is what the variant's float GEMMs run in (BF16 for an OpenVINO variant with the bf16 hint);
+    ``bf16`` asks for the bf16 rate too (kiln bench asks where the CPU has native bf16 and OpenVINO is installed)."""
     import onnxruntime as ort
 
     reader = WEIGHT_GEMMS.get(model_path.suffix)
     gemms = reader(model_path) if reader else []
     if not gemms:
         return None
+    if float_precision == BF16 and not bf16:
+        raise ValueError("a variant with bf16 GEMMs is bounded by the bf16 rate: pass bf16=True")
     seconds = {p: time_gemms(gemms, p, threads, budget_s=budget_s, min_runs=min_runs) for p in (INT8, FP32)}
+    kernel = f"onnxruntime {ort.__version__} MatMulInteger (u8 x s8) and MatMul (fp32)"
+    if bf16:
+        import openvino as ov
+
+        seconds[BF16] = time_gemms_bf16(gemms, threads, budget_s=budget_s, min_runs=min_runs)
+        kernel += f"; openvino {ov.get_version().split('-')[0]} MatMul (bf16)"
     ops = 2 * ROWS * sum(g.inner * g.outer for g in gemms)
     by_precision = Counter()
     for g in gemms:
-        by_precision[g.precision] += g.inner * g.outer
+        by_precision[float_precision if g.precision == FP32 else g.precision] += g.inner * g.outer
     total = sum(by_precision.values())
-    own_seconds = sum(seconds[p] * by_precision[p] / total for p in (INT8, FP32))
+    own_seconds = sum(seconds[p] * share / total for p, share in by_precision.items())
     sequences = ROWS // 128
     int8_bound, own_bound = sequences / seconds[INT8], sequences / own_seconds
     return GemmBound(len(gemms), sum(g.precision == INT8 for g in gemms), ops / sequences / 1e9,
                      ops / seconds[INT8] / 1e9, ops / seconds[FP32] / 1e9, int8_bound, own_bound, reached_per_s,
-                     reached_per_s / int8_bound, reached_per_s / own_bound,
-                     f"onnxruntime {ort.__version__} MatMulInteger (u8 x s8) and MatMul (fp32), {threads} threads")
+                     reached_per_s / int8_bound, reached_per_s / own_bound, f"{kernel}, {threads} threads",
+                     ops / seconds[BF16] / 1e9 if bf16 else None, sequences / seconds[BF16] if bf16 else None)

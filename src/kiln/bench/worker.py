@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from kiln.bench.gemm import ROWS, GemmBound, gemm_bound
+from kiln.bench.gemm import BF16, FP32, ROWS, GemmBound, gemm_bound
 from kiln.bench.generation import NEW_TOKENS, GenerationCell, generation_cell
 from kiln.bench.measure import (
     LatencyStats,
@@ -18,7 +18,7 @@ from kiln.bench.measure import (
     peak_rss_mb,
     synthetic_batch,
 )
-from kiln.choices import Scheduling
+from kiln.choices import Precision, Scheduling
 from kiln.tasks import task_spec
 
 PYTORCH = "pytorch-fp32"
@@ -224,8 +224,20 @@ def _gemm_bound(target: Target, engine, encoder, settings: BenchSettings) -> Gem
     art = Artifact.open(target.artifact, check=False)
     reached = latency_cell(engine.run, synthetic_batch(encoder, 32, length), budget_s=settings.budget_s,
                            min_runs=settings.min_runs).sequences_per_second
-    return gemm_bound(art.path / art.variant(target.name).path, reached, settings.threads,
-                      budget_s=settings.budget_s * 3, min_runs=settings.min_runs)
+    record = art.variant(target.name)
+    runs_bf16 = record.engine == "openvino" and record.options.precision is Precision.BF16
+    return gemm_bound(art.path / record.path, reached, settings.threads, bf16=_native_bf16(),
+                      float_precision=BF16 if runs_bf16 else FP32, budget_s=settings.budget_s * 3,
+                      min_runs=settings.min_runs)
+
+
+def _native_bf16() -> bool:
+    """Whether the bound is also timed in bf16: the CPU has native bf16 and OpenVINO (which times it) is here."""
+    from importlib.util import find_spec
+
+    from kiln.system.cpu import cpu_info
+
+    return cpu_info().has_bf16 and find_spec("openvino") is not None
 
 
 def _sweep_point(target: Target, settings: BenchSettings, encodings, sessions: int, threads: int,
