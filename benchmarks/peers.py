@@ -15,7 +15,10 @@ Two measurements per configuration: end to end (texts in, embeddings out: tokeni
 library's own batching) and engine-only (the same pre-tokenized, length-sorted batches of 32 padded to their
 longest, tokenization excluded; OpenVINO IRs through a plain ``compile_model`` with the LATENCY hint and the
 same threads), plus batch-1 latency at 128 tokens. Fidelity: cosine of each configuration's embeddings to
-sentence-transformers on PyTorch, mean and min.
+sentence-transformers on PyTorch, mean and min, on the held-out texts and, separately, on kiln's 50 built-in plain
+English sentences (1-50 words; no configuration calibrates on them, and kiln's gate sees them among its agreement
+inputs). On a 2-core AMX Xeon every int8 OpenVINO IR run with bf16 float ops, the optimum-intel peer's included,
+held 0.996 on the held-out texts and fell to ~0.70 on such sentences: one text set hides it.
 
 optimum-intel pins an older transformers than kiln's, so the peers run in their own virtual environments,
 created on first use (``--venv``, default ``benchmarks/.peers-venv``; ``benchmarks/.st-onnx-venv``: the ONNX
@@ -85,9 +88,11 @@ def _prepare(artifact: Path, work: Path, count: int) -> dict:
     np.savez(work / "batches.npz", **{f"{k}.{i}": v for i, b in enumerate(batches) for k, v in b.items()})
     one = encoder.collate(encoder.encode([" ".join(["kiln"] * 400)]))
     np.savez(work / "b1.npz", **{k: v[:, :128] for k, v in one.items()})
+    from kiln.data.texts import builtin_sentences
     from kiln.system.cpu import cpu_info
 
-    setup = {"texts": texts, "calibration": calibration, "order": order, "batches": len(batches),
+    setup = {"texts": texts, "sentences": list(builtin_sentences()), "calibration": calibration, "order": order,
+             "batches": len(batches),
              "model_dir": art.manifest.source.path, "artifact": str(artifact),
              "vnni": "avx512-vnni" in cpu_info().features, "dimension": art.task_config.dimension}
     (work / "setup.json").write_text(json.dumps(setup))
@@ -103,12 +108,23 @@ def _run_stage(python: Path, stage: str, work: Path, threads: int) -> dict:
     return json.loads((work / f"{stage}.json").read_text())
 
 
-def _fidelity(work: Path, name: str) -> tuple[float, float]:
+def _fidelity(work: Path, name: str, texts: str = "") -> tuple[float, float]:
+    """Cosine mean and min of ``name``'s embeddings to sentence-transformers on PyTorch (``texts``: "" for the
+    held-out texts, ".sentences" for the built-in plain sentences)."""
     import numpy as np
 
-    ref, got = np.load(work / "st-torch.npy"), np.load(work / f"{name}.npy")
+    ref, got = np.load(work / f"st-torch{texts}.npy"), np.load(work / f"{name}{texts}.npy")
     cos = (ref * got).sum(1) / np.linalg.norm(ref, axis=1) / np.linalg.norm(got, axis=1)
     return float(cos.mean()), float(cos.min())
+
+
+def _save(work: Path, name: str, encode) -> None:
+    """``name``'s embeddings of the held-out texts and of the plain sentences, for the fidelity figures."""
+    import numpy as np
+
+    setup = json.loads((work / "setup.json").read_text())
+    np.save(work / f"{name}.npy", np.asarray(encode(setup["texts"])))
+    np.save(work / f"{name}.sentences.npy", np.asarray(encode(setup["sentences"])))
 
 
 # -- the stages (each in a fresh process) ---------------------------------------------------------------------
@@ -170,7 +186,6 @@ def _ov_engine_only(xml: Path, batches: list[dict], b1: dict, threads: int) -> d
 
 def stage_peer(work: Path, threads: int) -> dict:
     """sentence-transformers on torch, and on OpenVINO with an optimum-intel + NNCF int8 IR."""
-    import numpy as np
     import torch
     from sentence_transformers import SentenceTransformer
 
@@ -186,21 +201,20 @@ def stage_peer(work: Path, threads: int) -> dict:
         "file_name": "openvino/openvino_model_qint8.xml",
         "ov_config": {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_NUM_THREADS": threads}})
     seconds = _time(lambda: ov_st.encode(texts, batch_size=BATCH))
-    np.save(work / "st-openvino-int8.npy", ov_st.encode(texts, batch_size=BATCH))
+    _save(work, "st-openvino-int8", lambda t: ov_st.encode(t, batch_size=BATCH))
     results["st-openvino-int8"] = {"end_to_end_per_s": len(texts) / seconds,
                                    **_ov_engine_only(xml, batches, b1, threads)}
     # The fp32 IR at OpenVINO's default precision: bf16 on a CPU with AVX-512 BF16 or AMX, else fp32.
     default = SentenceTransformer(str(peer_dir), device="cpu", backend="openvino", model_kwargs={
         "file_name": "openvino/openvino_model.xml", "ov_config": {"INFERENCE_NUM_THREADS": threads}})
     seconds = _time(lambda: default.encode(texts, batch_size=BATCH))
-    np.save(work / "st-openvino.npy", default.encode(texts, batch_size=BATCH))
+    _save(work, "st-openvino", lambda t: default.encode(t, batch_size=BATCH))
     results["st-openvino"] = {"end_to_end_per_s": len(texts) / seconds}
     return results
 
 
 def stage_st_onnx(work: Path, threads: int) -> dict:
     """sentence-transformers' ONNX backend: its fp32 export (saved for fastembed too) and its dynamic int8."""
-    import numpy as np
     import onnxruntime as ort
     from sentence_transformers import SentenceTransformer, export_dynamic_quantized_onnx_model
 
@@ -222,7 +236,7 @@ def stage_st_onnx(work: Path, threads: int) -> dict:
     st = SentenceTransformer(str(peer_dir), device="cpu", backend="onnx", model_kwargs={
         "file_name": name, "provider": "CPUExecutionProvider", "session_options": options})
     seconds = _time(lambda: st.encode(texts, batch_size=BATCH))
-    np.save(work / "st-onnx-int8.npy", st.encode(texts, batch_size=BATCH))
+    _save(work, "st-onnx-int8", lambda t: st.encode(t, batch_size=BATCH))
     return {"st-onnx-int8": {"end_to_end_per_s": len(texts) / seconds, "config": config}}
 
 
@@ -246,19 +260,18 @@ def stage_fastembed(work: Path, threads: int) -> dict:
                                        sources=ModelSource(hf=name), dim=setup["dimension"], model_file=file)
         model = TextEmbedding(model_name=name, specific_model_path=str(peer_dir), threads=threads)
         seconds = _time(lambda model=model: list(model.embed(texts, batch_size=BATCH)))
-        np.save(work / f"{label}.npy", np.stack(list(model.embed(texts, batch_size=BATCH))))
+        _save(work, label, lambda t, model=model: np.stack(list(model.embed(t, batch_size=BATCH))))
         results[label] = {"end_to_end_per_s": len(texts) / seconds}
     return results
 
 
 def _st_torch(model_dir: str, texts: list[str], batches: list[dict], b1: dict, work: Path) -> dict:
-    import numpy as np
     import torch
     from sentence_transformers import SentenceTransformer
 
     st = SentenceTransformer(model_dir, device="cpu")
     seconds = _time(lambda: st.encode(texts, batch_size=BATCH))
-    np.save(work / "st-torch.npy", st.encode(texts, batch_size=BATCH))
+    _save(work, "st-torch", lambda t: st.encode(t, batch_size=BATCH))
     model = st[0].auto_model
 
     def forward(b):
@@ -301,7 +314,7 @@ def stage_kiln(work: Path, threads: int) -> dict:
     texts, batches, b1 = setup["texts"], _batches(work), _b1(work)
     predictor = kiln.load(setup["artifact"], threads=threads, batch_size=BATCH, sessions=1)
     seconds = _time(lambda: predictor.predict(texts))
-    np.save(work / "kiln.npy", np.stack(predictor.predict(texts)))
+    _save(work, "kiln", lambda t: np.stack(predictor.predict(t)))
     engine = predictor.engine
     engine_s = _time(lambda: [engine.run(b) for b in batches])
     result = {"end_to_end_per_s": len(texts) / seconds, "engine_per_s": len(texts) / engine_s,
@@ -362,6 +375,8 @@ def main() -> None:
                 row.update(_run_stage(python, stage, work, args.threads))
             for name in (*PEERS[1:], "kiln"):
                 row[name]["cosine_mean"], row[name]["cosine_min"] = _fidelity(work, name)
+                row[name]["sentences_cosine_mean"], row[name]["sentences_cosine_min"] = _fidelity(
+                    work, name, ".sentences")
             rounds.append(row)
             print(f"round {r + 1}: " + json.dumps(row), flush=True)
     summary = _summarise(rounds)
@@ -373,19 +388,26 @@ def main() -> None:
 
 def _summarise(rounds: list[dict]) -> dict:
     names = (*PEERS, "kiln")
-    keys = ("end_to_end_per_s", "engine_per_s", "b1_128_ms", "cosine_mean", "cosine_min")
+    keys = ("end_to_end_per_s", "engine_per_s", "b1_128_ms", "cosine_mean", "cosine_min", "sentences_cosine_mean",
+            "sentences_cosine_min")
     out = {n: {k: statistics.median(r[n][k] for r in rounds) for k in keys if k in rounds[0][n]} for n in names}
     if "plain_openvino" in rounds[0]["kiln"]:
         out["kiln"]["plain_openvino_engine_per_s"] = statistics.median(
             r["kiln"]["plain_openvino"]["engine_per_s"] for r in rounds)
     out["kiln"]["serving_default_end_to_end_per_s"] = statistics.median(
         r["kiln"]["serving_default_end_to_end_per_s"] for r in rounds)
-    # The best peer at kiln's own bar (min cosine >= 0.99 to sentence-transformers on PyTorch), end to end.
+    # The best peer at kiln's own bar (min cosine >= 0.99 to sentence-transformers on PyTorch), end to end: on the
+    # held-out texts (the figure earlier sittings compared), and on those and the plain sentences both.
     fair = [n for n in PEERS if out[n].get("cosine_min", 1.0) >= 0.99]
     best = max(fair, key=lambda n: out[n]["end_to_end_per_s"])
+    fair_both = [n for n in fair if out[n].get("sentences_cosine_min", 1.0) >= 0.99]
+    best_both = max(fair_both, key=lambda n: out[n]["end_to_end_per_s"])
     out["ratios"] = {"best_peer": best,
                      "end_to_end_vs_best_peer": statistics.median(
                          r["kiln"]["end_to_end_per_s"] / r[best]["end_to_end_per_s"] for r in rounds),
+                     "best_peer_on_both_text_sets": best_both,
+                     "end_to_end_vs_best_peer_on_both": statistics.median(
+                         r["kiln"]["end_to_end_per_s"] / r[best_both]["end_to_end_per_s"] for r in rounds),
                      "engine_vs_peer_int8": statistics.median(
                          r["kiln"]["engine_per_s"] / r["st-openvino-int8"]["engine_per_s"] for r in rounds),
                      "b1_vs_peer_int8": statistics.median(
@@ -394,15 +416,21 @@ def _summarise(rounds: list[dict]) -> dict:
 
 
 def _table(s: dict) -> str:
-    rows = ["| configuration | end to end texts/s | engine-only seq/s | batch-1 ms @128 | cosine mean / min |",
-            "| --- | --- | --- | --- | --- |"]
+    rows = ["| configuration | end to end texts/s | engine-only seq/s | batch-1 ms @128 | cosine mean / min | "
+            "plain sentences: cosine mean / min |", "| --- | --- | --- | --- | --- | --- |"]
     for name in (*PEERS, "kiln"):
         r = s[name]
         fid = f"{r['cosine_mean']:.4f} / {r['cosine_min']:.4f}" if "cosine_mean" in r else "1 / 1"
+        if "sentences_cosine_mean" in r:
+            fid += f" | {r['sentences_cosine_mean']:.4f} / {r['sentences_cosine_min']:.4f}"
+        else:
+            fid += " | 1 / 1"
         engine = f"{r['engine_per_s']:.1f} | {r['b1_128_ms']:.2f}" if "engine_per_s" in r else "| "
         rows.append(f"| {name} | {r['end_to_end_per_s']:.1f} | {engine} | {fid} |")
     q = s["ratios"]
     rows.append(f"\nkiln end to end vs best peer ({q['best_peer']}): {q['end_to_end_vs_best_peer']:.2f}x; "
+                f"vs the best at min cosine >= 0.99 on the plain sentences too ({q['best_peer_on_both_text_sets']}): "
+                f"{q['end_to_end_vs_best_peer_on_both']:.2f}x; "
                 f"engine-only vs the peer's int8 IR: {q['engine_vs_peer_int8']:.2f}x; batch-1 latency vs it: "
                 f"{q['b1_vs_peer_int8']:.2f}x; kiln with its serving default: "
                 f"{s['kiln']['serving_default_end_to_end_per_s']:.1f} texts/s end to end")

@@ -37,11 +37,12 @@ def serve(
     api_key: Annotated[Optional[str], typer.Option(  # noqa: UP045
         help="Require 'Authorization: Bearer KEY' (or X-API-Key) on inference routes.", show_default=False)] = None,
     threads: Annotated[Optional[int], typer.Option(  # noqa: UP045
-        help="Engine threads per session (default: the artifact's serving.json from kiln bench, else all usable "
-        "cores).", show_default=False, min=1)] = None,
+        help="Engine threads per session (default: the artifact's serving.json from kiln bench, else 1 per "
+        "session for one-pass tasks, all usable cores for a decoder).", show_default=False, min=1)] = None,
     sessions: Annotated[Optional[int], typer.Option(  # noqa: UP045
-        help="Engine instances running batches side by side, each on its own thread (default: serving.json, "
-        "else 1).", show_default=False, min=1)] = None,
+        help="Engine instances running batches side by side, each on its own thread (default: serving.json, else "
+        "one per usable core for one-pass tasks: most throughput under concurrent load, while one request alone "
+        "runs on one core; --sessions 1 gives a lone request every core).", show_default=False, min=1)] = None,
     max_inputs_per_request: Annotated[int, typer.Option(
         help="Inputs one request may carry (413 above it): bounds the work and memory a single client can ask "
         "for at once; raise it for bulk clients, lower it to protect latency.", min=1)] = 64,

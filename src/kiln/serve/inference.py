@@ -118,7 +118,10 @@ def load_served(name: str, path: Path, limits: BatchLimits, metrics: Metrics, *,
     artifact = Artifact.open(path)
     variant = served_variant(artifact, deterministic=deterministic)
     record = artifact.variant(variant)
+    threads, sessions, why = server_sessions(artifact, variant, threads=threads, sessions=sessions)
     plan = artifact.serving_plan(variant, threads=threads, sessions=sessions)
+    log.info("model %s: %s on %d session(s) x %s thread(s) (%s)", name, variant, plan.sessions,
+             plan.options.intra_op_threads or "all", why)
     predictor = artifact.predictor(variant, plan)
     if limits.max_batch_size is None:  # the sweep's batch size where kiln bench measured one
         default = artifact.serving_default(variant)
@@ -147,6 +150,32 @@ def load_served(name: str, path: Path, limits: BatchLimits, metrics: Metrics, *,
     if shadow is not None:
         served.shadow = _shadow(served, shadow, metrics)
     return served
+
+
+def server_sessions(artifact: Artifact, variant: str, *, threads: int | None, sessions: int | None
+                    ) -> tuple[int | None, int | None, str]:
+    """Threads and sessions a server runs ``variant`` with, and why: the caller's, else kiln bench's serving
+    default, else, for a task served in batches, one single-thread session per usable core.
+
+    A server's cores are shared with its event loop, its tokenization and (on a small box) its clients; one session
+    of all threads then waits, at every op, for whichever of its threads was preempted, while single-thread sessions
+    run on. On a 2-core AMX Xeon (openvino-bf16 MiniLM, 64 clients, benchmarks/serve_load.py) 2 x 1 served 227-240
+    req/s at p99 452-495 ms against 142-180 req/s at p99 636-753 ms for 1 x 2. Its price is one request's latency
+    when traffic is light (it runs on one core: p50 16.5 ms against 7.1 ms at 1 client on the same machine):
+    ``--sessions 1`` for a latency-bound deployment. kiln bench's
+    sweep times batches offline, so its choice, where there is one, stands. A decoder's loop runs on one session."""
+    from kiln.system.cpu import cpu_info
+
+    if threads is not None or sessions is not None:
+        return threads, sessions, "--threads/--sessions"
+    if artifact.serving_default(variant) is not None:
+        return threads, sessions, "kiln bench's serving default"
+    if task_spec(artifact.task_config.task).scheduling is not Scheduling.BATCH:
+        return threads, sessions, "a decoder's loop runs on one session"
+    cores = cpu_info().usable_cores
+    if cores < 2:
+        return threads, sessions, "one usable core"
+    return 1, cores, "one single-thread session per usable core under concurrent load; --sessions 1 for latency"
 
 
 def _shadow(served: Served, config: ShadowConfig, metrics: Metrics) -> Shadow:
