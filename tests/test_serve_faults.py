@@ -47,6 +47,9 @@ def served(tiny_artifact):
     """(client, served model, the app) with the app's lifespan running; restart_loops per test via indirect."""
 
     def make(max_delay_s: float = 0.001, **config):
+        # One session: the faults are injected into its engine and its batches (a server's default is a session per
+        # core, and a batch on another session would dodge the fault).
+        config.setdefault("sessions", 1)
         return create_app(ServeConfig(models={"m": tiny_artifact}, limits=BatchLimits(max_delay_s=max_delay_s),
                                       **config))
 

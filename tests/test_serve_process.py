@@ -88,7 +88,8 @@ def test_a_request_whose_client_went_away_costs_no_compute(tiny_artifact):
     from kiln.serve.app import ServeConfig, create_app
     from kiln.serve.batcher import BatchLimits
 
-    app = create_app(ServeConfig(models={"m": tiny_artifact}, limits=BatchLimits(max_delay_s=0.001)))
+    # One session, gated below: the second request must wait behind the first, not run on a second session.
+    app = create_app(ServeConfig(models={"m": tiny_artifact}, limits=BatchLimits(max_delay_s=0.001), sessions=1))
     with process.serve_in_thread(app) as base:
         port = int(base.rsplit(":", 1)[1])
         predictor = app.state.models["m"].predictor
