@@ -5,6 +5,7 @@ penalty decide; every case token for token, and beam scores to 1e-4."""
 from __future__ import annotations
 
 import json
+import threading
 from collections import Counter
 
 import numpy as np
@@ -145,6 +146,23 @@ def test_served_beams_samples_and_logprobs_equal_offline(gpt2, gpt2_art):
     app = create_app(ServeConfig(models={"m": gpt2_art[1]}))
     with process.serve_in_thread(app) as base:
         loop = app.state.models["m"].scheduler
+        # The loop's first round waits until all three requests are in: on a loaded machine a greedy request could
+        # otherwise arrive after the search ended (widest 4, 1 run in 3 on a noisy 2-core VM), which says nothing
+        # about the loop.
+        arrived, submit, first_round, submitted = threading.Event(), loop.submit, loop._round, []
+
+        def counted_submit(prompt, options):  # one stream per request here: a search, two greedy prompts
+            submitted.append(submit(prompt, options))
+            if len(submitted) == 3:
+                arrived.set()
+            return submitted[-1]
+
+        def gated_round(joining):
+            arrived.wait(timeout=30)
+            loop._round = first_round
+            return first_round(joining)
+
+        loop.submit, loop._round = counted_submit, gated_round
 
         def beam_call() -> dict:
             return httpx.post(f"{base}/v1/completions", timeout=60, json={
