@@ -225,8 +225,10 @@ def _gemm_bound(target: Target, engine, encoder, settings: BenchSettings) -> Gem
     reached = latency_cell(engine.run, synthetic_batch(encoder, 32, length), budget_s=settings.budget_s,
                            min_runs=settings.min_runs).sequences_per_second
     record = art.variant(target.name)
-    runs_bf16 = record.engine == "openvino" and record.options.precision is Precision.BF16
-    return gemm_bound(art.path / record.path, reached, settings.threads, bf16=_native_bf16(),
+    native = _native_bf16()
+    # An artifact built on a bf16 CPU keeps its bf16 hint elsewhere, where OpenVINO runs those GEMMs in fp32.
+    runs_bf16 = native and record.engine == "openvino" and record.options.precision is Precision.BF16
+    return gemm_bound(art.path / record.path, reached, settings.threads, bf16=native,
                       float_precision=BF16 if runs_bf16 else FP32, budget_s=settings.budget_s * 3,
                       min_runs=settings.min_runs)
 

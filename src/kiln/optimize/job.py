@@ -394,7 +394,6 @@ class OptimizeJob:
             # Screened on the sorted batching alone: a passing attempt's full check cost ~50 s against ~14 s on
             # GPT-2 small, and bisection makes several. The set the search settles on is checked fully below.
             candidate = self._check(self._build(spec, excluded, full.parameters), full.parameters, screen=True)
-            attempts.pop(len(excluded), None)
             attempts[len(excluded)] = candidate
             self.progress(f"{spec.name}: {len(excluded)} layer(s) kept in fp32 -> {candidate.verdict.reason} "
                           f"(sorted batches)")
