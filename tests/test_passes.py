@@ -113,3 +113,42 @@ def test_dynamic_int8_keeps_excluded_gemm_layers_in_fp32(gpt2_export, tmp_path):
         return sum(n.op_type == "MatMulInteger" for n in onnx.load(str(tmp_path / "q.onnx")).graph.node)
 
     assert integer_matmuls(gemms[:2]) == integer_matmuls([]) - 2
+
+
+@pytest.mark.parametrize("graph", ["bert", "gpt2"])
+def test_lean_dynamic_int8_writes_exactly_what_onnx_runtime_writes(tiny_artifact, gpt2_export, tmp_path, graph,
+                                                                   monkeypatch):
+    """kiln's driver of ORT's dynamic quantizer holds the float weights once instead of three times; the graph it
+    writes must be ORT's own, byte for byte, exclusions included (GPT-2's Gemm layers are excluded by the
+    "<gemm>_MatMul" names the quantizer gives them)."""
+    import onnx
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    from kiln.optimize import ort_dynamic
+    from kiln.optimize.onnx_passes import quantize_dynamic_int8
+    from kiln.system.cpu import cpu_info, int8_scheme
+
+    src = (tiny_artifact if graph == "bert" else gpt2_export) / "onnx-fp32" / "model.onnx"
+    layers = [n.name for n in onnx.load(str(src)).graph.node if n.op_type in ("MatMul", "Gemm")]
+    excluded = layers[:2]
+    scheme = int8_scheme(cpu_info())
+    assert ort_dynamic.lean_driver_available()  # the pinned onnxruntime: the lean path is the one tested
+    step = quantize_dynamic_int8(src, tmp_path / "lean.onnx", scheme, exclude=excluded)
+    assert step["driver"] == "lean"
+    quantize_dynamic(str(src), str(tmp_path / "stock.onnx"), per_channel=True, reduce_range=scheme.reduce_range,
+                     weight_type=QuantType.QInt8 if scheme.weights_signed else QuantType.QUInt8,
+                     nodes_to_exclude=[*excluded, *(f"{n}_MatMul" for n in excluded)],
+                     extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT, "MatMulConstBOnly": True})
+    lean, stock = (tmp_path / "lean.onnx").read_bytes(), (tmp_path / "stock.onnx").read_bytes()
+    assert lean == stock
+    ops = {n.op_type for n in onnx.load(str(tmp_path / "lean.onnx")).graph.node}
+    assert "DynamicQuantizeLinear" in ops  # the premise: something was quantized
+    # The patched reload is ORT's own again afterwards, and no scratch file is left beside the output.
+    from onnxruntime.quantization import onnx_quantizer, quant_utils
+
+    assert onnx_quantizer.save_and_reload_model_with_shape_infer is quant_utils.save_and_reload_model_with_shape_infer
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["lean.onnx", "stock.onnx"]
+    # An onnxruntime whose quantizer takes other arguments gets the stock function, and the record says so.
+    monkeypatch.setattr(ort_dynamic, "lean_driver_available", lambda: False)
+    assert quantize_dynamic_int8(src, tmp_path / "fallback.onnx", scheme, exclude=excluded)["driver"] == "stock"
+    assert (tmp_path / "fallback.onnx").read_bytes() == stock

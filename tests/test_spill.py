@@ -46,3 +46,27 @@ def test_a_short_read_is_an_error_not_a_shorter_row():
     assert np.array_equal(disk[0], rows[0])  # what is left is still read
     with pytest.raises(OSError, match=r"row 3: read 0 of 2400 bytes from the spilled run"):
         disk[3]
+
+
+def test_rows_written_piece_by_piece_read_back_as_arrays():
+    """A decoder's validation engine writes each row's positions as teacher forcing computes them, and hands
+    back stand-ins that become arrays where used (np.asarray, slicing): the same values, never the whole batch in
+    memory."""
+    from kiln.system.disk_rows import DiskRow
+
+    rows = _rows()
+    disk = DiskRows.empty([r.shape for r in rows], np.float32)
+    for start in range(max(len(r) for r in rows)):  # one position of every row at a time, as the steps go
+        for i, row in enumerate(rows):
+            if start < len(row):
+                disk.write(i, start, row[start : start + 1])
+    lazy = disk.lazy()
+    assert all(isinstance(r, DiskRow) for r in lazy)
+    for got, want in zip(lazy, rows):
+        assert got.shape == want.shape and len(got) == len(want) and got.nbytes == want.nbytes
+        assert np.array_equal(np.asarray(got), want) and np.array_equal(got[:2], want[:2])
+        assert np.asarray(got, np.float64).dtype == np.float64
+    run = Run(tuple(lazy), tuple(lazy))
+    assert spilled(run, threshold=1) is run  # already on disk: not written again
+    with pytest.raises(ValueError, match=r"row 0 of shape \(3, 50\): cannot write \(2, 50\) at 2"):
+        disk.write(0, 2, rows[0][:2])  # past the row's end: an error, not another row's bytes

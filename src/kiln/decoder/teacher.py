@@ -15,6 +15,7 @@ import numpy as np
 
 from kiln.decoder.graph import ATTENTION_MASK, INPUT_IDS, LOGITS, CacheShape, positions
 from kiln.decoder.steps import Stepper, empty_past, stepper
+from kiln.system.disk_rows import DiskRows
 from kiln.system.memory import trim_heap
 
 TRIM_EVERY = 4  # steps between heap trims (benchmarks/teacher_memory.py: every 1-2 steps +1.54 GB, 8 +1.82)
@@ -29,10 +30,14 @@ class TeacherForced:
     pad_multiple = 1
 
     def __init__(self, engine: Any, shape: CacheShape, *, trim: bool = False) -> None:
-        """``trim``: hand freed heap memory back every few steps of a batch (validation, whose engines hold no
-        memory between calls); never while timing or serving, where it cost OpenVINO ~15% of a call."""
+        """``trim`` (validation, whose engines hold no memory between calls): hand freed heap memory back every few
+        steps of a batch, never while timing or serving, where it cost OpenVINO ~15% of a call; and write
+        ``run_rows``' rows to a temporary file as each step computes them. In memory, a batch's rows all sat under
+        the engine's own peak: 0.46 GB for GPT-2 small's 32 agreement texts, on top of OpenVINO's ~1.2 GB of
+        working memory at 32 rows x 128 positions (benchmarks/optimize_profile.py, amx-lean2: 3.27 GB)."""
         self.step_engine = engine
         self.trim_every = TRIM_EVERY if trim else 0
+        self.to_disk = trim
         self.steps = stepper(engine, shape)
         self.name, self.providers = engine.name, engine.providers
         self.input_names = (INPUT_IDS, ATTENTION_MASK)
@@ -54,20 +59,24 @@ class TeacherForced:
             out[:, start:end] = logits
         return {LOGITS: out}
 
-    def run_rows(self, inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
+    def run_rows(self, inputs: dict[str, np.ndarray]) -> list[Any]:
         """``run``'s logits cut to each row's real positions, written there directly: validation keeps only those,
         and the padded batch is 1.8x their size on the agreement texts (0.82 GB for 32 rows of up to 128 tokens
         over GPT-2's vocabulary, held beside the rows cut from it)."""
         lengths = [int(n) for n in np.asarray(inputs[ATTENTION_MASK]).sum(axis=1)]
-        rows: list[np.ndarray] = []
+        rows: list[np.ndarray] | DiskRows | None = None
         for start, end, logits in self._forced(inputs):
-            if not rows:
-                rows = [np.empty((n, logits.shape[-1]), np.float32) for n in lengths]
-            for i, (row, n) in enumerate(zip(rows, lengths)):
+            if rows is None:
+                shapes = [(n, logits.shape[-1]) for n in lengths]
+                rows = DiskRows.empty(shapes, np.float32) if self.to_disk else [np.empty(s, np.float32) for s in shapes]
+            for i, n in enumerate(lengths):
                 if start < n:  # positions past a row's end (its padding) are computed with the batch, not kept
                     stop = min(end, n)
-                    row[start:stop] = logits[i, : stop - start]
-        return rows
+                    if isinstance(rows, DiskRows):
+                        rows.write(i, start, logits[i, : stop - start])
+                    else:
+                        rows[i][start:stop] = logits[i, : stop - start]
+        return rows.lazy() if isinstance(rows, DiskRows) else rows or []
 
     def _forced(self, inputs: dict[str, np.ndarray]) -> Iterator[tuple[int, int, np.ndarray]]:
         """(first position, end, logits [batch, end - first, vocab]) of the prefill, then of each step."""

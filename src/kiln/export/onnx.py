@@ -44,11 +44,14 @@ def export_onnx(
             # The tracer warns about every Python-level shape check in transformers' code; the parity check
             # that follows every export is what actually proves the graph is shape-independent.
             warnings.simplefilter("ignore")
-            torch.onnx.export(
-                module, example, str(raw), dynamo=False, opset_version=opset,
-                input_names=list(module.input_names), output_names=list(module.output_names),
-                dynamic_axes=axes, do_constant_folding=True,
-            )
+            # Traced without autograd: the same graph, byte for byte, and GPT-2 small's export peaked 110 MB lower
+            # (2.86 GB against 2.97 in a process of its own; the export is the largest step of a decoder's optimize).
+            with torch.no_grad():
+                torch.onnx.export(
+                    module, example, str(raw), dynamo=False, opset_version=opset,
+                    input_names=list(module.input_names), output_names=list(module.output_names),
+                    dynamic_axes=axes, do_constant_folding=True,
+                )
         written = [p for p in Path(scratch).iterdir() if p.is_file()]
         size = sum(p.stat().st_size for p in written)
         if external_data is ExternalData.NEVER and size > PROTOBUF_LIMIT:

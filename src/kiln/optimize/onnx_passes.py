@@ -67,21 +67,23 @@ def quantize_dynamic_int8(
 ) -> dict[str, Any]:
     """Weights quantized ahead of time, activations at run time; no calibration needed."""
     import onnx
-    from onnxruntime.quantization import QuantType, quantize_dynamic
+    from onnxruntime.quantization import QuantType
+
+    from kiln.optimize.ort_dynamic import quantize_dynamic_lean
 
     with _quiet_root_logger():
-        quantize_dynamic(
-            str(src), str(dst), per_channel=per_channel, reduce_range=scheme.reduce_range,
-        weight_type=QuantType.QInt8 if scheme.weights_signed else QuantType.QUInt8,
-        # ORT's dynamic quantizer first rewrites each Gemm as a MatMul named "<gemm>_MatMul" (and an Add), then
-        # matches the exclusions against those names: a Gemm's own name excluded nothing (GPT-2's Conv1D layers).
-        nodes_to_exclude=[*exclude, *(f"{name}_MatMul" for name in exclude)],
-        # Fused com.microsoft ops defeat ONNX shape inference; tell the quantizer their outputs are float.
-        extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT, "MatMulConstBOnly": True},
-    )
+        driver = quantize_dynamic_lean(
+            src, dst, per_channel=per_channel, reduce_range=scheme.reduce_range,
+            weight_type=QuantType.QInt8 if scheme.weights_signed else QuantType.QUInt8,
+            # ORT's dynamic quantizer first rewrites each Gemm as a MatMul named "<gemm>_MatMul" (and an Add), then
+            # matches the exclusions against those names: a Gemm's own name excluded nothing (GPT-2's Conv1D layers).
+            nodes_to_exclude=[*exclude, *(f"{name}_MatMul" for name in exclude)],
+            # Fused com.microsoft ops defeat ONNX shape inference; tell the quantizer their outputs are float.
+            extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT, "MatMulConstBOnly": True},
+        )
     return {"pass": "ort-int8-dynamic", "per_channel": per_channel, "reduce_range": scheme.reduce_range,
             "weights": "s8" if scheme.weights_signed else "u8", "scheme_reason": scheme.reason,
-            "excluded_nodes": list(exclude)}
+            "excluded_nodes": list(exclude), "driver": driver}
 
 
 
