@@ -70,8 +70,8 @@ def main() -> None:
         rows.append(json.loads(done.stdout.strip().splitlines()[-1]) | {"wall": round(time.perf_counter() - started)})
     same = (args.workdir / "onnxruntime.onnx").read_bytes() == (args.workdir / "kiln.onnx").read_bytes()
     for row in rows:
-        print(f"{row['driver']:12s} peak {row['peak_mib']:5d} MiB (imports {row['peak_before_mib']} MiB), "
-              f"{row['seconds']} s")
+        print(f"{row['driver']:12s} peak {row['peak_mib']:5d} MiB in {row['seconds']} s "
+              f"(peak before quantizing, reading the layer names: {row['peak_before_mib']} MiB)")
     print(f"fp32 graph {graph.stat().st_size / 2**20:.0f} MiB, {args.excluded} layers kept in fp32; "
           f"files identical: {same}")
 
