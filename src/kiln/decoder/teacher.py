@@ -33,8 +33,9 @@ class TeacherForced:
         """``trim`` (validation, whose engines hold no memory between calls): hand freed heap memory back every few
         steps of a batch, never while timing or serving, where it cost OpenVINO ~15% of a call; and write
         ``run_rows``' rows to a temporary file as each step computes them. In memory, a batch's rows all sat under
-        the engine's own peak: 0.46 GB for GPT-2 small's 32 agreement texts, on top of OpenVINO's ~1.2 GB of
-        working memory at 32 rows x 128 positions (benchmarks/optimize_profile.py, amx-lean2: 3.27 GB)."""
+        the engine's own peak (0.46 GB for GPT-2 small's 32 agreement texts): its openvino-fp32 check peaked at
+        3.27 GB with them in memory and 2.72 GB with them on disk (benchmarks/optimize_profile.py amx-lean2 and
+        amx-lean3, an AMX Xeon)."""
         self.step_engine = engine
         self.trim_every = TRIM_EVERY if trim else 0
         self.to_disk = trim
