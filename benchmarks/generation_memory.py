@@ -6,7 +6,7 @@ Random prompts of 16-112 tokens, each continued by 16 tokens, ``--batch`` decodi
 requests sharing the cache, ONNX Runtime's IOBinding). Each line: the round's seconds, the resident memory after it
 and the process's peak so far, both in MiB.
 
-    python benchmarks/generation_memory.py <variant>/model.xml|model.onnx [--batch 4] [--prompts 32]
+    python benchmarks/generation_memory.py <variant>/model.xml|model.onnx [--batch 4] [--prompts 32] [--copy-cache]
 """
 
 from __future__ import annotations
@@ -28,12 +28,15 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--prompts", type=int, default=32)
     parser.add_argument("--shape", default="12,12,64", help="layers,heads,head size of the graph's cache")
+    parser.add_argument("--copy-cache", action="store_true",
+                        help="numpy in, numpy out on the engine's own request (ArraySteps), not kiln's stepper")
     args = parser.parse_args()
 
     import numpy as np
 
     from kiln.bench.generation import time_generation
     from kiln.decoder.graph import CacheShape
+    from kiln.decoder.steps import ArraySteps
     from kiln.decoder.teacher import TeacherForced
     from kiln.engines import create_engine
     from kiln.engines.base import EngineOptions
@@ -47,7 +50,8 @@ def main() -> None:
     prompts = sorted(([int(t) for t in rng.integers(0, 50000, n)] for n in rng.integers(16, 112, args.prompts)),
                      key=len)
     for round_ in range(3):
-        seconds = time_generation(forced.new_stepper(), 0, prompts, batch_size=args.batch, new_tokens=16,
+        steps = ArraySteps(engine, forced.shape) if args.copy_cache else forced.new_stepper()
+        seconds = time_generation(steps, 0, prompts, batch_size=args.batch, new_tokens=16,
                                   decode=lambda ids: "")
         print(f"round {round_}: {seconds:.1f} s, {_status('VmRSS')} MiB resident, peak {_status('VmHWM')}",
               flush=True)
