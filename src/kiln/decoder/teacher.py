@@ -8,7 +8,7 @@ what generation does.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -65,19 +65,27 @@ class TeacherForced:
         and the padded batch is 1.8x their size on the agreement texts (0.82 GB for 32 rows of up to 128 tokens
         over GPT-2's vocabulary, held beside the rows cut from it)."""
         lengths = [int(n) for n in np.asarray(inputs[ATTENTION_MASK]).sum(axis=1)]
-        rows: list[np.ndarray] | DiskRows | None = None
+        rows: list[Any] = []
         for start, end, logits in self._forced(inputs):
-            if rows is None:
-                shapes = [(n, logits.shape[-1]) for n in lengths]
-                rows = DiskRows.empty(shapes, np.float32) if self.to_disk else [np.empty(s, np.float32) for s in shapes]
+            if not rows:  # the prefill: the vocabulary is known now
+                rows, write = self._rows([(n, logits.shape[-1]) for n in lengths])
             for i, n in enumerate(lengths):
                 if start < n:  # positions past a row's end (its padding) are computed with the batch, not kept
-                    stop = min(end, n)
-                    if isinstance(rows, DiskRows):
-                        rows.write(i, start, logits[i, : stop - start])
-                    else:
-                        rows[i][start:stop] = logits[i, : stop - start]
-        return rows.lazy() if isinstance(rows, DiskRows) else rows or []
+                    write(i, start, logits[i, : min(end, n) - start])
+        return rows
+
+    def _rows(self, shapes: list[tuple[int, int]]) -> tuple[list[Any], Callable[[int, int, np.ndarray], None]]:
+        """Rows of ``shapes`` and how to write one row's positions from a start: in a temporary file (``to_disk``,
+        the rows handed back are stand-ins read where used), or in memory."""
+        if self.to_disk:
+            disk = DiskRows.empty(shapes, np.float32)
+            return disk.lazy(), disk.write
+        arrays = [np.empty(shape, np.float32) for shape in shapes]
+
+        def write(i: int, start: int, values: np.ndarray) -> None:
+            arrays[i][start : start + len(values)] = values
+
+        return arrays, write
 
     def _forced(self, inputs: dict[str, np.ndarray]) -> Iterator[tuple[int, int, np.ndarray]]:
         """(first position, end, logits [batch, end - first, vocab]) of the prefill, then of each step."""

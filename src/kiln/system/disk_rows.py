@@ -17,6 +17,10 @@ from typing import Any, overload
 import numpy as np
 
 
+def _size(shape: Sequence[int], dtype: np.dtype) -> int:
+    return int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+
+
 class DiskRows(Sequence[np.ndarray]):
     """Arrays in a temporary file, each read back (read-only) when indexed."""
 
@@ -37,7 +41,7 @@ class DiskRows(Sequence[np.ndarray]):
         rows, kind, offset = cls(), np.dtype(dtype), 0
         for shape in shapes:
             rows._index.append((offset, kind, tuple(shape)))
-            offset += int(np.prod(shape, dtype=np.int64)) * kind.itemsize
+            offset += _size(shape, kind)
         rows._file.truncate(offset)
         return rows
 
@@ -47,7 +51,7 @@ class DiskRows(Sequence[np.ndarray]):
         array = np.ascontiguousarray(values, dtype=dtype)
         if array.shape[1:] != shape[1:] or not 0 <= start <= start + len(array) <= shape[0]:
             raise ValueError(f"row {i} of shape {shape}: cannot write {array.shape} at {start}")
-        stride = int(np.prod(shape[1:], dtype=np.int64)) * dtype.itemsize
+        stride = _size(shape[1:], dtype)
         data = memoryview(array).cast("B")
         if os.pwrite(self._file.fileno(), data, offset + start * stride) != len(data):
             raise OSError(f"row {i}: short write to the spilled run")
@@ -69,14 +73,15 @@ class DiskRows(Sequence[np.ndarray]):
         if isinstance(i, slice):
             return [self[k] for k in range(*i.indices(len(self)))]
         offset, dtype, shape = self._index[i]
-        size = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        size = _size(shape, dtype)
         data = os.pread(self._file.fileno(), size, offset)
         if len(data) != size:  # the file is the run: a short read is a lost output, never a shorter row
             raise OSError(f"row {i}: read {len(data)} of {size} bytes from the spilled run")
         return np.frombuffer(data, dtype).reshape(shape)
 
-    def shape_of(self, i: int) -> tuple[int, ...]:
-        return self._index[i][2]
+    def layout(self, i: int) -> tuple[np.dtype, tuple[int, ...]]:
+        """Row ``i``'s dtype and shape, without reading it."""
+        return self._index[i][1:]
 
 
 class DiskRow:
@@ -89,15 +94,15 @@ class DiskRow:
 
     @property
     def shape(self) -> tuple[int, ...]:
-        return self._rows.shape_of(self._i)
+        return self._rows.layout(self._i)[1]
 
     @property
     def dtype(self) -> np.dtype:
-        return self._rows._index[self._i][1]
+        return self._rows.layout(self._i)[0]
 
     @property
     def nbytes(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+        return _size(self.shape, self.dtype)
 
     def __len__(self) -> int:
         return self.shape[0]

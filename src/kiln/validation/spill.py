@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from kiln.system.disk_rows import DiskRow, DiskRows
+from kiln.system.disk_rows import DiskRows
 from kiln.validation.figures import Run
 
 __all__ = ["SPILL_BYTES", "DiskRows", "spilled"]
@@ -30,9 +30,9 @@ def _nbytes(values: Sequence[Any]) -> int:
 def spilled(run: Run, threshold: int = SPILL_BYTES) -> Run:
     """``run`` with its reduced outputs on disk when they are arrays of ``threshold`` bytes or more; its results go
     with them where they are the same arrays (a decoder's logits are both)."""
-    # Already on disk: spilled as a whole, or row by row as they were computed (a decoder's validation engines).
-    if isinstance(run.reduced, DiskRows) or any(isinstance(r, DiskRow) for r in run.reduced) \
-            or _nbytes(run.reduced) < threshold:
+    # Already on disk as a whole; rows a decoder's validation engine wrote there as it computed them (DiskRow
+    # stand-ins, not arrays) count as nothing to spill in _nbytes.
+    if isinstance(run.reduced, DiskRows) or _nbytes(run.reduced) < threshold:
         return run
     rows = DiskRows(run.reduced)
     same = len(run.results) == len(run.reduced) and all(r is s for r, s in zip(run.results, run.reduced))
