@@ -70,3 +70,12 @@ def test_rows_written_piece_by_piece_read_back_as_arrays():
     assert spilled(run, threshold=1) is run  # already on disk: not written again
     with pytest.raises(ValueError, match=r"row 0 of shape \(3, 50\): cannot write \(2, 50\) at 2"):
         disk.write(0, 2, rows[0][:2])  # past the row's end: an error, not another row's bytes
+
+
+def test_a_short_write_is_an_error_not_a_shorter_row(monkeypatch):
+    """Fault injection: the file takes fewer bytes than a step's logits (a full disk); the run stops there."""
+    rows = _rows()
+    disk = DiskRows.empty([r.shape for r in rows], np.float32)
+    monkeypatch.setattr(os, "pwrite", lambda fd, data, offset: len(data) - 4)
+    with pytest.raises(OSError, match=r"row 1: short write to the spilled run"):
+        disk.write(1, 0, rows[1][:2])
