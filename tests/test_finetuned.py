@@ -1,4 +1,8 @@
-"""The task-metric path on MiniLM heads fine-tuned over generated data (cached between runs)."""
+"""The task-metric path on MiniLM heads fine-tuned over generated data (cached between runs).
+
+The runs here judge each variant once (``sensitivity=False``): what is tested is the metric beside the agreement,
+and the int8 searches have tests of their own. On an AMX Xeon openvino-int8-static missed the gate on the sentiment
+head and its four SmoothQuant alternatives and a layer search took this test from ~1 to 6-8 minutes of the suite."""
 
 from __future__ import annotations
 
@@ -23,7 +27,8 @@ def test_classification_metric_through_optimize(tmp_path):
     assert reference["accuracy"] > 0.9  # the head really learned the task
     summary = OptimizeJob(OptimizeConfig(model=str(model), task=TaskName.TEXT_CLASSIFICATION,
                                          output=tmp_path / "out", eval_file=eval_file,
-                                         variants=("onnx-fp32", "onnx-int8-dynamic", "openvino-int8-static"))).run()
+                                         variants=("onnx-fp32", "onnx-int8-dynamic", "openvino-int8-static"),
+                                         sensitivity=False)).run()
     assert summary.primary_metric == "accuracy"
     assert summary.reference_metric["accuracy"] == pytest.approx(reference["accuracy"])
     for outcome in summary.outcomes:
@@ -47,7 +52,7 @@ def test_question_answering_metric_with_squad2_file(tmp_path):
     assert reference["f1"] > 0.8 and reference["exact_match"] > 0.7
     summary = OptimizeJob(OptimizeConfig(model=str(model), task=TaskName.QUESTION_ANSWERING,
                                          output=tmp_path / "out", eval_file=eval_file,
-                                         variants=("onnx-fp32", "onnx-int8-dynamic"))).run()
+                                         variants=("onnx-fp32", "onnx-int8-dynamic"), sensitivity=False)).run()
     assert summary.primary_metric == "f1"
     fp32 = summary.outcomes[0]
     assert fp32.status == "accepted" and fp32.metric["f1"] == pytest.approx(reference["f1"], abs=1e-6)
