@@ -202,7 +202,10 @@ def test_kiln_optimize_judges_multi_vector_variants_by_maxsim_ranks(colbert, tmp
         # 16 random dimensions keep too little in 16 bits: binary was measured and rejected, and so is ubinary
         binary = {p: c.post("/embed_multi", json={"inputs": QUERIES[:1], "is_query": True, "precision": p})
                   for p in ("binary", "ubinary")}
-    for got, want in zip(served["embeddings"], int8_vectors):
+    # Against the request's own batch offline: best/ may be onnx-int8-dynamic (the faster one wins on some runs),
+    # whose activation scales are per batch, so its vectors for two documents alone differ from theirs in the batch
+    # of all five (this test failed so on a loaded AMX Xeon).
+    for got, want in zip(served["embeddings"], best.predict(DOCUMENTS[:2], precision="int8")):
         np.testing.assert_array_equal(got, want)
     assert not stored[2]["accepted"] and stored[2]["recall_at_10"] < 0.5
     assert all(r.status_code == 422 and "maxsim over +-1 bits" in r.json()["error"]["message"]
