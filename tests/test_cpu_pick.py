@@ -9,12 +9,12 @@ import logging
 import pytest
 from typer.testing import CliRunner
 
-from kiln.artifact import cpu_pick
+from kiln.artifact import cpu_pick, emulation
 from kiln.artifact.directory import Artifact
 from kiln.cli.app import app
 from kiln.errors import UsageError
 from kiln.optimize.job import OptimizeConfig, OptimizeJob
-from kiln.system.cpu import cpu_class, cpu_info
+from kiln.system.cpu import ONEDNN_ISA, cpu_class, cpu_info, emulable_classes
 from kiln.tasks import TaskName
 
 HERE = cpu_class(cpu_info().features)
@@ -35,7 +35,9 @@ def test_optimize_stores_the_agreement_inputs_and_the_classes_it_could_not_check
     inputs = json.loads((portable / build.agreement_inputs).read_text())
     assert len(inputs) >= 32 and all(isinstance(t, str) for t in inputs)
     assert list(build.unchecked_classes) == [ELSEWHERE]  # this CPU's class is validated, not recorded
-    assert "cannot emulate" in build.unchecked_classes[ELSEWHERE]
+    # No OpenVINO variant to cap, so nothing was judged for it here; it names what happens instead.
+    assert "re-validated on the stored agreement inputs the first time" in build.unchecked_classes[ELSEWHERE]
+    assert build.emulated_classes == {}
     best = Artifact.open(portable / "best").manifest.build  # the copy carries what re-validates it
     assert best.cpu == build.cpu and (portable / "best" / best.agreement_inputs).is_file()
 
@@ -100,3 +102,36 @@ def test_when_nothing_passes_on_the_new_class_the_best_runs_with_a_warning(porta
         pick = art.cpu_pick()
     assert pick.variant == art.manifest.build.best and not any(c["accepted"] for c in pick.checked.values())
     assert "no variant passed re-validation" in pick.reason and "no variant passed" in caplog.text
+
+
+LESSER = next((c for c in ("avx2", "avx512-vnni") if c in emulable_classes(cpu_info())), None)
+
+
+@pytest.mark.skipif(LESSER is None, reason="this CPU has no lesser class to cap OpenVINO to")
+def test_for_a_lesser_class_judges_the_openvino_variants_under_onednns_cap(tiny_model, tmp_path, monkeypatch):
+    """--for a class with fewer instructions than this CPU's: each OpenVINO variant is judged in a process with
+    ONEDNN_MAX_CPU_ISA set, and the kernels its MatMuls ran prove the cap took; ONNX Runtime's are left for load."""
+    out = tmp_path / "out"
+    OptimizeJob(OptimizeConfig(model=str(tiny_model("bert")), task=TaskName.FEATURE_EXTRACTION, output=out,
+                               variants=("onnx-fp32", "openvino-fp32"), for_classes=(LESSER,))).run()
+    build = Artifact.open(out).manifest.build
+    run = build.emulated_classes[LESSER]
+    assert run["isa"] == ONEDNN_ISA[LESSER] and list(run["variants"]) == ["openvino-fp32"]  # ORT cannot be capped
+    verdict = run["variants"]["openvino-fp32"]
+    assert verdict["accepted"] and verdict["ms_per_input"] > 0
+    capped = [k for k in verdict["kernels"] if "mlas" not in k]  # MLAS picks by CPUID: said, not counted
+    assert capped and not any("amx" in k for k in capped)
+    if LESSER == "avx2":
+        assert not any("avx512" in k for k in capped), verdict["kernels"]
+    assert "ONNX Runtime" in build.unchecked_classes[LESSER]
+    assert Artifact.open(out / "best").manifest.build.emulated_classes == build.emulated_classes
+    shown = CliRunner().invoke(app, ["info", str(out)])
+    assert shown.exit_code == 0 and f"emulated   {LESSER} (oneDNN capped to {ONEDNN_ISA[LESSER]})" in shown.output
+
+    # Fault injection: a capped process that does not finish is recorded as such, and the artifact is still built.
+    monkeypatch.setattr(emulation, "TIMEOUT_S", 0.01)
+    OptimizeJob(OptimizeConfig(model=str(tiny_model("bert")), task=TaskName.FEATURE_EXTRACTION, output=tmp_path / "b",
+                               variants=("openvino-fp32",), for_classes=(LESSER,))).run()
+    failed = Artifact.open(tmp_path / "b").manifest.build
+    assert "did not finish" in failed.emulated_classes[LESSER]["error"]
+    assert "failed" in failed.unchecked_classes[LESSER]

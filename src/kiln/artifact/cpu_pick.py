@@ -18,14 +18,14 @@ import dataclasses
 import hashlib
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kiln.artifact.records import Status
 from kiln.log import get_logger
-from kiln.system.cpu import CpuInfo, cpu_class, cpu_info
+from kiln.system.cpu import CpuInfo, cpu_class, cpu_info, emulable_classes
 
 if TYPE_CHECKING:
     from kiln.artifact.directory import Artifact
@@ -82,30 +82,10 @@ def pick_variant(artifact: Artifact) -> CpuPick:
 
 def _revalidate(artifact: Artifact, best: str, here: str, built_on: str) -> CpuPick:
     """Judge and time every accepted variant on the stored inputs, on this CPU."""
-    from kiln.artifact.directory import ServingPlan
-    from kiln.bench.measure import time_predictor
-    from kiln.engines import EngineOptions
-    from kiln.validation.agreement import agreement_inputs, measure_agreement
-    from kiln.validation.gate import judge
-
-    build, task = artifact.manifest.build, artifact.task_config.task
-    inputs = json.loads((artifact.path / build.agreement_inputs).read_text(encoding="utf-8"))
-    reference = artifact.reference_variant()
-    log.info("this CPU is %s; kiln optimize validated on %s: re-validating the variants on %d stored inputs",
-             here, built_on, len(inputs))
-    data = agreement_inputs(artifact.predictor_of(reference, ServingPlan(EngineOptions.for_variant(reference))),
-                            inputs)
-    checked: dict[str, dict[str, Any]] = {}
-    for name, record in artifact.manifest.variants.items():
-        if record.status is not Status.ACCEPTED:
-            continue
-        predictor = artifact.predictor_of(record, ServingPlan(EngineOptions.for_variant(record)))
-        verdict = judge(task, measure_agreement(data, predictor), build.tolerance or 0.01)
-        timing = time_predictor(predictor, data.prepared.encodings, rounds=1) if verdict.accepted else None
-        checked[name] = {"accepted": verdict.accepted, "reason": verdict.reason,
-                         "ms_per_input": round(timing.ms_per_sequence, 3) if timing else None}
-        log.info("%s on %s: %s%s", name, here, verdict.reason,
-                 f", {timing.ms_per_sequence:.2f} ms per input" if timing else "")
+    log.info("this CPU is %s; kiln optimize validated on %s: re-validating the variants on its stored inputs",
+             here, built_on)
+    checked = judge_variants(artifact, [n for n, r in artifact.manifest.variants.items()
+                                        if r.status is Status.ACCEPTED], here)
     passed = {n: c for n, c in checked.items() if c["accepted"]}
     if not passed:
         pick = CpuPick(best, here, built_on, f"no variant passed re-validation on {here}; running kiln optimize's "
@@ -115,6 +95,36 @@ def _revalidate(artifact: Artifact, best: str, here: str, built_on: str) -> CpuP
     fastest = min(passed, key=lambda n: passed[n]["ms_per_input"])
     return CpuPick(fastest, here, built_on, f"re-validated on {here} (kiln optimize validated on {built_on}): the "
                    f"fastest of {len(passed)} variant(s) within tolerance here", checked)
+
+
+def judge_variants(artifact: Artifact, names: Sequence[str], here: str,
+                   evidence: Callable[[Any], dict[str, Any]] | None = None) -> dict[str, dict[str, Any]]:
+    """Each named variant judged on the artifact's stored agreement inputs against its kept fp32 reference, at the
+    recorded tolerance, and timed where it passes: variant -> {"accepted", "reason", "ms_per_input"}, with what
+    ``evidence`` reads from each predictor after its run added."""
+    from kiln.artifact.directory import ServingPlan
+    from kiln.bench.measure import time_predictor
+    from kiln.engines import EngineOptions
+    from kiln.validation.agreement import agreement_inputs, measure_agreement
+    from kiln.validation.gate import judge
+
+    build, task = artifact.manifest.build, artifact.task_config.task
+    inputs = json.loads((artifact.path / build.agreement_inputs).read_text(encoding="utf-8"))
+    reference = artifact.reference_variant()
+    data = agreement_inputs(artifact.predictor_of(reference, ServingPlan(EngineOptions.for_variant(reference))),
+                            inputs)
+    checked: dict[str, dict[str, Any]] = {}
+    for name in names:
+        record = artifact.manifest.variants[name]
+        predictor = artifact.predictor_of(record, ServingPlan(EngineOptions.for_variant(record)))
+        verdict = judge(task, measure_agreement(data, predictor), build.tolerance or 0.01)
+        timing = time_predictor(predictor, data.prepared.encodings, rounds=1) if verdict.accepted else None
+        checked[name] = {"accepted": verdict.accepted, "reason": verdict.reason,
+                         "ms_per_input": round(timing.ms_per_sequence, 3) if timing else None,
+                         **(evidence(predictor) if evidence else {})}
+        log.info("%s on %s: %s%s", name, here, verdict.reason,
+                 f", {timing.ms_per_sequence:.2f} ms per input" if timing else "")
+    return checked
 
 
 def _key(artifact: Artifact) -> str:
@@ -166,9 +176,29 @@ def store_agreement_inputs(stage: Path, inputs: Sequence[Any]) -> str | None:
     return AGREEMENT_INPUTS
 
 
-def unchecked_classes(wanted: Sequence[str], cpu: CpuInfo) -> dict[str, str]:
-    """kiln optimize --for: each class other than this CPU's, with why it was not validated here."""
+def unchecked_classes(wanted: Sequence[str], cpu: CpuInfo, emulated: Mapping[str, Any] | None = None
+                      ) -> dict[str, str]:
+    """kiln optimize --for: each class other than this CPU's, with why it was not (or not wholly) validated here.
+    ``emulated``: the classes whose OpenVINO variants were judged under oneDNN's ISA cap (kiln.artifact.emulation),
+    each with its verdicts or its error."""
     here = cpu_class(cpu.features)
-    return {c: f"this CPU is {here}; ONNX Runtime and OpenVINO pick their kernels by the CPU they run on and "
-               f"cannot emulate {c}'s here, so the variants are re-validated on the stored agreement inputs the "
-               f"first time the artifact loads on a CPU of class {c}" for c in wanted if c != here}
+    later = "the variants are re-validated on the stored agreement inputs the first time the artifact loads on a " \
+            "CPU of class {}"
+    out = {}
+    for c in wanted:
+        if c == here:
+            continue
+        run = (emulated or {}).get(c)
+        if run is not None and "error" not in run:
+            why = (f"this CPU is {here}; its OpenVINO variants were judged with oneDNN capped to {c}'s instructions "
+                   f"(emulated_classes), but ONNX Runtime picks its kernels by the CPU it runs on and cannot be "
+                   f"capped")
+        elif run is not None:
+            why = f"this CPU is {here}; judging under oneDNN's {c} cap failed ({run['error']})"
+        elif c in emulable_classes(cpu):
+            why = f"this CPU is {here}; it could cap OpenVINO to {c}'s instructions, but no variant here runs on it"
+        else:
+            why = (f"this CPU is {here} and lacks {c}'s instructions: no runtime can run {c}'s kernels here (OpenVINO "
+                   f"can be capped to fewer instructions, never given more)")
+        out[c] = f"{why}; {later.format(c)}"
+    return out

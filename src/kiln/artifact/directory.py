@@ -169,7 +169,8 @@ def copy_variant(root: Path, manifest: Manifest, name: str | None, dest: Path) -
                         # what re-validates the copy on another CPU class (kiln.artifact.cpu_pick)
                         cpu=manifest.build.cpu if record else {},
                         agreement_inputs=manifest.build.agreement_inputs if record else None,
-                        unchecked_classes=manifest.build.unchecked_classes)
+                        unchecked_classes=manifest.build.unchecked_classes,
+                        emulated_classes=manifest.build.emulated_classes)
     seal(dest, Manifest(source=manifest.source, task=manifest.task, tokenizer=manifest.tokenizer,
                         variants={name: record} if record else {}, build=build))
     return dest

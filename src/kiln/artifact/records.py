@@ -179,3 +179,6 @@ class BuildRecord:
     agreement_inputs: str | None = None
     # kiln optimize --for: CPU classes it was asked to validate for and could not here, each with why.
     unchecked_classes: Mapping[str, str] = field(default_factory=dict)
+    # kiln optimize --for, classes with fewer instructions than the building CPU's: each OpenVINO variant judged with
+    # oneDNN capped to them (kiln.artifact.emulation): {class: {"isa", "variants": {name: verdict, kernels}} | "error"}.
+    emulated_classes: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)

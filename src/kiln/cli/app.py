@@ -158,9 +158,11 @@ def optimize(
         "precision may have.", min=0.0, max=1.0)] = 0.03,
     for_classes: Annotated[Optional[str], typer.Option(  # noqa: UP045
         "--for", help="CPU classes the artifact will run on, e.g. avx2,avx512-vnni,amx (of "
-        f"{', '.join(CPU_CLASS_NAMES)}). This CPU's class is validated here; the runtimes cannot emulate "
-        "another class's kernels, so each other one is recorded as unchecked, and its variants are re-validated "
-        "on the stored agreement inputs the first time the artifact loads on such a CPU.",
+        f"{', '.join(CPU_CLASS_NAMES)}). This CPU's class is validated here. A class with fewer instructions has "
+        "its OpenVINO variants judged here too, with oneDNN capped to its instructions (ONEDNN_MAX_CPU_ISA; "
+        "kiln info shows the verdicts and the kernels run). ONNX Runtime cannot be capped, nor can a CPU run "
+        "instructions it lacks: every variant is re-validated on the stored agreement inputs the first time the "
+        "artifact loads on a CPU of another class.",
         show_default=False)] = None,
     allow_pickle: PickleOpt = False,
     force: ForceOpt = False,
@@ -251,6 +253,7 @@ def info(
 ) -> None:
     """Print an artifact's manifest summary and verify the sha256 of every file (exit 1 on a mismatch)."""
     from kiln.artifact.directory import Artifact
+    from kiln.artifact.emulation import describe
 
     art = Artifact.open(artifact)
     m = art.manifest
@@ -271,6 +274,8 @@ def info(
         for name, check in pick.checked.items():
             speed = f", {check['ms_per_input']:.2f} ms per input" if check["ms_per_input"] is not None else ""
             console.out.print(f"  on {pick.cpu_class}: {name}: {check['reason']}{speed}")
+    for name, run in m.build.emulated_classes.items():
+        console.out.print(f"emulated   {name} (oneDNN capped to {run['isa']}): {describe(run)}")
     for name, why in m.build.unchecked_classes.items():
         console.out.print(f"unchecked  {name}: {why}")
     console.out.print(f"checksums  {len(m.files)} files verified")

@@ -16,6 +16,7 @@ from tokenizers import Encoding
 
 from kiln.artifact.cpu_pick import store_agreement_inputs, unchecked_classes
 from kiln.artifact.directory import copy_variant
+from kiln.artifact.emulation import emulate
 from kiln.artifact.manifest import Manifest, library_versions, seal
 from kiln.artifact.records import (
     BuildRecord,
@@ -43,7 +44,7 @@ from kiln.optimize.variants import VARIANTS, VariantSpec, default_variants, remo
 from kiln.report.html import write_report
 from kiln.runtime.precision import CALIBRATION_FILE, parse_precision
 from kiln.runtime.predictor import Predictor
-from kiln.system.cpu import CPU_CLASS_NAMES, cpu_info, int8_scheme
+from kiln.system.cpu import CPU_CLASS_NAMES, cpu_info, emulable_classes, int8_scheme
 from kiln.system.invocation import invocation
 from kiln.system.memory import release_freed
 from kiln.tasks import TASKS, task_spec
@@ -228,6 +229,7 @@ class OptimizeJob:
                 write_stored_vectors(stage, stored, cfg.retrieval_tolerance)
             if best is None:
                 raise NothingPassed(_nothing_passed(outcomes), summary)
+            manifest = self._emulate(stage, manifest)
             write_best(stage, manifest, best.name)
             write_report(stage, BenchResults(summary.model, summary.task, summary.command, summary.environment,
                                              created=manifest.created, optimize=OptimizeSection.of(manifest)))
@@ -479,6 +481,20 @@ class OptimizeJob:
         return None
 
     # -- timing, choice, records ---------------------------------------------------------------------------
+    def _emulate(self, stage: Path, manifest: Manifest) -> Manifest:
+        """--for classes this CPU can cap OpenVINO to: its variants judged under each cap (kiln.artifact.emulation),
+        in processes of their own that open the staged artifact, so it is sealed first; the verdicts then join the
+        build record (and best/'s, written after)."""
+        cfg = self.config
+        if not set(cfg.for_classes) & set(emulable_classes(self.cpu)):
+            return manifest
+        seal(stage, manifest)
+        emulated = emulate(stage, cfg.for_classes, self.cpu, self.progress)
+        if not emulated:  # no accepted OpenVINO variant: nothing here honours the cap
+            return manifest
+        return manifest.with_build(emulated_classes=emulated,
+                                   unchecked_classes=unchecked_classes(cfg.for_classes, self.cpu, emulated))
+
     def _predictor(self, record: VariantRecord, sessions: int = 1, timed: bool = False) -> Predictor:
         """The variant as validation runs it: one session with the run's threads, or ``sessions`` sessions of one
         thread each (a multi-session serving plan)."""

@@ -98,6 +98,20 @@ CPU_CLASSES = {"amx": {"amx-int8"}, "avx512-vnni": {"avx512-vnni"}, "avx-vnni": 
                "avx512": {"avx512"}, "avx2": {"avx2"}}
 BASELINE_CLASS = "baseline"  # none of the above: the architecture's portable kernels
 CPU_CLASS_NAMES = (*CPU_CLASSES, BASELINE_CLASS)
+# oneDNN's ONEDNN_MAX_CPU_ISA value for each class: the most instructions its kernels may use. OpenVINO's CPU plugin
+# honours it (on the AMX Xeon, MiniLM's int8 IR ran its MatMuls as brgemm_avx512_amx_I8, capped to AVX2 as jit_gemm_I8
+# with outputs moved by up to 1.36, capped to AVX512_CORE_VNNI as brgemm_avx512_I8); ONNX Runtime's MLAS has no cap.
+ONEDNN_ISA = {"amx": "AVX512_CORE_AMX", "avx512-vnni": "AVX512_CORE_VNNI", "avx-vnni": "AVX2_VNNI",
+              "avx512": "AVX512_CORE", "avx2": "AVX2", BASELINE_CLASS: "SSE41"}
+
+
+def emulable_classes(cpu: CpuInfo) -> tuple[str, ...]:
+    """The classes other than ``cpu``'s whose instructions it has all of (x86 only): oneDNN capped to one of them
+    runs that class's kernels here."""
+    if cpu.arch not in ("x86_64", "amd64", "AMD64"):
+        return ()
+    here, have = cpu_class(cpu.features), set(cpu.features)
+    return tuple(c for c in CPU_CLASS_NAMES if c != here and CPU_CLASSES.get(c, set()) <= have)
 
 
 def cpu_class(features: Sequence[str]) -> str:
