@@ -490,7 +490,7 @@ class OptimizeJob:
             return manifest
         seal(stage, manifest)
         emulated = emulate(stage, cfg.for_classes, self.cpu, self.progress)
-        if not emulated:  # no accepted OpenVINO variant: nothing here honours the cap
+        if not emulated:  # no OpenVINO variant: nothing else here honours the cap
             return manifest
         return manifest.with_build(emulated_classes=emulated,
                                    unchecked_classes=unchecked_classes(cfg.for_classes, self.cpu, emulated))
