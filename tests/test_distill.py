@@ -171,9 +171,14 @@ def test_bad_input_is_one_clear_error(tiny_model, texts, tmp_path):
         ((model, "--texts", str(texts)), "give the student's layers"),
         ((model, "--layers", "1", "--texts", str(texts), "--resume"), "--resume: no checkpoint"),
     ]
-    for args, message in cases:
-        done = _cli(*args, "-o", str(tmp_path / "out"))
-        assert done.returncode != 0 and message in done.stderr and "Traceback" not in done.stderr, (args, done.stderr)
+    # Side by side: each process spends its ~5 s importing torch and transformers before it refuses.
+    running = [(args, message, subprocess.Popen([sys.executable, "-m", "kiln", "distill", *args, "-o",
+                                                 str(tmp_path / f"out{k}")], stdout=subprocess.PIPE,
+                                                stderr=subprocess.PIPE, text=True))
+               for k, (args, message) in enumerate(cases)]
+    for args, message, process in running:
+        _, stderr = process.communicate(timeout=300)
+        assert process.returncode != 0 and message in stderr and "Traceback" not in stderr, (args, stderr)
 
 
 def test_a_killed_run_resumes_to_the_same_weights(tiny_model, texts, tmp_path):
