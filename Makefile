@@ -15,8 +15,8 @@ $(PY):
 # torch first and pinned: any other version pulls gigabytes of CUDA wheels; with 2.13.0 present,
 # kiln's `torch>=2.4` is already satisfied and pip installs nothing more for it.
 $(STAMP): pyproject.toml constraints.txt | $(PY)
-	$(PY) -m pip install -q --disable-pip-version-check --no-compile torch==2.13.0
-	$(PY) -m pip install -q --disable-pip-version-check --no-compile -c constraints.txt -e '.[build,test,openvino,serve,triton,grpc,embed,ray,otel]'
+	$(PY) -m pip install -q --disable-pip-version-check torch==2.13.0
+	$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[build,test,openvino,serve,triton,grpc,embed,ray,otel]'
 	touch $(STAMP)
 
 demo: install
@@ -45,9 +45,9 @@ $(TRITON_STAMP): pyproject.toml
 	  echo "make: the pytriton Python-backend stub needs Python 3.11; the Triton tests will be skipped"; \
 	else \
 	  $(PYTHON) -m venv $(TRITON_VENV) && \
-	  $(TRITON_VENV)/bin/pip install -q --disable-pip-version-check --no-compile nvidia-pytriton==0.7.0 numpy==1.26.4 \
+	  $(TRITON_VENV)/bin/pip install -q --disable-pip-version-check nvidia-pytriton==0.7.0 numpy==1.26.4 \
 	    tokenizers==0.23.3 pydantic==2.14.3 onnxruntime==1.32.0 openvino==2026.4.1 && \
-	  $(TRITON_VENV)/bin/pip install -q --disable-pip-version-check --no-compile --no-deps -e . && \
+	  $(TRITON_VENV)/bin/pip install -q --disable-pip-version-check --no-deps -e . && \
 	  cp $(PYTRITON)/python_backend_stubs/3.11/triton_python_backend_stub $(PYTRITON)/backends/python/ && \
 	  touch $(TRITON_STAMP); \
 	fi
@@ -60,10 +60,10 @@ slim: $(SLIM_STAMP)
 
 $(SLIM_STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(SLIM_VENV)
-	$(SLIM_VENV)/bin/pip install -q --disable-pip-version-check --no-compile -c constraints.txt -e '.[serve,embed]'
+	$(SLIM_VENV)/bin/pip install -q --disable-pip-version-check -c constraints.txt -e '.[serve,embed]'
 	touch $(SLIM_STAMP)
 
-# Every pip install passes --no-compile: byte-compiling each wheel's every module at install was most of it (torch
+# Every pip install passes: byte-compiling each wheel's every module at install was most of it (torch
 # alone: 34 s against 9 s); Python compiles what is imported, once, on first import.
 # The venvs install side by side (INSTALL_JOBS at once, each target's output kept together): one after another
 # they took 12-13 minutes of CI's 30 (a fresh clone on the 2-core Xeon, 770 s), mostly unpacking and compiling
@@ -89,8 +89,8 @@ infinity-server: $(INFINITY_STAMP)
 
 $(INFINITY_STAMP):
 	$(PYTHON) -m venv $(INFINITY_VENV)
-	$(INFINITY_VENV)/bin/pip install -q --disable-pip-version-check --no-compile torch==2.13.0
-	$(INFINITY_VENV)/bin/pip install -q --disable-pip-version-check --no-compile 'infinity-emb[server,torch]==0.0.78' \
+	$(INFINITY_VENV)/bin/pip install -q --disable-pip-version-check torch==2.13.0
+	$(INFINITY_VENV)/bin/pip install -q --disable-pip-version-check 'infinity-emb[server,torch]==0.0.78' \
 	  'transformers==4.57.*' 'numpy<2' \
 	  || { echo "make: infinity-emb could not be installed; the Infinity audit test will be skipped"; exit 0; }
 	touch $(INFINITY_STAMP)
@@ -103,7 +103,7 @@ kserve-client: $(KSERVE_STAMP)
 
 $(KSERVE_STAMP):
 	$(PYTHON) -m venv $(KSERVE_VENV)
-	$(KSERVE_VENV)/bin/pip install -q --disable-pip-version-check --no-compile 'kserve==0.21.0'
+	$(KSERVE_VENV)/bin/pip install -q --disable-pip-version-check 'kserve==0.21.0'
 	touch $(KSERVE_STAMP)
 
 # PyLate (pylate 1.6.0), the ColBERT implementation tests/test_multi_vector.py compares kiln with, in its own venv:
@@ -116,10 +116,10 @@ pylate: $(PYLATE_STAMP)
 
 $(PYLATE_STAMP):
 	$(PYTHON) -m venv $(PYLATE_VENV)
-	$(PYLATE_VENV)/bin/pip install -q --disable-pip-version-check --no-compile torch==2.13.0
-	$(PYLATE_VENV)/bin/pip install -q --disable-pip-version-check --no-compile 'sentence-transformers==5.3.0' \
+	$(PYLATE_VENV)/bin/pip install -q --disable-pip-version-check torch==2.13.0
+	$(PYLATE_VENV)/bin/pip install -q --disable-pip-version-check 'sentence-transformers==5.3.0' \
 	  'transformers==5.3.0' datasets scipy 'ujson==5.12.0'
-	$(PYLATE_VENV)/bin/pip install -q --disable-pip-version-check --no-compile --no-deps 'pylate==1.6.0'
+	$(PYLATE_VENV)/bin/pip install -q --disable-pip-version-check --no-deps 'pylate==1.6.0'
 	$(PYLATE_VENV)/bin/python -c "from pylate import models"
 	touch $(PYLATE_STAMP)
 
@@ -132,7 +132,7 @@ colbert-ai: $(COLBERT_STAMP)
 
 $(COLBERT_STAMP):
 	$(PYTHON) -m venv $(COLBERT_VENV)
-	$(COLBERT_VENV)/bin/pip install -q --disable-pip-version-check --no-compile torch==2.13.0
-	$(COLBERT_VENV)/bin/pip install -q --disable-pip-version-check --no-compile 'transformers==4.57.1' 'colbert-ai==0.2.22'
+	$(COLBERT_VENV)/bin/pip install -q --disable-pip-version-check torch==2.13.0
+	$(COLBERT_VENV)/bin/pip install -q --disable-pip-version-check 'transformers==4.57.1' 'colbert-ai==0.2.22'
 	$(COLBERT_VENV)/bin/python -c "from colbert.modeling.checkpoint import Checkpoint"
 	touch $(COLBERT_STAMP)
