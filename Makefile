@@ -63,8 +63,8 @@ $(SLIM_STAMP): pyproject.toml constraints.txt
 	$(SLIM_VENV)/bin/pip install -q --disable-pip-version-check -c constraints.txt -e '.[serve,embed]'
 	touch $(SLIM_STAMP)
 
-# Every pip install passes: byte-compiling each wheel's every module at install was most of it (torch
-# alone: 34 s against 9 s); Python compiles what is imported, once, on first import.
+# Not pip's --no-compile, though it made torch's install 9 s against 34: with PYTHONDONTWRITEBYTECODE=1 (set on these
+# machines) no .pyc is written later either, so every process compiled torch again on import.
 # The venvs install side by side (INSTALL_JOBS at once, each target's output kept together): one after another
 # they took 12-13 minutes of CI's 30 (a fresh clone on the 2-core Xeon, 770 s), mostly unpacking and compiling
 # wheels, with a core idle while pip resolves or waits on the registry.
