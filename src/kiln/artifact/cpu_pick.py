@@ -98,10 +98,13 @@ def _revalidate(artifact: Artifact, best: str, here: str, built_on: str) -> CpuP
 
 
 def judge_variants(artifact: Artifact, names: Sequence[str], here: str,
-                   evidence: Callable[[Any], dict[str, Any]] | None = None) -> dict[str, dict[str, Any]]:
+                   evidence: Callable[[Any], dict[str, Any]] | None = None,
+                   verdict_errors: tuple[type[Exception], ...] = ()) -> dict[str, dict[str, Any]]:
     """Each named variant judged on the artifact's stored agreement inputs against its kept fp32 reference, at the
     recorded tolerance, and timed where it passes: variant -> {"accepted", "reason", "ms_per_input"}, with what
-    ``evidence`` reads from each predictor after its run added."""
+    ``evidence`` reads from each predictor after its run added. An error of ``verdict_errors`` while one variant
+    loads or runs is that variant's verdict ({"accepted": False, "error": its last line}); the others are still
+    judged, on the one reference run."""
     from kiln.artifact.directory import ServingPlan
     from kiln.bench.measure import time_predictor
     from kiln.engines import EngineOptions
@@ -116,15 +119,26 @@ def judge_variants(artifact: Artifact, names: Sequence[str], here: str,
     checked: dict[str, dict[str, Any]] = {}
     for name in names:
         record = artifact.manifest.variants[name]
-        predictor = artifact.predictor_of(record, ServingPlan(EngineOptions.for_variant(record)))
-        verdict = judge(task, measure_agreement(data, predictor), build.tolerance or 0.01)
-        timing = time_predictor(predictor, data.prepared.encodings, rounds=1) if verdict.accepted else None
+        try:
+            predictor = artifact.predictor_of(record, ServingPlan(EngineOptions.for_variant(record)))
+            verdict = judge(task, measure_agreement(data, predictor), build.tolerance or 0.01)
+            timing = time_predictor(predictor, data.prepared.encodings, rounds=1) if verdict.accepted else None
+        except verdict_errors as error:
+            checked[name] = {"accepted": False, "error": last_line(str(error), type(error).__name__)}
+            log.info("%s on %s: %s", name, here, checked[name]["error"])
+            continue
         checked[name] = {"accepted": verdict.accepted, "reason": verdict.reason,
                          "ms_per_input": round(timing.ms_per_sequence, 3) if timing else None,
                          **(evidence(predictor) if evidence else {})}
         log.info("%s on %s: %s%s", name, here, verdict.reason,
                  f", {timing.ms_per_sequence:.2f} ms per input" if timing else "")
     return checked
+
+
+def last_line(text: str, fallback: str) -> str:
+    """The last non-blank line of an error's text (OpenVINO's and a process's stderr end with the cause)."""
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return lines[-1] if lines else fallback
 
 
 def _key(artifact: Artifact) -> str:
@@ -181,7 +195,7 @@ def unchecked_classes(wanted: Sequence[str], cpu: CpuInfo, emulated: Mapping[str
     """kiln optimize --for: each class other than this CPU's, with why it was not (or not wholly) validated here.
     ``emulated``: the classes whose OpenVINO variants were judged under oneDNN's ISA cap (kiln.artifact.emulation),
     each with its verdicts or its error."""
-    here = cpu_class(cpu.features)
+    here, cappable = cpu_class(cpu.features), emulable_classes(cpu)
     later = "the variants are re-validated on the stored agreement inputs the first time the artifact loads on a " \
             "CPU of class {}"
     out = {}
@@ -195,7 +209,7 @@ def unchecked_classes(wanted: Sequence[str], cpu: CpuInfo, emulated: Mapping[str
                    f"capped")
         elif run is not None:
             why = f"this CPU is {here}; judging under oneDNN's {c} cap failed ({run['error']})"
-        elif c in emulable_classes(cpu):
+        elif c in cappable:
             why = f"this CPU is {here}; it could cap OpenVINO to {c}'s instructions, but no variant here runs on it"
         else:
             why = (f"this CPU is {here} and lacks {c}'s instructions: no runtime can run {c}'s kernels here (OpenVINO "

@@ -27,8 +27,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from kiln.artifact.cpu_pick import CLASS_OVERRIDE
-from kiln.artifact.manifest import read_manifest
+from kiln.artifact.cpu_pick import CLASS_OVERRIDE, last_line
+from kiln.artifact.manifest import Manifest, seal
 from kiln.artifact.records import Status
 from kiln.system.cpu import ONEDNN_ISA, CpuInfo, emulable_classes
 
@@ -42,22 +42,24 @@ GEMM_LAYERS = ("FullyConnected", "MatMul", "Convolution")
 UNCAPPED = "mlas"
 
 
-def emulate(stage: Path, classes: Sequence[str], cpu: CpuInfo,
+def emulate(stage: Path, manifest: Manifest, classes: Sequence[str], cpu: CpuInfo,
             progress: Callable[[str], None] = lambda _: None) -> dict[str, dict[str, Any]]:
     """Each of ``classes`` this CPU can be capped to -> {"isa", "variants": {name: verdict and kernels}} or
-    {"isa", "error"}; {} when the artifact has no OpenVINO variant (nothing else here honours the cap). A variant
+    {"isa", "error"}; {} when there is nothing to cap (no such class, or no OpenVINO variant: nothing else here
+    honours the cap). Otherwise ``stage`` is sealed with ``manifest`` first: the capped processes open it. A variant
     OpenVINO cannot run under the cap has {"accepted": False, "error"} (MiniLM's bf16-hinted int8 IR under AVX2:
     "Supported primitive descriptors list is empty for node: Softmax")."""
-    manifest = read_manifest(stage)
+    wanted = [c for c in classes if c in emulable_classes(cpu)]
     # Rejected ones too: a variant can fail here on this class's kernels alone (MiniLM's openvino-int8-static with
     # bf16 float ops: min cosine 0.71 on the AMX Xeon, 0.982 capped to AVX512_CORE_VNNI).
     names = [n for n, r in manifest.variants.items()
              if r.status in (Status.ACCEPTED, Status.REJECTED) and r.engine in CAPPED_ENGINES
              and (stage / r.path).exists()]
-    if not names or manifest.build.agreement_inputs is None:
+    if not wanted or not names or manifest.build.agreement_inputs is None:
         return {}
+    seal(stage, manifest)
     out: dict[str, dict[str, Any]] = {}
-    for c in (c for c in classes if c in emulable_classes(cpu)):
+    for c in wanted:
         isa = ONEDNN_ISA[c]
         progress(f"--for {c}: judging {', '.join(names)} with oneDNN capped to {isa}")
         env = {**os.environ, ISA_ENV: isa, CLASS_OVERRIDE: c}
@@ -68,8 +70,7 @@ def emulate(stage: Path, classes: Sequence[str], cpu: CpuInfo,
             out[c] = {"isa": isa, "error": f"the capped checks did not finish within {TIMEOUT_S} s"}
             continue
         if run.returncode != 0:
-            lines = [line for line in run.stderr.strip().splitlines() if line.strip()]
-            out[c] = {"isa": isa, "error": lines[-1] if lines else f"exit status {run.returncode}"}
+            out[c] = {"isa": isa, "error": last_line(run.stderr, f"exit status {run.returncode}")}
         else:
             out[c] = {"isa": isa, "variants": json.loads(run.stdout)}
         progress(f"--for {c}: {describe(out[c])}")
@@ -80,14 +81,16 @@ def describe(run: dict[str, Any]) -> str:
     """One line per class: each variant's verdict under the cap and the kernels its MatMuls ran."""
     if "error" in run:
         return f"not judged ({run['error']})"
-    def kernel_list(found: dict[str, int]) -> str:
-        uncapped = sum(n for k, n in found.items() if UNCAPPED in k)
-        said = ", ".join(f"{k} x{n}" for k, n in found.items())
-        return f"{said}; {uncapped} on MLAS, which ignores the cap" if uncapped else said
-
     return "; ".join(f"{name}: does not run under the cap ({v['error']})" if "error" in v else
                      f"{name}: {v['reason']} (kernels: {kernel_list(v['kernels'])})"
                      for name, v in run["variants"].items())
+
+
+def kernel_list(found: dict[str, int]) -> str:
+    """``kernels``' counts as a line, with how many ran on MLAS (not capped)."""
+    uncapped = sum(n for k, n in found.items() if UNCAPPED in k)
+    said = ", ".join(f"{k} x{n}" for k, n in found.items())
+    return f"{said}; {uncapped} on MLAS, which ignores the cap" if uncapped else said
 
 
 def kernels(predictor: Any) -> dict[str, Any]:
@@ -103,20 +106,14 @@ def kernels(predictor: Any) -> dict[str, Any]:
 
 
 def _judge_capped(path: Path, cls: str, names: Sequence[str]) -> dict[str, Any]:
-    """In the capped process: cpu_pick's checks of ``names``, each with the kernels it ran."""
+    """In the capped process: cpu_pick's checks of ``names``, each with the kernels it ran. OpenVINO's errors (kiln's
+    engine names the file) are a variant's verdict: a layer with no kernel under the cap fails that variant alone."""
     from kiln.artifact.cpu_pick import judge_variants
     from kiln.artifact.directory import Artifact
     from kiln.errors import ArtifactError
 
-    artifact, checked = Artifact.open(path), {}
-    for name in names:
-        try:
-            checked.update(judge_variants(artifact, [name], cls, evidence=kernels))
-        # OpenVINO's (kiln's engine names the file): a layer with no kernel under the cap is this variant's verdict.
-        except (RuntimeError, ArtifactError) as error:
-            lines = [line for line in str(error).strip().splitlines() if line.strip()]
-            checked[name] = {"accepted": False, "error": lines[-1] if lines else type(error).__name__}
-    return checked
+    return judge_variants(Artifact.open(path), names, cls, evidence=kernels,
+                          verdict_errors=(RuntimeError, ArtifactError))
 
 
 if __name__ == "__main__":

@@ -44,7 +44,7 @@ from kiln.optimize.variants import VARIANTS, VariantSpec, default_variants, remo
 from kiln.report.html import write_report
 from kiln.runtime.precision import CALIBRATION_FILE, parse_precision
 from kiln.runtime.predictor import Predictor
-from kiln.system.cpu import CPU_CLASS_NAMES, cpu_info, emulable_classes, int8_scheme
+from kiln.system.cpu import CPU_CLASS_NAMES, cpu_info, int8_scheme
 from kiln.system.invocation import invocation
 from kiln.system.memory import release_freed
 from kiln.tasks import TASKS, task_spec
@@ -482,15 +482,12 @@ class OptimizeJob:
 
     # -- timing, choice, records ---------------------------------------------------------------------------
     def _emulate(self, stage: Path, manifest: Manifest) -> Manifest:
-        """--for classes this CPU can cap OpenVINO to: its variants judged under each cap (kiln.artifact.emulation),
-        in processes of their own that open the staged artifact, so it is sealed first; the verdicts then join the
-        build record (and best/'s, written after)."""
+        """--for classes this CPU can cap OpenVINO to: its variants judged under each cap (kiln.artifact.emulation,
+        which seals the staged artifact for the processes that open it); the verdicts then join the build record
+        (and best/'s, written after)."""
         cfg = self.config
-        if not set(cfg.for_classes) & set(emulable_classes(self.cpu)):
-            return manifest
-        seal(stage, manifest)
-        emulated = emulate(stage, cfg.for_classes, self.cpu, self.progress)
-        if not emulated:  # no OpenVINO variant: nothing else here honours the cap
+        emulated = emulate(stage, manifest, cfg.for_classes, self.cpu, self.progress)
+        if not emulated:  # no class to cap to, or no OpenVINO variant: nothing else here honours the cap
             return manifest
         return manifest.with_build(emulated_classes=emulated,
                                    unchecked_classes=unchecked_classes(cfg.for_classes, self.cpu, emulated))
