@@ -216,6 +216,37 @@ def test_probes_info_and_openapi(artifacts):
         assert "/v1/embeddings" in c.get("/openapi.json").json()["paths"]
 
 
+@pytest.mark.gpu
+def test_served_on_the_gpu_matches_offline_results(artifacts):
+    """kiln serve --device cuda: one session on ONNX Runtime's CUDA provider (IOBinding), answers equal to the CPU's
+    offline ones to fp32 rounding whatever shares a batch."""
+    texts = list(builtin_sentences()[:24])
+    offline = np.stack(Artifact.open(artifacts[TaskName.FEATURE_EXTRACTION]).predictor().predict(texts))
+    limits = BatchLimits(max_batch_tokens=2048, max_batch_size=8, max_delay_s=0.02)
+    with client(artifacts, device="cuda", sessions=None, limits=limits) as c:
+        info = c.get("/info").json()["models"][0]
+        with ThreadPoolExecutor(16) as pool:
+            concurrent = list(pool.map(lambda t: c.post("/embed", json={"inputs": t}).json()["embeddings"][0], texts))
+    assert (info["device"], info["sessions"]) == ("cuda", 1)
+    np.testing.assert_allclose(np.array(concurrent), offline, atol=1e-4)
+
+
+def test_a_device_the_served_engine_cannot_use_is_refused_before_the_server_starts(artifacts, openvino_artifact):
+    """kiln serve --device asks each served model's engine up front: one line and exit 2, not a server whose
+    model fails to load after start-up."""
+    from tests.conftest import has_cuda
+
+    cases = [(openvino_artifact, "cuda", "--device cuda: kiln runs OpenVINO on the cpu device only")]
+    if not has_cuda():
+        cases.append((artifacts[TaskName.FEATURE_EXTRACTION], "tensorrt",
+                      "--device tensorrt needs TensorrtExecutionProvider, which this onnxruntime build lacks"))
+    runs = [subprocess.Popen([sys.executable, "-m", "kiln", "serve", str(path), "--device", device, "--port", "9"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for path, device, _ in cases]
+    for run, (_, _, message) in zip(runs, cases):
+        _, err = run.communicate(timeout=120)
+        assert run.returncode == 2 and message in " ".join(err.split()) and "Traceback" not in err, err[-2000:]
+
+
 @pytest.fixture(scope="module")
 def openvino_artifact(tiny_model, tmp_path_factory):
     from kiln.optimize.job import OptimizeConfig, OptimizeJob

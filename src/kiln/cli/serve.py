@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from kiln.choices import LogFormatName, ShadowPolicy
+from kiln.choices import Device, LogFormatName, ShadowPolicy
 
 
 def serve(
@@ -39,6 +39,10 @@ def serve(
     threads: Annotated[Optional[int], typer.Option(  # noqa: UP045
         help="Engine threads per session (default: the artifact's serving.json from kiln bench, else 1 per "
         "session for one-pass tasks, all usable cores for a decoder).", show_default=False, min=1)] = None,
+    device: Annotated[Device, typer.Option(help="Where the engine runs: cpu; cuda: ONNX Runtime's CUDA provider "
+                                           "with IOBinding (torch variants on cuda), one session; tensorrt: "
+                                           "ONNX Runtime's TensorRT provider. GPUs need onnxruntime-gpu; build "
+                                           "GPU variants with kiln optimize --target cuda.")] = Device.CPU,
     sessions: Annotated[Optional[int], typer.Option(  # noqa: UP045
         help="Engine instances running batches side by side, each on its own thread (default: serving.json, else "
         "one per usable core for one-pass tasks: most throughput under concurrent load, while one request alone "
@@ -111,8 +115,12 @@ def serve(
                          restart_loops=restart_loops, otlp_endpoint=otlp_endpoint, deterministic=deterministic,
                          shadow=ShadowConfig(shadow_rate, shadow_max_share, shadow_policy)
                          if shadow_rate is not None else None,
-                         protocols=WireProtocol.parse_list(protocols, "--protocols"), grpc_port=grpc_port)
+                         protocols=WireProtocol.parse_list(protocols, "--protocols"), grpc_port=grpc_port,
+                         device=device)
+    from kiln.engines import check_device
+
     for path in models.values():  # a clear error before the server starts
-        served_variant(Artifact.open(path), deterministic=deterministic)
+        opened = Artifact.open(path)
+        check_device(opened.variant(served_variant(opened, deterministic=deterministic)).engine, device)
     if not run_server(create_app(config), host, port, access_log=access_log, log_format=log_format.value):
         raise typer.Exit(1)  # uvicorn has logged why (port in use, a model that failed to load)

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
-from kiln.engines.base import Engine, EngineOptions
+from kiln.engines.base import Engine, EngineOptions, require_cpu
 from kiln.errors import UsageError
 
 
@@ -37,6 +37,7 @@ def _openvino(path: Path, options: EngineOptions) -> Engine:
 def _static(path: Path, options: EngineOptions) -> Engine:
     from kiln.engines.static import StaticEngine
 
+    check_device("static", options.device)
     return StaticEngine(path)
 
 
@@ -59,6 +60,37 @@ def create_engine(name: str, path: Path, options: EngineOptions = EngineOptions(
 
         return RowByRow(engine)
     return engine
+
+
+def _onnxruntime_device(device: str) -> None:
+    from kiln.engines.onnxruntime import require_provider
+
+    require_provider(device)
+
+
+def _torch_device(runtime: str) -> Callable[[str], None]:
+    def check(device: str) -> None:
+        from kiln.engines.torch_eager import require_torch_device
+
+        require_torch_device(device, runtime)
+
+    return check
+
+
+# Whether an engine can run on a device, asked before anything loads: the error each engine would raise at load,
+# given up front (kiln serve --device checks every served model before the server starts).
+DEVICE_CHECKS: dict[str, Callable[[str], None]] = {
+    "onnxruntime": _onnxruntime_device,
+    "torchscript": _torch_device("TorchScript"),
+    "torch": _torch_device("torch"),
+    "openvino": lambda device: require_cpu(device, "OpenVINO"),
+    "static": lambda device: require_cpu(device, "static embeddings (a table lookup)"),
+}
+
+
+def check_device(engine: str, device: str) -> None:
+    """A UsageError where ``engine`` cannot run on ``device`` here."""
+    DEVICE_CHECKS[engine](device)
 
 
 # Engines that run parallel requests on one compiled model (OpenVINO CPU streams): their sessions are infer

@@ -69,6 +69,12 @@ class EngineOptions:
 
 
 
+def require_cpu(device: str, runtime: str) -> None:
+    """A UsageError for a GPU ``device`` on a runtime kiln runs on the CPU only."""
+    if device != "cpu":
+        raise UsageError(f"--device {device}: kiln runs {runtime} on the cpu device only")
+
+
 def warm_every_length(engine: Engine, max_length: int, multiple: int | None = None) -> int:
     """Warm ``engine``, and where batches are padded to a ``multiple`` (default: the engine's; OpenVINO 16), run
     each length bucket once; returns the runs.

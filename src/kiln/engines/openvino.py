@@ -10,8 +10,8 @@ import numpy as np
 
 from kiln.choices import Precision
 from kiln.decoder.graph import PAST_PREFIX
-from kiln.engines.base import EngineOptions, warmup_inputs
-from kiln.errors import ArtifactError, UsageError, missing_dependency
+from kiln.engines.base import EngineOptions, require_cpu, warmup_inputs
+from kiln.errors import ArtifactError, missing_dependency
 
 _PRECISION_HINT = {Precision.FP32: "f32", Precision.BF16: "bf16", Precision.FP16: "f16"}
 
@@ -29,8 +29,7 @@ class OpenVinoEngine:
             import openvino as ov
         except ImportError as err:
             raise missing_dependency("openvino", "openvino", err) from err
-        if options.device != "cpu":
-            raise UsageError(f"--device {options.device}: kiln runs OpenVINO on the cpu device only")
+        require_cpu(options.device, "OpenVINO")
         config = {"INFERENCE_PRECISION_HINT": _PRECISION_HINT[options.precision], "PERFORMANCE_HINT": "LATENCY"}
         if options.intra_op_threads:
             config["INFERENCE_NUM_THREADS"] = options.intra_op_threads

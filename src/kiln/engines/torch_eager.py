@@ -15,6 +15,17 @@ from kiln.errors import UsageError
 _AUTOCAST = {Precision.BF16: "bfloat16", Precision.FP16: "float16"}
 
 
+def require_torch_device(device: str, runtime: str = "torch") -> None:
+    """A UsageError where libtorch cannot run on ``device`` (before a module moves there and fails mid-load)."""
+    import torch
+
+    if device == "tensorrt":
+        raise UsageError(f"--device tensorrt is an ONNX Runtime provider; {runtime} runs on cpu or cuda")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise UsageError(f"--device cuda: this torch {torch.__version__} sees no CUDA GPU; {runtime} variants run on "
+                         "cpu here, or install a CUDA build of torch on a GPU machine")
+
+
 def configure_torch_threads(options: EngineOptions) -> None:
     apply_threads(options.intra_op_threads)
 
@@ -37,11 +48,14 @@ class TorchEngine:
     def __init__(self, module: Any, options: EngineOptions = EngineOptions()) -> None:
         import torch
 
-        if options.device == "tensorrt":
-            raise UsageError("--device tensorrt is an ONNX Runtime provider; torch runs on cpu or cuda")
+        require_torch_device(options.device)
         configure_torch_threads(options)
         self._torch = torch
         self._device = torch.device(options.device)
+        if self._device.type != "cpu":  # a copy on the GPU: the caller's module (kiln optimize's) stays on the CPU
+            import copy
+
+            module = copy.deepcopy(module)
         self._module = module.to(self._device).eval()
         self._precision = options.precision
         self._threads = options.intra_op_threads

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from kiln.engines.base import EngineOptions, warmup_inputs
-from kiln.engines.torch_eager import apply_threads, configure_torch_threads
+from kiln.engines.torch_eager import apply_threads, configure_torch_threads, require_torch_device
 from kiln.errors import ArtifactError, UsageError, missing_dependency
 from kiln.model.module import IO_FILE  # stored inside the .pt archive as an extra file
 
@@ -25,8 +25,7 @@ class TorchScriptEngine:
         except ImportError as err:  # a serving install without libtorch
             raise missing_dependency("torch", "torch", err) from err
 
-        if options.device == "tensorrt":
-            raise UsageError("--device tensorrt is an ONNX Runtime provider; TorchScript runs on cpu or cuda")
+        require_torch_device(options.device, "TorchScript")
         configure_torch_threads(options)
         # The profiling executor may re-specialise the graph for new input shapes; the simple executor runs
         # the frozen graph as is. On torch 2.13 CPU both held a steady per-token time over 60 random lengths
@@ -44,6 +43,11 @@ class TorchScriptEngine:
         io = json.loads(extra[IO_FILE] or "{}")
         if not io:
             raise ArtifactError(f"{path} was not written by kiln (no {IO_FILE} inside)")
+        traced_on = io.get("device", "cpu")  # archives from before kiln recorded it were traced on the CPU
+        if traced_on != torch.device(options.device).type:
+            raise UsageError(f"--device {options.device}: this TorchScript was traced on {traced_on}, and a trace "
+                             f"keeps some constants on its device; run it on {traced_on}, or re-run kiln optimize "
+                             f"--target {'cuda' if options.device != 'cpu' else 'cpu'} for a {options.device} one")
         self._torch = torch
         self._threads = options.intra_op_threads
         self._device = torch.device(options.device)

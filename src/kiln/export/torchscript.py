@@ -11,12 +11,23 @@ import torch
 from kiln.model.module import IO_FILE, TaskModule
 
 
-def export_torchscript(module: TaskModule, example: tuple[torch.Tensor, ...], path: Path) -> list[Path]:
+def export_torchscript(module: TaskModule, example: tuple[torch.Tensor, ...], path: Path,
+                       device: str = "cpu") -> list[Path]:
+    """Trace and freeze ``module`` on ``device``. The trace keeps tensors the model makes on the fly (transformers'
+    attention-mask fill value) as constants on that device, and map_location does not move them: on an H100 a
+    CPU trace loaded on cuda failed with "Expected all tensors to be on the same device". So a TorchScript runs on
+    the device it was traced on, which the archive records."""
+    if device != "cpu":  # a copy on the GPU: the caller's module stays on the CPU for the other exports
+        import copy
+
+        module = copy.deepcopy(module).to(device)
+        example = tuple(t.to(device) for t in example)
     with warnings.catch_warnings(), torch.inference_mode(False), torch.no_grad():
         warnings.simplefilter("ignore")  # tracer shape warnings; parity is checked right after export
         traced = torch.jit.trace(module, example, check_trace=False, strict=False)
         frozen = torch.jit.freeze(traced.eval())
-    io_names = json.dumps({"inputs": list(module.input_names), "outputs": list(module.output_names)})
+    io_names = json.dumps({"inputs": list(module.input_names), "outputs": list(module.output_names),
+                           "device": torch.device(device).type})
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)  # TorchScript is deprecated upstream; still served
         torch.jit.save(frozen, str(path), _extra_files={IO_FILE: io_names})

@@ -32,21 +32,25 @@ def task_module(source: SourceModel, *, cast_inputs: bool = False) -> TaskModule
 
 
 def reference_predictor(
-    source: SourceModel, precision: Precision = Precision.FP32, *, batch_size: int = 32, threads: int | None = None
+    source: SourceModel, precision: Precision = Precision.FP32, *, batch_size: int = 32, threads: int | None = None,
+    device: str = "cpu",
 ) -> Predictor:
     """The original in PyTorch. ``threads`` matters: torch's thread count is process-global, so without it the
     reference would run on whatever count the last torch-based variant set."""
-    engine = TorchEngine(task_module(source), EngineOptions(precision=precision, intra_op_threads=threads))
+    engine = TorchEngine(task_module(source), EngineOptions(precision=precision, intra_op_threads=threads,
+                                                            device=device))
     return Predictor(source.task_config, source_encoder(source), engine, batch_size=batch_size)
 
 
-def timing_predictor(source: SourceModel, *, batch_size: int = 32, threads: int | None = None) -> Predictor:
+def timing_predictor(source: SourceModel, *, batch_size: int = 32, threads: int | None = None,
+                     device: str = "cpu") -> Predictor:
     """The original as speed-ups are quoted against: its own forward pass, or for a task with its own graph (a
-    decoder's step with a KV cache) that graph run eagerly in PyTorch, so both sides do the same work."""
+    decoder's step with a KV cache) that graph run eagerly in PyTorch, so both sides do the same work; on the
+    ``device`` the variants are timed on."""
     graph = task_spec(source.task_config.task).graph(source, example_inputs(source))
     if graph is None:
-        return reference_predictor(source, batch_size=batch_size, threads=threads)
-    engine = TorchEngine(graph.module, EngineOptions(intra_op_threads=threads))
+        return reference_predictor(source, batch_size=batch_size, threads=threads, device=device)
+    engine = TorchEngine(graph.module, EngineOptions(intra_op_threads=threads, device=device))
     return Predictor(source.task_config, source_encoder(source), engine, batch_size=batch_size)
 
 

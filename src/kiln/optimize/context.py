@@ -43,6 +43,7 @@ class BuildContext:
     target: Target
     calibration_method: CalibrationMethod = CalibrationMethod.MINMAX
     scratch: Path | None = None  # temporary files that never enter the artifact (calibration caches)
+    device: str = "cpu"  # where variants are validated and timed (cuda for --target cuda on a CUDA machine)
     _cache: dict[str, Any] = field(default_factory=dict)
 
     def once(self, key: str, build):

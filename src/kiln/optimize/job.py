@@ -200,7 +200,8 @@ class OptimizeJob:
                 tempfile.TemporaryDirectory(prefix="kiln-scratch-") as scratch:
             tokenizer = write_tokenizer(self.source, stage)
             self.ctx = BuildContext(self.source, stage, self.reference.encoder, self.work.calibration, self.cpu,
-                                    int8_scheme(self.cpu), cfg.target, cfg.calibration_method, scratch=Path(scratch))
+                                    int8_scheme(self.cpu), cfg.target, cfg.calibration_method, scratch=Path(scratch),
+                                    device=self.device)
             # The original is timed first, so its PyTorch weights can go once no variant left to build reads them
             # (GPT-2 small's are 0.5 GB of a decoder run's peak). Each variant is timed as soon as it is judged (an
             # int8 search bounds itself by the times of those before it); each stage's engines are dropped when it
@@ -515,7 +516,7 @@ class OptimizeJob:
 
     def _time_reference(self) -> tuple[Timing, str]:
         self.progress(f"timing the PyTorch fp32 reference on {len(self.work.timing)} sequences")
-        return time_original(self.original, self.work.timing, self.config.batch_size, self.threads)
+        return time_original(self.original, self.work.timing, self.config.batch_size, self.threads, self.device)
 
     def _time(self, outcome: Outcome) -> Outcome:
         timed = (Status.ACCEPTED, Status.REJECTED) if self.config.time_rejected else (Status.ACCEPTED,)
@@ -612,10 +613,10 @@ def _released(value: T) -> T:
 
 
 def time_original(original: SourceModel, timing: tuple[Encoding, ...], batch_size: int,
-                  threads: int) -> tuple[Timing, str]:
+                  threads: int, device: str = "cpu") -> tuple[Timing, str]:
     """The original's PyTorch fp32 on the timing inputs (vanilla attention where it has a choice), and which
-    attention that was: the baseline every speed-up is against."""
-    reference = timing_predictor(original, batch_size=batch_size, threads=threads)
+    attention that was: the baseline every speed-up is against, on the device the variants are timed on."""
+    reference = timing_predictor(original, batch_size=batch_size, threads=threads, device=device)
     with vanilla_attention(original.model) as attention:
         return time_predictor(reference, timing), attention
 

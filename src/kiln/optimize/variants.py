@@ -179,10 +179,10 @@ def _torchscript(ctx: BuildContext, exclude: Sequence[str] = ()) -> BuiltVariant
     from kiln.export.torchscript import export_torchscript
 
     path = ctx.variant_dir("torchscript") / "model.pt"
-    export_torchscript(ctx.module(), ctx.example(), path)
+    export_torchscript(ctx.module(), ctx.example(), path, device=ctx.device)
     rel = path.relative_to(ctx.stage).as_posix()
     return BuiltVariant("torchscript", "torchscript", rel, [rel],
-                        [{"pass": "export-torchscript", "method": "trace+freeze"}])
+                        [{"pass": "export-torchscript", "method": "trace+freeze", "device": ctx.device}])
 
 
 def _torch_weights(ctx: BuildContext) -> tuple[str, list[str], dict]:

@@ -24,7 +24,7 @@ from prometheus_client import generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from kiln.artifact.manifest import read_manifest
-from kiln.choices import WireProtocol
+from kiln.choices import Device, WireProtocol
 from kiln.errors import KilnError, UsageError
 from kiln.log import get_logger
 from kiln.serve import generation, playground, tei, tracing
@@ -62,6 +62,7 @@ class ServeConfig:
     shadow: ShadowConfig | None = None  # live agreement against the fp32 reference (--shadow-rate)
     protocols: tuple[WireProtocol, ...] = PROTOCOLS  # the APIs served (--protocols)
     grpc_port: int | None = None  # the v2 gRPC service's port (--grpc-port); None: no gRPC
+    device: Device = Device.CPU  # where the engines run (--device): cuda/tensorrt are ONNX Runtime's GPU providers
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "protocols", tuple(WireProtocol(p) for p in self.protocols))
@@ -129,7 +130,7 @@ async def _lifespan(app: FastAPI):
     for name, path in config.models.items():
         state.models[name] = load_served(name, Path(path), config.limits, state.metrics, threads=config.threads,
                                          sessions=config.sessions, deterministic=config.deterministic,
-                                         shadow=config.shadow)
+                                         shadow=config.shadow, device=config.device)
         state.models[name].set_ready(False, state.metrics)
     for served in state.models.values():
         served.start(state.metrics, restart=config.restart_loops)

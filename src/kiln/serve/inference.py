@@ -114,13 +114,14 @@ def served_variant(artifact: Artifact, *, deterministic: bool = False) -> str:
 
 
 def load_served(name: str, path: Path, limits: BatchLimits, metrics: Metrics, *, threads: int | None,
-                sessions: int | None, deterministic: bool = False, shadow: ShadowConfig | None = None) -> Served:
+                sessions: int | None, deterministic: bool = False, shadow: ShadowConfig | None = None,
+                device: str = "cpu") -> Served:
     artifact = Artifact.open(path)
     variant = served_variant(artifact, deterministic=deterministic)
     record = artifact.variant(variant)
-    threads, sessions, why = server_sessions(artifact, variant, threads=threads, sessions=sessions)
-    plan = artifact.serving_plan(variant, threads=threads, sessions=sessions)
-    log.info("model %s: %s on %d session(s) x %s thread(s) (%s)", name, variant, plan.sessions,
+    threads, sessions, why = server_sessions(artifact, variant, threads=threads, sessions=sessions, device=device)
+    plan = artifact.serving_plan(variant, threads=threads, sessions=sessions, device=device)
+    log.info("model %s: %s on %s, %d session(s) x %s thread(s) (%s)", name, variant, device, plan.sessions,
              plan.options.intra_op_threads or "all", why)
     predictor = artifact.predictor(variant, plan)
     if limits.max_batch_size is None:  # the sweep's batch size where kiln bench measured one
@@ -140,7 +141,8 @@ def load_served(name: str, path: Path, limits: BatchLimits, metrics: Metrics, *,
     info = {"model": name, "task": task, "variant": variant, "engine": record.engine,
             "max_length": artifact.task_config.max_length, "source": to_jsonable(artifact.manifest.source),
             "validation": to_jsonable({k: v for k, v in validation.items() if v is not None}),
-            "threads": plan.options.intra_op_threads, "sessions": len(predictor.sessions),
+            "device": str(plan.options.device), "threads": plan.options.intra_op_threads,
+            "sessions": len(predictor.sessions),
             "max_batch_size": limits.max_batch_size, "pad_multiple": predictor.pad_multiple,
             # which variant this CPU runs and why (kiln.artifact.cpu_pick); --deterministic may override it
             "cpu_pick": artifact.cpu_pick().to_dict()}
@@ -152,8 +154,8 @@ def load_served(name: str, path: Path, limits: BatchLimits, metrics: Metrics, *,
     return served
 
 
-def server_sessions(artifact: Artifact, variant: str, *, threads: int | None, sessions: int | None
-                    ) -> tuple[int | None, int | None, str]:
+def server_sessions(artifact: Artifact, variant: str, *, threads: int | None, sessions: int | None,
+                    device: str = "cpu") -> tuple[int | None, int | None, str]:
     """Threads and sessions a server runs ``variant`` with, and why: the caller's, else kiln bench's serving
     default, else, for a task served in batches, one single-thread session per usable core.
 
@@ -168,6 +170,8 @@ def server_sessions(artifact: Artifact, variant: str, *, threads: int | None, se
 
     if threads is not None or sessions is not None:
         return threads, sessions, "--threads/--sessions"
+    if device != "cpu":  # the GPU runs a batch's kernels; its host threads only launch them
+        return threads, sessions, f"--device {device}: one session on the GPU"
     if artifact.serving_default(variant) is not None:
         return threads, sessions, "kiln bench's serving default"
     if task_spec(artifact.task_config.task).scheduling is not Scheduling.BATCH:
