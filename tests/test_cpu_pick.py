@@ -104,6 +104,32 @@ def test_when_nothing_passes_on_the_new_class_the_best_runs_with_a_warning(porta
     assert "no variant passed re-validation" in pick.reason and "no variant passed" in caplog.text
 
 
+def test_an_artifact_timed_on_a_gpu_keeps_its_choice_on_any_cpu(portable, tmp_path, monkeypatch):
+    """kiln optimize --target cuda timed its variants on the GPU: re-timing them on the loading machine's CPU would
+    pick for the wrong processor, so the recorded best stands, said so."""
+    import shutil
+
+    from kiln.artifact.manifest import read_manifest, seal
+
+    gpu = tmp_path / "gpu"
+    shutil.copytree(portable, gpu, ignore=shutil.ignore_patterns(cpu_pick.PICKS_DIR))
+    manifest = read_manifest(gpu)
+    seal(gpu, dataclasses.replace(manifest, build=dataclasses.replace(manifest.build, device="cuda")))
+    monkeypatch.setenv(cpu_pick.CLASS_OVERRIDE, ELSEWHERE)
+
+    def never(*_):
+        raise AssertionError("re-validated GPU-timed variants on the CPU")
+
+    monkeypatch.setattr(cpu_pick, "_revalidate", never)
+    pick = Artifact.open(gpu).cpu_pick()
+    assert pick.variant == manifest.build.best and pick.checked == {}
+    assert "timed on cuda by kiln optimize --target cuda" in pick.reason
+    from kiln.artifact.directory import extract_variant
+
+    copy = extract_variant(Artifact.open(gpu), pick.variant, tmp_path / "copy")  # as kiln writes best/
+    assert Artifact.open(copy).manifest.build.device == "cuda"
+
+
 LESSER = next((c for c in ("avx2", "avx512-vnni") if c in emulable_classes(cpu_info())), None)
 
 

@@ -62,6 +62,9 @@ def pick_variant(artifact: Artifact) -> CpuPick:
     best = build.best or next(iter(artifact.manifest.variants), "")
     here = local_class()
     built_on = cpu_class(build.cpu.get("features", ())) if build.cpu else ""
+    if build.device != "cpu":  # re-timing GPU variants on this CPU would pick for the wrong processor
+        return CpuPick(best, here, built_on, f"validated and timed on {build.device} by kiln optimize --target cuda: "
+                       "its choice stands whatever the CPU; name a variant to run another")
     if not built_on or here == built_on:
         why = f"validated by kiln optimize on this CPU class ({here})" if built_on else \
             "the artifact's choice (no building CPU recorded)"

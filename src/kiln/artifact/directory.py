@@ -170,7 +170,7 @@ def copy_variant(root: Path, manifest: Manifest, name: str | None, dest: Path) -
                         cpu=manifest.build.cpu if record else {},
                         agreement_inputs=manifest.build.agreement_inputs if record else None,
                         unchecked_classes=manifest.build.unchecked_classes,
-                        emulated_classes=manifest.build.emulated_classes)
+                        emulated_classes=manifest.build.emulated_classes, device=manifest.build.device)
     seal(dest, Manifest(source=manifest.source, task=manifest.task, tokenizer=manifest.tokenizer,
                         variants={name: record} if record else {}, build=build))
     return dest

@@ -182,3 +182,6 @@ class BuildRecord:
     # kiln optimize --for, classes with fewer instructions than the building CPU's: each OpenVINO variant judged with
     # oneDNN capped to them (kiln.artifact.emulation): {class: {"isa", "variants": {name: verdict, kernels}} | "error"}.
     emulated_classes: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    # Where kiln optimize validated and timed the variants: "cuda" for --target cuda on a CUDA machine. best is then
+    # the GPU's fastest, and the CPU class of the machine that loads it does not change the pick.
+    device: str = "cpu"

@@ -553,7 +553,7 @@ class OptimizeJob:
                                                  summary.baseline_attention, timing.new_tokens),
                 eval=self.work.eval_set.source if self.work.eval_set is not None else None,
                 reference=self.described[1] if self.original is not self.source else None,
-                reference_metric=self.work.reference_metric),
+                reference_metric=self.work.reference_metric, device=self.device),
         )
 
     def _output_calibration(self, kept: VariantRecord | None) -> str | None:
