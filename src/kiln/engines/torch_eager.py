@@ -51,12 +51,10 @@ class TorchEngine:
         require_torch_device(options.device)
         configure_torch_threads(options)
         self._torch = torch
-        self._device = torch.device(options.device)
-        if self._device.type != "cpu":  # a copy on the GPU: the caller's module (kiln optimize's) stays on the CPU
-            import copy
+        from kiln.model.module import placed_on
 
-            module = copy.deepcopy(module)
-        self._module = module.to(self._device).eval()
+        self._device = torch.device(options.device)
+        self._module = placed_on(module, options.device).eval()
         self._precision = options.precision
         self._threads = options.intra_op_threads
         self.input_names = tuple(module.input_names)

@@ -47,7 +47,7 @@ class TorchScriptEngine:
         if traced_on != torch.device(options.device).type:
             raise UsageError(f"--device {options.device}: this TorchScript was traced on {traced_on}, and a trace "
                              f"keeps some constants on its device; run it on {traced_on}, or re-run kiln optimize "
-                             f"--target {'cuda' if options.device != 'cpu' else 'cpu'} for a {options.device} one")
+                             f"--target {options.device} for a {options.device} one")
         self._torch = torch
         self._threads = options.intra_op_threads
         self._device = torch.device(options.device)

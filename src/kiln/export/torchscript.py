@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from kiln.model.module import IO_FILE, TaskModule
+from kiln.model.module import IO_FILE, TaskModule, placed_on
 
 
 def export_torchscript(module: TaskModule, example: tuple[torch.Tensor, ...], path: Path,
@@ -17,11 +17,8 @@ def export_torchscript(module: TaskModule, example: tuple[torch.Tensor, ...], pa
     attention-mask fill value) as constants on that device, and map_location does not move them: on an H100 a
     CPU trace loaded on cuda failed with "Expected all tensors to be on the same device". So a TorchScript runs on
     the device it was traced on, which the archive records."""
-    if device != "cpu":  # a copy on the GPU: the caller's module stays on the CPU for the other exports
-        import copy
-
-        module = copy.deepcopy(module).to(device)
-        example = tuple(t.to(device) for t in example)
+    module = placed_on(module, device)
+    example = tuple(t.to(device) for t in example)
     with warnings.catch_warnings(), torch.inference_mode(False), torch.no_grad():
         warnings.simplefilter("ignore")  # tracer shape warnings; parity is checked right after export
         traced = torch.jit.trace(module, example, check_trace=False, strict=False)

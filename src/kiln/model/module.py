@@ -20,6 +20,16 @@ from kiln.errors import ArtifactError
 IO_FILE = "kiln_io.json"
 
 
+def placed_on(module: torch.nn.Module, device: str) -> torch.nn.Module:
+    """``module`` on ``device``: moved there itself for the CPU, else a copy moved there, so the caller's module
+    (kiln optimize's, which later exports read) stays on the CPU. ``Module.to`` moves in place."""
+    if torch.device(device).type == "cpu":
+        return module.to(device)
+    import copy
+
+    return copy.deepcopy(module).to(device)
+
+
 class TaskModule(torch.nn.Module):
     def __init__(self, model: Any, input_names: tuple[str, ...], output_names: tuple[str, ...],
                  cast_inputs: bool = False, head: Callable[[Any, dict[str, Any]], tuple[Any, ...]] | None = None,
