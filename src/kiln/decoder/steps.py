@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from kiln.decoder.graph import ATTENTION_MASK, INPUT_IDS, LOGITS, POSITION_IDS, CacheShape
+from kiln.decoder.graph import ATTENTION_MASK, INPUT_IDS, LOGITS, POSITION_IDS, SEQLENS_K, TOTAL_LENGTH, CacheShape
 
 
 @dataclass
@@ -123,6 +123,135 @@ class SharedSteps:
         return logits, Past(grown, past.length + input_ids.shape[1], owner=request)
 
 
+class _Buffers:
+    """One batch's cache buffers (per past name an OrtValue [batch, heads, capacity, head size]) and which ``Past``
+    made on them is the newest: only that one may be stepped on in place."""
+
+    def __init__(self, values: dict[str, Any], capacity: int) -> None:
+        self.values, self.capacity, self.newest = values, capacity, 0
+
+
+@dataclass
+class _Rows:
+    """Where a ``Past`` made by ``BufferSteps`` stands: each row's token count in the buffers (its tokens sit at
+    positions 0..count-1) and the attention mask they came with (which of the caller's columns they are)."""
+
+    buffers: _Buffers
+    lengths: np.ndarray  # int64 [batch]
+    columns: np.ndarray  # bool [batch, past length]: the caller's columns that hold a row's tokens
+    stamp: int
+
+    @property
+    def newest(self) -> bool:
+        return self.buffers.newest == self.stamp
+
+    def expand(self, value: Any) -> np.ndarray:
+        """A buffer as the caller's layout: each row's tokens at its own columns, zeros where it had padding."""
+        compact = _ort_numpy(value)
+        out = np.zeros((*compact.shape[:2], self.columns.shape[1], compact.shape[3]), np.float32)
+        for row, (count, columns) in enumerate(zip(self.lengths, self.columns)):
+            out[row, :, columns] = compact[row, :, :count].transpose(1, 0, 2)
+        return out
+
+
+class BufferSteps:
+    """ONNX Runtime on the fused step graph (kiln.export.fused_decoder): the cache is one buffer per layer and kind,
+    bound as both the past input and the present output, so a step writes only the new tokens' keys and values.
+
+    Callers see the same ``Stepper`` as everywhere: an attention mask over their columns (left padding, rows that
+    joined later, right-padded teacher forcing). The buffers hold only each row's real tokens, from position 0 (the
+    layout GroupQueryAttention reads); a new token whose mask is 0 is written after the row's tokens and not
+    counted, so the next one overwrites it. A ``Past`` that is not the newest made on its buffers, or one brought
+    out as numpy (sequences joining or leaving), is copied into new buffers first.
+    """
+
+    GROW = 128  # positions allocated beyond what a step needs, so a buffer is reallocated every GROW tokens at most
+
+    def __init__(self, engine: Any, shape: CacheShape) -> None:
+        import onnxruntime as ort
+
+        self._ort, self.engine, self.shape = ort, engine, shape
+        self._session = engine.session
+        self._device = "cuda" if getattr(engine, "_on_gpu", False) else "cpu"
+        self._pairs = tuple(zip(shape.past_names(), shape.present_names()))
+
+    def step(self, input_ids, attention_mask, position_ids, past):
+        batch, new = input_ids.shape
+        own = past.owner if isinstance(past.owner, _Rows) else None
+        held = np.asarray(attention_mask[:, : past.length]) != 0  # the caller's columns that hold a token
+        lengths = own.lengths if own else held.sum(axis=1).astype(np.int64)
+        if new > 1 and batch > 1 and lengths.any():
+            # GroupQueryAttention takes several new tokens on a cache for one row only: one column at a time.
+            return self._column_by_column(input_ids, attention_mask, position_ids, past)
+        real = np.asarray(attention_mask[:, past.length :]) != 0
+        counts = real.sum(axis=1)
+        ids, where = input_ids, position_ids
+        if new > 1 and not real.all():  # the op reads each row's new tokens from the first column on
+            ids, where = _packed(input_ids, real), _packed(position_ids, real)
+        after = lengths + np.maximum(counts, 1)  # a padding token is written, and overwritten by the next
+        buffers = self._buffers(past, own, held, lengths, int(after.max()))
+        binding = self._session.io_binding()
+        for name, array in ((INPUT_IDS, ids), (POSITION_IDS, where)):
+            binding.bind_cpu_input(name, np.ascontiguousarray(array, dtype=np.int64))
+        binding.bind_cpu_input(SEQLENS_K, (after - 1).astype(np.int32))
+        binding.bind_cpu_input(TOTAL_LENGTH, np.array(int(after.max()), np.int32))
+        binding.bind_output(LOGITS, "cpu")
+        for past_name, present_name in self._pairs:
+            binding.bind_ortvalue_input(past_name, buffers.values[past_name])
+            binding.bind_ortvalue_output(present_name, buffers.values[past_name])
+        self._session.run_with_iobinding(binding)
+        logits = binding.get_outputs()[0].numpy()
+        if ids is not input_ids:  # back to the caller's columns; its padding columns get zeros
+            spread = np.zeros((batch, new, logits.shape[-1]), np.float32)
+            for row in range(batch):
+                spread[row, real[row]] = logits[row, : counts[row]]
+            logits = spread
+        buffers.newest += 1
+        state = _Rows(buffers, lengths + counts, np.asarray(attention_mask) != 0, buffers.newest)
+        return logits, Past(dict(buffers.values), past.length + new, state.expand, owner=state)
+
+    def _buffers(self, past: Past, own: _Rows | None, held: np.ndarray, lengths: np.ndarray,
+                 needed: int) -> _Buffers:
+        """Buffers holding ``past`` with room for ``needed`` positions a row: its own, when it is the newest made on
+        them and they are large enough; otherwise new ones, filled from its buffers (whose rows' first tokens no
+        later step overwrote: steps write past the newest's lengths, never below an older one's) or, for a cache in
+        the caller's layout, from the columns ``held`` marks."""
+        if own is not None and own.newest and own.buffers.capacity >= needed:
+            return own.buffers
+        capacity = -(-(needed + self.GROW) // 64) * 64
+        values = {}
+        for name in self.shape.past_names():
+            buffer = np.zeros((len(lengths), self.shape.heads, capacity, self.shape.head_size), np.float32)
+            if own is not None:
+                old = _ort_numpy(own.buffers.values[name])
+                for row, count in enumerate(lengths):
+                    buffer[row, :, :count] = old[row, :, :count]
+            elif past.length:
+                cache = past.to_numpy(past.values[name])
+                for row in range(len(lengths)):
+                    buffer[row, :, : lengths[row]] = cache[row][:, held[row]]
+            values[name] = self._ort.OrtValue.ortvalue_from_numpy(buffer, self._device, 0)
+        return _Buffers(values, capacity)
+
+    def _column_by_column(self, input_ids, attention_mask, position_ids, past):
+        outputs = []
+        for column in range(input_ids.shape[1]):
+            end = past.length + column + 1
+            logits, past = self.step(input_ids[:, column : column + 1], attention_mask[:, :end],
+                                     position_ids[:, column : column + 1], past)
+            outputs.append(logits)
+        return np.concatenate(outputs, axis=1), past
+
+
+def _packed(array: np.ndarray, real: np.ndarray) -> np.ndarray:
+    """Each row's entries where ``real``, moved to the front, the rest zeros: [batch, most real in a row]."""
+    out = np.zeros((array.shape[0], int(real.sum(axis=1).max())), array.dtype)
+    for row in range(array.shape[0]):
+        kept = array[row][real[row]]
+        out[row, : len(kept)] = kept
+    return out
+
+
 def _ort_numpy(value: Any) -> np.ndarray:
     return value.numpy() if hasattr(value, "numpy") else np.asarray(value)
 
@@ -132,6 +261,8 @@ STEPPERS: dict[str, Callable[[Any, CacheShape], Stepper]] = {"onnxruntime": Boun
 
 
 def stepper(engine: Any, shape: CacheShape) -> Stepper:
+    if SEQLENS_K in engine.input_names:  # the fused step graph: its cache is one buffer, updated in place
+        return BufferSteps(engine, shape)
     return STEPPERS.get(engine.name, ArraySteps)(engine, shape)
 
 

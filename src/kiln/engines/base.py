@@ -102,6 +102,9 @@ def warmup_inputs(input_names: tuple[str, ...], length: int = 8,
         "attention_mask": np.ones((1, length), dtype=np.int64),
         "token_type_ids": np.zeros((1, length), dtype=np.int64),
         "position_ids": np.arange(length, dtype=np.int64)[None],
+        # the fused decoder step graph's (kiln.export.fused_decoder): the row's tokens - 1, the longest row's
+        "seqlens_k": np.array([length - 1], dtype=np.int32),
+        "total_sequence_length": np.array(length, dtype=np.int32),
     }
     for name, dims in (float_shapes or {}).items():
         shape = [d if isinstance(d, int) else (1 if axis == 0 else 0) for axis, d in enumerate(dims)]

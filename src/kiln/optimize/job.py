@@ -508,11 +508,21 @@ class OptimizeJob:
         """Drop the PyTorch weights (moved to the meta device: any later use fails loudly, nothing computes on
         stale memory) once the fp32 export exists and no variant in ``remaining`` reads the model. Its structure and
         config stay: the manifest's parameter count reads shapes only."""
-        if self.ctx.built("onnx-fp32") and not any(VARIANTS[n].needs_model(self.ctx) for n in remaining):
-            for source in {id(s): s for s in (self.source, self.original)}.values():
-                if next(source.model.parameters()).device.type != "meta":
-                    source.model.to("meta")
-                    self.progress(f"{source.name}: PyTorch weights freed (no variant left to build reads them)")
+        if any(VARIANTS[n].needs_model(self.ctx) for n in remaining):
+            return
+        if not self.ctx.built("onnx-fp32"):
+            # The artifact keeps the fp32 export as its reference (and OpenVINO converts it): a decoder whose
+            # onnx-fused replaced onnx-fp32 has not made it yet, and must while the weights are here.
+            self.progress("exporting onnx-fp32 (the artifact's reference)")
+            try:
+                self.ctx.fp32_onnx()
+            except Exception as err:  # as _reference_variant: said here, recorded as missing at the end
+                self.progress(f"onnx-fp32 export failed ({type(err).__name__}: {err}); the PyTorch weights are kept")
+                return
+        for source in {id(s): s for s in (self.source, self.original)}.values():
+            if next(source.model.parameters()).device.type != "meta":
+                source.model.to("meta")
+                self.progress(f"{source.name}: PyTorch weights freed (no variant left to build reads them)")
 
     def _time_reference(self) -> tuple[Timing, str]:
         self.progress(f"timing the PyTorch fp32 reference on {len(self.work.timing)} sequences")

@@ -62,40 +62,76 @@ def _fusion_shape(ctx: BuildContext) -> onnx_passes.FusionShape:
     return onnx_passes.FusionShape(count, count * size, attention=count > 0)
 
 
-def _fused_path(ctx: BuildContext, gelu_approximation: bool = False) -> tuple[Path, dict]:
+def _bert_fusion(ctx: BuildContext, path: Path, gelu_approximation: bool) -> list[dict]:
+    """ONNX Runtime's transformer fusions on the fp32 export."""
+    step = onnx_passes.fuse(ctx.stage / _fp32(ctx).path, path, _fusion_shape(ctx),
+                            gelu_approximation=gelu_approximation)
+    return [*_fp32(ctx).recipe, step]
+
+
+def _decoder_fusion(ctx: BuildContext, path: Path, gelu_approximation: bool) -> list[dict]:
+    """kiln's own step graph, written from the weights: fused attention, the cache updated in place."""
+    from kiln.export.fused_decoder import build_fused_decoder
+
+    files = build_fused_decoder(ctx.source.model, path)
+    return [{"pass": "fused-decoder", "attention": "GroupQueryAttention", "cache": "one buffer, updated in place",
+             "external_data": len(files) > 1}]
+
+
+# TaskSpec.fusion -> how a task's onnx-fused graph is made: (context, path, gelu approximation) -> its recipe.
+FUSIONS: dict[str, Callable[[BuildContext, Path, bool], list[dict]]] = {
+    "bert": _bert_fusion, "decoder": _decoder_fusion}
+
+
+def _fusion_why_not(ctx: BuildContext) -> str | None:
+    if ctx.spec.fusion == "decoder":
+        from kiln.export.fused_decoder import why_not
+
+        return why_not(ctx.source.model.config)
+    return None
+
+
+def _fused_path(ctx: BuildContext, gelu_approximation: bool = False) -> tuple[Path, list[dict]]:
     name = "onnx-fused-gelu-approx" if gelu_approximation else "onnx-fused"
 
-    def build() -> tuple[Path, dict]:
+    def build() -> tuple[Path, list[dict]]:
         path = ctx.variant_dir(name) / "model.onnx"
-        step = onnx_passes.fuse(ctx.stage / _fp32(ctx).path, path, _fusion_shape(ctx),
-                                gelu_approximation=gelu_approximation)
-        return path, step
+        return path, FUSIONS[ctx.spec.fusion](ctx, path, gelu_approximation)
     return ctx.once(name, build)
 
 
 def _fused(ctx: BuildContext, exclude: Sequence[str] = (), gelu: bool = False) -> BuiltVariant:
-    path, step = _fused_path(ctx, gelu)
-    return _onnx_file(ctx, path.parent.name, [*_fp32(ctx).recipe, step], path)
+    path, recipe = _fused_path(ctx, gelu)
+    built = _onnx_file(ctx, path.parent.name, recipe, path)
+    files = [f.relative_to(ctx.stage).as_posix() for f in sorted(path.parent.iterdir())]
+    return dataclasses.replace(built, files=files)
 
 
 def _int8_source(ctx: BuildContext) -> tuple[Path, list[dict]]:
-    """What dynamic int8 quantizes: the fused graph, or the plain export for a task the BERT fusions do not fit
-    (a decoder's step graph)."""
-    if not ctx.spec.fuses:
-        return ctx.stage / _fp32(ctx).path, []
-    fused, fuse_step = _fused_path(ctx)
-    return fused, [fuse_step]
+    """What dynamic int8 quantizes: the fused graph, or the plain export where no fused graph can be built."""
+    if _fusion_why_not(ctx):
+        return ctx.stage / _fp32(ctx).path, list(_fp32(ctx).recipe)
+    return _fused_path(ctx)
 
 
 def _int8_source_name(ctx: BuildContext) -> str:
-    return "onnx-fused" if ctx.spec.fuses else "onnx-fp32"
+    return "onnx-fp32" if _fusion_why_not(ctx) else "onnx-fused"
+
+
+def _fp32_superseded(ctx: BuildContext) -> str | None:
+    """A decoder's onnx-fp32 is left out of the defaults where onnx-fused can be built: the same fp32 weights, with
+    the cache updated in place. Its export is still made, as the artifact's reference and OpenVINO's source."""
+    if ctx.spec.fusion == "decoder" and _fusion_why_not(ctx) is None:
+        return "onnx-fused runs the same fp32 weights with the cache updated in place; the export is kept as the " \
+               "reference"
+    return None
 
 
 def _int8_dynamic(ctx: BuildContext, exclude: Sequence[str] = (), name: str = "onnx-int8-dynamic") -> BuiltVariant:
     source, steps = _int8_source(ctx)
     path = ctx.variant_dir(name) / "model.onnx"
     step = onnx_passes.quantize_dynamic_int8(source, path, ctx.scheme, per_channel=True, exclude=exclude)
-    return _onnx_file(ctx, name, [*_fp32(ctx).recipe, *steps, step], path)
+    return _onnx_file(ctx, name, [*steps, step], path)
 
 
 def _int8_dynamic_rows(ctx: BuildContext, exclude: Sequence[str] = ()) -> BuiltVariant:
@@ -115,10 +151,10 @@ def _int8_static(ctx: BuildContext, exclude: Sequence[str] = ()) -> BuiltVariant
 
 
 def _fp16(ctx: BuildContext, exclude: Sequence[str] = ()) -> BuiltVariant:
-    fused, fuse_step = _fused_path(ctx)
+    fused, fuse_steps = _fused_path(ctx)
     path = ctx.variant_dir("onnx-fp16") / "model.onnx"
     step = onnx_passes.to_fp16(fused, path)
-    return _onnx_file(ctx, "onnx-fp16", [*_fp32(ctx).recipe, fuse_step, step], path)
+    return _onnx_file(ctx, "onnx-fp16", [*fuse_steps, step], path)
 
 
 def _ov_files(rel_xml: str) -> list[str]:
@@ -256,8 +292,8 @@ def _ranked_ir(mode: Int8Mode) -> Ranker:
 
 def _fusing(graph: str = "onnx-fused") -> Callable[[BuildContext], bool]:
     """Whether a build still fuses ``graph``: the BERT fusions read the model's shape (heads, a pruned model's
-    layout) until that graph exists."""
-    return lambda ctx: ctx.spec.fuses and not ctx.built(graph)
+    layout), a decoder's fused graph its weights, until that graph exists."""
+    return lambda ctx: not ctx.built(graph) and _fusion_why_not(ctx) is None
 
 
 def _always(ctx: BuildContext) -> bool:
@@ -267,8 +303,8 @@ def _always(ctx: BuildContext) -> bool:
 CPU = frozenset({Target.CPU})
 ALL = frozenset(Target)
 VARIANTS: dict[VariantName, VariantSpec] = {VariantName(spec.name): spec for spec in (
-    VariantSpec("onnx-fp32", _fp32, ALL),
-    VariantSpec("onnx-fused", _fused, ALL, needs_model=_fusing()),
+    VariantSpec("onnx-fp32", _fp32, ALL, not_by_default=_fp32_superseded),
+    VariantSpec("onnx-fused", _fused, ALL, lambda ctx: _fusion_why_not(ctx), needs_model=_fusing()),
     VariantSpec("onnx-fused-gelu-approx", lambda ctx, ex=(): _fused(ctx, ex, gelu=True), ALL,
                 needs_model=_fusing("onnx-fused-gelu-approx")),
     VariantSpec("onnx-int8-dynamic", _int8_dynamic, CPU,

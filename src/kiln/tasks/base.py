@@ -70,10 +70,10 @@ class TaskSpec:
     # Weight-only int8 (openvino-int8-weights) built by default: it pays where each step reads every weight for
     # little compute (decoding); an encoder's batches are compute-bound.
     weight_only_int8_pays: ClassVar[bool] = False
-    # The variants kiln optimize builds for this task (None: every variant of the target); ``fuses``: whether ONNX
-    # Runtime's BERT fusions apply to its graph before int8.
+    # The variants kiln optimize builds for this task (None: every variant of the target); ``fusion``: how its
+    # onnx-fused graph is made (kiln.optimize.variants.FUSIONS), the graph dynamic int8 quantizes.
     variants: ClassVar[tuple[str, ...] | None] = None
-    fuses: ClassVar[bool] = True
+    fusion: ClassVar[str] = "bert"
     default_tolerance: ClassVar[float]
     tolerance_help: ClassVar[str]  # what the tolerance bounds, for `kiln optimize --help`
     metric: ClassVar[str]  # the task metric's primary score

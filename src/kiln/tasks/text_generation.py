@@ -23,7 +23,7 @@ from kiln.choices import WireProtocol
 from kiln.data import corpus
 from kiln.data.texts import builtin_sentences, joined, length_mix
 from kiln.decoder.beam import MAX_BEAMS, Beams
-from kiln.decoder.graph import CacheShape, dynamic_axes, make_decoder_module, positions
+from kiln.decoder.graph import SEQLENS_K, TOTAL_LENGTH, CacheShape, dynamic_axes, make_decoder_module, positions
 from kiln.decoder.logprobs import MAX_LOGPROBS
 from kiln.decoder.sampling import Sampling
 from kiln.decoder.speculative import check_draft_tokens
@@ -243,9 +243,11 @@ class TextGeneration(GenerativeTask):
     tolerance_help = ("next-token agreement >= 1 - t and mean logit cosine >= 1 - t/2 against the original over "
                       "held-out text, and perplexity at most (1 + t) x the original's")
     # Dynamic int8 (ONNX Runtime, per channel) and weight-only int8 (NNCF): static activation ranges of a KV cache
-    # that grows step by step are not what calibration on whole texts sees; the BERT fusions do not match its graph.
-    variants = ("onnx-fp32", "onnx-int8-dynamic", "openvino-fp32", "openvino-int8-weights")
-    fuses = False
+    # that grows step by step are not what calibration on whole texts sees. onnx-fused is kiln's own step graph with
+    # fused attention and the cache updated in place (kiln.export.fused_decoder); it replaces onnx-fp32 by default,
+    # whose export stays as the artifact's reference and OpenVINO's source.
+    variants = ("onnx-fp32", "onnx-fused", "onnx-int8-dynamic", "openvino-fp32", "openvino-int8-weights")
+    fusion = "decoder"
     metric = "perplexity"
     metric_higher_is_better = False
     eval_fields = ("text",)
@@ -292,9 +294,12 @@ class TextGeneration(GenerativeTask):
         return engine
 
     def graph_feed(self, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """A right-padded batch as one first step on an empty cache, for the exported graph (mask and positions)
+        and the fused one (each row's length - 1 and the longest; callers feed each graph the inputs it has)."""
         mask = arrays["attention_mask"]
         batch = mask.shape[0]
-        return {**arrays, "position_ids": positions(mask, mask.shape[1]), **cache_shape(self.config).empty(batch)}
+        return {**arrays, "position_ids": positions(mask, mask.shape[1]), **cache_shape(self.config).empty(batch),
+                SEQLENS_K: (mask.sum(axis=1) - 1).astype(np.int32), TOTAL_LENGTH: np.array(mask.shape[1], np.int32)}
 
     # -- per call -----------------------------------------------------------------------------------------
     def options(self, max_new_tokens: int = 32, temperature: float = 0.0, top_k: int | None = None,
