@@ -18,9 +18,9 @@ import kiln
 from kiln.artifact.directory import Artifact
 from kiln.choices import ExportFormat
 from kiln.decoder.batch import DecodeBatch, new_sequence
-from kiln.decoder.graph import positions
+from kiln.decoder.graph import CacheShape, positions
 from kiln.decoder.sampling import Sampling, next_token
-from kiln.decoder.steps import ArraySteps, BoundSteps, SharedSteps, empty_past
+from kiln.decoder.steps import ArraySteps, BoundSteps, BufferSteps, SharedSteps, empty_past, stepper
 from kiln.decoder.stopping import Detokenizer, Stops
 from kiln.errors import UnsupportedModelError, UsageError
 from kiln.export.job import ExportConfig, run_export
@@ -44,6 +44,22 @@ def decoder_artifacts(tiny_model, tmp_path_factory) -> dict[str, object]:
         run_export(ExportConfig(model=str(tiny_model(arch, TaskName.TEXT_GENERATION)),
                                 task=TaskName.TEXT_GENERATION, format=ExportFormat.ONNX, output=path))
         out[arch] = path
+    return out
+
+
+@pytest.fixture(scope="module")
+def fused_graphs(tiny_model, tmp_path_factory) -> dict[str, object]:
+    """Each decoder's fused step graph (kiln.export.fused_decoder) on ONNX Runtime; GPT-2's weights in a side file."""
+    from kiln.engines.onnxruntime import OnnxRuntimeEngine
+    from kiln.export.fused_decoder import build_fused_decoder
+
+    out = {}
+    for arch in DECODERS:
+        model = transformers.AutoModelForCausalLM.from_pretrained(tiny_model(arch, TaskName.TEXT_GENERATION)).eval()
+        path = tmp_path_factory.mktemp(f"{arch}-fused") / "model.onnx"
+        files = build_fused_decoder(model, path, external=arch == "gpt2")
+        assert [f.name for f in files] == (["model.onnx", "model.onnx.data"] if arch == "gpt2" else ["model.onnx"])
+        out[arch] = OnnxRuntimeEngine(path)
     return out
 
 
@@ -81,6 +97,70 @@ def test_every_cached_step_matches_transformers(arch, rows, tiny_model, decoder_
         np.testing.assert_allclose(logits[:, 0][real[:, col]], want[:, col][real[:, col]], atol=1e-4,
                                    err_msg=f"step at column {col}")
     assert past.length == ids.shape[1]
+
+
+@pytest.mark.parametrize("arch", DECODERS)
+@pytest.mark.parametrize("rows", [1, 3], ids=["batch-1", "left-padded-batch"])
+def test_the_fused_graph_updates_its_cache_in_place_and_matches_transformers(arch, rows, tiny_model, fused_graphs):
+    """The fused step graph, prefilled with a left-padded batch and then stepped one token at a time: every real
+    position's logits equal transformers' full forward pass, through GPT-Neo's local window (8 here) and past the
+    buffer's first allocation, and every step writes into the same buffers it read (the cache is never copied)."""
+    model, tokenizer = _hf(tiny_model(arch, TaskName.TEXT_GENERATION))
+    texts = ["Return the number of items in a container, and then the rest of it " * 3, "The quick brown fox jumps",
+             "A short one"][:rows]
+    enc = tokenizer(texts, return_tensors="pt", padding=True)
+    ids, mask = enc.input_ids.numpy(), enc.attention_mask.numpy()
+    with torch.no_grad():
+        want = model(input_ids=enc.input_ids, attention_mask=enc.attention_mask,
+                     position_ids=torch.from_numpy(positions(mask, mask.shape[1]))).logits.numpy()
+    engine = fused_graphs[arch]
+    steps = stepper(engine, CacheShape.of(model.config))
+    assert isinstance(steps, BufferSteps)
+    steps.GROW = 16  # first buffers of 64 positions: they grow once on the way (the tiny models stop at 128)
+    assert 64 < ids.shape[1] <= 128
+    first = 4
+    logits, past = steps.step(ids[:, :first], mask[:, :first], positions(mask[:, :first], first),
+                              empty_past(steps.shape, rows))
+    real = mask.astype(bool)
+    np.testing.assert_allclose(logits[real[:, :first]], want[:, :first][real[:, :first]], atol=1e-4)
+    buffers, grown = past.owner.buffers, 0
+    for col in range(first, ids.shape[1]):
+        logits, past = steps.step(ids[:, col:col + 1], mask[:, :col + 1], positions(mask[:, :col + 1], 1), past)
+        np.testing.assert_allclose(logits[:, 0][real[:, col]], want[:, col][real[:, col]], atol=1e-4,
+                                   err_msg=f"step at column {col}")
+        if past.owner.buffers is not buffers:
+            buffers, grown = past.owner.buffers, grown + 1
+    assert grown == 1 and list(past.owner.lengths) == list(mask.sum(axis=1))
+    # Brought out (sequences joining or leaving), the cache is the caller's layout: what the exported graph holds.
+    expanded = past.arrays()
+    assert expanded[steps.shape.past_names()[0]].shape == (rows, steps.shape.heads, ids.shape[1], steps.shape.head_size)
+    assert all(not a[~real].any() for a in (np.moveaxis(v, 2, 1) for v in expanded.values()))
+
+
+def test_a_fused_cache_is_stepped_in_place_only_from_its_newest_state(tiny_model, fused_graphs):
+    """Fault injection for the shared buffer: stepping again from an older state (what a rolled-back speculation
+    or a retry would do) must not see the tokens a later step wrote. It is copied first, so both branches give
+    transformers' logits; a padding token (mask 0) is written and not counted."""
+    model, _ = _hf(tiny_model("gpt2", TaskName.TEXT_GENERATION))
+    steps = stepper(fused_graphs["gpt2"], CacheShape.of(model.config))
+    ids = np.array([[5, 17, 33, 8, 90, 41]])
+    ones = np.ones_like(ids)
+
+    def want(tokens):
+        with torch.no_grad():
+            return model(torch.tensor([tokens])).logits.numpy()[0, -1]
+
+    _, base = steps.step(ids[:, :4], ones[:, :4], positions(ones[:, :4], 4), empty_past(steps.shape, 1))
+    logits_a, newer = steps.step(ids[:, 4:5], ones[:, :5], positions(ones[:, :5], 1), base)
+    np.testing.assert_allclose(logits_a[0, 0], want(ids[0, :5].tolist()), atol=1e-4)
+    logits_b, branch = steps.step(ids[:, 5:6], ones[:, :5], positions(ones[:, :5], 1), base)  # from the older state
+    np.testing.assert_allclose(logits_b[0, 0], want([*ids[0, :4].tolist(), 41]), atol=1e-4)
+    assert branch.owner.buffers is not base.owner.buffers  # copied, not written over
+    logits_c, _ = steps.step(ids[:, 5:6], ones[:, :6], positions(ones[:, :6], 1), newer)  # the newer one goes on
+    np.testing.assert_allclose(logits_c[0, 0], want(ids[0].tolist()), atol=1e-4)
+    padded = np.array([[1, 1, 1, 1, 0]])
+    _, skipped = steps.step(np.array([[0]]), padded, positions(padded, 1), base)
+    assert list(skipped.owner.lengths) == [4]
 
 
 def test_teacher_forced_rows_are_the_padded_batch_cut_to_each_row(decoder_artifacts):
@@ -246,19 +326,22 @@ STEPPER_KINDS = {
     "numpy": lambda predictor, shape, _: ArraySteps(predictor.raw_engine, shape),
     "iobinding": lambda predictor, shape, _: BoundSteps(predictor.raw_engine, shape),
     "openvino-shared": _openvino_steps,
+    "fused-buffer": lambda predictor, shape, fused: BufferSteps(fused["gpt2"], shape),
 }
 
 
 @pytest.mark.parametrize("kind", STEPPER_KINDS)
-def test_sequences_join_and_leave_a_running_batch(kind, decoder_artifacts):
+def test_sequences_join_and_leave_a_running_batch(kind, decoder_artifacts, fused_graphs):
     """A sequence that joins a running batch (its cache padded on the left to the batch's width) and one left
     alone after the others finished decode exactly as they do by themselves, on every way the cache is carried:
-    numpy, ONNX Runtime's OrtValues, OpenVINO's output memory shared between two requests in turn."""
+    numpy, ONNX Runtime's OrtValues, OpenVINO's output memory shared between two requests in turn, and the fused
+    graph's buffers (packed rows, brought out to the batch's layout and back at each join and leave)."""
     predictor = kiln.load(decoder_artifacts["gpt2"])
     shape = predictor.engine.shape
     prompts = [predictor.encoder.encode([p])[0].ids for p in PROMPTS]
     alone = [predictor.generate(p, max_new_tokens=12).token_ids for p in PROMPTS]
-    steps = STEPPER_KINDS[kind](predictor, shape, decoder_artifacts["gpt2"])
+    steps = STEPPER_KINDS[kind](predictor, shape,
+                                fused_graphs if kind == "fused-buffer" else decoder_artifacts["gpt2"])
     batch = DecodeBatch(steps, predictor.encoder.pad_id)
 
     def seq(i, n):
@@ -318,12 +401,13 @@ def optimized_gpt2(tiny_model, tmp_path_factory):
     said: list[str] = []
     summary = OptimizeJob(OptimizeConfig(model=str(tiny_model("gpt2", TaskName.TEXT_GENERATION)),
                                          task="text-generation", output=out,
-                                         variants=("onnx-fp32", "onnx-int8-dynamic", "openvino-fp32")),
+                                         variants=("onnx-fp32", "onnx-fused", "onnx-int8-dynamic", "openvino-fp32")),
                           progress=said.append).run()
-    # Nothing left to build reads PyTorch once the fp32 export exists (the reference is timed first): its weights
-    # go as soon as it is built, before its check, and the later variants and the manifest do without them.
+    # Nothing left to build reads PyTorch once the fp32 export and the fused graph (written from the weights) exist
+    # (the reference is timed first): its weights go as soon as the latter is built, before its check, and the later
+    # variants and the manifest do without them.
     freed = [k for k, line in enumerate(said) if "PyTorch weights freed" in line]
-    assert len(freed) == 1 and said.index("building onnx-fp32") == freed[0] - 1, said
+    assert len(freed) == 1 and said.index("building onnx-fused") == freed[0] - 1, said
     assert any(line.startswith("timing the PyTorch fp32 reference") for line in said[: freed[0]])
     return summary, out
 
@@ -344,8 +428,13 @@ def test_optimize_builds_validates_and_picks_a_decoder_variant(optimized_gpt2, t
     # Timed by generating, the reference as the variants (PyTorch running the same step graph).
     assert summary.reference_timing.new_tokens == fp32.timing.new_tokens == 16
     assert fp32.metric["perplexity"] == pytest.approx(summary.reference_metric["perplexity"], rel=1e-4)
-    int8 = outcomes["onnx-int8-dynamic"]
-    assert int8.record.recipe[-1]["pass"] == "ort-int8-dynamic" and int8.record.recipe[-1]["per_channel"]
+    fused = outcomes["onnx-fused"]  # kiln's own step graph, its cache updated in place
+    assert fused.agreement.figures["next_token_agreement"] == 1.0 and fused.timing.new_tokens == 16
+    assert fused.metric["perplexity"] == pytest.approx(summary.reference_metric["perplexity"], rel=1e-4)
+    assert [step["pass"] for step in fused.record.recipe] == ["fused-decoder"]
+    int8 = outcomes["onnx-int8-dynamic"]  # quantizes the fused graph
+    assert [step["pass"] for step in int8.record.recipe] == ["fused-decoder", "ort-int8-dynamic"]
+    assert int8.record.recipe[-1]["per_channel"]
     assert 0.5 < int8.agreement.figures["next_token_agreement"] <= 1.0
     openvino = outcomes["openvino-fp32"]  # validated through SharedSteps: the cache shared between two requests
     assert openvino.agreement.figures["next_token_agreement"] == 1.0
@@ -359,12 +448,37 @@ def test_optimize_builds_validates_and_picks_a_decoder_variant(optimized_gpt2, t
     with pytest.raises(UsageError, match="no texts to measure perplexity on"):
         TextGeneration.evaluate(reference, TextGeneration.builtin_eval())
     assert kiln.load(artifact, "openvino-fp32").generate(PROMPTS, max_new_tokens=8) == \
-        kiln.load(artifact, "onnx-fp32").generate(PROMPTS, max_new_tokens=8)
+        kiln.load(artifact, "onnx-fp32").generate(PROMPTS, max_new_tokens=8) == \
+        kiln.load(artifact, "onnx-fused").generate(PROMPTS, max_new_tokens=8)
     assert summary.best in outcomes and summary.reference_timing.ms_per_sequence > 0
     best = kiln.load(artifact)
     assert best.generate("The quick", max_new_tokens=4).finish_reason in ("length", "stop")
-    with pytest.raises(UsageError, match="--variants must be from: onnx-fp32, onnx-int8-dynamic"):
+    with pytest.raises(UsageError, match="--variants must be from: onnx-fp32, onnx-fused, onnx-int8-dynamic"):
         OptimizeConfig(model=None, task="text-generation", output=tmp_path / "x", variants=("torchscript",))
+
+
+def test_a_decoders_defaults_put_the_fused_graph_in_place_of_the_export(tiny_model):
+    """By default a decoder's onnx-fp32 gives way to onnx-fused (same weights, cache in place) and says so; where no
+    fused graph can be written it stays, and onnx-fused is skipped with the reason."""
+    from types import SimpleNamespace
+
+    from kiln.optimize.variants import VARIANTS
+
+    config = transformers.AutoConfig.from_pretrained(tiny_model("gpt2", TaskName.TEXT_GENERATION))
+
+    def ctx(task_fusion, **changes):
+        changed = config.__class__(**{**config.to_dict(), **changes})
+        return SimpleNamespace(spec=SimpleNamespace(fusion=task_fusion),
+                               source=SimpleNamespace(model=SimpleNamespace(config=changed)))
+
+    fp32, fused = VARIANTS["onnx-fp32"], VARIANTS["onnx-fused"]
+    assert "onnx-fused runs the same fp32 weights" in fp32.not_by_default(ctx("decoder"))
+    assert fused.why_not(ctx("decoder")) is None
+    assert fp32.not_by_default(ctx("bert")) is None  # an encoder's fused graph is another thing
+    for changes, reason in (({"activation_function": "silu"}, "activation 'silu' is not one of"),
+                            ({"n_embd": 36, "n_head": 3}, "head size that is a multiple of 8")):
+        assert reason in fused.why_not(ctx("decoder", **changes))
+        assert fp32.not_by_default(ctx("decoder", **changes)) is None
 
 
 def test_openai_client_streams_completions_from_a_real_server(decoder_artifacts):
@@ -486,7 +600,8 @@ def test_bench_times_first_token_and_per_token_latency_in_the_report(optimized_g
     assert "first token" in result.output and "ms per token" in result.output
     results = read_results(tmp_path / "b" / "results.json")
     # Every variant built (fp32 and the int8 the gate rejected or accepted) beside the PyTorch step graph.
-    assert [t.name for t in results.targets] == ["pytorch-fp32", "onnx-fp32", "onnx-int8-dynamic", "openvino-fp32"]
+    assert [t.name for t in results.targets] == ["pytorch-fp32", "onnx-fp32", "onnx-fused", "onnx-int8-dynamic",
+                                                 "openvino-fp32"]
     for target in results.targets:
         assert target.error is None
         cells = {(c.batch_size, c.prompt_tokens): c for c in target.generation}
