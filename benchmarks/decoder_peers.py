@@ -298,9 +298,15 @@ def main() -> None:
                "ctranslate2-int8": [peer, "ct2", model]}
     if cpu_info().has_bf16:
         configs["transformers-bf16"] = [me, "transformers", model, "bfloat16"]
+    # GenAI runs the exported step graph (mask in, cache concatenated), kept as the artifact's reference where a
+    # decoder's defaults replaced onnx-fp32 by onnx-fused; the fused graph takes no attention mask, which GenAI wants.
+    graphs = dict(variants)
+    reference = manifest["build"].get("reference_variant")
+    if reference and reference["name"] not in graphs:
+        graphs[reference["name"]] = reference
     for name in ("onnx-fp32", "onnx-int8-dynamic"):
-        if name in variants:
-            graph_dir = (args.artifact / variants[name]["path"]).parent
+        if name in graphs:
+            graph_dir = (args.artifact / graphs[name]["path"]).parent
             configs[f"onnxruntime-genai on kiln {name}"] = [peer, "genai", str(graph_dir), model]
     for name in variants:
         configs[f"kiln {name}"] = [me, "kiln", art, name]
