@@ -48,19 +48,45 @@ def decoder_artifacts(tiny_model, tmp_path_factory) -> dict[str, object]:
 
 
 @pytest.fixture(scope="module")
-def fused_graphs(tiny_model, tmp_path_factory) -> dict[str, object]:
-    """Each decoder's fused step graph (kiln.export.fused_decoder) on ONNX Runtime; GPT-2's weights in a side file."""
-    from kiln.engines.onnxruntime import OnnxRuntimeEngine
+def fused_paths(tiny_model, tmp_path_factory) -> dict[str, object]:
+    """Each decoder's fused step graph (kiln.export.fused_decoder): its file."""
     from kiln.export.fused_decoder import build_fused_decoder
 
     out = {}
     for arch in DECODERS:
         model = transformers.AutoModelForCausalLM.from_pretrained(tiny_model(arch, TaskName.TEXT_GENERATION)).eval()
         path = tmp_path_factory.mktemp(f"{arch}-fused") / "model.onnx"
-        files = build_fused_decoder(model, path, external=arch == "gpt2")
-        assert [f.name for f in files] == (["model.onnx", "model.onnx.data"] if arch == "gpt2" else ["model.onnx"])
-        out[arch] = OnnxRuntimeEngine(path)
+        files = build_fused_decoder(model, path)
+        assert [f.name for f in files] == ["model.onnx", "model.onnx.data"]
+        out[arch] = path
     return out
+
+
+@pytest.fixture(scope="module")
+def fused_graphs(fused_paths) -> dict[str, object]:
+    """Each decoder's fused step graph on ONNX Runtime."""
+    from kiln.engines.onnxruntime import OnnxRuntimeEngine
+
+    return {arch: OnnxRuntimeEngine(path) for arch, path in fused_paths.items()}
+
+
+def test_int8_keeps_exactly_the_fused_layers_it_is_told_to(fused_paths, tmp_path):
+    """The int8 search keeps layers in fp32 by node name: every node of the fused graph has its own, so keeping
+    one MatMul keeps one (the graph's nodes were once all unnamed, and keeping one kept them all)."""
+    import onnx
+
+    from kiln.optimize.onnx_passes import quantize_dynamic_int8
+    from kiln.system.cpu import cpu_info, int8_scheme
+
+    graph = onnx.load(str(fused_paths["gpt2"]), load_external_data=False).graph
+    names = [n.name for n in graph.node]
+    assert all(names) and len(set(names)) == len(names)
+    matmuls = [n.name for n in graph.node if n.op_type == "MatMul"]
+    assert len(matmuls) == 2 * 4 + 1  # per layer qkv, out, fc, proj; the head
+    quantize_dynamic_int8(fused_paths["gpt2"], tmp_path / "q.onnx", int8_scheme(cpu_info()), exclude=[matmuls[0]])
+    quantized = onnx.load(str(tmp_path / "q.onnx"), load_external_data=False).graph
+    assert [n.name for n in quantized.node if n.op_type == "MatMul"] == [matmuls[0]]
+    assert sum(n.op_type == "MatMulInteger" for n in quantized.node) == len(matmuls) - 1
 
 
 def _hf(directory) -> tuple[object, object]:

@@ -16,7 +16,7 @@ GPT-Neo is a few dozen lines of ONNX, and this avoids tracing transformers' atte
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from kiln.decoder.graph import INPUT_IDS, LOGITS, POSITION_IDS, SEQLENS_K, TOTAL_LENGTH, CacheShape
-from kiln.export.onnx import EXTERNAL_DATA_SUFFIX, PROTOBUF_LIMIT
+from kiln.export.onnx import EXTERNAL_DATA_SUFFIX
 
 OPSET = 17
 MS_DOMAIN = "com.microsoft"
@@ -37,31 +37,27 @@ ACTIVATIONS: dict[str, tuple[str, str]] = {
 
 @dataclass
 class _Graph:
-    """Nodes and weights as they are added; weights go to a side file as they come when the model is large."""
+    """Nodes as they are added, and weights written to the side file as they come (the graph keeps only where each
+    one is): GPT-2 small's build peaked at 4.7 GB holding them in the protobuf and serializing it, and a 2.7B
+    model's weights would pass protobuf's 2 GB limit."""
 
-    path: Path  # the graph's file; its side file is this name + EXTERNAL_DATA_SUFFIX
-    external: bool
+    path: Path  # the graph's file; its weights go to this name + EXTERNAL_DATA_SUFFIX
     nodes: list = field(default_factory=list)
     initializers: list = field(default_factory=list)
     _data: Any = None
 
     def weight(self, name: str, array: np.ndarray) -> str:
-        from onnx import TensorProto, helper, numpy_helper
+        from onnx import TensorProto, helper
 
         array = np.ascontiguousarray(array)
-        if not self.external:
-            self.initializers.append(numpy_helper.from_array(array, name))
-            return name
         if self._data is None:
             self._data = open(self.side_file, "wb")
         offset = self._data.tell()
-        payload = array.tobytes()
-        self._data.write(payload)
-        self._data.write(b"\0" * (-len(payload) % 4096))  # page-aligned, as in kiln.export.onnx
-        tensor = TensorProto(name=name, data_type=helper.np_dtype_to_tensor_dtype(array.dtype),
-                             dims=array.shape)
+        self._data.write(array.data)
+        self._data.write(b"\0" * (-array.nbytes % 4096))  # page-aligned, as in kiln.export.onnx
+        tensor = TensorProto(name=name, data_type=helper.np_dtype_to_tensor_dtype(array.dtype), dims=array.shape)
         for key, value in (("location", self.side_file.name), ("offset", str(offset)),
-                           ("length", str(len(payload)))):
+                           ("length", str(array.nbytes))):
             entry = tensor.external_data.add()
             entry.key, entry.value = key, value
         tensor.data_location = TensorProto.EXTERNAL
@@ -76,7 +72,9 @@ class _Graph:
         from onnx import helper
 
         outputs = [output] if isinstance(output, str) else output
-        self.nodes.append(helper.make_node(op, inputs, outputs, domain=domain, **attributes))
+        # Named after its first output: the int8 passes rank, keep and report layers by node name (unnamed, every
+        # node was "" and keeping one layer in fp32 kept them all).
+        self.nodes.append(helper.make_node(op, inputs, outputs, name=outputs[0], domain=domain, **attributes))
         return output
 
     def linear(self, x: str, name: str, weight: np.ndarray, bias: np.ndarray | None) -> str:
@@ -116,7 +114,7 @@ class _Layer:
 class _Decoder:
     wte: Any
     wpe: Any
-    layers: list[_Layer]
+    layers: Iterator[_Layer]  # made one at a time as the graph is written: a layer's copied weights are dropped
     ln_f: Any
     lm_head: np.ndarray  # [vocab, hidden]
     activation: str
@@ -128,37 +126,39 @@ def _np(tensor: Any) -> np.ndarray:
 
 def _gpt2(model: Any) -> _Decoder:
     config, body = model.config, model.transformer
-    layers = []
-    for index, block in enumerate(body.h):
-        attention, mlp = block.attn, block.mlp
-        scale = 1.0 / float(config.n_embd // config.n_head) ** 0.5 if config.scale_attn_weights else 1.0
-        if config.scale_attn_by_inverse_layer_idx:
-            scale /= float(index + 1)
-        # transformers' Conv1D keeps weights as [in, out]: MatMul takes them as they are.
-        layers.append(_Layer(block.ln_1, _np(attention.c_attn.weight), _np(attention.c_attn.bias),
-                             _np(attention.c_proj.weight), _np(attention.c_proj.bias), block.ln_2,
-                             _np(mlp.c_fc.weight), _np(mlp.c_fc.bias), _np(mlp.c_proj.weight), _np(mlp.c_proj.bias),
-                             scale, -1))
-    return _Decoder(body.wte, body.wpe, layers, body.ln_f, _np(model.get_output_embeddings().weight),
+
+    def layers() -> Iterator[_Layer]:
+        for index, block in enumerate(body.h):
+            attention, mlp = block.attn, block.mlp
+            scale = 1.0 / float(config.n_embd // config.n_head) ** 0.5 if config.scale_attn_weights else 1.0
+            if config.scale_attn_by_inverse_layer_idx:
+                scale /= float(index + 1)
+            # transformers' Conv1D keeps weights as [in, out]: MatMul takes them as they are.
+            yield _Layer(block.ln_1, _np(attention.c_attn.weight), _np(attention.c_attn.bias),
+                         _np(attention.c_proj.weight), _np(attention.c_proj.bias), block.ln_2,
+                         _np(mlp.c_fc.weight), _np(mlp.c_fc.bias), _np(mlp.c_proj.weight), _np(mlp.c_proj.bias),
+                         scale, -1)
+    return _Decoder(body.wte, body.wpe, layers(), body.ln_f, _np(model.get_output_embeddings().weight),
                     config.activation_function)
 
 
 def _gpt_neo(model: Any) -> _Decoder:
     config, body = model.config, model.transformer
-    layers = []
-    for kind, block in zip(config.attention_layers, body.h):
-        attention, mlp = block.attn.attention, block.mlp
-        # nn.Linear keeps [out, in]; GPT-Neo's q, k and v have no bias and its attention is not scaled.
-        qkv = np.concatenate([_np(attention.q_proj.weight), _np(attention.k_proj.weight),
-                              _np(attention.v_proj.weight)]).T
-        # A local layer's query sees the last window_size positions, itself included (transformers' mask). ONNX
-        # Runtime 1.32's op keeps local_window_size keys the same way: window_size - 1 was off from the 8th token on
-        # (tests/test_generation.py holds every position to transformers'; the gate rejected the off-by-one).
-        window = int(config.window_size) if kind == "local" else -1
-        layers.append(_Layer(block.ln_1, qkv, None, _np(attention.out_proj.weight).T, _np(attention.out_proj.bias),
-                             block.ln_2, _np(mlp.c_fc.weight).T, _np(mlp.c_fc.bias), _np(mlp.c_proj.weight).T,
-                             _np(mlp.c_proj.bias), 1.0, window))
-    return _Decoder(body.wte, body.wpe, layers, body.ln_f, _np(model.get_output_embeddings().weight),
+
+    def layers() -> Iterator[_Layer]:
+        for kind, block in zip(config.attention_layers, body.h):
+            attention, mlp = block.attn.attention, block.mlp
+            # nn.Linear keeps [out, in]; GPT-Neo's q, k and v have no bias and its attention is not scaled.
+            qkv = np.concatenate([_np(attention.q_proj.weight), _np(attention.k_proj.weight),
+                                  _np(attention.v_proj.weight)]).T
+            # A local layer's query sees the last window_size positions, itself included (transformers' mask).
+            # ONNX Runtime 1.32's op keeps local_window_size keys the same way: window_size - 1 was off from the
+            # 8th token on (tests/test_generation.py holds every position to transformers'; the gate rejected it).
+            window = int(config.window_size) if kind == "local" else -1
+            yield _Layer(block.ln_1, qkv, None, _np(attention.out_proj.weight).T, _np(attention.out_proj.bias),
+                         block.ln_2, _np(mlp.c_fc.weight).T, _np(mlp.c_fc.bias), _np(mlp.c_proj.weight).T,
+                         _np(mlp.c_proj.bias), 1.0, window)
+    return _Decoder(body.wte, body.wpe, layers(), body.ln_f, _np(model.get_output_embeddings().weight),
                     config.activation_function)
 
 
@@ -179,9 +179,8 @@ def why_not(config: Any) -> str | None:
     return None
 
 
-def build_fused_decoder(model: Any, path: Path, external: bool | None = None) -> list[Path]:
-    """Write ``model``'s fused step graph to ``path``; returns the files written. The weights go to one side file
-    (``path``.data, written tensor by tensor) when ``external``, by default when they near protobuf's 2 GB."""
+def build_fused_decoder(model: Any, path: Path) -> list[Path]:
+    """Write ``model``'s fused step graph to ``path`` and its weights to ``path``.data; returns both files."""
     import onnx
     from onnx import TensorProto, helper
 
@@ -190,8 +189,7 @@ def build_fused_decoder(model: Any, path: Path, external: bool | None = None) ->
         raise ValueError(reason)
     shape = CacheShape.of(model.config)
     decoder = BUILDERS[model.config.model_type](model)
-    size = sum(p.numel() for p in model.parameters()) * 4 + decoder.lm_head.nbytes
-    graph = _Graph(path, external=size > PROTOBUF_LIMIT * 0.9 if external is None else external)
+    graph = _Graph(path)
     try:
         tokens = graph.node("Gather", [graph.weight("wte", _np(decoder.wte.weight)), INPUT_IDS], "tokens")
         where = graph.node("Gather", [graph.weight("wpe", _np(decoder.wpe.weight)), POSITION_IDS], "positions")
@@ -233,7 +231,7 @@ def build_fused_decoder(model: Any, path: Path, external: bool | None = None) ->
                                                       graph.initializers),
                                     opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid(MS_DOMAIN, 1)])
     onnx.save_model(model_proto, str(path))
-    return [path, graph.side_file] if graph.external else [path]
+    return [path, graph.side_file]
 
 
 def _pairs(names: tuple[str, ...]) -> list[tuple[str, str]]:
