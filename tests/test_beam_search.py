@@ -230,12 +230,12 @@ def test_a_failing_search_step_fails_its_request_and_the_batch_beside_it(gpt2_ar
         step = loop.beam_steps.step
         calls = []
 
-        def broken(*args):
+        def broken(*args, **kwargs):
             calls.append(len(loop.batch))
             if len(calls) > 1 and calls[-1] and "failed" not in calls:  # past the prefill, beside a greedy row
                 calls.append("failed")
                 raise RuntimeError("injected: a beam step failed")
-            return step(*args)
+            return step(*args, **kwargs)
 
         loop.beam_steps.step = broken
         answers = concurrently([

@@ -149,6 +149,11 @@ def test_the_fused_graph_updates_its_cache_in_place_and_matches_transformers(arc
                               empty_past(steps.shape, rows))
     real = mask.astype(bool)
     np.testing.assert_allclose(logits[real[:, :first]], want[:, :first][real[:, :first]], atol=1e-4)
+    # A generation's prefill asks for each row's last position only: the head runs on that one alone.
+    whole = ids.shape[1]
+    last, _ = steps.step(ids, mask, positions(mask, whole), empty_past(steps.shape, rows), last=True)
+    assert last.shape == (rows, 1, want.shape[-1])
+    np.testing.assert_allclose(last[:, 0], want[:, -1], atol=1e-4)
     buffers, grown = past.owner.buffers, 0
     for col in range(first, ids.shape[1]):
         logits, past = steps.step(ids[:, col:col + 1], mask[:, :col + 1], positions(mask[:, :col + 1], 1), past)
@@ -231,8 +236,8 @@ def test_optimize_times_a_decoder_by_generating_as_served(decoder_artifacts):
             self.inner = new_stepper()
             self.shape = self.inner.shape
 
-        def step(self, ids, mask, position_ids, past):
-            logits, grown = self.inner.step(ids, mask, position_ids, past)
+        def step(self, ids, mask, position_ids, past, last=False):
+            logits, grown = self.inner.step(ids, mask, position_ids, past, last)
             calls.append((ids.shape[0], ids.shape[1], logits.shape[1]))
             return logits, grown
 

@@ -79,7 +79,8 @@ class DecodeBatch:
         for i, s in enumerate(sequences):
             ids[i, width - len(s.prompt):] = s.prompt
             mask[i, width - len(s.prompt):] = 1
-        logits, past = self.steps.step(ids, mask, positions(mask, width), empty_past(self.shape, len(sequences)))
+        logits, past = self.steps.step(ids, mask, positions(mask, width), empty_past(self.shape, len(sequences)),
+                                       last=True)
         emitted = self._choose(sequences, logits[:, -1])
         self._merge(sequences, mask, past, np.array([[e.token] for e in emitted], np.int64))
         return emitted

@@ -139,7 +139,8 @@ class BeamSearch:
         """The prompt is prefilled once; every beam starts from its cache."""
         ids = np.asarray([self.prompt], dtype=np.int64)
         mask = np.ones_like(ids)
-        logits, past = self.steps.step(ids, mask, positions(mask, ids.shape[1]), empty_past(self.steps.shape, 1))
+        logits, past = self.steps.step(ids, mask, positions(mask, ids.shape[1]), empty_past(self.steps.shape, 1),
+                                       last=True)
         self._past = Past({n: np.repeat(a, self.width, axis=0) for n, a in past.arrays().items()}, past.length)
         return np.repeat(logits[:, -1], self.width, axis=0)
 

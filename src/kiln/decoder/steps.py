@@ -15,7 +15,16 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from kiln.decoder.graph import ATTENTION_MASK, INPUT_IDS, LOGITS, POSITION_IDS, SEQLENS_K, TOTAL_LENGTH, CacheShape
+from kiln.decoder.graph import (
+    ATTENTION_MASK,
+    INPUT_IDS,
+    LOGITS,
+    LOGITS_AT,
+    POSITION_IDS,
+    SEQLENS_K,
+    TOTAL_LENGTH,
+    CacheShape,
+)
 
 
 @dataclass
@@ -34,9 +43,11 @@ class Past:
 class Stepper(Protocol):
     shape: CacheShape
 
-    def step(self, input_ids: np.ndarray, attention_mask: np.ndarray, position_ids: np.ndarray, past: Past
-             ) -> tuple[np.ndarray, Past]:
-        """Logits of every new position [batch, new, vocab] and the cache grown by the new tokens."""
+    def step(self, input_ids: np.ndarray, attention_mask: np.ndarray, position_ids: np.ndarray, past: Past,
+             last: bool = False) -> tuple[np.ndarray, Past]:
+        """Logits of every new position [batch, new, vocab] and the cache grown by the new tokens. ``last``: only
+        each row's last new token's logits are wanted (a prefill for generation; left-padded, the last column's);
+        a stepper may then return [batch, 1, vocab], so callers read ``logits[:, -1]``."""
 
 
 class ArraySteps:
@@ -46,7 +57,7 @@ class ArraySteps:
         self.engine, self.shape = engine, shape
         self._pairs = tuple(zip(shape.past_names(), shape.present_names()))
 
-    def step(self, input_ids, attention_mask, position_ids, past):
+    def step(self, input_ids, attention_mask, position_ids, past, last=False):
         feed = {INPUT_IDS: input_ids, ATTENTION_MASK: attention_mask, POSITION_IDS: position_ids, **past.arrays()}
         out = self.engine.run(feed)
         grown = {p: out[q] for p, q in self._pairs}
@@ -71,7 +82,7 @@ class BoundSteps:
             return array
         return self._ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(array), self._device, 0)
 
-    def step(self, input_ids, attention_mask, position_ids, past):
+    def step(self, input_ids, attention_mask, position_ids, past, last=False):
         binding = self._session.io_binding()
         for name, array in ((INPUT_IDS, input_ids), (ATTENTION_MASK, attention_mask), (POSITION_IDS, position_ids)):
             binding.bind_ortvalue_input(name, self._value(array.astype(self._types[name], copy=False)))
@@ -108,7 +119,7 @@ class SharedSteps:
         self._outputs = {o.get_any_name(): o for o in compiled.outputs}
         self._pairs = tuple(zip(shape.past_names(), shape.present_names()))
 
-    def step(self, input_ids, attention_mask, position_ids, past):
+    def step(self, input_ids, attention_mask, position_ids, past, last=False):
         index = 1 - self._last
         if past.owner is self._requests[index]:
             index = self._last
@@ -175,14 +186,14 @@ class BufferSteps:
         self._device = "cuda" if getattr(engine, "_on_gpu", False) else "cpu"
         self._pairs = tuple(zip(shape.past_names(), shape.present_names()))
 
-    def step(self, input_ids, attention_mask, position_ids, past):
+    def step(self, input_ids, attention_mask, position_ids, past, last=False):
         batch, new = input_ids.shape
         own = past.owner if isinstance(past.owner, _Rows) else None
         held = np.asarray(attention_mask[:, : past.length]) != 0  # the caller's columns that hold a token
         lengths = own.lengths if own else held.sum(axis=1).astype(np.int64)
         if new > 1 and batch > 1 and lengths.any():
             # GroupQueryAttention takes several new tokens on a cache for one row only: one column at a time.
-            return self._column_by_column(input_ids, attention_mask, position_ids, past)
+            return self._column_by_column(input_ids, attention_mask, position_ids, past, last)
         real = np.asarray(attention_mask[:, past.length :]) != 0
         counts = real.sum(axis=1)
         ids, where = input_ids, position_ids
@@ -195,13 +206,17 @@ class BufferSteps:
             binding.bind_cpu_input(name, np.ascontiguousarray(array, dtype=np.int64))
         binding.bind_cpu_input(SEQLENS_K, (after - 1).astype(np.int32))
         binding.bind_cpu_input(TOTAL_LENGTH, np.array(int(after.max()), np.int32))
+        # Which packed positions get logits: each row's last real one, or all (the head is ~30% of a prefill's
+        # multiply-adds on GPT-2 small, and its [batch, new, vocab] output 103 MB at batch 4 x 128 tokens).
+        wanted = np.maximum(counts - 1, 0)[:, None] if last else np.broadcast_to(np.arange(ids.shape[1]), ids.shape)
+        binding.bind_cpu_input(LOGITS_AT, np.ascontiguousarray(wanted, dtype=np.int64))
         binding.bind_output(LOGITS, "cpu")
         for past_name, present_name in self._pairs:
             binding.bind_ortvalue_input(past_name, buffers.values[past_name])
             binding.bind_ortvalue_output(present_name, buffers.values[past_name])
         self._session.run_with_iobinding(binding)
         logits = binding.get_outputs()[0].numpy()
-        if ids is not input_ids:  # back to the caller's columns; its padding columns get zeros
+        if ids is not input_ids and not last:  # back to the caller's columns; its padding columns get zeros
             spread = np.zeros((batch, new, logits.shape[-1]), np.float32)
             for row in range(batch):
                 spread[row, real[row]] = logits[row, : counts[row]]
@@ -233,14 +248,14 @@ class BufferSteps:
             values[name] = self._ort.OrtValue.ortvalue_from_numpy(buffer, self._device, 0)
         return _Buffers(values, capacity)
 
-    def _column_by_column(self, input_ids, attention_mask, position_ids, past):
+    def _column_by_column(self, input_ids, attention_mask, position_ids, past, last):
         outputs = []
         for column in range(input_ids.shape[1]):
             end = past.length + column + 1
             logits, past = self.step(input_ids[:, column : column + 1], attention_mask[:, :end],
                                      position_ids[:, column : column + 1], past)
             outputs.append(logits)
-        return np.concatenate(outputs, axis=1), past
+        return (outputs[-1] if last else np.concatenate(outputs, axis=1)), past
 
 
 def _packed(array: np.ndarray, real: np.ndarray) -> np.ndarray:

@@ -105,6 +105,7 @@ def warmup_inputs(input_names: tuple[str, ...], length: int = 8,
         # the fused decoder step graph's (kiln.export.fused_decoder): the row's tokens - 1, the longest row's
         "seqlens_k": np.array([length - 1], dtype=np.int32),
         "total_sequence_length": np.array(length, dtype=np.int32),
+        "logits_positions": np.arange(length, dtype=np.int64)[None],
     }
     for name, dims in (float_shapes or {}).items():
         shape = [d if isinstance(d, int) else (1 if axis == 0 else 0) for axis, d in enumerate(dims)]

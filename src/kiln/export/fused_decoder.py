@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from kiln.decoder.graph import INPUT_IDS, LOGITS, POSITION_IDS, SEQLENS_K, TOTAL_LENGTH, CacheShape
+from kiln.decoder.graph import INPUT_IDS, LOGITS, LOGITS_AT, POSITION_IDS, SEQLENS_K, TOTAL_LENGTH, CacheShape
 from kiln.export.onnx import EXTERNAL_DATA_SUFFIX
 
 OPSET = 17
@@ -62,6 +62,13 @@ class _Graph:
             entry.key, entry.value = key, value
         tensor.data_location = TensorProto.EXTERNAL
         self.initializers.append(tensor)
+        return name
+
+    def constant(self, name: str, array: np.ndarray) -> str:
+        """A small tensor kept in the graph: ONNX Runtime's shape inference reads shape arguments only there."""
+        from onnx import numpy_helper
+
+        self.initializers.append(numpy_helper.from_array(array, name))
         return name
 
     @property
@@ -216,14 +223,18 @@ def build_fused_decoder(model: Any, path: Path) -> list[Path]:
             cache_inputs += [helper.make_tensor_value_info(n, TensorProto.FLOAT, cache_dims) for n in past]
             cache_outputs += [helper.make_tensor_value_info(n, TensorProto.FLOAT, cache_dims) for n in present]
         h = graph.layer_norm(x, "ln_f", decoder.ln_f)
+        # Only the positions asked for reach the head: a generation's prefill needs each row's last.
+        at = graph.node("Unsqueeze", [LOGITS_AT, graph.constant("axis_2", np.array([2], np.int64))], "logits_at")
+        h = graph.node("GatherND", [h, at], "logits_hidden", batch_dims=1)
         # A MatMul over [hidden, vocab], as the export has it: the int8 passes quantize it as one more layer.
         graph.node("MatMul", [h, graph.weight("lm_head.weight", decoder.lm_head.T)], LOGITS)
         inputs = [helper.make_tensor_value_info(INPUT_IDS, TensorProto.INT64, ["batch", "sequence"]),
                   helper.make_tensor_value_info(POSITION_IDS, TensorProto.INT64, ["batch", "sequence"]),
                   helper.make_tensor_value_info(SEQLENS_K, TensorProto.INT32, ["batch"]),
-                  helper.make_tensor_value_info(TOTAL_LENGTH, TensorProto.INT32, []), *cache_inputs]
+                  helper.make_tensor_value_info(TOTAL_LENGTH, TensorProto.INT32, []),
+                  helper.make_tensor_value_info(LOGITS_AT, TensorProto.INT64, ["batch", "wanted"]), *cache_inputs]
         vocab = decoder.lm_head.shape[0]
-        outputs = [helper.make_tensor_value_info(LOGITS, TensorProto.FLOAT, ["batch", "sequence", vocab]),
+        outputs = [helper.make_tensor_value_info(LOGITS, TensorProto.FLOAT, ["batch", "wanted", vocab]),
                    *cache_outputs]
     finally:
         graph.close()

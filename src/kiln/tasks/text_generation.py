@@ -23,7 +23,15 @@ from kiln.choices import WireProtocol
 from kiln.data import corpus
 from kiln.data.texts import builtin_sentences, joined, length_mix
 from kiln.decoder.beam import MAX_BEAMS, Beams
-from kiln.decoder.graph import SEQLENS_K, TOTAL_LENGTH, CacheShape, dynamic_axes, make_decoder_module, positions
+from kiln.decoder.graph import (
+    LOGITS_AT,
+    SEQLENS_K,
+    TOTAL_LENGTH,
+    CacheShape,
+    dynamic_axes,
+    make_decoder_module,
+    positions,
+)
 from kiln.decoder.logprobs import MAX_LOGPROBS
 from kiln.decoder.sampling import Sampling
 from kiln.decoder.speculative import check_draft_tokens
@@ -299,7 +307,8 @@ class TextGeneration(GenerativeTask):
         mask = arrays["attention_mask"]
         batch = mask.shape[0]
         return {**arrays, "position_ids": positions(mask, mask.shape[1]), **cache_shape(self.config).empty(batch),
-                SEQLENS_K: (mask.sum(axis=1) - 1).astype(np.int32), TOTAL_LENGTH: np.array(mask.shape[1], np.int32)}
+                SEQLENS_K: (mask.sum(axis=1) - 1).astype(np.int32), TOTAL_LENGTH: np.array(mask.shape[1], np.int32),
+                LOGITS_AT: np.broadcast_to(np.arange(mask.shape[1]), mask.shape).copy()}
 
     # -- per call -----------------------------------------------------------------------------------------
     def options(self, max_new_tokens: int = 32, temperature: float = 0.0, top_k: int | None = None,
