@@ -207,6 +207,29 @@ def test_teacher_forced_rows_are_the_padded_batch_cut_to_each_row(decoder_artifa
     for row, full, encoding in zip(rows, padded, encodings):
         np.testing.assert_array_equal(row, full[: len(encoding.ids)])
     assert [np.array_equal(a, b) for a, b in zip(predictor.run_features(encodings), rows)] == [True] * 3
+    # A row alone (validation's "alone" batching) steps ALONE_CHUNK tokens at a time on its cache, the multi-token
+    # step speculative decoding verifies with: the same logits as the batch's single-token steps, to rounding.
+    from kiln.decoder.teacher import ALONE_CHUNK
+
+    new_stepper, widths = predictor.engine.new_stepper, []
+
+    def counted():
+        inner = new_stepper()
+        original = inner.step
+
+        def step(ids, *args, **kwargs):
+            widths.append(ids.shape[1])
+            return original(ids, *args, **kwargs)
+        inner.step = step
+        return inner
+
+    predictor.engine.new_stepper = counted
+    longest = encodings[1]
+    alone = predictor.engine.run_rows(predictor.encoder.collate([longest]))[0]
+    first = len(longest.ids) // 2
+    assert widths == [first] + [min(ALONE_CHUNK, len(longest.ids) - c) for c in range(first, len(longest.ids),
+                                                                                        ALONE_CHUNK)]
+    np.testing.assert_allclose(alone, rows[1], atol=1e-4)
     # Validation's engines hold no memory between calls (EngineOptions.memory_arena=False): their teacher-forced
     # calls trim the heap as they go, with the same bits; a served or timed engine never does.
     from kiln.decoder.teacher import TRIM_EVERY

@@ -2,8 +2,12 @@
 
 Validation compares variants on the logits of every position of real text. Running the graph once on the whole
 text would never use the cache; here the first half (of the shortest row) is one prefill and every later
-position is a single-token step on the cache the previous step returned, so the figures cover both halves of
-what generation does.
+position is a step on the cache the previous step returned, so the figures cover both halves of what generation
+does. A batch steps one token at a time: generation's single-token step, at every position of every row. A row run
+alone (validation's "alone" batching) steps ALONE_CHUNK tokens at a time: the multi-token step on a cache that
+speculative decoding verifies with. So a check covers both kinds of cached step, and the drift between the sorted
+batch and the rows alone bounds chunking as well as batching. The alone rows were most of a decoder's check, one
+single-token step per position at batch 1.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from kiln.system.disk_rows import DiskRows
 from kiln.system.memory import trim_heap
 
 TRIM_EVERY = 4  # steps between heap trims (benchmarks/teacher_memory.py: every 1-2 steps +1.54 GB, 8 +1.82)
+ALONE_CHUNK = 8  # tokens per cached step for a row run alone (kiln.decoder.speculative verifies up to 17)
 
 
 class TeacherForced:
@@ -101,12 +106,14 @@ class TeacherForced:
         logits, past = steps.step(ids[:, :first], mask[:, :first], positions(mask[:, :first], first),
                                   empty_past(self.shape, ids.shape[0]))
         yield 0, first, logits
-        for column in range(first, ids.shape[1]):
-            seen = mask[:, : column + 1]
-            logits, past = steps.step(ids[:, column : column + 1], seen, positions(seen, 1), past)
+        stride = ALONE_CHUNK if ids.shape[0] == 1 else 1
+        for column in range(first, ids.shape[1], stride):
+            end = min(column + stride, ids.shape[1])
+            seen = mask[:, :end]
+            logits, past = steps.step(ids[:, column:end], seen, positions(seen, end - column), past)
             if self.trim_every and ids.shape[0] > 1 and column % self.trim_every == 0:  # one row's cache is small
                 trim_heap()
-            yield column, column + 1, logits
+            yield column, end, logits
         del steps, past
         if self.trim_every:
             trim_heap()
