@@ -96,19 +96,26 @@ def _hf(directory) -> tuple[object, object]:
     return model, tokenizer
 
 
+def _left_padded_logits(directory, rows: int, repeat: int = 1) -> tuple[object, np.ndarray, np.ndarray, np.ndarray]:
+    """(model, ids, mask, logits) of transformers' full forward pass over ``rows`` left-padded texts (the first
+    ``repeat`` times over)."""
+    model, tokenizer = _hf(directory)
+    texts = ["Return the number of items in a container, and then the rest of it " * repeat,
+             "The quick brown fox jumps", "A short one"][:rows]
+    enc = tokenizer([t.strip() for t in texts], return_tensors="pt", padding=True)
+    ids, mask = enc.input_ids.numpy(), enc.attention_mask.numpy()
+    with torch.no_grad():
+        want = model(input_ids=enc.input_ids, attention_mask=enc.attention_mask,
+                     position_ids=torch.from_numpy(positions(mask, mask.shape[1]))).logits.numpy()
+    return model, ids, mask, want
+
+
 @pytest.mark.parametrize("arch", DECODERS)
 @pytest.mark.parametrize("rows", [1, 3], ids=["batch-1", "left-padded-batch"])
 def test_every_cached_step_matches_transformers(arch, rows, tiny_model, decoder_artifacts):
     """Prefill 4 columns, then one token per step on the returned cache: each step's logits equal transformers'
     full forward pass (no cache) over the same left-padded ids, at every position."""
-    model, tokenizer = _hf(tiny_model(arch, TaskName.TEXT_GENERATION))
-    texts = ["Return the number of items in a container, and then the rest of it", "The quick brown fox jumps",
-             "A short one"][:rows]
-    enc = tokenizer(texts, return_tensors="pt", padding=True)
-    ids, mask = enc.input_ids.numpy(), enc.attention_mask.numpy()
-    with torch.no_grad():
-        want = model(input_ids=enc.input_ids, attention_mask=enc.attention_mask,
-                     position_ids=torch.from_numpy(positions(mask, mask.shape[1]))).logits.numpy()
+    _, ids, mask, want = _left_padded_logits(tiny_model(arch, TaskName.TEXT_GENERATION), rows)
     engine = Artifact.open(decoder_artifacts[arch]).engine()
     steps = BoundSteps(engine, Artifact.open(decoder_artifacts[arch]).predictor().engine.shape)
     first = 4
@@ -131,14 +138,7 @@ def test_the_fused_graph_updates_its_cache_in_place_and_matches_transformers(arc
     """The fused step graph, prefilled with a left-padded batch and then stepped one token at a time: every real
     position's logits equal transformers' full forward pass, through GPT-Neo's local window (8 here) and past the
     buffer's first allocation, and every step writes into the same buffers it read (the cache is never copied)."""
-    model, tokenizer = _hf(tiny_model(arch, TaskName.TEXT_GENERATION))
-    texts = ["Return the number of items in a container, and then the rest of it " * 3, "The quick brown fox jumps",
-             "A short one"][:rows]
-    enc = tokenizer(texts, return_tensors="pt", padding=True)
-    ids, mask = enc.input_ids.numpy(), enc.attention_mask.numpy()
-    with torch.no_grad():
-        want = model(input_ids=enc.input_ids, attention_mask=enc.attention_mask,
-                     position_ids=torch.from_numpy(positions(mask, mask.shape[1]))).logits.numpy()
+    model, ids, mask, want = _left_padded_logits(tiny_model(arch, TaskName.TEXT_GENERATION), rows, repeat=3)
     engine = fused_graphs[arch]
     steps = stepper(engine, CacheShape.of(model.config))
     assert isinstance(steps, BufferSteps)
