@@ -20,7 +20,7 @@ from kiln.choices import ExportFormat
 from kiln.decoder.batch import DecodeBatch, new_sequence
 from kiln.decoder.graph import CacheShape, positions
 from kiln.decoder.sampling import Sampling, next_token
-from kiln.decoder.steps import ArraySteps, BoundSteps, BufferSteps, SharedSteps, empty_past, stepper
+from kiln.decoder.steps import ArraySteps, BoundSteps, BufferSteps, SharedSteps, cut, empty_past, stepper
 from kiln.decoder.stopping import Detokenizer, Stops
 from kiln.errors import UnsupportedModelError, UsageError
 from kiln.export.job import ExportConfig, run_export
@@ -192,6 +192,15 @@ def test_a_fused_cache_is_stepped_in_place_only_from_its_newest_state(tiny_model
     padded = np.array([[1, 1, 1, 1, 0]])
     _, skipped = steps.step(np.array([[0]]), padded, positions(padded, 1), base)
     assert list(skipped.owner.lengths) == [4]
+    # Cut in place (a rejected speculation): the next step writes over the dropped token, on the same buffers.
+    _, longer = steps.step(ids, ones, positions(ones, 6), empty_past(steps.shape, 1))
+    short, seven = cut(steps, longer, 5), np.array([[7]])
+    logits_d, after = steps.step(seven, ones[:, :6], positions(ones[:, :6], 1), short)
+    assert after.owner.buffers is longer.owner.buffers
+    np.testing.assert_allclose(logits_d[0, 0], want([*ids[0, :5].tolist(), 7]), atol=1e-4)
+    seventh = np.ones((1, 7), np.int64)
+    with pytest.raises(RuntimeError, match="older than a cut"):  # its sixth token was written over
+        steps.step(seven, seventh, positions(seventh, 1), longer)
 
 
 def test_teacher_forced_rows_are_the_padded_batch_cut_to_each_row(decoder_artifacts):

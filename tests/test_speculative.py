@@ -47,7 +47,8 @@ def models(tmp_path_factory) -> dict[str, object]:
                       recipe={"epochs": 2})
     other = build_tiny_model("gpt2", TaskName.TEXT_GENERATION, root / "other", seed=7)
     return {"target": _export(target, root / "target-art"), "student": _export(student.path, root / "student-art"),
-            "other": _export(other, root / "other-art"), "student-art": root / "student-art"}
+            "other": _export(other, root / "other-art"), "student-art": root / "student-art",
+            "target-dir": target, "student-dir": student.path}
 
 
 def _trained(directory, steps: int = 150):
@@ -83,6 +84,38 @@ def test_output_is_the_targets_greedy_decoding(models, draft, draft_tokens):
         got = target.generate(PROMPTS, max_new_tokens=max_new, draft=models[draft], draft_tokens=draft_tokens)
         assert got == want, (draft, draft_tokens, max_new)
     assert any(g.finish_reason == "stop" for g in target.generate(PROMPTS, max_new_tokens=30))  # EOS is reached
+
+
+def test_fused_graphs_speculate_with_their_caches_cut_in_place(models, tmp_path):
+    """Target and draft as fused step graphs (kiln.export.fused_decoder): each round's rejected guesses are cut from
+    their cache buffers in place, and the text is still the target's greedy decoding."""
+    from kiln.decoder.graph import CacheShape
+    from kiln.decoder.steps import BufferSteps, stepper
+    from kiln.engines.onnxruntime import OnnxRuntimeEngine
+    from kiln.export.fused_decoder import build_fused_decoder
+
+    steps = {}
+    for name in ("target", "student"):
+        model = transformers.AutoModelForCausalLM.from_pretrained(models[f"{name}-dir"]).eval()
+        build_fused_decoder(model, tmp_path / name / "model.onnx")
+        steps[name] = stepper(OnnxRuntimeEngine(tmp_path / name / "model.onnx"), CacheShape.of(model.config))
+        assert isinstance(steps[name], BufferSteps)
+    in_place = []
+    cut = steps["target"].cut
+
+    def counted(past, length):
+        kept = cut(past, length)
+        in_place.append(kept.owner is not None and kept.owner.buffers is past.owner.buffers)
+        return kept
+    steps["target"].cut = counted
+    target = models["target"]
+    for prompt in PROMPTS:
+        want = target.generate(prompt, max_new_tokens=30).token_ids
+        ids = target.encoder.encode([prompt], truncate=False)[0].ids
+        got = speculative_greedy(steps["target"], steps["student"], ids, 30, frozenset(target.handler.config.eos_ids),
+                                 3)
+        assert tuple(got) == tuple(want), prompt
+    assert in_place and all(in_place)
 
 
 def test_acceptance_follows_how_well_the_draft_knows_the_target(models):

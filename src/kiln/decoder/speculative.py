@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from kiln.decoder.graph import positions
-from kiln.decoder.steps import Past, Stepper, empty_past
+from kiln.decoder.steps import Stepper, cut, empty_past
 from kiln.errors import UsageError
 
 MAX_DRAFT_TOKENS = 16
@@ -59,10 +59,9 @@ class _Cached:
         return logits[0]
 
     def cut(self, length: int) -> None:
-        """Keep the first ``length`` tokens' keys and values (a copy: no runtime memory is held between rounds)."""
-        if length < self.past.length:
-            self.past = Past({n: np.ascontiguousarray(a[:, :, :length]) for n, a in self.past.arrays().items()},
-                             length)
+        """Keep the first ``length`` tokens' keys and values: in place on the fused graph's buffers, a numpy copy
+        elsewhere (no runtime memory is held between rounds)."""
+        self.past = cut(self.steps, self.past, length)
 
 
 def check_draft_tokens(count: int) -> None:

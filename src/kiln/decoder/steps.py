@@ -136,10 +136,12 @@ class SharedSteps:
 
 class _Buffers:
     """One batch's cache buffers (per past name an OrtValue [batch, heads, capacity, head size]) and which ``Past``
-    made on them is the newest: only that one may be stepped on in place."""
+    made on them is the newest: only that one may be stepped on in place. ``cuts``: (stamp, length) of each state
+    cut short in place; past its length, what any older state held may since have been written over."""
 
     def __init__(self, values: dict[str, Any], capacity: int) -> None:
         self.values, self.capacity, self.newest = values, capacity, 0
+        self.cuts: list[tuple[int, int]] = []
 
 
 @dataclass
@@ -155,6 +157,12 @@ class _Rows:
     @property
     def newest(self) -> bool:
         return self.buffers.newest == self.stamp
+
+    @property
+    def intact(self) -> bool:
+        """Whether every row's tokens are still in the buffers: no later cut went below them."""
+        longest = int(self.lengths.max(initial=0))
+        return all(longest <= length for stamp, length in self.buffers.cuts if stamp > self.stamp)
 
     def expand(self, value: Any) -> np.ndarray:
         """A buffer as the caller's layout: each row's tokens at its own columns, zeros where it had padding."""
@@ -238,6 +246,8 @@ class BufferSteps:
         for name in self.shape.past_names():
             buffer = np.zeros((len(lengths), self.shape.heads, capacity, self.shape.head_size), np.float32)
             if own is not None:
+                if not own.intact:  # stepping on after a cut and then from before it: refused, never read stale
+                    raise RuntimeError("a decoding state older than a cut of its cache was stepped on again")
                 old = _ort_numpy(own.buffers.values[name])
                 for row, count in enumerate(lengths):
                     buffer[row, :, :count] = old[row, :, :count]
@@ -248,6 +258,18 @@ class BufferSteps:
             values[name] = self._ort.OrtValue.ortvalue_from_numpy(buffer, self._device, 0)
         return _Buffers(values, capacity)
 
+    def cut(self, past: Past, length: int) -> Past:
+        """``past`` keeping its first ``length`` columns. The newest state of rows with a token in every column (one
+        sequence, no padding: speculative decoding's) is cut in place, by its lengths: the next step writes over
+        what lay past the cut. Anything else is brought out and cut as numpy."""
+        own = past.owner
+        if not (isinstance(own, _Rows) and own.newest and own.columns.all()) or length >= past.length:
+            return cut_arrays(past, length)
+        own.buffers.newest += 1
+        own.buffers.cuts.append((own.buffers.newest, length))
+        state = _Rows(own.buffers, np.minimum(own.lengths, length), own.columns[:, :length], own.buffers.newest)
+        return Past(past.values, length, state.expand, owner=state)
+
     def _column_by_column(self, input_ids, attention_mask, position_ids, past, last):
         outputs = []
         for column in range(input_ids.shape[1]):
@@ -256,6 +278,19 @@ class BufferSteps:
                                      position_ids[:, column : column + 1], past)
             outputs.append(logits)
         return (outputs[-1] if last else np.concatenate(outputs, axis=1)), past
+
+
+def cut_arrays(past: Past, length: int) -> Past:
+    """``past``'s first ``length`` columns as numpy (copies: no runtime memory is held)."""
+    if length >= past.length:
+        return past
+    return Past({n: np.ascontiguousarray(a[:, :, :length]) for n, a in past.arrays().items()}, length)
+
+
+def cut(steps: Stepper, past: Past, length: int) -> Past:
+    """``past`` keeping its first ``length`` columns: in place where the stepper can (``BufferSteps``)."""
+    own = getattr(steps, "cut", None)
+    return own(past, length) if own is not None else cut_arrays(past, length)
 
 
 def _packed(array: np.ndarray, real: np.ndarray) -> np.ndarray:

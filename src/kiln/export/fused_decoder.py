@@ -196,6 +196,7 @@ def build_fused_decoder(model: Any, path: Path) -> list[Path]:
         raise ValueError(reason)
     shape = CacheShape.of(model.config)
     decoder = BUILDERS[model.config.model_type](model)
+    path.parent.mkdir(parents=True, exist_ok=True)
     graph = _Graph(path)
     try:
         tokens = graph.node("Gather", [graph.weight("wte", _np(decoder.wte.weight)), INPUT_IDS], "tokens")
