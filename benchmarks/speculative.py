@@ -8,7 +8,7 @@
    greedily, 64 tokens each, batch 1: with the target alone, then with the student as the draft for each
    ``--draft-tokens`` k. Every speculative output must equal the plain greedy output token for token.
 
-    python benchmarks/speculative.py [--minutes 12] [--layers 12] [--width 512] [--prompts 16]
+    python benchmarks/speculative.py [--minutes 12] [--layers 12] [--width 512] [--prompts 16] [--variant onnx-fused]
 
 -> benchmarks/speculative.json (tokens/s per setting, the ratio, draft acceptance, the CPU).
 """
@@ -83,6 +83,8 @@ def main() -> None:
     parser.add_argument("--spin-wait", action="store_true", help="let ONNX Runtime's threads spin between runs")
     parser.add_argument("--distill-texts", type=int, default=3000, help="training texts the student learns from")
     parser.add_argument("--work", type=Path, default=None, help="keep the models here (default: a temporary dir)")
+    parser.add_argument("--variant", default="onnx-fp32", choices=("onnx-fp32", "onnx-fused"),
+                        help="the step graph both models run: the export, or kiln's fused graph (cache in place)")
     parser.add_argument("--output", type=Path, default=HERE / "speculative.json")
     args = parser.parse_args()
 
@@ -94,6 +96,7 @@ def main() -> None:
     from kiln.compress.distill import distill
     from kiln.decoder.speculative import Speculation
     from kiln.export.job import ExportConfig, run_export
+    from kiln.optimize.job import OptimizeConfig, OptimizeJob
     from kiln.system.cpu import cpu_info
 
     with tempfile.TemporaryDirectory() as scratch:
@@ -122,10 +125,15 @@ def main() -> None:
         trained, distilled = trained or known.get("target"), distilled or known.get("student")
         arts = {}
         for name, directory in (("target", target_dir), ("student", student_dir)):
-            arts[name] = work / f"{name}-onnx"
-            if not arts[name].is_dir():
+            arts[name] = work / f"{name}-{args.variant}"
+            if arts[name].is_dir():
+                continue
+            if args.variant == "onnx-fp32":
                 run_export(ExportConfig(model=str(directory), task="text-generation", format=ExportFormat.ONNX,
                                         output=arts[name]))
+            else:  # built and judged as kiln optimize builds it
+                OptimizeJob(OptimizeConfig(model=str(directory), task="text-generation", output=arts[name],
+                                           variants=(args.variant,))).run()
         # Both sessions' threads sleep between runs: they take turns on the same cores (kiln.load's spin_wait).
         target, student = (kiln.load(arts[n], spin_wait=args.spin_wait) for n in ("target", "student"))
         tokenizer = transformers.AutoTokenizer.from_pretrained(target_dir)
@@ -159,7 +167,8 @@ def main() -> None:
             print(rows[-1], flush=True)
     out = {"command": "python " + " ".join(sys.argv), "cpu": cpu_info().to_dict(),
            "machine": platform.processor() or platform.machine(), "prompts": len(prompts),
-           "new_tokens": args.new_tokens, "spin_wait": args.spin_wait, "generated_tokens": tokens,
+           "new_tokens": args.new_tokens, "spin_wait": args.spin_wait, "variant": args.variant,
+           "generated_tokens": tokens,
            "target": trained or "reused from --work",
            "student": distilled or "reused from --work",
            "greedy": {"seconds": round(plain, 3), "tokens_per_s": round(tokens / plain, 1)}, "speculative": rows,
