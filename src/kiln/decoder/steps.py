@@ -197,7 +197,8 @@ class BufferSteps:
     def step(self, input_ids, attention_mask, position_ids, past, last=False):
         batch, new = input_ids.shape
         own = past.owner if isinstance(past.owner, _Rows) else None
-        held = np.asarray(attention_mask[:, : past.length]) != 0  # the caller's columns that hold a token
+        # The caller's columns that hold a token: only a cache in the caller's layout (numpy) is read by them.
+        held = None if own else np.asarray(attention_mask[:, : past.length]) != 0
         lengths = own.lengths if own else held.sum(axis=1).astype(np.int64)
         if new > 1 and batch > 1 and lengths.any():
             # GroupQueryAttention takes several new tokens on a cache for one row only: one column at a time.
@@ -233,7 +234,7 @@ class BufferSteps:
         state = _Rows(buffers, lengths + counts, np.asarray(attention_mask) != 0, buffers.newest)
         return logits, Past(dict(buffers.values), past.length + new, state.expand, owner=state)
 
-    def _buffers(self, past: Past, own: _Rows | None, held: np.ndarray, lengths: np.ndarray,
+    def _buffers(self, past: Past, own: _Rows | None, held: np.ndarray | None, lengths: np.ndarray,
                  needed: int) -> _Buffers:
         """Buffers holding ``past`` with room for ``needed`` positions a row: its own, when it is the newest made on
         them and they are large enough; otherwise new ones, filled from its buffers (whose rows' first tokens no
@@ -241,13 +242,13 @@ class BufferSteps:
         the caller's layout, from the columns ``held`` marks."""
         if own is not None and own.newest and own.buffers.capacity >= needed:
             return own.buffers
+        if own is not None and not own.intact:  # stepping on after a cut, then from before it: refused, never stale
+            raise RuntimeError("a decoding state older than a cut of its cache was stepped on again")
         capacity = -(-(needed + self.GROW) // 64) * 64
         values = {}
         for name in self.shape.past_names():
             buffer = np.zeros((len(lengths), self.shape.heads, capacity, self.shape.head_size), np.float32)
             if own is not None:
-                if not own.intact:  # stepping on after a cut and then from before it: refused, never read stale
-                    raise RuntimeError("a decoding state older than a cut of its cache was stepped on again")
                 old = _ort_numpy(own.buffers.values[name])
                 for row, count in enumerate(lengths):
                     buffer[row, :, :count] = old[row, :, :count]

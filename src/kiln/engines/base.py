@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from kiln.choices import Device, Precision, parse_choice
+from kiln.decoder.graph import LOGITS_AT, SEQLENS_K, TOTAL_LENGTH
 from kiln.errors import UsageError
 
 if TYPE_CHECKING:
@@ -103,9 +104,9 @@ def warmup_inputs(input_names: tuple[str, ...], length: int = 8,
         "token_type_ids": np.zeros((1, length), dtype=np.int64),
         "position_ids": np.arange(length, dtype=np.int64)[None],
         # the fused decoder step graph's (kiln.export.fused_decoder): the row's tokens - 1, the longest row's
-        "seqlens_k": np.array([length - 1], dtype=np.int32),
-        "total_sequence_length": np.array(length, dtype=np.int32),
-        "logits_positions": np.arange(length, dtype=np.int64)[None],
+        SEQLENS_K: np.array([length - 1], dtype=np.int32),
+        TOTAL_LENGTH: np.array(length, dtype=np.int32),
+        LOGITS_AT: np.arange(length, dtype=np.int64)[None],
     }
     for name, dims in (float_shapes or {}).items():
         shape = [d if isinstance(d, int) else (1 if axis == 0 else 0) for axis, d in enumerate(dims)]

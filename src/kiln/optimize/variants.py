@@ -304,7 +304,7 @@ CPU = frozenset({Target.CPU})
 ALL = frozenset(Target)
 VARIANTS: dict[VariantName, VariantSpec] = {VariantName(spec.name): spec for spec in (
     VariantSpec("onnx-fp32", _fp32, ALL, not_by_default=_fp32_superseded),
-    VariantSpec("onnx-fused", _fused, ALL, lambda ctx: _fusion_why_not(ctx), needs_model=_fusing()),
+    VariantSpec("onnx-fused", _fused, ALL, _fusion_why_not, needs_model=_fusing()),
     VariantSpec("onnx-fused-gelu-approx", lambda ctx, ex=(): _fused(ctx, ex, gelu=True), ALL,
                 needs_model=_fusing("onnx-fused-gelu-approx")),
     VariantSpec("onnx-int8-dynamic", _int8_dynamic, CPU,
