@@ -112,29 +112,48 @@ def test_exported_artifact_predicts_like_pytorch(tiny_model, tmp_path):
 
 
 @pytest.mark.slow
-def test_a_model_over_protobufs_2gb_limit_exports_with_external_data(tmp_path):
-    """Built from a config in the test (540k x 1024 embeddings: 2.2 GB of fp32 weights), never downloaded."""
+def test_a_model_over_protobufs_2gb_limit_exports_with_external_data(tmp_path, monkeypatch):
+    """Built from a config in the test (two 135k-wide feed-forward layers: 2.4 GB of fp32 weights in 553 MB tensors),
+    never downloaded. The weights are copied to the side file one tensor at a time and each exporter file is deleted
+    once copied, so the disk never holds them twice (a 2.2 GB copy beside a 2.2 GB export filled CI's disk once)."""
     import onnxruntime as ort
     import torch
 
+    from kiln.export import onnx as kiln_onnx
     from kiln.export.onnx import PROTOBUF_LIMIT, export_onnx
     from kiln.model.module import TaskModule
 
-    config = transformers.BertConfig(vocab_size=540_000, hidden_size=1024, num_hidden_layers=1,
-                                     num_attention_heads=4, intermediate_size=64, max_position_embeddings=64)
+    config = transformers.BertConfig(vocab_size=30_522, hidden_size=1024, num_hidden_layers=2,
+                                     num_attention_heads=4, intermediate_size=135_000, max_position_embeddings=64)
     torch.manual_seed(0)
     model = transformers.BertModel(config, add_pooling_layer=False).eval()
     module = TaskModule(model, ("input_ids", "attention_mask"), ("last_hidden_state",))
+    weights = sum(p.numel() * 4 for p in model.parameters())
+    largest = max(p.numel() * 4 for p in model.parameters())
+    on_disk: list[int] = []
+    read = kiln_onnx._read_external
+
+    def measured(directory, tensor):
+        on_disk.append(sum(f.stat().st_size for f in tmp_path.rglob("*") if f.is_file()))
+        return read(directory, tensor)
+
+    monkeypatch.setattr(kiln_onnx, "_read_external", measured)
     ids = torch.randint(0, config.vocab_size, (2, 12))
     mask = torch.ones_like(ids)
-    files = export_onnx(module, (ids, mask), tmp_path / "model.onnx",
-                        sequence_outputs=frozenset({"last_hidden_state"}))
-    assert [f.name for f in files] == ["model.onnx", "model.onnx.data"]
-    assert files[1].stat().st_size > PROTOBUF_LIMIT and files[0].stat().st_size < 10 * 1024**2
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.onnx", "model.onnx.data"]  # no stray tensor files
-    with torch.no_grad():
-        want = module(ids, mask)[0].numpy()
-    del model, module
-    session = ort.InferenceSession(str(files[0]), providers=["CPUExecutionProvider"])
-    got = session.run(None, {"input_ids": ids.numpy(), "attention_mask": mask.numpy()})[0]
-    np.testing.assert_allclose(got, want, atol=1e-4)
+    try:
+        files = export_onnx(module, (ids, mask), tmp_path / "model.onnx",
+                            sequence_outputs=frozenset({"last_hidden_state"}))
+        assert [f.name for f in files] == ["model.onnx", "model.onnx.data"]
+        assert files[1].stat().st_size > PROTOBUF_LIMIT and files[0].stat().st_size < 10 * 1024**2
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["model.onnx", "model.onnx.data"]  # no stray files
+        assert len(on_disk) > 10 and max(on_disk) < weights + largest, (max(on_disk), weights, largest)
+        with torch.no_grad():
+            want = module(ids, mask)[0].numpy()
+        del model, module
+        session = ort.InferenceSession(str(files[0]), providers=["CPUExecutionProvider"])
+        got = session.run(None, {"input_ids": ids.numpy(), "attention_mask": mask.numpy()})[0]
+        np.testing.assert_allclose(got, want, atol=1e-4)
+    finally:  # 2.4 GB is too much to leave for pytest's three kept sessions
+        for path in tmp_path.rglob("*"):
+            if path.is_file():
+                path.unlink()

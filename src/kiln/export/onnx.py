@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import tempfile
 import warnings
+from collections import Counter
 from pathlib import Path
 
 import torch
@@ -86,10 +87,18 @@ def _gather(raw: Path, path: Path) -> list[Path]:
 
     model = onnx.load(str(raw), load_external_data=False)
     data_name = path.name + EXTERNAL_DATA_SUFFIX
+    tensors = _tensors(model.graph)
+    # Each exporter file is deleted once its last tensor is copied, so the disk holds the weights about once (plus
+    # one tensor), not twice: a 2.2 GB test model once filled CI's disk mid-copy.
+    readers = Counter(_location(t) for t, _ in tensors if uses_external_data(t))
     with open(path.parent / data_name, "wb") as data:
-        for tensor, inline in _tensors(model.graph):
+        for tensor, inline in tensors:
             if uses_external_data(tensor):
                 payload = _read_external(raw.parent, tensor)
+                location = _location(tensor)
+                readers[location] -= 1
+                if not readers[location]:
+                    (raw.parent / location).unlink()
             elif tensor.HasField("raw_data") and not inline:
                 payload = tensor.raw_data
             else:
@@ -109,6 +118,12 @@ def _gather(raw: Path, path: Path) -> list[Path]:
             tensor.data_location = onnx.TensorProto.EXTERNAL
     onnx.save_model(model, str(path))
     return [path, path.parent / data_name]
+
+
+def _location(tensor) -> str:
+    from onnx.external_data_helper import ExternalDataInfo
+
+    return ExternalDataInfo(tensor).location
 
 
 def _read_external(directory: Path, tensor) -> bytes:
