@@ -2,7 +2,9 @@
 
 1. A GPT-2 is trained on Python's documentation and docstrings (benchmarks/decoder_fidelity.py's recipe and
    tokenizer; ``--layers``/``--width`` set its shape, ``--minutes`` its training time).
-2. ``kiln distill --layers 1`` makes its one-layer student on the same training text (the teacher labels it).
+2. ``kiln distill --layers 1 --continuations 1500`` makes its one-layer student on the same training text (the
+   teacher labels it) and on the target's own greedy continuations of 1500 of those texts' openings: the draft
+   learns what the target writes (``--continuations 0``: natural text only, as before).
 3. Both are exported to ONNX (kiln's KV-cache step graph) and loaded with ``kiln.load``.
 4. Prompts from the held-out half of the Python reference manual (neither model trained on it) are continued
    greedily, 64 tokens each, batch 1: with the target alone, then with the student as the draft for each
@@ -82,6 +84,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--spin-wait", action="store_true", help="let ONNX Runtime's threads spin between runs")
     parser.add_argument("--distill-texts", type=int, default=3000, help="training texts the student learns from")
+    parser.add_argument("--continuations", type=int, default=1500,
+                        help="kiln distill --continuations: the target's own continuations of this many training "
+                        "texts join them (0: natural text only)")
+    parser.add_argument("--distill-epochs", type=int, default=2)
     parser.add_argument("--work", type=Path, default=None, help="keep the models here (default: a temporary dir)")
     parser.add_argument("--variant", default="onnx-fp32", choices=("onnx-fp32", "onnx-fused"),
                         help="the step graph both models run: the export, or kiln's fused graph (cache in place)")
@@ -101,7 +107,9 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as scratch:
         work = args.work or Path(scratch)
-        target_dir, student_dir = work / "target", work / "student"
+        target_dir = work / "target"
+        # One student per recipe, so reruns on the same --work compare them on the same target.
+        student_dir = work / f"student-e{args.distill_epochs}-c{args.continuations}"
         trained = None
         if not (target_dir / "model.safetensors").is_file():
             trained = train(target_dir, args.minutes, args.layers, args.width)
@@ -112,19 +120,21 @@ def main() -> None:
         if not (student_dir / "model.safetensors").is_file():
             begin = time.perf_counter()
             result = distill(target_dir, task="text-generation", output=student_dir, layers=args.draft_layers,
-                             texts=texts, recipe={"epochs": 1, "max_length": 128}, overwrite=True)
+                             texts=texts, recipe={"epochs": args.distill_epochs, "max_length": 128},
+                             continuations=args.continuations, overwrite=True)
             distilled = {"seconds": round(time.perf_counter() - begin, 1), "agreement": result.agreement,
+                         "continuations": args.continuations, "epochs": args.distill_epochs,
                          "figures": result.figures, "parameters": result.parameters,
                          "teacher_parameters": result.teacher_parameters}
         made = work / "made.json"  # how the models were made, kept for reruns on the same --work
         if trained or distilled:
             known = json.loads(made.read_text()) if made.is_file() else {}
             made.write_text(json.dumps({**known, **({"target": trained} if trained else {}),
-                                        **({"student": distilled} if distilled else {})}))
+                                        **({student_dir.name: distilled} if distilled else {})}))
         known = json.loads(made.read_text()) if made.is_file() else {}
-        trained, distilled = trained or known.get("target"), distilled or known.get("student")
+        trained, distilled = trained or known.get("target"), distilled or known.get(student_dir.name)
         arts = {}
-        for name, directory in (("target", target_dir), ("student", student_dir)):
+        for name, directory in (("target", target_dir), (student_dir.name, student_dir)):
             arts[name] = work / f"{name}-{args.variant}"
             if arts[name].is_dir():
                 continue
@@ -135,7 +145,7 @@ def main() -> None:
                 OptimizeJob(OptimizeConfig(model=str(directory), task="text-generation", output=arts[name],
                                            variants=(args.variant,))).run()
         # Both sessions' threads sleep between runs: they take turns on the same cores (kiln.load's spin_wait).
-        target, student = (kiln.load(arts[n], spin_wait=args.spin_wait) for n in ("target", "student"))
+        target, student = (kiln.load(arts[n], spin_wait=args.spin_wait) for n in ("target", student_dir.name))
         tokenizer = transformers.AutoTokenizer.from_pretrained(target_dir)
         prompts = held_out_prompts(args.prompts, tokenizer)
 

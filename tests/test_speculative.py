@@ -134,6 +134,50 @@ def test_acceptance_follows_how_well_the_draft_knows_the_target(models):
     assert runs["student"].acceptance > runs["other"].acceptance  # distillation taught the student the target
 
 
+def test_a_draft_distilled_on_the_targets_own_text_is_accepted_more(models, tmp_path):
+    """kiln distill --continuations: the teacher's greedy continuations of the training texts join them, and the
+    student's guesses of the target's greedy output are kept more often than the plain student's (same texts,
+    same recipe); the lineage records the data and the agreement on the teacher's own text."""
+    from kiln.compress.distill import LINEAGE_FILE, OWN_TEXT_FIGURE
+
+    texts = tmp_path / "texts.txt"
+    texts.write_text("\n".join(docstring_sentences()[:300]))
+    events = []
+    recipe = {"epochs": 6, "lr": 2e-3, "patience": 6}
+    plain = distill(models["target-dir"], task=TaskName.TEXT_GENERATION, output=tmp_path / "plain", layers=1,
+                    texts=texts, recipe=recipe)
+    result = distill(models["target-dir"], task=TaskName.TEXT_GENERATION, output=tmp_path / "student", layers=1,
+                     texts=texts, recipe=recipe, continuations=150,
+                     progress=lambda kind, data: events.append((kind, data)))
+    lineage = json.loads((result.path / LINEAGE_FILE).read_text())
+    assert lineage["data"]["continuations"]["count"] == 150 and lineage["data"]["train"] == 285 + 150
+    assert 0 < result.figures[OWN_TEXT_FIGURE] <= 1
+    assert [d for k, d in events if k == "continuations"][-1] == {"done": 150 + 15, "total": 150 + 15}
+    draft = _export(result.path, tmp_path / "art")
+    target = models["target"]
+    acceptance = {}
+    for name, model in (("plain", _export(plain.path, tmp_path / "plain-art")), ("continuations", draft)):
+        record = Speculation()
+        for prompt in PROMPTS:
+            ids = target.encoder.encode([prompt], truncate=False)[0].ids
+            speculative_greedy(target.engine.steps, model.engine.steps, ids, 30, frozenset(), 3, record)
+        acceptance[name] = record.acceptance
+    assert acceptance["continuations"] > acceptance["plain"] + 0.1, acceptance
+
+
+def test_continuations_are_refused_where_they_cannot_apply(tiny_model, tmp_path):
+    texts = tmp_path / "texts.txt"
+    texts.write_text("\n".join(docstring_sentences()[:20]))
+    for model, task, count, message in (
+        (tiny_model("bert", TaskName.FEATURE_EXTRACTION), TaskName.FEATURE_EXTRACTION, 5,
+         "--continuations adds a decoder.s own continuations .*use it with --task text-generation"),
+        (tiny_model("gpt2", TaskName.TEXT_GENERATION), TaskName.TEXT_GENERATION, -1, "--continuations must be 0"),
+    ):
+        with pytest.raises(UsageError, match=message):
+            distill(model, task=task, output=tmp_path / "s", layers=1, texts=texts, continuations=count)
+    assert not (tmp_path / "s").exists()
+
+
 def test_drafts_that_cannot_work_are_refused(models, tiny_model):
     target, student = models["target"], models["student"]
     for options, message in [

@@ -64,6 +64,10 @@ def distill(
     temperature: TemperatureOpt = 2.0,
     hidden_weight: HiddenOpt = 1.0,
     held_out: HeldOutOpt = 0.05,
+    continuations: Annotated[int, typer.Option(
+        help="Decoders (--task text-generation): continue this many training texts' openings greedily with the "
+        "teacher and train on those too, for a draft model of speculative decoding (the draft learns what the "
+        "teacher writes); kiln-distill.json gets the agreement on the teacher's own text.", min=0)] = 0,
     patience: PatienceOpt = 2,
     seed: SeedOpt = 0,
     threads: ThreadsOpt = None,
@@ -102,8 +106,8 @@ def distill(
     config = DistillConfig(teacher, task.value, output, layers=layers, keep_layers=keep_layers, texts=texts,
                            train=train, recipe=_recipe(epochs, batch_size, lr, max_length, seed, patience, alpha,
                                                        temperature, hidden_weight),
-                           held_out=held_out, threads=threads, resume=resume, overwrite=force,
-                           allow_pickle=allow_pickle)
+                           held_out=held_out, continuations=continuations, threads=threads, resume=resume,
+                           overwrite=force, allow_pickle=allow_pickle)
     _run(lambda reporter: run_distill(config, reporter), log_every)
 
 
@@ -201,6 +205,9 @@ class _Reporter:
             console.progress(f"pruned: heads per layer {[len(h) for h in shape.heads]}, FFN width per layer "
                              f"{list(shape.ffn)}; {data['parameters'] / 1e6:.1f}M parameters "
                              f"({data['parameters'] / data['teacher_parameters']:.0%} of the unpruned model)")
+        elif kind == "continuations":
+            if data["done"] == data["total"] or data["done"] % (self.every * 16) < 16:  # batches of 16 texts
+                console.progress(f"the teacher's continuations: {data['done']}/{data['total']} texts")
         elif kind == "resumed":
             console.progress(f"resumed after epoch {data['epoch']} from {data['path']}")
         elif kind == "step":

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from kiln.artifact.hashing import sha256_file
+from kiln.compress.continuations import NEW_TOKENS, check_count, teacher_continuations
 from kiln.compress.student import build_student, depth, evenly_spaced, parse_keep_layers
 from kiln.compress.trainer import Distiller, Epoch, Features, Recipe
 from kiln.errors import UsageError
@@ -29,6 +30,7 @@ from kiln.tasks import DEFAULT_TASK
 
 LINEAGE_FILE = "kiln-distill.json"  # kiln prune writes kiln-prune.json
 LINEAGE_SCHEMA = "kiln.compress/1"
+OWN_TEXT_FIGURE = "agreement_on_teacher_text"  # --continuations: on the teacher's continuations of held-out texts
 # sentence-transformers' own files: a student with them loads in SentenceTransformer with the same pooling.
 ST_FILES = ("modules.json", "config_sentence_transformers.json", "sentence_bert_config.json")
 
@@ -45,6 +47,7 @@ class DistillConfig:
     recipe: dict[str, Any] = field(default_factory=dict)  # Recipe fields besides ``keep``
     held_out: float = 0.05  # share of the data kept aside for the agreement that stops training
     max_held_out: int = 256
+    continuations: int = 0  # decoders: this many training texts' greedy continuations by the teacher are added
     threads: int | None = None
     resume: bool = False
     overwrite: bool = False
@@ -171,35 +174,47 @@ def run_compression(config: DistillConfig, maker: StudentMaker,
     configure_torch_threads(EngineOptions(intra_op_threads=config.threads))
     spec = task_spec(config.task)
     train_idx, held_idx = split(len(inputs), config.held_out, config.max_held_out, recipe.seed)
+    train_inputs = [inputs[i] for i in train_idx]
+    train_labels = None if labels is None else [labels[i] for i in train_idx]
+    continued = _continued(config, source, train_inputs, [inputs[i] for i in held_idx], progress)
+    if continued:
+        described["continuations"] = {"count": len(continued[0]), "new_tokens": NEW_TOKENS,
+                                      "seconds": continued[2]}
+        train_inputs += continued[0]
+        train_labels = None if train_labels is None else train_labels + [None] * len(continued[0])
     reference = reference_predictor(source, threads=config.threads)
-    data, train_encoder = _training_features(source, spec, recipe.max_length, reference.encoder,
-                                             [inputs[i] for i in train_idx],
-                                             None if labels is None else [labels[i] for i in train_idx])
+    data, train_encoder = _training_features(source, spec, recipe.max_length, reference.encoder, train_inputs,
+                                             train_labels)
     held_out = agreement_inputs(reference, [inputs[i] for i in held_idx])
     evaluate = _evaluator(source, spec, reference.encoder, held_out, config.threads)
+    # The draft's figure: agreement on the teacher's own continuations of the held-out texts.
+    on_own = None if not continued else _evaluator(source, spec, reference.encoder,
+                                                   agreement_inputs(reference, continued[1]), config.threads)
     made = maker.make(source, data, train_encoder, progress)
     recipe = dataclasses.replace(recipe, keep=made.keep)
-    fingerprint = hashlib.sha256(json.dumps({"recipe": asdict(recipe), "data": described, "teacher":
+    fingerprint = hashlib.sha256(json.dumps({"recipe": asdict(recipe), "data": _fingerprinted(described), "teacher":
                                              source.content_sha256, "task": config.task, "method": maker.method,
                                              "student": maker.describe,
                                              "held_out": [config.held_out, config.max_held_out]},
                                             sort_keys=True, default=str).encode()).hexdigest()
     student = made.model
     before, _ = evaluate(student)
-    progress("start", {"keep": made.keep, "train": len(train_idx), "features": len(data), "held_out": len(held_idx),
+    progress("start", {"keep": made.keep, "train": len(train_inputs), "features": len(data), "held_out": len(held_idx),
                        "agreement_before": before, "student": made.lineage})
     checkpoints = checkpoint_dir(output)
     distiller = Distiller(source.model, student, spec, source.task_config, train_encoder, source.input_names,
                           recipe, checkpoints, evaluate, progress)
     history = distiller.fit(data, fingerprint=fingerprint, resume=config.resume) if recipe.epochs else []
     final, figures = evaluate(student)
+    if on_own is not None:
+        figures = {**figures, OWN_TEXT_FIGURE: on_own(student)[0]}
     result = DistillResult(output, made.keep, tuple(history), final, figures, time.perf_counter() - begin,
                            parameter_count(student), parameter_count(source.model))
     lineage = {
         "method": maker.method, "teacher": source.describe(), "task": config.task,
         "student": {**made.lineage, "parameters": result.parameters},
         "recipe": asdict(recipe), "data": {**described, "held_out": int(len(held_idx)),
-                                           "train": int(len(train_idx)), "features": len(data)},
+                                           "train": len(train_inputs), "features": len(data)},
         "agreement": {"before": before, "final": final, "figures": figures,
                       "measured_on": f"{len(held_idx)} held-out inputs, against the teacher"},
         "history": [asdict(h) for h in history], "seconds": result.seconds,
@@ -208,6 +223,36 @@ def run_compression(config: DistillConfig, maker: StudentMaker,
                    overwrite=config.overwrite or config.resume)
     shutil.rmtree(checkpoints, ignore_errors=True)
     return result
+
+
+def _continued(config: DistillConfig, source, train: list[Any], held: list[Any],
+               progress: Callable[[str, dict[str, Any]], None]) -> tuple[list[str], list[str], float] | None:
+    """(the teacher's continuations of the first ``config.continuations`` training texts, of the held-out texts,
+    seconds) for --continuations; None without it."""
+    from kiln.model.architectures import arch_spec
+
+    check_count(config.continuations)
+    if not config.continuations:
+        return None
+    if not arch_spec(source.model_type).decoder or not all(isinstance(t, str) for t in train + held):
+        raise UsageError(f"--continuations adds a decoder's own continuations of its training texts; "
+                         f"{source.model_type!r} with --task {config.task} has none (use it with --task "
+                         "text-generation)")
+    begin = time.perf_counter()
+    chosen = train[: config.continuations]
+    total = len(chosen) + len(held)
+    made = teacher_continuations(source.model, source.tokenizer, chosen,
+                                 progress=lambda done, _: progress("continuations", {"done": done, "total": total}))
+    own = teacher_continuations(source.model, source.tokenizer, held, progress=lambda done, _: progress(
+        "continuations", {"done": len(chosen) + done, "total": total}))
+    return made, own, round(time.perf_counter() - begin, 1)
+
+
+def _fingerprinted(described: dict[str, Any]) -> dict[str, Any]:
+    """What a resume must match: the data, less how long the continuations took to make."""
+    if "continuations" not in described:
+        return described
+    return {**described, "continuations": {k: v for k, v in described["continuations"].items() if k != "seconds"}}
 
 
 def _keep_layers(config: DistillConfig, teacher_depth: int) -> tuple[int, ...]:
@@ -281,17 +326,20 @@ def _copy_sentence_transformers_files(teacher_dir: Path, stage: Path) -> None:
 def distill(teacher: str | Path | None = None, *, task: str = DEFAULT_TASK, output: str | Path = "kiln-student",
             layers: int | None = None, keep_layers: Sequence[int] | None = None, texts: str | Path | None = None,
             train: str | Path | None = None, recipe: Mapping[str, Any] | None = None, held_out: float = 0.05,
-            threads: int | None = None, resume: bool = False, overwrite: bool = False, allow_pickle: bool = False,
+            continuations: int = 0, threads: int | None = None, resume: bool = False, overwrite: bool = False,
+            allow_pickle: bool = False,
             progress: Callable[[str, dict[str, Any]], None] = lambda kind, data: None) -> DistillResult:
     """``kiln distill`` from Python: train a student keeping ``layers`` evenly spaced layers of ``teacher`` (or exactly
     ``keep_layers``) to reproduce it on ``texts`` (default: Python's own docstrings), with ``train``'s labels
     beside the teacher's outputs when given; ``recipe`` sets kiln.compress.trainer.Recipe fields (epochs,
-    batch_size, lr, ...). Writes a model directory (safetensors, tokenizer, sentence-transformers files,
-    kiln-distill.json) and returns what it measured; then ``kiln.optimize(student, reference=teacher)``."""
+    batch_size, lr, ...); ``continuations`` (decoders) adds the teacher's greedy continuations of that many training
+    texts, for a draft model (kiln.compress.continuations). Writes a model directory (safetensors, tokenizer,
+    sentence-transformers files, kiln-distill.json) and returns what it measured; then
+    ``kiln.optimize(student, reference=teacher)``."""
     task = getattr(task, "value", task)  # a TaskName or its string
     config = DistillConfig(str(teacher) if teacher is not None else None, str(task), Path(output), layers=layers,
                            keep_layers=",".join(map(str, keep_layers)) if keep_layers else None,
                            texts=Path(texts) if texts else None, train=Path(train) if train else None,
-                           recipe=dict(recipe or {}), held_out=held_out, threads=threads, resume=resume,
-                           overwrite=overwrite, allow_pickle=allow_pickle)
+                           recipe=dict(recipe or {}), held_out=held_out, continuations=continuations,
+                           threads=threads, resume=resume, overwrite=overwrite, allow_pickle=allow_pickle)
     return run_distill(config, progress)
