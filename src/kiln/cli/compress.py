@@ -68,6 +68,9 @@ def distill(
         help="Decoders (--task text-generation): continue this many training texts' openings greedily with the "
         "teacher and train on those too, for a draft model of speculative decoding (the draft learns what the "
         "teacher writes); kiln-distill.json gets the agreement on the teacher's own text.", min=0)] = 0,
+    continuations_past_eos: Annotated[bool, typer.Option(
+        help="--continuations: decode through the teacher's EOS (kept in the text) instead of ending there, for a "
+        "draft whose target decodes past EOS.")] = False,
     patience: PatienceOpt = 2,
     seed: SeedOpt = 0,
     threads: ThreadsOpt = None,
@@ -106,7 +109,8 @@ def distill(
     config = DistillConfig(teacher, task.value, output, layers=layers, keep_layers=keep_layers, texts=texts,
                            train=train, recipe=_recipe(epochs, batch_size, lr, max_length, seed, patience, alpha,
                                                        temperature, hidden_weight),
-                           held_out=held_out, continuations=continuations, threads=threads, resume=resume,
+                           held_out=held_out, continuations=continuations,
+                           continuations_past_eos=continuations_past_eos, threads=threads, resume=resume,
                            overwrite=force, allow_pickle=allow_pickle)
     _run(lambda reporter: run_distill(config, reporter), log_every)
 

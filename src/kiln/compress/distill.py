@@ -48,6 +48,7 @@ class DistillConfig:
     held_out: float = 0.05  # share of the data kept aside for the agreement that stops training
     max_held_out: int = 256
     continuations: int = 0  # decoders: this many training texts' greedy continuations by the teacher are added
+    continuations_past_eos: bool = False  # ...decoded through EOS, for a target that will decode past it
     threads: int | None = None
     resume: bool = False
     overwrite: bool = False
@@ -179,7 +180,7 @@ def run_compression(config: DistillConfig, maker: StudentMaker,
     continued = _continued(config, source, train_inputs, [inputs[i] for i in held_idx], progress)
     if continued:
         described["continuations"] = {"count": len(continued[0]), "new_tokens": NEW_TOKENS,
-                                      "seconds": continued[2]}
+                                      "past_eos": config.continuations_past_eos, "seconds": continued[2]}
         train_inputs += continued[0]
         train_labels = None if train_labels is None else train_labels + [None] * len(continued[0])
     reference = reference_predictor(source, threads=config.threads)
@@ -241,10 +242,11 @@ def _continued(config: DistillConfig, source, train: list[Any], held: list[Any],
     begin = time.perf_counter()
     chosen = train[: config.continuations]
     total = len(chosen) + len(held)
-    made = teacher_continuations(source.model, source.tokenizer, chosen,
+    past_eos = config.continuations_past_eos
+    made = teacher_continuations(source.model, source.tokenizer, chosen, past_eos=past_eos,
                                  progress=lambda done, _: progress("continuations", {"done": done, "total": total}))
-    own = teacher_continuations(source.model, source.tokenizer, held, progress=lambda done, _: progress(
-        "continuations", {"done": len(chosen) + done, "total": total}))
+    own = teacher_continuations(source.model, source.tokenizer, held, past_eos=past_eos, progress=lambda done, _:
+                                progress("continuations", {"done": len(chosen) + done, "total": total}))
     return made, own, round(time.perf_counter() - begin, 1)
 
 
@@ -326,14 +328,16 @@ def _copy_sentence_transformers_files(teacher_dir: Path, stage: Path) -> None:
 def distill(teacher: str | Path | None = None, *, task: str = DEFAULT_TASK, output: str | Path = "kiln-student",
             layers: int | None = None, keep_layers: Sequence[int] | None = None, texts: str | Path | None = None,
             train: str | Path | None = None, recipe: Mapping[str, Any] | None = None, held_out: float = 0.05,
-            continuations: int = 0, threads: int | None = None, resume: bool = False, overwrite: bool = False,
+            continuations: int = 0, continuations_past_eos: bool = False, threads: int | None = None,
+            resume: bool = False, overwrite: bool = False,
             allow_pickle: bool = False,
             progress: Callable[[str, dict[str, Any]], None] = lambda kind, data: None) -> DistillResult:
     """``kiln distill`` from Python: train a student keeping ``layers`` evenly spaced layers of ``teacher`` (or exactly
     ``keep_layers``) to reproduce it on ``texts`` (default: Python's own docstrings), with ``train``'s labels
     beside the teacher's outputs when given; ``recipe`` sets kiln.compress.trainer.Recipe fields (epochs,
     batch_size, lr, ...); ``continuations`` (decoders) adds the teacher's greedy continuations of that many training
-    texts, for a draft model (kiln.compress.continuations). Writes a model directory (safetensors, tokenizer,
+    texts, for a draft model (kiln.compress.continuations; ``continuations_past_eos`` decodes them through EOS, for a
+    target that decodes past it). Writes a model directory (safetensors, tokenizer,
     sentence-transformers files, kiln-distill.json) and returns what it measured; then
     ``kiln.optimize(student, reference=teacher)``."""
     task = getattr(task, "value", task)  # a TaskName or its string
@@ -341,5 +345,6 @@ def distill(teacher: str | Path | None = None, *, task: str = DEFAULT_TASK, outp
                            keep_layers=",".join(map(str, keep_layers)) if keep_layers else None,
                            texts=Path(texts) if texts else None, train=Path(train) if train else None,
                            recipe=dict(recipe or {}), held_out=held_out, continuations=continuations,
-                           threads=threads, resume=resume, overwrite=overwrite, allow_pickle=allow_pickle)
+                           continuations_past_eos=continuations_past_eos, threads=threads, resume=resume,
+                           overwrite=overwrite, allow_pickle=allow_pickle)
     return run_distill(config, progress)
