@@ -170,6 +170,8 @@ def test_bad_input_is_one_clear_error(tiny_model, texts, tmp_path):
         ((model, "--layers", "1"), "kiln distill needs data"),
         ((model, "--texts", str(texts)), "give the student's layers"),
         ((model, "--layers", "1", "--texts", str(texts), "--resume"), "--resume: no checkpoint"),
+        ((model, "--layers", "1", "--texts", str(texts), "--continuations", "5"),
+         "--continuations adds a decoder's own continuations"),
     ]
     # Side by side: each process spends its ~5 s importing torch and transformers before it refuses.
     running = [(args, message, subprocess.Popen([sys.executable, "-m", "kiln", "distill", *args, "-o",
@@ -179,6 +181,21 @@ def test_bad_input_is_one_clear_error(tiny_model, texts, tmp_path):
     for args, message, process in running:
         _, stderr = process.communicate(timeout=300)
         assert process.returncode != 0 and message in stderr and "Traceback" not in stderr, (args, stderr)
+
+
+def test_a_decoders_student_learns_from_its_teachers_continuations_from_the_cli(tiny_model, texts, tmp_path):
+    """kiln distill --continuations N --continuations-past-eos: N continuations of 64 tokens each (EOS kept), then
+    the usual training; the lineage says so and gives the agreement on the teacher's own text."""
+    out = tmp_path / "draft"
+    done = _cli(str(tiny_model("gpt2", TaskName.TEXT_GENERATION)), "--task", "text-generation", "--layers", "1",
+                "--texts", str(texts), "--epochs", "1", "--max-length", "96", "--continuations", "6",
+                "--continuations-past-eos", "--threads", "1", "-o", str(out))
+    assert done.returncode == 0, done.stderr
+    assert "the teacher's continuations: 14/14 texts" in done.stderr  # 6 training texts and the 8 held out
+    lineage = json.loads((out / LINEAGE_FILE).read_text())
+    assert lineage["data"]["continuations"]["count"] == 6 and lineage["data"]["continuations"]["past_eos"]
+    assert lineage["data"]["train"] == 152 + 6
+    assert 0 <= lineage["agreement"]["figures"]["agreement_on_teacher_text"] <= 1
 
 
 def test_a_killed_run_resumes_to_the_same_weights(tiny_model, texts, tmp_path):
