@@ -65,7 +65,7 @@ def distill(
     hidden_weight: HiddenOpt = 1.0,
     held_out: HeldOutOpt = 0.05,
     continuations: Annotated[int, typer.Option(
-        help="Decoders (--task text-generation): continue this many training texts' openings greedily with the "
+        help="Decoders (a task that generates text): continue this many training texts' openings greedily with the "
         "teacher and train on those too, for a draft model of speculative decoding (the draft learns what the "
         "teacher writes); kiln-distill.json gets the agreement on the teacher's own text.", min=0)] = 0,
     continuations_past_eos: Annotated[bool, typer.Option(

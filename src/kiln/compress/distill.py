@@ -230,15 +230,16 @@ def _continued(config: DistillConfig, source, train: list[Any], held: list[Any],
                progress: Callable[[str, dict[str, Any]], None]) -> tuple[list[str], list[str], float] | None:
     """(the teacher's continuations of the first ``config.continuations`` training texts, of the held-out texts,
     seconds) for --continuations; None without it."""
-    from kiln.model.architectures import arch_spec
+    from kiln.choices import Scheduling
+    from kiln.tasks import TASKS, task_spec
 
     check_count(config.continuations)
     if not config.continuations:
         return None
-    if not arch_spec(source.model_type).decoder or not all(isinstance(t, str) for t in train + held):
-        raise UsageError(f"--continuations adds a decoder's own continuations of its training texts; "
-                         f"{source.model_type!r} with --task {config.task} has none (use it with --task "
-                         "text-generation)")
+    if task_spec(config.task).scheduling is not Scheduling.DECODE:  # only a generating task's model continues text
+        generating = ", ".join(t for t in TASKS if task_spec(t).scheduling is Scheduling.DECODE)
+        raise UsageError(f"--continuations adds a decoder's own continuations of its training texts; --task "
+                         f"{config.task} generates none (use it with --task {generating})")
     begin = time.perf_counter()
     chosen = train[: config.continuations]
     total = len(chosen) + len(held)
