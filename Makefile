@@ -73,7 +73,7 @@ PEERS := browser triton-server slim infinity-server kserve-client pylate colbert
 
 test:
 	$(MAKE) --no-print-directory -j$(INSTALL_JOBS) --output-sync=target install $(PEERS)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=25  # the slowest tests, for keeping CI under its 30 minutes
 
 lint: install
 	$(VENV)/bin/ruff check src tests
