@@ -2,7 +2,9 @@
 
 The runs here judge each variant once (``sensitivity=False``): what is tested is the metric beside the agreement,
 and the int8 searches have tests of their own. On an AMX Xeon openvino-int8-static missed the gate on the sentiment
-head and its four SmoothQuant alternatives and a layer search took this test from ~1 to 6-8 minutes of the suite."""
+head and its four SmoothQuant alternatives and a layer search took this test from ~1 to 6-8 minutes of the suite;
+judged once, it still cost 38 s of the classification test's 126 and was rejected there, so the classification
+metric is run on onnx-fp32 and onnx-int8-dynamic only (tests/test_optimize.py builds openvino-int8-static)."""
 
 from __future__ import annotations
 
@@ -27,7 +29,7 @@ def test_classification_metric_through_optimize(tmp_path):
     assert reference["accuracy"] > 0.9  # the head really learned the task
     summary = OptimizeJob(OptimizeConfig(model=str(model), task=TaskName.TEXT_CLASSIFICATION,
                                          output=tmp_path / "out", eval_file=eval_file,
-                                         variants=("onnx-fp32", "onnx-int8-dynamic", "openvino-int8-static"),
+                                         variants=("onnx-fp32", "onnx-int8-dynamic"),
                                          sensitivity=False)).run()
     assert summary.primary_metric == "accuracy"
     assert summary.reference_metric["accuracy"] == pytest.approx(reference["accuracy"])
