@@ -126,7 +126,7 @@ def qa_model() -> Path:
     torch.set_num_threads(2)
     tokenizer = transformers.AutoTokenizer.from_pretrained(bundled_model_dir())
     model = transformers.AutoModelForQuestionAnswering.from_pretrained(bundled_model_dir())
-    data = qa_examples(1600, seed=1)
+    data = qa_examples(1000, seed=1)  # 1600 took 125 s of a fresh clone's suite; 1000 still learns the task
     batches = []
     for i in range(0, len(data), 16):
         chunk = data[i : i + 16]
