@@ -11,6 +11,7 @@ import typer
 from kiln.choices import PruneScope
 from kiln.cli import console
 from kiln.cli.options import DEFAULT_TASK_OPT, ForceOpt, ModelArg, PickleOpt, TaskOpt
+from kiln.compress.continuations import BATCH_SIZE
 from kiln.errors import UsageError
 
 # Options kiln distill and kiln prune share: data, the training recipe, the run.
@@ -210,7 +211,8 @@ class _Reporter:
                              f"{list(shape.ffn)}; {data['parameters'] / 1e6:.1f}M parameters "
                              f"({data['parameters'] / data['teacher_parameters']:.0%} of the unpruned model)")
         elif kind == "continuations":
-            if data["done"] == data["total"] or data["done"] % (self.every * 16) < 16:  # batches of 16 texts
+            # A message every `every` batches of the teacher's generation, and at the end.
+            if data["done"] == data["total"] or data["done"] % (self.every * BATCH_SIZE) < BATCH_SIZE:
                 console.progress(f"the teacher's continuations: {data['done']}/{data['total']} texts")
         elif kind == "resumed":
             console.progress(f"resumed after epoch {data['epoch']} from {data['path']}")

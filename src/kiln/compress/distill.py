@@ -169,6 +169,7 @@ def run_compression(config: DistillConfig, maker: StudentMaker,
     if output.exists() and not config.overwrite and not config.resume:
         raise UsageError(f"{output} already exists; pass --force to replace it")
     recipe = Recipe(keep=(), **config.recipe)  # checked before anything slow; the student's layers come below
+    _check_continuations(config)
     inputs, labels, described = _data(config)
     source = load_source(config.teacher, config.task, allow_pickle=config.allow_pickle)
     maker.check(source)
@@ -179,10 +180,10 @@ def run_compression(config: DistillConfig, maker: StudentMaker,
     train_labels = None if labels is None else [labels[i] for i in train_idx]
     continued = _continued(config, source, train_inputs, [inputs[i] for i in held_idx], progress)
     if continued:
-        described["continuations"] = {"count": len(continued[0]), "new_tokens": NEW_TOKENS,
-                                      "past_eos": config.continuations_past_eos, "seconds": continued[2]}
-        train_inputs += continued[0]
-        train_labels = None if train_labels is None else train_labels + [None] * len(continued[0])
+        described["continuations"] = {"count": len(continued.train), "new_tokens": NEW_TOKENS,
+                                      "past_eos": config.continuations_past_eos}
+        train_inputs += continued.train
+        train_labels = None if train_labels is None else train_labels + [None] * len(continued.train)
     reference = reference_predictor(source, threads=config.threads)
     data, train_encoder = _training_features(source, spec, recipe.max_length, reference.encoder, train_inputs,
                                              train_labels)
@@ -190,10 +191,10 @@ def run_compression(config: DistillConfig, maker: StudentMaker,
     evaluate = _evaluator(source, spec, reference.encoder, held_out, config.threads)
     # The draft's figure: agreement on the teacher's own continuations of the held-out texts.
     on_own = None if not continued else _evaluator(source, spec, reference.encoder,
-                                                   agreement_inputs(reference, continued[1]), config.threads)
+                                                   agreement_inputs(reference, continued.held_out), config.threads)
     made = maker.make(source, data, train_encoder, progress)
     recipe = dataclasses.replace(recipe, keep=made.keep)
-    fingerprint = hashlib.sha256(json.dumps({"recipe": asdict(recipe), "data": _fingerprinted(described), "teacher":
+    fingerprint = hashlib.sha256(json.dumps({"recipe": asdict(recipe), "data": described, "teacher":
                                              source.content_sha256, "task": config.task, "method": maker.method,
                                              "student": maker.describe,
                                              "held_out": [config.held_out, config.max_held_out]},
@@ -216,6 +217,7 @@ def run_compression(config: DistillConfig, maker: StudentMaker,
         "student": {**made.lineage, "parameters": result.parameters},
         "recipe": asdict(recipe), "data": {**described, "held_out": int(len(held_idx)),
                                            "train": len(train_inputs), "features": len(data)},
+        **({"continuations_seconds": continued.seconds} if continued else {}),
         "agreement": {"before": before, "final": final, "figures": figures,
                       "measured_on": f"{len(held_idx)} held-out inputs, against the teacher"},
         "history": [asdict(h) for h in history], "seconds": result.seconds,
@@ -226,20 +228,34 @@ def run_compression(config: DistillConfig, maker: StudentMaker,
     return result
 
 
-def _continued(config: DistillConfig, source, train: list[Any], held: list[Any],
-               progress: Callable[[str, dict[str, Any]], None]) -> tuple[list[str], list[str], float] | None:
-    """(the teacher's continuations of the first ``config.continuations`` training texts, of the held-out texts,
-    seconds) for --continuations; None without it."""
+@dataclass(frozen=True)
+class _Continued:
+    """--continuations: the teacher's continuations of the chosen training texts (trained on) and of the held-out
+    texts (the draft's own agreement figure), and how long making them took."""
+
+    train: list[str]
+    held_out: list[str]
+    seconds: float
+
+
+def _check_continuations(config: DistillConfig) -> None:
+    """--continuations checked before anything slow: a count, and a task whose model generates text."""
     from kiln.choices import Scheduling
     from kiln.tasks import TASKS, task_spec
 
     check_count(config.continuations)
-    if not config.continuations:
-        return None
-    if task_spec(config.task).scheduling is not Scheduling.DECODE:  # only a generating task's model continues text
+    if config.continuations and task_spec(config.task).scheduling is not Scheduling.DECODE:
         generating = ", ".join(t for t in TASKS if task_spec(t).scheduling is Scheduling.DECODE)
         raise UsageError(f"--continuations adds a decoder's own continuations of its training texts; --task "
                          f"{config.task} generates none (use it with --task {generating})")
+
+
+def _continued(config: DistillConfig, source, train: list[Any], held: list[Any],
+               progress: Callable[[str, dict[str, Any]], None]) -> _Continued | None:
+    """The teacher's continuations of the first ``config.continuations`` training texts and of the held-out texts;
+    None without --continuations."""
+    if not config.continuations:
+        return None
     begin = time.perf_counter()
     chosen = train[: config.continuations]
     total = len(chosen) + len(held)
@@ -248,14 +264,7 @@ def _continued(config: DistillConfig, source, train: list[Any], held: list[Any],
                                  progress=lambda done, _: progress("continuations", {"done": done, "total": total}))
     own = teacher_continuations(source.model, source.tokenizer, held, past_eos=past_eos, progress=lambda done, _:
                                 progress("continuations", {"done": len(chosen) + done, "total": total}))
-    return made, own, round(time.perf_counter() - begin, 1)
-
-
-def _fingerprinted(described: dict[str, Any]) -> dict[str, Any]:
-    """What a resume must match: the data, less how long the continuations took to make."""
-    if "continuations" not in described:
-        return described
-    return {**described, "continuations": {k: v for k, v in described["continuations"].items() if k != "seconds"}}
+    return _Continued(made, own, round(time.perf_counter() - begin, 1))
 
 
 def _keep_layers(config: DistillConfig, teacher_depth: int) -> tuple[int, ...]:
@@ -330,17 +339,15 @@ def distill(teacher: str | Path | None = None, *, task: str = DEFAULT_TASK, outp
             layers: int | None = None, keep_layers: Sequence[int] | None = None, texts: str | Path | None = None,
             train: str | Path | None = None, recipe: Mapping[str, Any] | None = None, held_out: float = 0.05,
             continuations: int = 0, continuations_past_eos: bool = False, threads: int | None = None,
-            resume: bool = False, overwrite: bool = False,
-            allow_pickle: bool = False,
+            resume: bool = False, overwrite: bool = False, allow_pickle: bool = False,
             progress: Callable[[str, dict[str, Any]], None] = lambda kind, data: None) -> DistillResult:
     """``kiln distill`` from Python: train a student keeping ``layers`` evenly spaced layers of ``teacher`` (or exactly
     ``keep_layers``) to reproduce it on ``texts`` (default: Python's own docstrings), with ``train``'s labels
     beside the teacher's outputs when given; ``recipe`` sets kiln.compress.trainer.Recipe fields (epochs,
     batch_size, lr, ...); ``continuations`` (decoders) adds the teacher's greedy continuations of that many training
     texts, for a draft model (kiln.compress.continuations; ``continuations_past_eos`` decodes them through EOS, for a
-    target that decodes past it). Writes a model directory (safetensors, tokenizer,
-    sentence-transformers files, kiln-distill.json) and returns what it measured; then
-    ``kiln.optimize(student, reference=teacher)``."""
+    target that decodes past it). Writes a model directory (safetensors, tokenizer, sentence-transformers files,
+    kiln-distill.json) and returns what it measured; then ``kiln.optimize(student, reference=teacher)``."""
     task = getattr(task, "value", task)  # a TaskName or its string
     config = DistillConfig(str(teacher) if teacher is not None else None, str(task), Path(output), layers=layers,
                            keep_layers=",".join(map(str, keep_layers)) if keep_layers else None,
