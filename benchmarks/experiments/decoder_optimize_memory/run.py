@@ -40,6 +40,7 @@ def export(model_dir: str, fold: bool) -> None:
     out = Path(tempfile.mkdtemp())
     record = export_variant(source, ExportConfig(model=None, task="text-generation", format=ExportFormat.ONNX,
                                                  output=out), out)
+    print(record.files, flush=True)
     status(f"exported ({sum((out / f).stat().st_size for f in record.files) / 2**20:.0f} MiB of graph)")
 
 

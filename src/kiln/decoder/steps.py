@@ -129,6 +129,7 @@ class SharedSteps:
                                     (POSITION_IDS, position_ids))}
         feed.update({n: np.ascontiguousarray(v, dtype=np.float32) for n, v in past.values.items()})
         result = request.infer(feed, share_inputs=True, share_outputs=True)
+        self.engine.release_mapped_weights()
         grown = {p: result[self._outputs[q]] for p, q in self._pairs}
         logits = np.array(result[self._outputs[LOGITS]], dtype=np.float32)
         return logits, Past(grown, past.length + input_ids.shape[1], owner=request)

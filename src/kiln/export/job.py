@@ -69,11 +69,14 @@ def export_variant(source: SourceModel, config: ExportConfig, directory: Path) -
     module = graph.module if graph else task_module(source, cast_inputs=config.int32_inputs)
     path = directory / name / filename
     if config.format is ExportFormat.ONNX:
+        fold = graph.fold_constants if graph else True
         files = export_onnx(module, graph.example if graph else example, path,
                             sequence_outputs=spec.sequence_outputs, opset=config.opset,
-                            external_data=config.external_data, axes=graph.axes if graph else None)
+                            external_data=config.external_data, axes=graph.axes if graph else None,
+                            fold_constants=fold)
         recipe = [{"pass": "export-onnx", "opset": config.opset, "int32_inputs": config.int32_inputs,
-                   "external_data": len(files) > 1, "exporter": "torch.onnx (dynamo=False)"}]
+                   "external_data": len(files) > 1, "exporter": "torch.onnx (dynamo=False)",
+                   "constant_folding": fold}]
     else:
         files = export_torchscript(module, example, path)
         recipe = [{"pass": "export-torchscript", "method": "trace+freeze"}]

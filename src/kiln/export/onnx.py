@@ -27,6 +27,7 @@ def export_onnx(
     opset: int = DEFAULT_OPSET,
     external_data: ExternalData = ExternalData.AUTO,
     axes: dict[str, dict[int, str]] | None = None,
+    fold_constants: bool = True,
 ) -> list[Path]:
     """Export ``module`` to ``path``; returns the files written (the model, and its weights file if any).
 
@@ -51,7 +52,7 @@ def export_onnx(
                 torch.onnx.export(
                     module, example, str(raw), dynamo=False, opset_version=opset,
                     input_names=list(module.input_names), output_names=list(module.output_names),
-                    dynamic_axes=axes, do_constant_folding=True,
+                    dynamic_axes=axes, do_constant_folding=fold_constants,
                 )
         written = [p for p in Path(scratch).iterdir() if p.is_file()]
         size = sum(p.stat().st_size for p in written)

@@ -1,4 +1,5 @@
-"""Handing freed memory back to the operating system between the stages of a long build.
+"""Handing memory back to the operating system: freed heap pages between the stages of a long build, and the
+resident pages of a weights file an engine has copied.
 
 Python frees a model's tensors when its last reference goes, but glibc keeps freed heap pages for reuse: blocks
 under its mmap threshold (which rises to 32 MB once large blocks are freed) stay resident, so a stage that freed
@@ -12,6 +13,7 @@ import ctypes
 import ctypes.util
 import gc
 from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
 
@@ -39,3 +41,51 @@ def trim_heap() -> bool:
         return False
     libc.malloc_trim(0)
     return True
+
+
+# madvise(2) advice: reclaim these pages now (Linux 5.4+). Unlike MADV_DONTNEED it never changes what the mapping
+# reads: a clean file page comes back from the page cache (or the disk) on its next read.
+_MADV_PAGEOUT = 21
+
+
+def _read_only_mappings(path: Path) -> list[tuple[int, int, int]]:
+    """(start, end, resident bytes) of each read-only mapping of ``path`` in this process; none without /proc."""
+    target, found, current = str(path.resolve()), [], None
+    try:
+        lines = Path("/proc/self/smaps").read_text().splitlines()
+    except OSError:
+        return []
+    for line in lines:
+        fields = line.split(maxsplit=5)  # a path may hold spaces
+        if "-" in fields[0] and len(fields) >= 5 and ":" in fields[3]:  # a mapping's header: addresses perms ...
+            start, end = (int(x, 16) for x in fields[0].split("-"))
+            readable_only = fields[1].startswith("r") and "w" not in fields[1]
+            current = [start, end, 0] if readable_only and len(fields) > 5 and fields[5] == target else None
+            if current is not None:
+                found.append(current)
+        elif current is not None and fields[0] == "Rss:":
+            current[2] = int(fields[1]) * 1024
+    return [tuple(m) for m in found]
+
+
+def mapped_resident(path: Path) -> int:
+    """Bytes of ``path`` resident in this process through its read-only mappings of it."""
+    return sum(rss for _, _, rss in _read_only_mappings(path))
+
+
+def page_out(path: Path) -> int:
+    """Ask the kernel to drop this process's resident pages of a file it maps read-only; the bytes released.
+
+    OpenVINO maps an IR's weights file and its CPU plugin copies the weights into its own layout at the first
+    inference, after which the mapping is not read again, yet its pages stay in the process's resident memory
+    (GPT-2 small in fp32: 474 MiB twice). Only a hint: 0 where the kernel or the C library cannot."""
+    libc = _libc()
+    mappings = _read_only_mappings(path)
+    if libc is None or not mappings:
+        return 0
+    madvise = libc.madvise
+    madvise.argtypes, madvise.restype = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int], ctypes.c_int
+    before = sum(rss for _, _, rss in mappings)
+    for start, end, _ in mappings:
+        madvise(start, end - start, _MADV_PAGEOUT)  # EINVAL on a kernel before 5.4: the pages simply stay
+    return max(0, before - mapped_resident(path))
