@@ -1,7 +1,7 @@
 """Where a decoder's optimize peaks, each step in a process of its own: the legacy ONNX export of the reference step
-graph (with and without constant folding), and openvino-fp32's generation timing.
+graph (as kiln does it, without constant folding, and with it), and openvino-fp32's generation timing.
 
-    python benchmarks/experiments/decoder_optimize_memory/run.py MODEL_DIR {export,export-nofold,openvino} [--onnx F]
+    python benchmarks/experiments/decoder_optimize_memory/run.py MODEL_DIR {export,export-fold,openvino} [--onnx F]
 
 MODEL_DIR: a GPT-2-small-shaped model (``python benchmarks/optimize_profile.py --keep DIR`` leaves one in DIR/model).
 ``openvino`` converts ``--onnx`` (the exported step graph) to IR first, in a process of its own. Prints resident
@@ -30,9 +30,9 @@ def export(model_dir: str, fold: bool) -> None:
     from kiln.export.job import ExportConfig, export_variant
     from kiln.model.source import load_source
 
-    if not fold:
+    if fold:  # kiln exports a step graph unfolded since the sitting after this experiment; this puts folding back
         original = torch.onnx.export
-        torch.onnx.export = lambda *a, **k: original(*a, **{**k, "do_constant_folding": False})
+        torch.onnx.export = lambda *a, **k: original(*a, **{**k, "do_constant_folding": True})
     source = load_source(model_dir, "text-generation")
     with torch.no_grad():  # the weights resident, as after optimize's reference run
         source.model(input_ids=torch.ones(4, 64, dtype=torch.long))
@@ -40,7 +40,6 @@ def export(model_dir: str, fold: bool) -> None:
     out = Path(tempfile.mkdtemp())
     record = export_variant(source, ExportConfig(model=None, task="text-generation", format=ExportFormat.ONNX,
                                                  output=out), out)
-    print(record.files, flush=True)
     status(f"exported ({sum((out / f).stat().st_size for f in record.files) / 2**20:.0f} MiB of graph)")
 
 
@@ -73,4 +72,4 @@ if __name__ == "__main__":
     if step == "openvino":
         openvino(model, Path(sys.argv[sys.argv.index("--onnx") + 1]))
     else:
-        export(model, fold=step == "export")
+        export(model, fold=step == "export-fold")
