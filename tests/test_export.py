@@ -70,6 +70,21 @@ def test_external_data_forced_on_a_tiny_model(tiny_model, tmp_path):
     assert "onnx-fp32/model.onnx.data" in result.manifest.files
 
 
+def test_a_decoders_step_graph_exports_unfolded_with_external_data(tiny_model, tmp_path):
+    """The step graph is exported without constant folding (folding wrote a transposed copy of the tied output
+    matrix: GPT-2 small 622 MiB of graph against 475), so the embedding is stored once, here in the side file."""
+    model = tiny_model("gpt2", TaskName.TEXT_GENERATION)
+    result = _export(model, tmp_path, task=TaskName.TEXT_GENERATION, external_data=ExternalData.ALWAYS)
+    assert result.parity.passed, result.parity.summary()
+    record = result.manifest.variants["onnx-fp32"]
+    assert record.recipe[0]["constant_folding"] is False
+    graph = onnx.load(str(result.path / "onnx-fp32" / "model.onnx"), load_external_data=False).graph
+    config = transformers.AutoConfig.from_pretrained(model)
+    vocab, width = config.vocab_size, config.n_embd
+    shapes = [tuple(t.dims) for t in graph.initializer]
+    assert shapes.count((vocab, width)) + shapes.count((width, vocab)) == 1
+
+
 def test_parity_failure_is_an_error_and_writes_nothing(tiny_model, tmp_path):
     with pytest.raises(ParityError, match="disagrees with PyTorch beyond tolerance: max"):
         _export(tiny_model("bert"), tmp_path, tolerance=ParityTolerance(max_abs_diff=1e-12))
