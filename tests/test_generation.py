@@ -4,6 +4,7 @@ openai client."""
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 
@@ -421,6 +422,41 @@ def test_sequences_join_and_leave_a_running_batch(kind, decoder_artifacts, fused
         assert batch.mask.shape[1] == max(len(s.prompt) + len(s.text.ids) for s in batch.sequences) - 1 \
             if len(batch) else True  # no column is kept that no row uses
     assert tuple(a.text.ids) == alone[0] and tuple(b.text.ids) == alone[1] and tuple(c.text.ids) == alone[2][:3]
+
+
+def test_kiln_export_writes_the_fused_step_graph(decoder_artifacts, tiny_model, tmp_path):
+    """`kiln export --format onnx-fused`: kiln's own step graph, parity-checked against PyTorch like the traced
+    export, and generating the same tokens as it; refused by name where it cannot apply."""
+    import subprocess
+    import sys
+
+    model = tiny_model("gpt2", TaskName.TEXT_GENERATION)
+    out = tmp_path / "fused"
+    done = subprocess.run([sys.executable, "-m", "kiln", "export", str(model), "--task", "text-generation",
+                           "--format", "onnx-fused", "-o", str(out)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "exported onnx-fused" in done.stdout
+    record = Artifact.open(out).manifest.variants["onnx-fused"]
+    assert record.parity.passed and record.parity.max_abs_diff < 1e-4
+    assert record.recipe[0]["pass"] == "fused-decoder"
+    assert record.files == ("onnx-fused/model.onnx", "onnx-fused/model.onnx.data")
+    fused, traced = kiln.load(out), kiln.load(decoder_artifacts["gpt2"])
+    for prompt in PROMPTS:
+        assert fused.generate(prompt, max_new_tokens=12).token_ids == \
+            traced.generate(prompt, max_new_tokens=12).token_ids
+
+    # Refused before anything is written (the CLI turns a UsageError into one line and exit status 2).
+    refusals = {("bert", TaskName.FEATURE_EXTRACTION, False): "--format onnx-fused writes a decoder's step graph "
+                "(text-generation), not feature-extraction: use --format onnx",
+                ("gpt2", TaskName.TEXT_GENERATION, True): "--format onnx-fused takes int64 inputs"}
+    for (arch, task, int32), message in refusals.items():
+        with pytest.raises(UsageError, match=re.escape(message)):
+            run_export(ExportConfig(model=str(tiny_model(arch, task)), task=task, format=ExportFormat.ONNX_FUSED,
+                                    int32_inputs=int32, output=tmp_path / "bad"))
+        assert not (tmp_path / "bad").exists()
+    with pytest.raises(UsageError, match="text-generation exports to ONNX only"):
+        run_export(ExportConfig(model=str(model), task=TaskName.TEXT_GENERATION, format=ExportFormat.TORCHSCRIPT,
+                                output=tmp_path / "ts"))
 
 
 def test_decoders_refuse_tasks_they_are_not_verified_for(tiny_model):

@@ -36,6 +36,7 @@ def names(enum: type[Enum]) -> str:
 class ExportFormat(Choice):
     ONNX = "onnx"
     TORCHSCRIPT = "torchscript"
+    ONNX_FUSED = "onnx-fused"  # a decoder's step graph written by kiln (kiln.export.fused_decoder)
 
 
 class ExternalData(Choice):

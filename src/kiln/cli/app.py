@@ -52,7 +52,9 @@ def export(
     task: TaskOpt = DEFAULT_TASK_OPT,
     format: Annotated[
         ExportFormat, typer.Option("--format", "-f", help="onnx: runs in ONNX Runtime (fastest on CPU, no torch "
-                                   "needed to serve). torchscript: traced and frozen, runs in libtorch.")
+                                   "needed to serve). torchscript: traced and frozen, runs in libtorch. onnx-fused: a "
+                                   "decoder's step graph written by kiln (fused attention, its KV cache updated in "
+                                   "place; text-generation with GPT-2 or GPT-Neo).")
     ] = ExportFormat.ONNX,
     output: Annotated[Path, typer.Option("--output", "-o", help="Artifact directory to write.")] = Path("kiln-out"),
     opset: Annotated[int, typer.Option(help="ONNX opset. 17 or later keeps LayerNormalization as one op.",

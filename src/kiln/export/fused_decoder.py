@@ -186,6 +186,12 @@ def why_not(config: Any) -> str | None:
     return None
 
 
+def fused_recipe(files: list[Path]) -> list[dict]:
+    """The recipe record of a fused step graph (kiln export --format onnx-fused, kiln optimize's onnx-fused)."""
+    return [{"pass": "fused-decoder", "attention": "GroupQueryAttention", "cache": "one buffer, updated in place",
+             "external_data": len(files) > 1}]
+
+
 def build_fused_decoder(model: Any, path: Path) -> list[Path]:
     """Write ``model``'s fused step graph to ``path`` and its weights to ``path``.data; returns both files."""
     import onnx

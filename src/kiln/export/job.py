@@ -18,7 +18,7 @@ from kiln.model.reference import example_inputs, reference_predictor, task_modul
 from kiln.model.source import SourceModel, load_source, pad_token_id
 from kiln.runtime.predictor import Predictor
 from kiln.system.memory import release_freed
-from kiln.tasks import DEFAULT_TASK, task_spec
+from kiln.tasks import DEFAULT_TASK, TASKS, task_spec
 from kiln.validation.parity import ParityReport, ParityTolerance, compare_parity, expected_outputs
 
 TOKENIZER_DIR = "tokenizer"
@@ -26,6 +26,7 @@ TOKENIZER_DIR = "tokenizer"
 FORMATS: dict[ExportFormat, tuple[str, str, str]] = {
     ExportFormat.ONNX: ("onnx-fp32", "onnxruntime", "model.onnx"),
     ExportFormat.TORCHSCRIPT: ("torchscript", "torchscript", "model.pt"),
+    ExportFormat.ONNX_FUSED: ("onnx-fused", "onnxruntime", "model.onnx"),
 }
 Progress = Callable[[str], None]
 
@@ -61,27 +62,61 @@ def export_variant(source: SourceModel, config: ExportConfig, directory: Path) -
     """Write one format into ``directory/<variant>/``; return its manifest record (without parity)."""
     name, engine, filename = FORMATS[config.format]
     (directory / name).mkdir()
+    path = directory / name / filename
+    files, recipe = _EXPORTERS[config.format](source, config, path)
+    return VariantRecord(name, engine, f"{name}/{filename}", tuple(f.relative_to(directory).as_posix() for f in files),
+                         tuple(recipe))
+
+
+def _onnx(source: SourceModel, config: ExportConfig, path: Path) -> tuple[list[Path], list[dict]]:
+    """The traced export: the task's own graph (a decoder's KV-cache step) or the task module."""
     spec = task_spec(source.task_config.task)
     example = example_inputs(source, int32=config.int32_inputs)
     graph = spec.graph(source, example)
-    if graph is not None and (config.format is not ExportFormat.ONNX or config.int32_inputs):
+    if graph is not None and config.int32_inputs:
         raise UsageError(f"{spec.name} exports to ONNX with int64 inputs only (its KV-cache step graph)")
     module = graph.module if graph else task_module(source, cast_inputs=config.int32_inputs)
-    path = directory / name / filename
-    if config.format is ExportFormat.ONNX:
-        fold = graph.fold_constants if graph else True
-        files = export_onnx(module, graph.example if graph else example, path,
-                            sequence_outputs=spec.sequence_outputs, opset=config.opset,
-                            external_data=config.external_data, axes=graph.axes if graph else None,
-                            fold_constants=fold)
-        recipe = [{"pass": "export-onnx", "opset": config.opset, "int32_inputs": config.int32_inputs,
-                   "external_data": len(files) > 1, "exporter": "torch.onnx (dynamo=False)",
-                   "constant_folding": fold}]
-    else:
-        files = export_torchscript(module, example, path)
-        recipe = [{"pass": "export-torchscript", "method": "trace+freeze"}]
-    return VariantRecord(name, engine, f"{name}/{filename}", tuple(f.relative_to(directory).as_posix() for f in files),
-                         tuple(recipe))
+    fold = graph.fold_constants if graph else True
+    files = export_onnx(module, graph.example if graph else example, path,
+                        sequence_outputs=spec.sequence_outputs, opset=config.opset,
+                        external_data=config.external_data, axes=graph.axes if graph else None, fold_constants=fold)
+    return files, [{"pass": "export-onnx", "opset": config.opset, "int32_inputs": config.int32_inputs,
+                    "external_data": len(files) > 1, "exporter": "torch.onnx (dynamo=False)",
+                    "constant_folding": fold}]
+
+
+def _torchscript(source: SourceModel, config: ExportConfig, path: Path) -> tuple[list[Path], list[dict]]:
+    spec = task_spec(source.task_config.task)
+    if spec.graph(source, example_inputs(source)) is not None:
+        raise UsageError(f"{spec.name} exports to ONNX only (its KV-cache step graph): --format onnx or "
+                         f"{ExportFormat.ONNX_FUSED.value}")
+    return (export_torchscript(task_module(source, cast_inputs=config.int32_inputs),
+                               example_inputs(source, int32=config.int32_inputs), path),
+            [{"pass": "export-torchscript", "method": "trace+freeze"}])
+
+
+def _fused(source: SourceModel, config: ExportConfig, path: Path) -> tuple[list[Path], list[dict]]:
+    """kiln's own step graph for a decoder: fused attention, the cache updated in place (kiln.export.fused_decoder)."""
+    from kiln.export.fused_decoder import build_fused_decoder, fused_recipe, why_not
+
+    spec = task_spec(source.task_config.task)
+    flag = f"--format {ExportFormat.ONNX_FUSED.value}"
+    if spec.fusion != "decoder":
+        decoders = ", ".join(name for name, task in TASKS.items() if task.fusion == "decoder")
+        raise UsageError(f"{flag} writes a decoder's step graph ({decoders}), not {spec.name}: use --format onnx")
+    reason = why_not(source.model.config)
+    if reason:
+        raise UsageError(f"{flag}: {reason}; use --format onnx")
+    if config.int32_inputs or config.external_data is ExternalData.NEVER:
+        raise UsageError(f"{flag} takes int64 inputs and writes its weights to {path.name}.data: drop "
+                         "--int32-inputs and --external-data never")
+    files = build_fused_decoder(source.model, path)
+    return files, fused_recipe(files)
+
+
+# ExportFormat -> (source, config, path) -> (files written, recipe).
+_EXPORTERS: dict[ExportFormat, Callable[[SourceModel, ExportConfig, Path], tuple[list[Path], list[dict]]]] = {
+    ExportFormat.ONNX: _onnx, ExportFormat.TORCHSCRIPT: _torchscript, ExportFormat.ONNX_FUSED: _fused}
 
 
 def run_export(config: ExportConfig, progress: Progress = lambda _: None) -> ExportResult:

@@ -71,11 +71,9 @@ def _bert_fusion(ctx: BuildContext, path: Path, gelu_approximation: bool) -> lis
 
 def _decoder_fusion(ctx: BuildContext, path: Path, gelu_approximation: bool) -> list[dict]:
     """kiln's own step graph, written from the weights: fused attention, the cache updated in place."""
-    from kiln.export.fused_decoder import build_fused_decoder
+    from kiln.export.fused_decoder import build_fused_decoder, fused_recipe
 
-    files = build_fused_decoder(ctx.source.model, path)
-    return [{"pass": "fused-decoder", "attention": "GroupQueryAttention", "cache": "one buffer, updated in place",
-             "external_data": len(files) > 1}]
+    return fused_recipe(build_fused_decoder(ctx.source.model, path))
 
 
 # TaskSpec.fusion -> how a task's onnx-fused graph is made: (context, path, gelu approximation) -> its recipe.
