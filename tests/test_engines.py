@@ -178,7 +178,7 @@ def test_torchscript_runs_on_the_device_it_was_traced_on(tiny_model, tmp_path):
             TorchScriptEngine(path, EngineOptions(device=other))
 
 
-@pytest.mark.parametrize("fmt", [*ExportFormat, "openvino"])
+@pytest.mark.parametrize("fmt", [*ENCODER_FORMATS, "openvino"])
 def test_an_engine_never_writes_into_its_inputs(artifacts, fmt, tmp_path):
     """OpenVINO's zero-copy inputs were seen rewritten in place (issue 10): engines must copy what they change."""
     from kiln.optimize.openvino_passes import convert
