@@ -27,7 +27,7 @@ from kiln.cli.options import DEFAULT_TASK_OPT, ForceOpt, ModelArg, PickleOpt, Ta
 from kiln.cli.serve import serve
 from kiln.errors import KilnError
 from kiln.system.cpu import CPU_CLASS_NAMES
-from kiln.tasks import TASKS
+from kiln.tasks import FUSED_DECODER_TASKS, TASKS
 
 app = typer.Typer(
     name="kiln",
@@ -42,7 +42,6 @@ _TOLERANCES = "; ".join(f"{name} {spec.tolerance_help} (default t={spec.default_
                         for name, spec in TASKS.items())
 _EVAL_FORMATS = "; ".join(f"{name}: {', '.join(spec.eval_formats)} with {', '.join(spec.eval_fields)} "
                           f"(metric: {spec.metric})" for name, spec in TASKS.items())
-_FUSED_DECODERS = ", ".join(name for name, spec in TASKS.items() if spec.fusion == "decoder")
 _BUILTIN_EVAL = ", ".join(f"{name} is scored on kiln's built-in data" for name, spec in TASKS.items()
                           if spec.has_builtin_eval) or "no task metric"
 
@@ -55,7 +54,7 @@ def export(
         ExportFormat, typer.Option("--format", "-f", help="onnx: runs in ONNX Runtime (fastest on CPU, no torch "
                                    "needed to serve). torchscript: traced and frozen, runs in libtorch. onnx-fused: a "
                                    "decoder's step graph written by kiln (fused attention, its KV cache updated in "
-                                   f"place; {_FUSED_DECODERS} with GPT-2 or GPT-Neo).")
+                                   f"place; {', '.join(FUSED_DECODER_TASKS)} with GPT-2 or GPT-Neo).")
     ] = ExportFormat.ONNX,
     output: Annotated[Path, typer.Option("--output", "-o", help="Artifact directory to write.")] = Path("kiln-out"),
     opset: Annotated[int, typer.Option(help="ONNX opset. 17 or later keeps LayerNormalization as one op.",

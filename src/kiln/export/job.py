@@ -18,7 +18,7 @@ from kiln.model.reference import example_inputs, reference_predictor, task_modul
 from kiln.model.source import SourceModel, load_source, pad_token_id
 from kiln.runtime.predictor import Predictor
 from kiln.system.memory import release_freed
-from kiln.tasks import DEFAULT_TASK, TASKS, task_spec
+from kiln.tasks import DEFAULT_TASK, FUSED_DECODER_TASKS, task_spec
 from kiln.validation.parity import ParityReport, ParityTolerance, compare_parity, expected_outputs
 
 TOKENIZER_DIR = "tokenizer"
@@ -87,11 +87,11 @@ def _onnx(source: SourceModel, config: ExportConfig, path: Path) -> tuple[list[P
 
 def _torchscript(source: SourceModel, config: ExportConfig, path: Path) -> tuple[list[Path], list[dict]]:
     spec = task_spec(source.task_config.task)
-    if spec.graph(source, example_inputs(source)) is not None:
+    example = example_inputs(source, int32=config.int32_inputs)
+    if spec.graph(source, example) is not None:
         raise UsageError(f"{spec.name} exports to ONNX only (its KV-cache step graph): --format onnx or "
                          f"{ExportFormat.ONNX_FUSED.value}")
-    return (export_torchscript(task_module(source, cast_inputs=config.int32_inputs),
-                               example_inputs(source, int32=config.int32_inputs), path),
+    return (export_torchscript(task_module(source, cast_inputs=config.int32_inputs), example, path),
             [{"pass": "export-torchscript", "method": "trace+freeze"}])
 
 
@@ -101,9 +101,9 @@ def _fused(source: SourceModel, config: ExportConfig, path: Path) -> tuple[list[
 
     spec = task_spec(source.task_config.task)
     flag = f"--format {ExportFormat.ONNX_FUSED.value}"
-    if spec.fusion != "decoder":
-        decoders = ", ".join(name for name, task in TASKS.items() if task.fusion == "decoder")
-        raise UsageError(f"{flag} writes a decoder's step graph ({decoders}), not {spec.name}: use --format onnx")
+    if spec.name not in FUSED_DECODER_TASKS:
+        raise UsageError(f"{flag} writes a decoder's step graph ({', '.join(FUSED_DECODER_TASKS)}), not {spec.name}: "
+                         "use --format onnx")
     reason = why_not(source.model.config)
     if reason:
         raise UsageError(f"{flag}: {reason}; use --format onnx")

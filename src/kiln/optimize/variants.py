@@ -16,6 +16,7 @@ from kiln.choices import Precision, Target, VariantName
 from kiln.optimize import onnx_passes, openvino_passes, torch_passes
 from kiln.optimize.context import BuildContext, BuiltVariant
 from kiln.optimize.sensitivity import Int8Mode, RankedLayer, rank_layers
+from kiln.tasks import DECODER_FUSION
 
 Builder = Callable[..., BuiltVariant]  # (context, nodes to keep in fp32, **tuning parameters) -> variant
 # (context, calibration batches) -> (layer name, int8 error) worst first, in the names the variant's quantizer takes
@@ -78,11 +79,11 @@ def _decoder_fusion(ctx: BuildContext, path: Path, gelu_approximation: bool) -> 
 
 # TaskSpec.fusion -> how a task's onnx-fused graph is made: (context, path, gelu approximation) -> its recipe.
 FUSIONS: dict[str, Callable[[BuildContext, Path, bool], list[dict]]] = {
-    "bert": _bert_fusion, "decoder": _decoder_fusion}
+    "bert": _bert_fusion, DECODER_FUSION: _decoder_fusion}
 
 
 def _fusion_why_not(ctx: BuildContext) -> str | None:
-    if ctx.spec.fusion == "decoder":
+    if ctx.spec.fusion == DECODER_FUSION:
         from kiln.export.fused_decoder import why_not
 
         return why_not(ctx.source.model.config)
@@ -119,7 +120,7 @@ def _int8_source_name(ctx: BuildContext) -> str:
 def _fp32_superseded(ctx: BuildContext) -> str | None:
     """A decoder's onnx-fp32 is left out of the defaults where onnx-fused can be built: the same fp32 weights, with
     the cache updated in place. Its export is still made, as the artifact's reference and OpenVINO's source."""
-    if ctx.spec.fusion == "decoder" and _fusion_why_not(ctx) is None:
+    if ctx.spec.fusion == DECODER_FUSION and _fusion_why_not(ctx) is None:
         return "onnx-fused runs the same fp32 weights with the cache updated in place; the export is kept as the " \
                "reference"
     return None

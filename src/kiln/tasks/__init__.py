@@ -5,7 +5,7 @@ from __future__ import annotations
 from enum import Enum
 
 from kiln.errors import UsageError
-from kiln.tasks.base import Prepared, TaskSpec
+from kiln.tasks.base import DECODER_FUSION, Prepared, TaskSpec
 from kiln.tasks.config import TaskConfig
 from kiln.tasks.feature_extraction import FeatureExtraction
 from kiln.tasks.multi_vector import MultiVector
@@ -40,10 +40,15 @@ def task_spec(name: str | Enum) -> type[TaskSpec]:
     return TASKS[key]
 
 
+# The tasks whose onnx-fused graph is kiln's own decoder step graph (for --format onnx-fused's help and errors).
+FUSED_DECODER_TASKS = tuple(name for name, spec in TASKS.items() if spec.fusion == DECODER_FUSION)
+
+
 def task_handler(config: TaskConfig) -> TaskSpec:
     """The task's per-call instance for one model's settings."""
     return task_spec(config.task)(config)
 
 
-__all__ = ["DEFAULT_TASK", "TASKS", "Answer", "Entity", "LabelScore", "Prepared", "QAInput", "Ranked", "RerankQuery",
-           "SparseVector", "TaskConfig", "TaskName", "TaskSpec", "TextPair", "task_handler", "task_spec"]
+__all__ = ["DECODER_FUSION", "DEFAULT_TASK", "FUSED_DECODER_TASKS", "TASKS", "Answer", "Entity", "LabelScore",
+           "Prepared", "QAInput", "Ranked", "RerankQuery", "SparseVector", "TaskConfig", "TaskName", "TaskSpec",
+           "TextPair", "task_handler", "task_spec"]

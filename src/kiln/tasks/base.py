@@ -52,6 +52,10 @@ def one_per_input(inputs: Sequence[Any], encodings: Sequence[Encoding]) -> Prepa
                     tuple(len(e.overflowing) > 0 for e in encodings))
 
 
+# TaskSpec.fusion of the tasks whose onnx-fused graph is kiln's own decoder step graph (kiln.export.fused_decoder).
+DECODER_FUSION = "decoder"
+
+
 class TaskSpec:
     """Base class of every task. Class attributes and class methods describe the task; instances run it."""
 

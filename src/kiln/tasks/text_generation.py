@@ -39,7 +39,7 @@ from kiln.decoder.stopping import Stops
 from kiln.decoder.teacher import TeacherForced
 from kiln.errors import UsageError
 from kiln.system.memory import trim_heap
-from kiln.tasks.base import Prepared, field, one_per_input, read_json
+from kiln.tasks.base import DECODER_FUSION, Prepared, field, one_per_input, read_json
 from kiln.tasks.generative import GenerativeTask
 from kiln.tasks.http import NonBlank, ResponseModel, Route
 from kiln.validation.figures import Agreement, AgreementInputs, EvalSet, Floor, Run
@@ -258,7 +258,7 @@ class TextGeneration(GenerativeTask):
     # fused attention and the cache updated in place (kiln.export.fused_decoder); it replaces onnx-fp32 by default,
     # whose export stays as the artifact's reference and OpenVINO's source.
     variants = ("onnx-fp32", "onnx-fused", "onnx-int8-dynamic", "openvino-fp32", "openvino-int8-weights")
-    fusion = "decoder"
+    fusion = DECODER_FUSION
     metric = "perplexity"
     metric_higher_is_better = False
     eval_fields = ("text",)
