@@ -151,7 +151,8 @@ def offline_worker(conn, artifact: str, texts: list[str], threads: int | None, r
 
     art = Artifact.open(artifact)
     variant = art.variant_name()
-    plan = art.serving_plan(variant, threads=threads)  # what kiln.load runs: serving.json where kiln bench wrote it
+    # what kiln.load runs: serving.json where kiln bench wrote it, else its split of the cores (split_cores_plan)
+    plan = art.serving_plan(variant, threads=threads, split_cores=True)
     predictor = art.predictor(variant, plan)
     predictor.predict(texts[:64])  # warm-up
 

@@ -221,6 +221,46 @@ def test_openvino_sessions_are_streams_of_one_compiled_model(artifacts, tmp_path
     np.testing.assert_allclose(np.stack(got), np.stack(want), atol=1e-4)
 
 
+def test_kiln_load_splits_the_cores_of_an_openvino_variant_and_runs_a_lone_batch_on_all(tiny_model, tmp_path,
+                                                                                        monkeypatch):
+    """Without serving.json, kiln.load runs an OpenVINO variant as one single-thread stream per core (passes over many
+    texts) and a call that makes one batch on a session of all cores; the caller's flags still win, other engines
+    keep one session, and every way gives the same answers."""
+    from dataclasses import replace
+
+    import kiln
+    import kiln.system.cpu as cpu
+    from kiln.artifact.directory import split_cores_plan
+    from kiln.optimize.job import OptimizeConfig, OptimizeJob
+
+    out = tmp_path / "ov"
+    OptimizeJob(OptimizeConfig(model=str(tiny_model("bert")), task=TaskName.FEATURE_EXTRACTION, output=out,
+                               variants=("onnx-fp32", "openvino-fp32"))).run()
+    real = cpu.cpu_info()
+    monkeypatch.setattr(cpu, "cpu_info", lambda: replace(real, usable_cores=2))
+    split = kiln.load(out, "openvino-fp32")
+    assert len(split.sessions) == 2 and split.solo is not None
+    assert int(split.sessions[0].compiled_model.get_property("INFERENCE_NUM_THREADS")) == 2  # 1 thread per stream
+    assert int(split.solo.compiled_model.get_property("INFERENCE_NUM_THREADS")) == 2
+    one = kiln.load(out, "openvino-fp32", sessions=1)
+    assert len(one.sessions) == 1 and one.solo is None
+    assert kiln.load(out, "onnx-fp32").solo is None and len(kiln.load(out, "onnx-fp32").sessions) == 1
+    assert split_cores_plan("openvino", TaskName.TEXT_GENERATION, "cpu") == (None, None, None)  # one loop steps
+    texts = [SHORT, *LONG] * 6
+    calls: list[str] = []
+    for name, engine in (("solo", split.solo), ("session", split.sessions[1])):
+        run = engine.run
+        monkeypatch.setattr(engine, "run", lambda inputs, run=run, name=name: calls.append(name) or run(inputs))
+    np.testing.assert_allclose(np.stack(split.predict(texts[:2])), np.stack(one.predict(texts[:2])), atol=1e-4)
+    assert calls == ["solo"]  # the lone batch
+    calls.clear()
+    np.testing.assert_allclose(np.stack(split.with_batch_size(2).predict(texts)),
+                               np.stack(one.predict(texts)), atol=1e-4)
+    assert "session" in calls and "solo" not in calls  # nine batches: side by side on the streams
+    monkeypatch.setattr(cpu, "cpu_info", lambda: replace(real, usable_cores=1))
+    assert kiln.load(out, "openvino-fp32").solo is None
+
+
 @pytest.mark.parametrize("fmt", [ExportFormat.ONNX, "openvino"])
 def test_one_predictor_answers_8_threads_at_once_as_it_answers_one(artifacts, fmt, tmp_path):
     """A predictor shared by 8 user threads (a web app's workers) gives each call its sequential answer. OpenVINO's

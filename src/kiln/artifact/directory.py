@@ -75,16 +75,26 @@ class Artifact:
 
     def serving_plan(self, variant: str | None = None, *, threads: int | None = None, sessions: int | None = None,
                      batch_size: int | None = None, pad_multiple: int | None = None,
-                     device: str = "cpu", spin_wait: bool = True) -> ServingPlan:
+                     device: str = "cpu", spin_wait: bool = True, split_cores: bool = False) -> ServingPlan:
         """How to run a variant: each setting from the caller, else from `kiln bench`'s serving default
-        (serving.json), else kiln's default (all usable cores, 1 session, batches of 32, the engine's padding)."""
-        default = self.serving_default(variant, device) or ServingDefault(self.variant_name(variant))
+        (serving.json), else kiln's default (all usable cores, 1 session, batches of 32, the engine's padding).
+
+        ``split_cores`` (offline callers: ``kiln.load``, ``kiln embed``): where neither the caller nor serving.json
+        says how, an OpenVINO variant of a one-pass task runs one single-thread stream per usable core, and a lone
+        batch on one session of all cores (``ServingPlan.solo_threads``): see ``split_cores_plan``."""
+        measured = self.serving_default(variant, device)
+        default = measured or ServingDefault(self.variant_name(variant))
+        solo_threads = None
+        if split_cores and threads is None and sessions is None and measured is None:
+            threads, sessions, solo_threads = split_cores_plan(self.variant(variant).engine, self.task_config.task,
+                                                               device)
         threads = threads if threads is not None else default.threads
         options = replace(EngineOptions.for_variant(self.variant(variant), threads, device), spin_wait=spin_wait)
         return ServingPlan(options,
                            sessions if sessions is not None else default.sessions,
                            batch_size if batch_size is not None else default.batch_size,
-                           pad_multiple if pad_multiple is not None else default.pad_multiple)
+                           pad_multiple if pad_multiple is not None else default.pad_multiple,
+                           solo_threads)
 
     def reference_variant(self) -> VariantRecord | None:
         """The fp32 export live answers are compared with: the kept reference, else an onnx-fp32 variant."""
@@ -115,8 +125,14 @@ class Artifact:
         if not model_path.exists():
             raise ArtifactError(f"variant {record.name} points at {model_path}, which is missing")
         engines = open_sessions(record.engine, model_path, plan.options, plan.sessions)
+        _log.info("variant %s: %d session(s) x %s thread(s)%s", record.name, plan.sessions,
+                  plan.options.intra_op_threads or "all",
+                  f", a lone batch on {plan.solo_threads} threads" if plan.solo_threads and plan.sessions > 1 else "")
+        solo = None
+        if plan.solo_threads is not None and plan.sessions > 1:
+            solo = create_engine(record.engine, model_path, replace(plan.options, intra_op_threads=plan.solo_threads))
         return Predictor(self.task_config, self.encoder(), engines[0], batch_size=plan.batch_size,
-                         sessions=engines[1:], pad_multiple=plan.pad_multiple,
+                         sessions=engines[1:], solo=solo, pad_multiple=plan.pad_multiple,
                          output_calibration=self.output_calibration(),
                          stored_vectors=self.manifest.build.stored_vectors)
 
@@ -140,12 +156,39 @@ class ServingPlan:
     sessions: int = 1
     batch_size: int = 32
     pad_multiple: int | None = None  # None: the engine's own
+    # With several sessions: a call that makes one batch runs it on one more session of this many threads
+    solo_threads: int | None = None
 
     def __post_init__(self) -> None:
         for flag, value in (("sessions", self.sessions), ("batch size", self.batch_size),
                             ("pad multiple", self.pad_multiple or 1)):
             if value < 1:
                 raise UsageError(f"{flag} must be at least 1 (got {value})")
+
+
+def split_cores_plan(engine: str, task: str, device: str) -> tuple[int | None, int | None, int | None]:
+    """(threads, sessions, solo threads) for an offline predictor with no serving.json: one single-thread OpenVINO
+    stream per usable core for a one-pass task, and a session of all cores for a lone batch; (None, None, None),
+    kiln's one session of all cores, elsewhere.
+
+    Why: passes over many texts ran faster as one stream per core than as one stream of all cores (the peers' 1,024
+    texts, openvino-bf16 MiniLM on a 2-core AMX Xeon: +6%, +29%, +10%, +5% in four sittings of
+    benchmarks/experiments/offline_sessions), and kiln bench's sweep chose 2 x 1 on the EPYCs too; the threads of
+    one request wait at every op for whichever was preempted, separate streams run on. A single text on one thread
+    takes twice as long, hence the solo session for a call that makes one batch. Only OpenVINO: its streams are
+    requests of one compiled model (the weights once), the solo session one more copy of the plugin's weights
+    (MiniLM bf16: ~45 MB); ONNX Runtime sessions each hold their weights and an arena (~300 MiB after long
+    batches), too much to multiply by the cores of a large server unasked."""
+    from kiln.choices import Scheduling
+    from kiln.engines import STREAMING_ENGINES
+    from kiln.system.cpu import cpu_info
+    from kiln.tasks import task_spec
+
+    cores = cpu_info().usable_cores
+    if device != "cpu" or engine not in STREAMING_ENGINES or cores < 2 \
+            or task_spec(task).scheduling is not Scheduling.BATCH:
+        return None, None, None
+    return 1, cores, cores
 
 
 def copy_variant(root: Path, manifest: Manifest, name: str | None, dest: Path) -> Path:
@@ -216,4 +259,4 @@ def load(path: str | Path, variant: str | None = None, *, threads: int | None = 
     artifact = Artifact.open(path)
     return artifact.predictor(variant, artifact.serving_plan(
         variant, threads=threads, sessions=sessions, batch_size=batch_size, pad_multiple=pad_multiple,
-        device=device, spin_wait=spin_wait))
+        device=device, spin_wait=spin_wait, split_cores=True))

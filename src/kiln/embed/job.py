@@ -131,7 +131,7 @@ def _vectors_per_part(config: EmbedConfig, artifact: Artifact, variant: str, cor
 
         yield from vectors_on_ray(config, artifact, variant, corpus, parts, advance)
         return
-    predictor = artifact.predictor(variant, artifact.serving_plan(variant, threads=config.threads))
+    predictor = artifact.predictor(variant, artifact.serving_plan(variant, threads=config.threads, split_cores=True))
     multi = task_spec(artifact.task_config.task).multi_vectors
     for index, windows in parts:
         vectors: list[np.ndarray] = []

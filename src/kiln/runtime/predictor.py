@@ -27,10 +27,12 @@ class Predictor:
     """
 
     def __init__(self, config: TaskConfig, encoder: TextEncoder, engine: Engine, *, batch_size: int = 32,
-                 sessions: Sequence[Engine] = (), pad_multiple: int | None = None,
+                 sessions: Sequence[Engine] = (), solo: Engine | None = None, pad_multiple: int | None = None,
                  output_calibration: np.ndarray | None = None, stored_vectors: tuple[Any, ...] = ()):
         """``sessions``: further sessions of the same engine; batches then run side by side, one per session
-        (what ``kiln bench``'s sweep measured as sessions x threads). ``pad_multiple``: batches are padded to a
+        (what ``kiln bench``'s sweep measured as sessions x threads); ``solo``: with several sessions, one more
+        session of more threads that runs a call's lone batch (one text should not wait on one core while the
+        others idle). ``pad_multiple``: batches are padded to a
         multiple of this length (default: the engine's own). ``output_calibration``: the artifact's calibration
         vectors, which int8/uint8 output precision takes its ranges from (kiln.runtime.precision);
         ``stored_vectors``: kiln optimize's retrieval verdicts per (size, precision), rejected ones refused."""
@@ -44,9 +46,10 @@ class Predictor:
         self.output_calibration, self.stored_vectors = output_calibration, tuple(stored_vectors)
         self.handler.output_calibration, self.handler.stored_vectors = output_calibration, self.stored_vectors
         # As given; ``engine`` and ``sessions`` are the task's view of them (a decoder's graph, teacher-forced).
-        self.raw_engine, self._raw_sessions = engine, tuple(sessions)
+        self.raw_engine, self._raw_sessions, self._raw_solo = engine, tuple(sessions), solo
         self.engine = self.handler.adapt_engine(engine, config)
         self.sessions = (self.engine, *(self.handler.adapt_engine(s, config) for s in sessions))
+        self.solo = self.handler.adapt_engine(solo, config) if solo is not None and sessions else None
         self.batch_size = batch_size
         self._pad_multiple = pad_multiple
         self.generating = threading.Lock()  # held while a decoder's stepper runs a generate() call
@@ -93,7 +96,7 @@ class Predictor:
     def with_batch_size(self, batch_size: int) -> Predictor:
         """The same tokenizer and engine, batching ``batch_size`` features at a time."""
         return Predictor(self.config, self.encoder, self.raw_engine, batch_size=batch_size, sessions=self._raw_sessions,
-                         pad_multiple=self._pad_multiple, output_calibration=self.output_calibration,
+                         solo=self._raw_solo, pad_multiple=self._pad_multiple, output_calibration=self.output_calibration,
                          stored_vectors=self.stored_vectors)
 
     def run_features(self, encodings: Sequence[Encoding], *, sort: bool = True) -> list[Any]:
@@ -111,8 +114,10 @@ class Predictor:
         """Each batch's reduced values, in order."""
         if len(self.sessions) == 1 or len(batches) == 1:
             # One batch at a time, reduced before the next runs (a decoder's logits are 0.5 GB a batch of 32 on
-            # GPT-2 small; a list held every batch's raw outputs at once).
-            return (self.handler.run_batch(self.engine, b) for b in batches)
+            # GPT-2 small; a list held every batch's raw outputs at once). A lone batch beside idle sessions runs
+            # on the solo session's threads where there is one.
+            engine = self.solo if self.solo is not None and len(batches) == 1 else self.engine
+            return (self.handler.run_batch(engine, b) for b in batches)
         from concurrent.futures import ThreadPoolExecutor
 
         # Session k takes every k-th batch: sorted batches grow in length, so each gets a like share of work.
