@@ -227,6 +227,9 @@ def test_a_bf16_variant_is_bounded_by_the_bf16_rate_and_the_best_bound_is_the_fa
     assert bound.best_bound_per_s == max(bound.int8_bound_per_s, bound.bf16_bound_per_s)
     assert bound.best_precision == ("bf16" if bound.bf16_bound_per_s > bound.int8_bound_per_s else "int8")
     assert bound.of_best_bound == pytest.approx(100.0 / bound.best_bound_per_s)
+    faster = bound.with_reached(150.0)  # kiln bench keeps the variant's fastest call, timed before and after
+    assert (faster.of_int8_bound, faster.of_own_bound, faster.of_best_bound) == pytest.approx(
+        (150.0 / bound.int8_bound_per_s, 150.0 / bound.own_bound_per_s, 150.0 / bound.best_bound_per_s))
     with pytest.raises(ValueError, match="bf16=True"):
         gemm_bound(model, 100.0, 1, float_precision=BF16)
     target = replace(results.targets[1], gemm=bound)

@@ -17,6 +17,7 @@ from kiln.bench.measure import (
     length_mix_throughput,
     peak_rss_mb,
     synthetic_batch,
+    time_calls,
 )
 from kiln.choices import Precision, Scheduling
 from kiln.tasks import task_spec
@@ -222,15 +223,23 @@ def _gemm_bound(target: Target, engine, encoder, settings: BenchSettings) -> Gem
     if encoder.max_length < length:
         return None
     art = Artifact.open(target.artifact, check=False)
-    reached = latency_cell(engine.run, synthetic_batch(encoder, 32, length), budget_s=settings.budget_s,
-                           min_runs=settings.min_runs).sequences_per_second
+    batch = synthetic_batch(encoder, 32, length)
+
+    def fastest() -> float:
+        """Sequences/s of the variant's fastest call: the statistic the bound takes of its GEMMs, timed on both
+        sides of the bound so that both see the machine at its best. This VM's speed moves by up to 2x within a
+        minute; the median of the variant's calls against the fastest of the GEMMs' read the fraction low."""
+        runs = time_calls(lambda: engine.run(batch), budget_s=settings.budget_s, min_runs=settings.min_runs)
+        return 32 / min(runs)
+
     record = art.variant(target.name)
     native = _native_bf16()
     # An artifact built on a bf16 CPU keeps its bf16 hint elsewhere, where OpenVINO runs those GEMMs in fp32.
     runs_bf16 = native and record.engine == "openvino" and record.options.precision is Precision.BF16
-    return gemm_bound(art.path / record.path, reached, settings.threads, bf16=native,
-                      float_precision=BF16 if runs_bf16 else FP32, budget_s=settings.budget_s * 3,
-                      min_runs=settings.min_runs)
+    bound = gemm_bound(art.path / record.path, fastest(), settings.threads, bf16=native,
+                       float_precision=BF16 if runs_bf16 else FP32, budget_s=settings.budget_s * 3,
+                       min_runs=settings.min_runs)
+    return bound.with_reached(max(bound.reached_per_s, fastest())) if bound else None
 
 
 def _native_bf16() -> bool:

@@ -147,7 +147,8 @@ GEMM_NOTE = ("The weight GEMMs of each variant's graph, timed alone on the same 
              "Runtime for int8 and fp32; OpenVINO for bf16, where the CPU has native bf16): the int8 bound runs every "
              "one in int8, the best bound in whichever of int8 and bf16 is faster on this CPU (bf16 on AMX), the own "
              "bound each in the precision the variant runs it in. Attention scores, LayerNorm and the rest are left "
-             "out, so a bound is a ceiling; the fraction reached says what the other work costs.")
+             "out, so a bound is a ceiling; the fraction reached says what the other work costs. Both sides are "
+             "fastest runs: the variant is timed before and after its GEMMs.")
 
 
 def serving_sentence(default: ServingRecord) -> str:
