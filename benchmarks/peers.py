@@ -9,7 +9,8 @@ Peers, each run the way their documentation shows:
     (``export_dynamic_quantized_onnx_model``, the avx512_vnni config where the CPU has VNNI, else avx2);
   * fastembed 0.9.1 on that fp32 ONNX export, and on a per-channel int8 of it (ONNX Runtime's dynamic
     quantization, as the int8 MiniLM fastembed downloads is made), loaded as a local custom model;
-and kiln's chosen variant through ``kiln.load(ARTIFACT).predict``.
+and kiln's chosen variant through ``kiln.load(ARTIFACT).predict`` as users run it (its defaults), and as one session
+of the peers' threads with their batches of 32.
 
 Two measurements per configuration: end to end (texts in, embeddings out: tokenization included, each
 library's own batching) and engine-only (the same pre-tokenized, length-sorted batches of 32 padded to their
@@ -305,20 +306,29 @@ def _build_peer_ir(model_dir: Path, dest: Path, calibration: list[str]) -> dict:
 
 
 def stage_kiln(work: Path, threads: int) -> dict:
-    """kiln.load(...).predict end to end; its engine on the same batches; its IR on plain OpenVINO too."""
+    """kiln.load(...).predict end to end, as users run it (kiln.load's defaults: serving.json where kiln bench wrote
+    one, else its split of the cores) and as one session of the same threads with batches of 32 (the peers'
+    shape), the two passes alternated; its engine on the same batches; its IR on plain OpenVINO too."""
     import numpy as np
 
     import kiln
 
     setup = json.loads((work / "setup.json").read_text())
     texts, batches, b1 = setup["texts"], _batches(work), _b1(work)
-    predictor = kiln.load(setup["artifact"], threads=threads, batch_size=BATCH, sessions=1)
-    seconds = _time(lambda: predictor.predict(texts))
-    _save(work, "kiln", lambda t: np.stack(predictor.predict(t)))
-    engine = predictor.engine
+    loaded = kiln.load(setup["artifact"])
+    one = kiln.load(setup["artifact"], threads=threads, batch_size=BATCH, sessions=1)
+    seconds = {"loaded": float("inf"), "one": float("inf")}
+    for _ in range(2):  # alternated: this VM's speed drifts within a minute
+        for name, predictor in (("loaded", loaded), ("one", one)):
+            seconds[name] = min(seconds[name], _time(lambda p=predictor: p.predict(texts), repeats=1))
+    _save(work, "kiln", lambda t: np.stack(loaded.predict(t)))
+    engine = one.engine
     engine_s = _time(lambda: [engine.run(b) for b in batches])
-    result = {"end_to_end_per_s": len(texts) / seconds, "engine_per_s": len(texts) / engine_s,
-              "b1_128_ms": _latency(lambda: engine.run(b1)), "variant": predictor.engine.name}
+    plan = f"{len(loaded.sessions)} session(s), batches of {loaded.batch_size}" + (", a lone batch on all threads"
+                                                                                  if loaded.solo else "")
+    result = {"end_to_end_per_s": len(texts) / seconds["loaded"], "kiln_load_plan": plan,
+              "one_session_end_to_end_per_s": len(texts) / seconds["one"], "engine_per_s": len(texts) / engine_s,
+              "b1_128_ms": _latency(lambda: engine.run(b1)), "variant": one.engine.name}
     from kiln.artifact.directory import Artifact
 
     art = Artifact.open(setup["artifact"])
@@ -326,8 +336,6 @@ def stage_kiln(work: Path, threads: int) -> dict:
     result["variant"] = art.variant_name()
     if record.engine == "openvino":  # the same plain-runtime protocol as the peer's IR
         result["plain_openvino"] = _ov_engine_only(art.path / record.path, batches, b1, threads)
-    served = kiln.load(setup["artifact"], threads=None, batch_size=None, sessions=None)  # the serving default
-    result["serving_default_end_to_end_per_s"] = len(texts) / _time(lambda: served.predict(texts))
     result["serving_default"] = art.serving_default()
     return {"kiln": result}
 
@@ -394,8 +402,8 @@ def _summarise(rounds: list[dict]) -> dict:
     if "plain_openvino" in rounds[0]["kiln"]:
         out["kiln"]["plain_openvino_engine_per_s"] = statistics.median(
             r["kiln"]["plain_openvino"]["engine_per_s"] for r in rounds)
-    out["kiln"]["serving_default_end_to_end_per_s"] = statistics.median(
-        r["kiln"]["serving_default_end_to_end_per_s"] for r in rounds)
+    out["kiln"]["one_session_end_to_end_per_s"] = statistics.median(
+        r["kiln"]["one_session_end_to_end_per_s"] for r in rounds)
     # The best peer at kiln's own bar (min cosine >= 0.99 to sentence-transformers on PyTorch), end to end: on the
     # held-out texts (the figure earlier sittings compared), and on those and the plain sentences both.
     fair = [n for n in PEERS if out[n].get("cosine_min", 1.0) >= 0.99]
@@ -408,6 +416,8 @@ def _summarise(rounds: list[dict]) -> dict:
                      "best_peer_on_both_text_sets": best_both,
                      "end_to_end_vs_best_peer_on_both": statistics.median(
                          r["kiln"]["end_to_end_per_s"] / r[best_both]["end_to_end_per_s"] for r in rounds),
+                     "one_session_vs_best_peer": statistics.median(
+                         r["kiln"]["one_session_end_to_end_per_s"] / r[best]["end_to_end_per_s"] for r in rounds),
                      "engine_vs_peer_int8": statistics.median(
                          r["kiln"]["engine_per_s"] / r["st-openvino-int8"]["engine_per_s"] for r in rounds),
                      "b1_vs_peer_int8": statistics.median(
@@ -432,8 +442,9 @@ def _table(s: dict) -> str:
                 f"vs the best at min cosine >= 0.99 on the plain sentences too ({q['best_peer_on_both_text_sets']}): "
                 f"{q['end_to_end_vs_best_peer_on_both']:.2f}x; "
                 f"engine-only vs the peer's int8 IR: {q['engine_vs_peer_int8']:.2f}x; batch-1 latency vs it: "
-                f"{q['b1_vs_peer_int8']:.2f}x; kiln with its serving default: "
-                f"{s['kiln']['serving_default_end_to_end_per_s']:.1f} texts/s end to end")
+                f"{q['b1_vs_peer_int8']:.2f}x; kiln as one session of the same threads, batches of {BATCH}: "
+                f"{s['kiln']['one_session_end_to_end_per_s']:.1f} texts/s end to end "
+                f"({q['one_session_vs_best_peer']:.2f}x the best peer)")
     return "\n".join(rows)
 
 

@@ -109,6 +109,34 @@ def test_a_second_session_runs_while_the_first_is_busy(predictor):
     assert len(held) == len(other) == 1 and len(second.batches) == 1
 
 
+def test_a_request_to_an_idle_server_runs_on_the_solo_session_and_one_behind_it_on_a_session(predictor):
+    """With sessions of one thread each, a request that finds nothing queued or running runs on the predictor's solo
+    session of all cores, holding every session; one that arrives meanwhile waits for it and then takes a session
+    (the single-thread sessions stay the path under load)."""
+    second, solo = Recording(predictor.engine), Recording(predictor.engine)
+
+    async def scenario(batcher, engine):
+        assert batcher.solo is solo
+        solo.release.clear()
+        first = asyncio.ensure_future(batcher.submit(predictor.encoder.encode(["to an idle server"])))
+        await until(lambda: batcher._free.qsize() == 0 and batcher._busy, "the lone request to hold every session")
+        behind = asyncio.ensure_future(batcher.submit(predictor.encoder.encode(["arrives while it runs"])))
+        await asyncio.sleep(0.2)
+        assert not behind.done()  # every session is held by the solo batch
+        solo.release.set()
+        answers = await asyncio.wait_for(first, timeout=10), await asyncio.wait_for(behind, timeout=10)
+        return answers, len(engine.batches)
+
+    predictor.solo = solo
+    try:
+        (first, behind), on_session_zero = run_batcher(predictor, BatchLimits(max_delay_s=60), scenario,
+                                                       extra_sessions=[second])
+    finally:
+        predictor.solo = None
+    assert len(first) == len(behind) == 1
+    assert len(solo.batches) == 1 and on_session_zero + len(second.batches) == 1  # behind ran on a session
+
+
 def test_warmup_runs_every_length_bucket_of_a_shape_caching_engine():
     """An engine that pads to buckets (OpenVINO) sees each bucket once before /ready; others warm once."""
     from kiln.engines.base import warm_every_length

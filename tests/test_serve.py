@@ -193,11 +193,11 @@ def test_without_a_serving_default_a_server_runs_one_single_thread_session_per_c
     variant = art.variant_name()
     real = cpu.cpu_info()
     monkeypatch.setattr(cpu, "cpu_info", lambda: replace(real, usable_cores=4))
-    assert server_sessions(art, variant, threads=None, sessions=None)[:2] == (1, 4)
-    assert server_sessions(art, variant, threads=None, sessions=1) == (None, 1, "--threads/--sessions")
-    assert server_sessions(art, variant, threads=3, sessions=None)[:2] == (3, None)
+    assert server_sessions(art, variant, threads=None, sessions=None)[:3] == (1, 4, 4)
+    assert server_sessions(art, variant, threads=None, sessions=1) == (None, 1, None, "--threads/--sessions")
+    assert server_sessions(art, variant, threads=3, sessions=None)[:3] == (3, None, None)
     monkeypatch.setattr(cpu, "cpu_info", lambda: replace(real, usable_cores=1))
-    assert server_sessions(art, variant, threads=None, sessions=None) == (None, None, "one usable core")
+    assert server_sessions(art, variant, threads=None, sessions=None) == (None, None, None, "one usable core")
     monkeypatch.setattr(cpu, "cpu_info", lambda: real)
     with client(artifacts, sessions=None) as c:
         info = c.get("/info").json()["models"][0]

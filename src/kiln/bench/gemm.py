@@ -23,8 +23,10 @@ the bounds are ceilings, never reachable, and the fraction reached says how much
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -65,6 +67,7 @@ class GemmBound:
     kernel: str
     bf16_gops: float | None = None  # the same GEMMs in bf16 (OpenVINO), where the CPU has native bf16; else None
     bf16_bound_per_s: float | None = None  # sequences/s if every weight GEMM ran in bf16 and nothing else ran
+    reached_as: str = ""  # how the variant reached it: "sessions x threads" (kiln bench: the faster of its ways)
 
     @property
     def best_precision(self) -> str:
@@ -80,10 +83,10 @@ class GemmBound:
     def of_best_bound(self) -> float:
         return self.reached_per_s / self.best_bound_per_s
 
-    def with_reached(self, reached_per_s: float) -> GemmBound:
-        """The same bounds against another figure of what the variant reached."""
+    def with_reached(self, reached_per_s: float, reached_as: str = "") -> GemmBound:
+        """The same bounds against another figure of what the variant reached (``reached_as``: how)."""
         return replace(self, reached_per_s=reached_per_s, of_int8_bound=reached_per_s / self.int8_bound_per_s,
-                       of_own_bound=reached_per_s / self.own_bound_per_s)
+                       of_own_bound=reached_per_s / self.own_bound_per_s, reached_as=reached_as)
 
 
 def onnx_weight_gemms(path: Path) -> list[WeightGemm]:
@@ -162,39 +165,57 @@ def _gemm_graph(gemms: list[WeightGemm], precision: str):
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), inners
 
 
-def time_gemms(gemms: list[WeightGemm], precision: str, threads: int, *, budget_s: float = 1.0,
-               min_runs: int = 3) -> float:
-    """Seconds ORT needs for ``gemms`` (all in ``precision``) on ROWS tokens with ``threads`` threads: the fastest
-    run, since a bound is what the GEMMs reach when nothing else on the machine is in the way."""
-    import onnxruntime as ort
-
+def fastest_together(calls: list[Callable[[], Any]], *, budget_s: float, min_runs: int) -> float:
+    """Seconds per call of the fastest round of ``calls`` run at once, each on its own thread (the runtimes release
+    the GIL while they compute); one call: its fastest run."""
     from kiln.bench.measure import time_calls
+
+    if len(calls) == 1:
+        return min(time_calls(calls[0], budget_s=budget_s, min_runs=min_runs, warmup=1))
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=len(calls)) as pool:
+        def together() -> None:
+            for future in [pool.submit(call) for call in calls]:
+                future.result()
+
+        return min(time_calls(together, budget_s=budget_s, min_runs=min_runs, warmup=1)) / len(calls)
+
+
+def time_gemms(gemms: list[WeightGemm], precision: str, threads: int, *, budget_s: float = 1.0,
+               min_runs: int = 3, streams: int = 1) -> float:
+    """Seconds ORT needs for ``gemms`` (all in ``precision``) on ROWS tokens with ``threads`` threads: the fastest
+    run, since a bound is what the GEMMs reach when nothing else on the machine is in the way. ``streams``: that
+    many sessions of ``threads // streams`` threads run the graph at once; seconds per graph."""
+    import onnxruntime as ort
 
     model, inners = _gemm_graph(gemms, precision)
     options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    options.intra_op_num_threads = max(1, threads // streams)
     rng = np.random.default_rng(1)
-    binding = session.io_binding()
-    for k in inners:
-        x = (rng.integers(0, 256, (ROWS, k), dtype=np.uint8) if precision == INT8
-             else rng.standard_normal((ROWS, k), dtype=np.float32))
-        binding.bind_cpu_input(f"x{k}", x)
-    for output in session.get_outputs():
-        binding.bind_output(output.name, "cpu")  # left as ORT values: no copy into numpy is timed
-    return min(time_calls(lambda: session.run_with_iobinding(binding), budget_s=budget_s, min_runs=min_runs,
-                          warmup=1))
+    calls = []
+    for _ in range(streams):
+        session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        binding = session.io_binding()
+        for k in inners:
+            x = (rng.integers(0, 256, (ROWS, k), dtype=np.uint8) if precision == INT8
+                 else rng.standard_normal((ROWS, k), dtype=np.float32))
+            binding.bind_cpu_input(f"x{k}", x)
+        for output in session.get_outputs():
+            binding.bind_output(output.name, "cpu")  # left as ORT values: no copy into numpy is timed
+        calls.append(lambda s=session, b=binding: s.run_with_iobinding(b))
+    return fastest_together(calls, budget_s=budget_s, min_runs=min_runs)
 
 
-def time_gemms_bf16(gemms: list[WeightGemm], threads: int, *, budget_s: float = 1.0, min_runs: int = 3) -> float:
+def time_gemms_bf16(gemms: list[WeightGemm], threads: int, *, budget_s: float = 1.0, min_runs: int = 3,
+                    streams: int = 1) -> float:
     """Seconds OpenVINO's CPU plugin needs for ``gemms`` in bf16 on ROWS tokens with ``threads`` threads (fastest
-    run). The outputs stay bf16: converting 4096 rows of every GEMM to fp32 is work the model's own graph never
-    does (its GEMMs feed bf16 adds and layer norms), and would bound it too low."""
+    run; ``streams`` as in ``time_gemms``: one model compiled with that many streams, a request on each). The
+    outputs stay bf16: converting 4096 rows of every GEMM to fp32 is work the model's own graph never does (its
+    GEMMs feed bf16 adds and layer norms), and would bound it too low."""
     import openvino as ov
     import openvino.opset13 as ops
     from openvino.preprocess import PrePostProcessor
-
-    from kiln.bench.measure import time_calls
 
     rng = np.random.default_rng(0)
     params = {k: ops.parameter([ROWS, k], np.float32, name=f"x{k}") for k in sorted({g.inner for g in gemms})}
@@ -203,21 +224,25 @@ def time_gemms_bf16(gemms: list[WeightGemm], threads: int, *, budget_s: float = 
     ppp = PrePostProcessor(ov.Model(results, list(params.values()), "weight_gemms"))
     for i in range(len(results)):
         ppp.output(i).tensor().set_element_type(ov.Type.bf16)
-    compiled = ov.Core().compile_model(ppp.build(), "CPU", {"INFERENCE_PRECISION_HINT": "bf16",
-                                                              "INFERENCE_NUM_THREADS": threads,
-                                                              "PERFORMANCE_HINT": "LATENCY"})
-    request = compiled.create_infer_request()
+    config = {"INFERENCE_PRECISION_HINT": "bf16", "INFERENCE_NUM_THREADS": threads, "PERFORMANCE_HINT": "LATENCY"}
+    if streams > 1:
+        config["NUM_STREAMS"] = streams
+    compiled = ov.Core().compile_model(ppp.build(), "CPU", config)
     feed = {p.get_any_name(): rng.standard_normal(tuple(p.get_shape()), dtype=np.float32) for p in compiled.inputs}
-    return min(time_calls(lambda: request.infer(feed, share_inputs=True, share_outputs=True), budget_s=budget_s,
-                          min_runs=min_runs, warmup=1))
+    requests = [compiled.create_infer_request() for _ in range(streams)]
+    return fastest_together([lambda r=r: r.infer(feed, share_inputs=True, share_outputs=True) for r in requests],
+                            budget_s=budget_s, min_runs=min_runs)
 
 
 def gemm_bound(model_path: Path, reached_per_s: float, threads: int, *, float_precision: str = FP32,
-               bf16: bool = False, budget_s: float = 1.0, min_runs: int = 3) -> GemmBound | None:
+               bf16: bool = False, budget_s: float = 1.0, min_runs: int = 3,
+               streams: tuple[int, ...] = (1,)) -> GemmBound | None:
     """The bound of the variant stored at ``model_path``; None where kiln cannot read its GEMMs (TorchScript).
 
     ``float_precision`` is what the variant's float GEMMs run in (BF16 for an OpenVINO variant with the bf16 hint);
-    ``bf16`` asks for the bf16 rate too (kiln bench asks where the CPU has native bf16 and OpenVINO is installed)."""
+    ``bf16`` asks for the bf16 rate too (kiln bench asks where the CPU has native bf16 and OpenVINO is installed).
+    ``streams``: the GEMMs are timed as each of these many streams splitting ``threads`` (1: one session of all of
+    them), and each precision's bound is the fastest: a ceiling for whichever way the variant is run."""
     import onnxruntime as ort
 
     reader = WEIGHT_GEMMS.get(model_path.suffix)
@@ -226,13 +251,17 @@ def gemm_bound(model_path: Path, reached_per_s: float, threads: int, *, float_pr
         return None
     if float_precision == BF16 and not bf16:
         raise ValueError("a variant with bf16 GEMMs is bounded by the bf16 rate: pass bf16=True")
-    seconds = {p: time_gemms(gemms, p, threads, budget_s=budget_s, min_runs=min_runs) for p in (INT8, FP32)}
+    seconds = {p: min(time_gemms(gemms, p, threads, budget_s=budget_s, min_runs=min_runs, streams=n)
+                      for n in streams) for p in (INT8, FP32)}
     kernel = f"onnxruntime {ort.__version__} MatMulInteger (u8 x s8) and MatMul (fp32)"
     if bf16:
         import openvino as ov
 
-        seconds[BF16] = time_gemms_bf16(gemms, threads, budget_s=budget_s, min_runs=min_runs)
+        seconds[BF16] = min(time_gemms_bf16(gemms, threads, budget_s=budget_s, min_runs=min_runs, streams=n)
+                            for n in streams)
         kernel += f"; openvino {ov.get_version().split('-')[0]} MatMul (bf16)"
+    if streams != (1,):
+        kernel += f"; the fastest of {' and '.join(f'{n} x {max(1, threads // n)}' for n in streams)}"
     ops = 2 * ROWS * sum(g.inner * g.outer for g in gemms)
     by_precision = Counter()
     for g in gemms:

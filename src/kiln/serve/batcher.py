@@ -7,7 +7,8 @@ cost) per group; the group holding the oldest feature runs next, so nothing star
 barely falls past batch ~8, so one 64-wide batch of mixed lengths (half of it padding) is slower than several
 batches of similar lengths; the cost model makes that cut.
 
-When a batch closes: at once when a session is idle (waiting cannot help a lone request); while every session runs,
+When a batch closes: at once when a session is idle (waiting cannot help a lone request; one whose requests all found
+the server idle runs on the predictor's solo session of all cores where it has one); while every session runs,
 the next one is formed and collated (prefetched) when it is full by size or tokens, or when its oldest feature
 has waited ``max_delay``. Features of requests whose client went away are dropped before they cost compute; if
 a batch fails, every request in it gets the error, and if the loop itself dies every queued request does
@@ -97,6 +98,7 @@ class _Request:
     request_id: str | None = None
     traces: list[BatchTrace] | None = None
     shadowed: bool = False  # its served outputs go to the shadow (kiln.serve.shadow) once answered
+    alone: bool = False  # it arrived with nothing queued or running: it may run on all cores (Batcher's solo)
 
 
 @dataclass(order=True)
@@ -144,6 +146,10 @@ class Batcher(OwnedLoop):
                  extra_sessions: Sequence[Engine] = ()) -> None:
         super().__init__()
         self.predictor = predictor
+        # With several sessions, the predictor's session of all cores: a batch made only of requests that found
+        # the server idle runs there, holding every session (one request should not wait on one core while the
+        # others idle). Requests that arrive while anything runs take the single-thread sessions as before.
+        self.solo = predictor.solo if extra_sessions else None
         self.limits = limits
         self.on_batch = on_batch
         self._pending: list[_Item] = []  # in arrival order
@@ -181,6 +187,9 @@ class Batcher(OwnedLoop):
         for session in self._sessions:
             await loop.run_in_executor(session.thread, warm_every_length, self._engine(session), max_length,
                                        self.predictor.pad_multiple)
+        if self.solo is not None:
+            await loop.run_in_executor(self._sessions[0].thread, warm_every_length, self.solo, max_length,
+                                       self.predictor.pad_multiple)
 
     async def submit(self, encodings: Sequence[Encoding], traces: list[BatchTrace] | None = None) -> list[Any]:
         """Reduced outputs per encoding, in order. Cancelling the awaiting task drops the request's work.
@@ -190,7 +199,9 @@ class Batcher(OwnedLoop):
         self.check_alive()
         future = asyncio.get_running_loop().create_future()
         shadowed = self.shadow is not None and self.shadow.config.sample()
-        request = _Request(future, [None] * len(encodings), len(encodings), request_id.get(), traces, shadowed)
+        alone = self._busy == 0 and not self._pending
+        request = _Request(future, [None] * len(encodings), len(encodings), request_id.get(), traces, shadowed,
+                           alone)
         self.idle.clear()
         now = time.perf_counter()
         for slot, encoding in enumerate(encodings):
@@ -278,6 +289,15 @@ class Batcher(OwnedLoop):
             self._running.add(task)
             task.add_done_callback(self._running.discard)
 
+    def _take_all_sessions(self, batch: list[_Item]) -> list[_Session]:
+        """Every other session, when ``batch`` runs on the solo session: it is the only batch in flight, nothing is
+        queued, and each of its requests found the server idle; else none (the batch runs on its own session)."""
+        if self.solo is None or self._busy != 1 or self._pending or not all(i.request.alone for i in batch):
+            return []
+        if self._free.qsize() != len(self._sessions) - 1:
+            return []
+        return [self._free.get_nowait() for _ in range(len(self._sessions) - 1)]
+
     def _collate(self, batch: list[_Item]) -> dict[str, Any]:
         return self.predictor.encoder.collate([i.encoding for i in batch], multiple=self.predictor.pad_multiple)
 
@@ -293,6 +313,7 @@ class Batcher(OwnedLoop):
             formed = time.perf_counter()
             queued = formed - min(i.arrived for i in batch)
             session = await self._free.get()
+            held = [session, *self._take_all_sessions(batch)]
             try:
                 live = [i for i in batch if not i.request.future.done()]
                 if not live:
@@ -300,10 +321,12 @@ class Batcher(OwnedLoop):
                 if len(live) < len(batch):
                     batch = live
                     arrays = await loop.run_in_executor(self._former, self._collate, live)
+                engine = self.solo if len(held) > 1 else self._engine(session)
                 start = time.perf_counter()
-                reduced = await loop.run_in_executor(session.thread, self._forward, self._engine(session), arrays)
+                reduced = await loop.run_in_executor(session.thread, self._forward, engine, arrays)
             finally:
-                self._free.put_nowait(session)
+                for each in held:
+                    self._free.put_nowait(each)
             finished = time.perf_counter()
             self.on_batch(BatchStats(len(batch), int(arrays["input_ids"].size), queued, finished - start))
             if self.shadow is not None:

@@ -119,10 +119,12 @@ def load_served(name: str, path: Path, limits: BatchLimits, metrics: Metrics, *,
     artifact = Artifact.open(path)
     variant = served_variant(artifact, deterministic=deterministic)
     record = artifact.variant(variant)
-    threads, sessions, why = server_sessions(artifact, variant, threads=threads, sessions=sessions, device=device)
-    plan = artifact.serving_plan(variant, threads=threads, sessions=sessions, device=device)
-    log.info("model %s: %s on %s, %d session(s) x %s thread(s) (%s)", name, variant, device, plan.sessions,
-             plan.options.intra_op_threads or "all", why)
+    threads, sessions, solo, why = server_sessions(artifact, variant, threads=threads, sessions=sessions,
+                                                   device=device)
+    plan = replace(artifact.serving_plan(variant, threads=threads, sessions=sessions, device=device),
+                   solo_threads=solo)
+    log.info("model %s: %s on %s, %d session(s) x %s thread(s)%s (%s)", name, variant, device, plan.sessions,
+             plan.options.intra_op_threads or "all", f", a request to an idle server on {solo}" if solo else "", why)
     predictor = artifact.predictor(variant, plan)
     if limits.max_batch_size is None:  # the sweep's batch size where kiln bench measured one
         default = artifact.serving_default(variant)
@@ -143,6 +145,7 @@ def load_served(name: str, path: Path, limits: BatchLimits, metrics: Metrics, *,
             "validation": to_jsonable({k: v for k, v in validation.items() if v is not None}),
             "device": str(plan.options.device), "threads": plan.options.intra_op_threads,
             "sessions": len(predictor.sessions),
+            "solo_threads": plan.solo_threads if predictor.solo is not None else None,
             "max_batch_size": limits.max_batch_size, "pad_multiple": predictor.pad_multiple,
             # which variant this CPU runs and why (kiln.artifact.cpu_pick); --deterministic may override it
             "cpu_pick": artifact.cpu_pick().to_dict()}
@@ -155,31 +158,34 @@ def load_served(name: str, path: Path, limits: BatchLimits, metrics: Metrics, *,
 
 
 def server_sessions(artifact: Artifact, variant: str, *, threads: int | None, sessions: int | None,
-                    device: str = "cpu") -> tuple[int | None, int | None, str]:
-    """Threads and sessions a server runs ``variant`` with, and why: the caller's, else kiln bench's serving
-    default, else, for a task served in batches, one single-thread session per usable core.
+                    device: str = "cpu") -> tuple[int | None, int | None, int | None, str]:
+    """Threads, sessions and solo threads a server runs ``variant`` with, and why: the caller's, else kiln bench's
+    serving default, else, for a task served in batches, one single-thread session per usable core and a session of
+    all of them for a request that finds the server idle (the batcher's solo).
 
     A server's cores are shared with its event loop, its tokenization and (on a small box) its clients; one session
     of all threads then waits, at every op, for whichever of its threads was preempted, while single-thread sessions
     run on. On a 2-core AMX Xeon (openvino-bf16 MiniLM, 64 clients, benchmarks/serve_load.py) 2 x 1 served 227-240
     req/s at p99 452-495 ms against 142-180 req/s at p99 636-753 ms for 1 x 2. Its price is one request's latency
-    when traffic is light (it runs on one core: p50 16.5 ms against 7.1 ms at 1 client on the same machine):
-    ``--sessions 1`` for a latency-bound deployment. kiln bench's
-    sweep times batches offline, so its choice, where there is one, stands. A decoder's loop runs on one session."""
+    when traffic is light (one request on one core: p50 16.5 ms against 7.1 ms at 1 client on the same machine),
+    which the solo session pays back (one more session: for ONNX Runtime, one more copy of the weights).
+    kiln bench's sweep times batches offline, so its choice, where there is one, stands. A decoder's loop runs on
+    one session."""
     from kiln.system.cpu import cpu_info
 
     if threads is not None or sessions is not None:
-        return threads, sessions, "--threads/--sessions"
+        return threads, sessions, None, "--threads/--sessions"
     if device != "cpu":  # the GPU runs a batch's kernels; its host threads only launch them
-        return threads, sessions, f"--device {device}: one session on the GPU"
+        return threads, sessions, None, f"--device {device}: one session on the GPU"
     if artifact.serving_default(variant) is not None:
-        return threads, sessions, "kiln bench's serving default"
+        return threads, sessions, None, "kiln bench's serving default"
     if task_spec(artifact.task_config.task).scheduling is not Scheduling.BATCH:
-        return threads, sessions, "a decoder's loop runs on one session"
+        return threads, sessions, None, "a decoder's loop runs on one session"
     cores = cpu_info().usable_cores
     if cores < 2:
-        return threads, sessions, "one usable core"
-    return 1, cores, "one single-thread session per usable core under concurrent load; --sessions 1 for latency"
+        return threads, sessions, None, "one usable core"
+    return 1, cores, cores, ("one single-thread session per usable core under concurrent load, all cores for a "
+                             "request to an idle server; --sessions 1 for one session of all cores")
 
 
 def _shadow(served: Served, config: ShadowConfig, metrics: Metrics) -> Shadow:
