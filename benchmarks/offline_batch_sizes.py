@@ -3,7 +3,7 @@
     python benchmarks/offline_batch_sizes.py ARTIFACT [--variant NAME] [--sizes 4,8,16,32,64] [--rounds 2]
 
 1,024 texts of 10-200 tokens (the peers' and serve_load's mix), tokenized once, length-sorted batches of each size
-through kiln's predictor on the machine's threads; every size once per round, rounds interleaved so drift in the
+through kiln's predictor as kiln.load runs it (its sessions x threads); every size once per round, rounds interleaved so drift in the
 machine's speed hits every size alike. Prints texts/s per (round, size).
 """
 
@@ -24,7 +24,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
     art = Artifact.open(args.artifact)
-    predictor = art.predictor(args.variant)
+    # as kiln.load runs it: serving.json where kiln bench wrote one, else its split of the cores
+    predictor = art.predictor(args.variant, art.serving_plan(args.variant, split_cores=True))
     texts = length_mix(1024, 10, 200, seed=3, token_count=art.encoder().token_count)
     encodings = predictor.encoder.encode(texts)
     predictor.run_features(encodings[:64])  # warm-up
