@@ -3,8 +3,8 @@
     python benchmarks/offline_batch_sizes.py ARTIFACT [--variant NAME] [--sizes 4,8,16,32,64] [--rounds 2]
 
 1,024 texts of 10-200 tokens (the peers' and serve_load's mix), tokenized once, length-sorted batches of each size
-through kiln's predictor as kiln.load runs it (its sessions x threads); every size once per round, rounds interleaved so drift in the
-machine's speed hits every size alike. Prints texts/s per (round, size).
+through kiln's predictor as kiln.load runs it (its sessions x threads); every size once per round, rounds
+interleaved so drift in the machine's speed hits every size alike. Prints texts/s per (round, size).
 """
 
 from __future__ import annotations

@@ -254,9 +254,16 @@ def test_kiln_load_splits_the_cores_of_an_openvino_variant_and_runs_a_lone_batch
     np.testing.assert_allclose(np.stack(split.predict(texts[:2])), np.stack(one.predict(texts[:2])), atol=1e-4)
     assert calls == ["solo"]  # the lone batch
     calls.clear()
+    import kiln.runtime.predictor as predictor_module
+    from kiln.system.memory import trim_heap
+
+    trims: list[bool] = []
+    monkeypatch.setattr(predictor_module, "TRIM_AFTER_S", 0.0)  # every pass counts as long
+    monkeypatch.setattr(predictor_module, "trim_heap", lambda: trims.append(trim_heap()))
     np.testing.assert_allclose(np.stack(split.with_batch_size(2).predict(texts)),
                                np.stack(one.predict(texts)), atol=1e-4)
     assert "session" in calls and "solo" not in calls  # nine batches: side by side on the streams
+    assert len(trims) == 1  # the streams' freed buffers handed back once, after the pass
     monkeypatch.setattr(cpu, "cpu_info", lambda: replace(real, usable_cores=1))
     assert kiln.load(out, "openvino-fp32").solo is None
 

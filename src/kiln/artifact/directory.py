@@ -171,14 +171,19 @@ def split_cores_plan(engine: str, task: str, device: str) -> tuple[int | None, i
     stream per usable core for a one-pass task, and a session of all cores for a lone batch; (None, None, None),
     kiln's one session of all cores, elsewhere.
 
-    Why: passes over many texts ran faster as one stream per core than as one stream of all cores (the peers' 1,024
-    texts, openvino-bf16 MiniLM on a 2-core AMX Xeon: +6%, +29%, +10%, +5% in four sittings of
-    benchmarks/experiments/offline_sessions), and kiln bench's sweep chose 2 x 1 on the EPYCs too; the threads of
-    one request wait at every op for whichever was preempted, separate streams run on. A single text on one thread
-    takes twice as long, hence the solo session for a call that makes one batch. Only OpenVINO: its streams are
-    requests of one compiled model (the weights once), the solo session one more copy of the plugin's weights
-    (MiniLM bf16: ~45 MB); ONNX Runtime sessions each hold their weights and an arena (~300 MiB after long
-    batches), too much to multiply by the cores of a large server unasked."""
+    Why: passes over many texts ran faster as one stream per core than as one stream of all cores (the peers'
+    1,024 texts, openvino-bf16 MiniLM, a 2-core AMX Xeon: +6%, +29%, +10% and +5% in runs of
+    benchmarks/experiments/offline_sessions, 1.62x, 1.40x, 1.05x alternated in benchmarks/peers.py), and kiln
+    bench's sweep chose 2 x 1 on the EPYCs too: the threads of one request wait at every op for whichever was
+    preempted, separate streams run on. A single text on one thread takes twice as long, hence the solo session
+    for a call that makes one batch. Only OpenVINO: its streams are requests of one compiled model (the weights
+    once); ONNX Runtime sessions each hold their weights and an arena.
+
+    The price is memory: each stream's thread frees its buffers into its own heap arena, and the solo model is
+    a second compiled model (same model and texts, resident after the pass,
+    benchmarks/experiments/offline_sessions/memory.py: 478-504 MiB as one session, 797-849 as two streams and
+    970-1006 with the solo model before the predictor trimmed the heap after long passes; 515 and 655 since).
+    ``sessions=1`` where memory counts more."""
     from kiln.choices import Scheduling
     from kiln.engines import STREAMING_ENGINES
     from kiln.system.cpu import cpu_info
