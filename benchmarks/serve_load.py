@@ -168,7 +168,7 @@ def offline_worker(conn, artifact: str, texts: list[str], threads: int | None, r
     batched, rounds_batched = rate(plan.batch_size)
     single, rounds_single = rate(1)  # the most any one-request-per-forward server could reach
     conn.send({"variant": variant, "threads": plan.options.intra_op_threads or "default",
-               "sessions": plan.sessions, "batch_size": plan.batch_size, "throughput_per_s": batched,
+               "sessions": len(predictor.sessions), "batch_size": plan.batch_size, "throughput_per_s": batched,
                "rounds": rounds_batched, "batch1_throughput_per_s": single, "batch1_rounds": rounds_single})
 
 

@@ -1,8 +1,9 @@
-"""Offline `kiln.load(...).predict` with one session of all threads against one single-thread session per core.
+"""Offline `kiln.load(...).predict` with one session of all threads, one single-thread session per core, and kiln.load's
+default (OpenVINO: the streams its throughput hint picks, and a solo model of all cores for a lone batch).
 
     python benchmarks/experiments/offline_sessions/run.py ARTIFACT [--rounds 10] [--variant NAME]
 
-Both predictors are loaded in one process and alternate passes over the peers' 1,024 held-out texts (10-200 tokens,
+The predictors are loaded in one process and alternate passes over the peers' 1,024 held-out texts (10-200 tokens,
 benchmarks/peers.py's mix); prints each pass's texts/s and the medians.
 """
 
@@ -25,7 +26,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=10)
     args = parser.parse_args()
     cores = cpu_info().usable_cores
-    configs = {f"1 x {cores}": {"sessions": 1, "threads": cores}, f"{cores} x 1": {"sessions": cores, "threads": 1}}
+    configs = {f"1 x {cores}": {"sessions": 1, "threads": cores}, f"{cores} x 1": {"sessions": cores, "threads": 1},
+               "kiln.load's default": {}}
     predictors = {name: kiln.load(args.artifact, args.variant, **c) for name, c in configs.items()}
     first = next(iter(predictors.values()))
     texts = length_mix(1024, 10, 200, seed=13, token_count=first.encoder.token_count,

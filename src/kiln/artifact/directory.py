@@ -80,8 +80,9 @@ class Artifact:
         (serving.json), else kiln's default (all usable cores, 1 session, batches of 32, the engine's padding).
 
         ``split_cores`` (offline callers: ``kiln.load``, ``kiln embed``): where neither the caller nor serving.json
-        says how, an OpenVINO variant of a one-pass task runs one single-thread stream per usable core, and a lone
-        batch on one session of all cores (``ServingPlan.solo_threads``): see ``split_cores_plan``."""
+        says how, an OpenVINO variant of a one-pass task runs as many streams as OpenVINO's throughput hint picks
+        (one single-thread stream per core on a small box), and a lone batch on one session of all cores
+        (``ServingPlan.solo_threads``): see ``split_cores_plan``."""
         measured = self.serving_default(variant, device)
         default = measured or ServingDefault(self.variant_name(variant))
         solo_threads = None
@@ -90,8 +91,9 @@ class Artifact:
                                                                device)
         threads = threads if threads is not None else default.threads
         options = replace(EngineOptions.for_variant(self.variant(variant), threads, device), spin_wait=spin_wait)
-        return ServingPlan(options,
-                           sessions if sessions is not None else default.sessions,
+        if solo_threads is None and sessions is None:
+            sessions = default.sessions  # else None with a solo: the runtime picks the streams
+        return ServingPlan(options, sessions,
                            batch_size if batch_size is not None else default.batch_size,
                            pad_multiple if pad_multiple is not None else default.pad_multiple,
                            solo_threads)
@@ -125,11 +127,13 @@ class Artifact:
         if not model_path.exists():
             raise ArtifactError(f"variant {record.name} points at {model_path}, which is missing")
         engines = open_sessions(record.engine, model_path, plan.options, plan.sessions)
-        _log.info("variant %s: %d session(s) x %s thread(s)%s", record.name, plan.sessions,
-                  plan.options.intra_op_threads or "all",
-                  f", a lone batch on {plan.solo_threads} threads" if plan.solo_threads and plan.sessions > 1 else "")
+        split = plan.solo_threads is not None and len(engines) > 1
+        _log.info("variant %s: %d session(s)%s%s", record.name, len(engines),
+                  " picked by the runtime" if plan.sessions is None else
+                  f" x {plan.options.intra_op_threads or 'all'} thread(s)",
+                  f", a lone batch on {plan.solo_threads} threads" if split else "")
         solo = None
-        if plan.solo_threads is not None and plan.sessions > 1:
+        if split:
             solo = create_engine(record.engine, model_path, replace(plan.options, intra_op_threads=plan.solo_threads))
         return Predictor(self.task_config, self.encoder(), engines[0], batch_size=plan.batch_size,
                          sessions=engines[1:], solo=solo, pad_multiple=plan.pad_multiple,
@@ -153,23 +157,26 @@ class ServingPlan:
     """How a variant runs: engine options (threads per session), sessions side by side, batch size, padding."""
 
     options: EngineOptions
-    sessions: int = 1
+    sessions: int | None = 1  # None: as many as the runtime's throughput hint picks (OpenVINO streams)
     batch_size: int = 32
     pad_multiple: int | None = None  # None: the engine's own
     # With several sessions: a call that makes one batch runs it on one more session of this many threads
     solo_threads: int | None = None
 
     def __post_init__(self) -> None:
-        for flag, value in (("sessions", self.sessions), ("batch size", self.batch_size),
+        sessions = 1 if self.sessions is None else self.sessions
+        for flag, value in (("sessions", sessions), ("batch size", self.batch_size),
                             ("pad multiple", self.pad_multiple or 1)):
             if value < 1:
                 raise UsageError(f"{flag} must be at least 1 (got {value})")
 
 
 def split_cores_plan(engine: str, task: str, device: str) -> tuple[int | None, int | None, int | None]:
-    """(threads, sessions, solo threads) for an offline predictor with no serving.json: one single-thread OpenVINO
-    stream per usable core for a one-pass task, and a session of all cores for a lone batch; (None, None, None),
-    kiln's one session of all cores, elsewhere.
+    """(threads, sessions, solo threads) for an offline predictor with no serving.json: for an OpenVINO variant of
+    a one-pass task, as many streams as OpenVINO's throughput hint picks (on the 2-core machines kiln was measured
+    on: one single-thread stream per core; on a large server it sizes streams to the model rather than one per
+    core), and a session of all cores for a lone batch: (None, None, cores); (None, None, None), kiln's one session
+    of all cores, elsewhere.
 
     Why: passes over many texts ran faster as one stream per core than as one stream of all cores (the peers'
     1,024 texts, openvino-bf16 MiniLM, a 2-core AMX Xeon: +6%, +29%, +10% and +5% in runs of
@@ -193,7 +200,7 @@ def split_cores_plan(engine: str, task: str, device: str) -> tuple[int | None, i
     if device != "cpu" or engine not in STREAMING_ENGINES or cores < 2 \
             or task_spec(task).scheduling is not Scheduling.BATCH:
         return None, None, None
-    return 1, cores, cores
+    return None, None, cores
 
 
 def copy_variant(root: Path, manifest: Manifest, name: str | None, dest: Path) -> Path:

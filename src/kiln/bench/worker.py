@@ -216,8 +216,8 @@ def run_batch_target(target: Target, settings: BenchSettings, report=lambda kind
 
 def _gemm_bound(target: Target, engine, encoder, settings: BenchSettings) -> GemmBound | None:
     """The variant's throughput at 32 x 128 tokens against its weight GEMMs timed alone (bench/gemm.py): as one
-    session of all threads, and, where kiln.load splits the cores (split_cores_plan), as one single-thread session
-    per thread, each running its own batch; the GEMMs are timed the same ways, and the faster of each counts."""
+    session of all threads, and, where kiln.load splits the cores (split_cores_plan), as the streams it runs, each
+    on its own batch; the GEMMs are timed the same ways, and the faster of each counts."""
     from kiln.artifact.directory import Artifact, split_cores_plan
     from kiln.engines import EngineOptions, open_sessions
 
@@ -228,9 +228,12 @@ def _gemm_bound(target: Target, engine, encoder, settings: BenchSettings) -> Gem
     record = art.variant(target.name)
     batch = synthetic_batch(encoder, 32, length)
     ways = {f"1 x {settings.threads}": [engine]}
-    if settings.threads > 1 and split_cores_plan(record.engine, target.task, "cpu")[1] is not None:
-        ways[f"{settings.threads} x 1"] = open_sessions(record.engine, art.path / record.path,
-                                                        EngineOptions.for_variant(record, 1), settings.threads)
+    if settings.threads > 1 and split_cores_plan(record.engine, target.task, "cpu")[2] is not None:
+        # the streams kiln.load runs: as many as the runtime's throughput hint picks on these threads
+        streams = open_sessions(record.engine, art.path / record.path,
+                                EngineOptions.for_variant(record, settings.threads), None)
+        if len(streams) > 1:
+            ways[f"{len(streams)} x {max(1, settings.threads // len(streams))}"] = streams
 
     def fastest() -> tuple[float, str]:
         """Sequences/s of the variant's fastest round, and the way that reached it: the statistic the bound takes
@@ -246,7 +249,7 @@ def _gemm_bound(target: Target, engine, encoder, settings: BenchSettings) -> Gem
     before = fastest()
     bound = gemm_bound(art.path / record.path, before[0], settings.threads, bf16=native,
                        float_precision=BF16 if runs_bf16 else FP32, budget_s=settings.budget_s * 3,
-                       min_runs=settings.min_runs, streams=(1, settings.threads) if len(ways) > 1 else (1,))
+                       min_runs=settings.min_runs, streams=tuple(len(sessions) for sessions in ways.values()))
     return bound.with_reached(*max(before, fastest())) if bound else None
 
 

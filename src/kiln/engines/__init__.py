@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
-from kiln.engines.base import Engine, EngineOptions, require_cpu
+from kiln.engines.base import THROUGHPUT_STREAMS, Engine, EngineOptions, require_cpu
 from kiln.errors import UsageError
 
 
@@ -98,12 +98,19 @@ def check_device(engine: str, device: str) -> None:
 STREAMING_ENGINES = ("openvino",)
 
 
-def open_sessions(name: str, path: Path, options: EngineOptions, count: int) -> list[Engine]:
-    """``count`` engine sessions that run batches side by side, each with ``options.intra_op_threads``.
+def open_sessions(name: str, path: Path, options: EngineOptions, count: int | None) -> list[Engine]:
+    """``count`` engine sessions that run batches side by side, each with ``options.intra_op_threads``; None (a
+    streaming engine): as many as the runtime's throughput hint picks, sharing ``options.intra_op_threads`` (None:
+    all cores).
 
     Each session is driven from its own thread (the predictor's pool, the server's batcher); the runtimes release
     the GIL while they compute, so a synchronous call per session thread overlaps like an asynchronous queue.
     """
+    if count is None:
+        if name not in STREAMING_ENGINES:
+            raise UsageError(f"the runtime picks the sessions of {', '.join(STREAMING_ENGINES)} only (got {name})")
+        engine = create_engine(name, path, replace(options, streams=THROUGHPUT_STREAMS))
+        return engine.requests(engine.streams)  # type: ignore[attr-defined]
     if count < 1:
         raise UsageError(f"sessions must be at least 1 (got {count})")
     if name in STREAMING_ENGINES:

@@ -34,13 +34,18 @@ class Engine(Protocol):
         """Run a small batch once so the first real request does not pay for lazy initialisation."""
 
 
+THROUGHPUT_STREAMS = 0  # EngineOptions.streams: the runtime's throughput hint picks the number of streams
+
+
 @dataclass(frozen=True)
 class EngineOptions:
     intra_op_threads: int | None = None  # None: the runtime's default (all cores it may use)
     inter_op_threads: int | None = None
     device: Device = Device.CPU  # tensorrt: ONNX Runtime only
     precision: Precision = Precision.FP32  # torch: autocast dtype; OpenVINO: inference precision hint
-    streams: int | None = None  # OpenVINO CPU streams: one per session (engines.open_sessions)
+    # OpenVINO CPU streams: one per session (engines.open_sessions); THROUGHPUT_STREAMS: as many as its throughput
+    # hint picks for this model and CPU
+    streams: int | None = None
     rows_alone: bool = False  # run each row of a batch on its own (kiln.engines.rows): batch-invariant answers
     # ONNX Runtime's worker threads spin between runs (the default): the fastest for back-to-back runs of one
     # session (greedy decoding: 127 tokens/s spinning, 110 sleeping), but two sessions taking turns lose the cores

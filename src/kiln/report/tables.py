@@ -149,8 +149,9 @@ GEMM_NOTE = ("The weight GEMMs of each variant's graph, timed alone on the same 
              "bound each in the precision the variant runs it in. Attention scores, LayerNorm and the rest are left "
              "out, so a bound is a ceiling; the fraction reached says what the other work costs. Both sides are "
              "fastest runs: the variant is timed before and after its GEMMs, as one session of all threads and, "
-             "where kiln.load splits the cores (OpenVINO), as one single-thread stream per thread (sessions x "
-             "threads in brackets: the faster); the GEMMs are timed both ways too, and the faster bounds.")
+             "where kiln.load splits the cores (OpenVINO), as the streams its throughput hint picks, each on its "
+             "own batch (sessions x threads in brackets: the faster); the GEMMs are timed both ways too, and the "
+             "faster bounds.")
 
 
 def serving_sentence(default: ServingRecord) -> str:
