@@ -382,6 +382,7 @@ def test_serve_deterministic_serves_only_a_batch_invariant_variant(optimized, tm
     with TestClient(create_app(ServeConfig(models={"m": out}, deterministic=True))) as c:
         info = c.get("/info").json()["models"][0]
     assert info["variant"] == chosen and info["validation"]["batch_invariant"] is True
+    assert info["solo_threads"] is None  # the same threads for every request, idle server or not
     # An artifact whose every variant drifts: the manifest says so, and the server refuses to start.
     drifting = tmp_path / "drifting"
     shutil.copytree(out, drifting)

@@ -121,6 +121,9 @@ def load_served(name: str, path: Path, limits: BatchLimits, metrics: Metrics, *,
     record = artifact.variant(variant)
     threads, sessions, solo, why = server_sessions(artifact, variant, threads=threads, sessions=sessions,
                                                    device=device)
+    # --deterministic promises an answer independent of what else runs; the solo session computes on another
+    # number of threads than the sessions, which may change its last bits, so a deterministic server has none.
+    solo = None if deterministic else solo
     plan = replace(artifact.serving_plan(variant, threads=threads, sessions=sessions, device=device),
                    solo_threads=solo)
     log.info("model %s: %s on %s, %d session(s) x %s thread(s)%s (%s)", name, variant, device, plan.sessions,
