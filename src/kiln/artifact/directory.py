@@ -87,8 +87,7 @@ class Artifact:
         default = measured or ServingDefault(self.variant_name(variant))
         solo_threads = None
         if split_cores and threads is None and sessions is None and measured is None:
-            threads, sessions, solo_threads = split_cores_plan(self.variant(variant).engine, self.task_config.task,
-                                                               device)
+            solo_threads = split_cores_plan(self.variant(variant).engine, self.task_config.task, device)
         threads = threads if threads is not None else default.threads
         options = replace(EngineOptions.for_variant(self.variant(variant), threads, device), spin_wait=spin_wait)
         if solo_threads is None and sessions is None:
@@ -171,12 +170,12 @@ class ServingPlan:
                 raise UsageError(f"{flag} must be at least 1 (got {value})")
 
 
-def split_cores_plan(engine: str, task: str, device: str) -> tuple[int | None, int | None, int | None]:
-    """(threads, sessions, solo threads) for an offline predictor with no serving.json: for an OpenVINO variant of
-    a one-pass task, as many streams as OpenVINO's throughput hint picks (on the 2-core machines kiln was measured
-    on: one single-thread stream per core; on a large server it sizes streams to the model rather than one per
-    core), and a session of all cores for a lone batch: (None, None, cores); (None, None, None), kiln's one session
-    of all cores, elsewhere.
+def split_cores_plan(engine: str, task: str, device: str) -> int | None:
+    """The solo session's threads where an offline predictor with no serving.json splits the cores, else None
+    (kiln's one session of all cores). For an OpenVINO variant of a one-pass task it runs as many streams as
+    OpenVINO's throughput hint picks (on the 2-core machines kiln was measured on: one single-thread stream per
+    core; on a large server it sizes streams to the model rather than one per core), and a lone batch on a session
+    of all cores (the returned count).
 
     Why: passes over many texts ran faster as one stream per core than as one stream of all cores (the peers'
     1,024 texts, openvino-bf16 MiniLM, a 2-core AMX Xeon: +6%, +29%, +10% and +5% in runs of
@@ -199,8 +198,8 @@ def split_cores_plan(engine: str, task: str, device: str) -> tuple[int | None, i
     cores = cpu_info().usable_cores
     if device != "cpu" or engine not in STREAMING_ENGINES or cores < 2 \
             or task_spec(task).scheduling is not Scheduling.BATCH:
-        return None, None, None
-    return None, None, cores
+        return None
+    return cores
 
 
 def copy_variant(root: Path, manifest: Manifest, name: str | None, dest: Path) -> Path:

@@ -228,7 +228,7 @@ def _gemm_bound(target: Target, engine, encoder, settings: BenchSettings) -> Gem
     record = art.variant(target.name)
     batch = synthetic_batch(encoder, 32, length)
     ways = {f"1 x {settings.threads}": [engine]}
-    if settings.threads > 1 and split_cores_plan(record.engine, target.task, "cpu")[2] is not None:
+    if settings.threads > 1 and split_cores_plan(record.engine, target.task, "cpu") is not None:
         # the streams kiln.load runs: as many as the runtime's throughput hint picks on these threads
         streams = open_sessions(record.engine, art.path / record.path,
                                 EngineOptions.for_variant(record, settings.threads), None)
