@@ -21,6 +21,8 @@ import argparse
 import asyncio
 import json
 import multiprocessing as mp
+import os
+import resource
 import signal
 import statistics
 import subprocess
@@ -195,12 +197,29 @@ def batch_metrics(port: int) -> dict[str, float] | None:
     return values if len(values) == len(names) else None
 
 
-def measure(port: int, bodies: list[bytes], clients: int, requests: int, max_s: float) -> dict:
-    """One closed-loop phase, with how kiln serve packed its batches during it (when the server says)."""
+def cpu_seconds(pid: int | None = None) -> float:
+    """User + system CPU seconds of this process (``pid`` None) or of process ``pid`` (Linux /proc), all threads."""
+    if pid is None:
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        return usage.ru_utime + usage.ru_stime
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime (fields 14, 15)
+
+
+def measure(port: int, bodies: list[bytes], clients: int, requests: int, max_s: float,
+            server_pid: int | None = None) -> dict:
+    """One closed-loop phase, with how kiln serve packed its batches during it (when the server says) and how many
+    of the machine's cores the load generator and the server used: on one machine they share the cores."""
     before = batch_metrics(port)
+    cpu_before = cpu_seconds(), cpu_seconds(server_pid) if server_pid else 0.0
     phase = asyncio.run(closed_loop(port, bodies, clients, requests, max_s))
+    cpu_after = cpu_seconds(), cpu_seconds(server_pid) if server_pid else 0.0
     after = batch_metrics(port)
     row = phase.summary()
+    if phase.wall_s:
+        row["cores_used"] = {"load_generator": (cpu_after[0] - cpu_before[0]) / phase.wall_s}
+        if server_pid:
+            row["cores_used"]["server"] = (cpu_after[1] - cpu_before[1]) / phase.wall_s
     if before and after:  # how the batcher packed this phase, and how busy it kept the engine
         delta = {k: after[k] - before[k] for k in after}
         batches = delta["kiln_batch_size_count"] or 1
@@ -218,11 +237,13 @@ def sweep(command: list[str], bodies: list[bytes], concurrency: list[int], reque
     try:
         for clients in concurrency:
             asyncio.run(closed_loop(port, bodies, clients, max(2 * clients, 64), max_s))  # warm-up
-            runs = sorted((measure(port, bodies, clients, requests, max_s) for _ in range(rounds)),
+            runs = sorted((measure(port, bodies, clients, requests, max_s, proc.pid) for _ in range(rounds)),
                           key=lambda r: r["throughput_per_s"])
             rows[clients] = row = {**runs[len(runs) // 2], "rounds": [r["throughput_per_s"] for r in runs]}
             packing = (f"  batches {row['batches']['count']} of mean {row['batches']['mean_size']:.1f}, engine busy "
                        f"{100 * row['batches']['engine_busy']:.0f}%") if "batches" in row else ""
+            cores = row.get("cores_used", {})
+            packing += "".join(f", {name.replace('_', ' ')} {used:.2f} cores" for name, used in cores.items())
             print(f"  {clients:>3} clients: {row['throughput_per_s']:7.1f} req/s  p50 {row['p50_ms']:7.1f} ms  "
                   f"p90 {row['p90_ms']:7.1f}  p99 {row['p99_ms']:7.1f}  statuses {row['statuses']}{packing}",
                   flush=True)

@@ -76,9 +76,14 @@ def _cache_dir(kind: str) -> Path:
     return CACHE / f"{kind}-{key}-{versions}"
 
 
-def _train(model, batches, epochs: int, lr: float) -> None:
+def _train(model, batches, epochs: int, lr: float, frozen_layers: int = 0) -> None:
+    """``frozen_layers``: the embeddings and this many of the lowest encoder layers keep the bundled weights, so the
+    backward pass stops above them (CI trains these heads on every fresh clone)."""
     torch.manual_seed(0)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    if frozen_layers:
+        for module in (model.bert.embeddings, *model.bert.encoder.layer[:frozen_layers]):
+            module.requires_grad_(False)
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr)
     model.train()
     for _ in range(epochs):
         for batch in batches:
@@ -114,7 +119,7 @@ def sentiment_model() -> Path:
         batch = tokenizer([d["text"] for d in chunk], padding=True, return_tensors="pt")
         batch["labels"] = torch.tensor([int(d["label"] == "positive") for d in chunk])
         batches.append(batch)
-    _train(model, batches, epochs=2, lr=1e-4)
+    _train(model, batches, epochs=2, lr=1e-4, frozen_layers=3)
     target.parent.mkdir(parents=True, exist_ok=True)
     return _save(model, tokenizer, target)
 
@@ -150,7 +155,7 @@ def qa_model() -> Path:
         enc["start_positions"] = torch.tensor(starts)
         enc["end_positions"] = torch.tensor(ends)
         batches.append(enc)
-    _train(model, batches, epochs=2, lr=1e-4)
+    _train(model, batches, epochs=2, lr=1e-4, frozen_layers=3)
     target.parent.mkdir(parents=True, exist_ok=True)
     return _save(model, tokenizer, target)
 

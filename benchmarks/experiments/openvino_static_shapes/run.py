@@ -3,7 +3,7 @@
 Sorted batches of 32 of 1,024 held-out texts (10-200 tokens), padded to multiples of 16 (kiln's OpenVINO pad
 multiple), bf16 inference precision where the CPU has it, 2 threads; the two paths alternate for four rounds.
 
-    python benchmarks/experiments/openvino_static_shapes/run.py ARTIFACT   # an optimize output with openvino-fp32
+    python benchmarks/experiments/openvino_static_shapes/run.py ARTIFACT [VARIANT]   # default openvino-fp32
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 
-def main(artifact: Path) -> None:
+def main(artifact: Path, variant: str = "openvino-fp32") -> None:
     import openvino as ov
 
     from kiln.artifact.directory import Artifact
@@ -34,7 +34,7 @@ def main(artifact: Path) -> None:
 
     batches = [padded(encoder.collate([encodings[i] for i in order[s : s + 32]])) for s in range(0, 1024, 32)]
     core = ov.Core()
-    xml = str(artifact / "openvino-fp32" / "model.xml")
+    xml = str(artifact / variant / "model.xml")
     config = {"INFERENCE_PRECISION_HINT": "bf16" if cpu_info().has_bf16 else "f32", "PERFORMANCE_HINT": "LATENCY",
               "INFERENCE_NUM_THREADS": 2}
     dynamic = core.compile_model(core.read_model(xml), "CPU", config)
@@ -64,4 +64,4 @@ def main(artifact: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    main(Path(sys.argv[1]), *sys.argv[2:3])
