@@ -7,6 +7,8 @@ Measured in one run, on the same texts (single texts of mixed length, 10-200 tok
   * a one-request-per-forward FastAPI server (benchmarks/naive_server.py) at the same concurrencies;
   * overload: 4x more clients than --max-concurrent (answered / 429 rejected / lost);
   * SIGTERM while 64 clients send (sent / answered / refused at connect / lost after being accepted).
+Each kiln serve phase also records the cores the load generator and the server used (``cores_used``): they share
+the machine's cores here.
 
 The clients are a small asyncio HTTP/1.1 loop on raw sockets (keep-alive; no client library) so that on a
 2-core machine the load generator takes as little CPU from the server as possible. Every phase is bounded
