@@ -194,6 +194,7 @@ def test_without_a_serving_default_a_server_runs_one_single_thread_session_per_c
     real = cpu.cpu_info()
     monkeypatch.setattr(cpu, "cpu_info", lambda: replace(real, usable_cores=4))
     assert server_sessions(art, variant, threads=None, sessions=None)[:3] == (1, 4, 4)
+    assert server_sessions(art, variant, threads=None, sessions=None, deterministic=True)[:3] == (1, 4, None)
     assert server_sessions(art, variant, threads=None, sessions=1) == (None, 1, None, "--threads/--sessions")
     assert server_sessions(art, variant, threads=3, sessions=None)[:3] == (3, None, None)
     monkeypatch.setattr(cpu, "cpu_info", lambda: replace(real, usable_cores=1))

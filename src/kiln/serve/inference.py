@@ -120,10 +120,7 @@ def load_served(name: str, path: Path, limits: BatchLimits, metrics: Metrics, *,
     variant = served_variant(artifact, deterministic=deterministic)
     record = artifact.variant(variant)
     threads, sessions, solo, why = server_sessions(artifact, variant, threads=threads, sessions=sessions,
-                                                   device=device)
-    # --deterministic promises an answer independent of what else runs; the solo session computes on another
-    # number of threads than the sessions, which may change its last bits, so a deterministic server has none.
-    solo = None if deterministic else solo
+                                                   device=device, deterministic=deterministic)
     plan = replace(artifact.serving_plan(variant, threads=threads, sessions=sessions, device=device),
                    solo_threads=solo)
     log.info("model %s: %s on %s, %d session(s) x %s thread(s)%s (%s)", name, variant, device, plan.sessions,
@@ -161,10 +158,12 @@ def load_served(name: str, path: Path, limits: BatchLimits, metrics: Metrics, *,
 
 
 def server_sessions(artifact: Artifact, variant: str, *, threads: int | None, sessions: int | None,
-                    device: str = "cpu") -> tuple[int | None, int | None, int | None, str]:
+                    device: str = "cpu", deterministic: bool = False) -> tuple[int | None, int | None, int | None, str]:
     """Threads, sessions and solo threads a server runs ``variant`` with, and why: the caller's, else kiln bench's
     serving default, else, for a task served in batches, one single-thread session per usable core and a session of
-    all of them for a request that finds the server idle (the batcher's solo).
+    all of them for a request that finds the server idle (the batcher's solo; none under ``deterministic``, which
+    promises an answer independent of what else runs: the solo computes on another number of threads than the
+    sessions, which may change its last bits).
 
     A server's cores are shared with its event loop, its tokenization and (on a small box) its clients; one session
     of all threads then waits, at every op, for whichever of its threads was preempted, while single-thread sessions
@@ -187,6 +186,9 @@ def server_sessions(artifact: Artifact, variant: str, *, threads: int | None, se
     cores = cpu_info().usable_cores
     if cores < 2:
         return threads, sessions, None, "one usable core"
+    if deterministic:
+        return 1, cores, None, ("one single-thread session per usable core (--deterministic: no session of all cores "
+                                "for a request to an idle server); --sessions 1 for one session of all cores")
     return 1, cores, cores, ("one single-thread session per usable core under concurrent load, all cores for a "
                              "request to an idle server; --sessions 1 for one session of all cores")
 
