@@ -15,7 +15,7 @@ import pytest
 from kiln.artifact.directory import Artifact
 from kiln.artifact.manifest import read_manifest, seal
 from kiln.bench.compare import compare
-from kiln.bench.job import SERVING_FILE, SWEEP_PAD_MULTIPLES, BenchConfig, BenchJob, sweep_points
+from kiln.bench.job import SERVING_FILE, SWEEP_BATCH_SIZES, SWEEP_PAD_MULTIPLES, BenchConfig, BenchJob, sweep_points
 from kiln.bench.measure import padding_efficiency
 from kiln.bench.results import SCHEMA, read_results
 from kiln.choices import ExportFormat
@@ -85,7 +85,7 @@ def test_sweep_writes_the_serving_default_into_the_artifact(benched):
     variant = results.targets[1]
     grid = list(sweep_points(_cores()))
     points = [(p.sessions, p.threads, p.batch_size) for p in variant.sweep]
-    assert points[: len(grid)] == grid and {p.batch_size for p in variant.sweep} == {16, 32}
+    assert points[: len(grid)] == grid and {p.batch_size for p in variant.sweep} == set(SWEEP_BATCH_SIZES)
     assert {p.pad_multiple for p in variant.sweep[: len(grid)]} == {1}  # ONNX Runtime's own: no padding
     # then the padding multiples, each at the best point of the grid
     grid_best = max(variant.sweep[: len(grid)], key=lambda p: p.sorted_per_s)

@@ -233,7 +233,7 @@ def test_kiln_load_splits_the_cores_of_an_openvino_variant_and_runs_a_lone_batch
 
     import kiln
     import kiln.system.cpu as cpu
-    from kiln.artifact.directory import split_cores_plan
+    from kiln.artifact.directory import SPLIT_CORES_BATCH, split_cores_plan
     from kiln.optimize.job import OptimizeConfig, OptimizeJob
 
     out = tmp_path / "ov"
@@ -246,6 +246,7 @@ def test_kiln_load_splits_the_cores_of_an_openvino_variant_and_runs_a_lone_batch
     assert compiled.get_property("PERFORMANCE_HINT") == "THROUGHPUT"
     assert len(split.sessions) == int(compiled.get_property("NUM_STREAMS")) >= 2 and split.solo is not None
     assert len({id(s.compiled_model) for s in split.sessions}) == 1  # the weights once
+    assert split.batch_size == SPLIT_CORES_BATCH and kiln.load(out, "openvino-fp32", batch_size=32).batch_size == 32
     assert int(split.solo.compiled_model.get_property("INFERENCE_NUM_THREADS")) == 2
     one = kiln.load(out, "openvino-fp32", sessions=1)
     assert len(one.sessions) == 1 and one.solo is None

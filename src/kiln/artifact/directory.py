@@ -78,6 +78,7 @@ class Artifact:
                      device: str = "cpu", spin_wait: bool = True, split_cores: bool = False) -> ServingPlan:
         """How to run a variant: each setting from the caller, else from `kiln bench`'s serving default
         (serving.json), else kiln's default (all usable cores, 1 session, batches of 32, the engine's padding).
+        A split plan's batches default to ``SPLIT_CORES_BATCH``.
 
         ``split_cores`` (offline callers: ``kiln.load``, ``kiln embed``): where neither the caller nor serving.json
         says how, an OpenVINO variant of a one-pass task runs as many streams as OpenVINO's throughput hint picks
@@ -92,8 +93,9 @@ class Artifact:
         options = replace(EngineOptions.for_variant(self.variant(variant), threads, device), spin_wait=spin_wait)
         if solo_threads is None and sessions is None:
             sessions = default.sessions  # else None with a solo: the runtime picks the streams
-        return ServingPlan(options, sessions,
-                           batch_size if batch_size is not None else default.batch_size,
+        if batch_size is None:
+            batch_size = SPLIT_CORES_BATCH if solo_threads is not None else default.batch_size
+        return ServingPlan(options, sessions, batch_size,
                            pad_multiple if pad_multiple is not None else default.pad_multiple,
                            solo_threads)
 
@@ -168,6 +170,15 @@ class ServingPlan:
                             ("pad multiple", self.pad_multiple or 1)):
             if value < 1:
                 raise UsageError(f"{flag} must be at least 1 (got {value})")
+
+
+# The batch size of an offline pass split across single-thread streams (split_cores_plan) where serving.json does
+# not say. Smaller batches keep each stream's activations in cache: the peers' 1,024 texts end to end through
+# kiln.load(...).predict, openvino-int8-static MiniLM, 2-core AVX-512 VNNI EPYC, 5 alternated rounds
+# (benchmarks/experiments/offline_sessions/batch_size.py): batches of 8 227.1 texts/s, 12 226.0, 16 224.5, 32 211.2
+# (medians; every round of 8 beat every round of 32), the CPU's 2 MiB L2 per core holding a stream's batch; an earlier
+# CPU of this project ran 2 x 1 streams with batches of 16 ~1.2x faster than 1 x 2 with 32 (FIELD-NOTES).
+SPLIT_CORES_BATCH = 8
 
 
 def split_cores_plan(engine: str, task: str, device: str) -> int | None:
@@ -263,7 +274,8 @@ def load(path: str | Path, variant: str | None = None, *, threads: int | None = 
     """Open and verify an artifact and return a ready predictor for one of its variants.
 
     ``threads``, ``sessions``, ``batch_size`` and ``pad_multiple`` default to the serving default ``kiln bench``
-    measured and wrote into the artifact (serving.json), else to all usable cores, 1, 32 and the engine's own.
+    measured and wrote into the artifact (serving.json), else to all usable cores, 1, 32 and the engine's own
+    (an OpenVINO variant of a one-pass task: the cores split into streams, batches of ``SPLIT_CORES_BATCH``).
     ``spin_wait=False``: ONNX Runtime's threads sleep between runs instead of spinning (load a speculative
     decoding's model and draft so: they take turns on the same cores).
     """

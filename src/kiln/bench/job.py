@@ -76,7 +76,7 @@ def _mix(config: BenchConfig, encoder, count: int) -> tuple[str, ...]:
     return tuple(length_mix(count, 10, min(200, encoder.max_length), seed=3, token_count=encoder.token_count))
 
 
-SWEEP_BATCH_SIZES = (16, 32)
+SWEEP_BATCH_SIZES = (8, 16, 32)
 # Tried at the best (sessions, threads, batch size): coarser buckets mean more padding but fewer distinct shapes,
 # which runtimes that compile per shape (OpenVINO's CPU plugin) reuse.
 SWEEP_PAD_MULTIPLES = (1, 8, 16, 32)

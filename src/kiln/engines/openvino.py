@@ -53,6 +53,12 @@ class OpenVinoEngine:
             raise ArtifactError(f"OpenVINO cannot load {path}: {err}") from err
         self.streams = int(self.compiled_model.get_property("NUM_STREAMS"))
         self._request = self.compiled_model.create_infer_request()
+        # The binding's first tensor-to-numpy conversion builds a function-local static map of numpy dtypes
+        # (OpenVINO's Common::type_helpers::ov_type_to_dtype) by calling into numpy. Two sessions making their
+        # first calls at once deadlocked on it (kiln.load's split plan, MiniLM, 2026-11-27; py-spy: one thread in
+        # __cxa_guard_acquire holding the GIL, the other inside the initializer waiting for the GIL). Building it
+        # here, on the one thread loading the engine, leaves no first call to race.
+        _ = self._request.get_input_tensor(0).data, self._request.get_output_tensor(0).data
         # The IR's weights file, mapped by OpenVINO; its pages are handed back after the first call (page_out).
         self._mapped = path.with_suffix(".bin")
         self._paged_out = False
