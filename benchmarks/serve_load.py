@@ -372,7 +372,8 @@ def main() -> int:
     print(f"texts: {len(texts)} distinct, tokens min/median/max {min(lengths)}/{statistics.median(lengths)}/"
           f"{max(lengths)}; {args.requests} requests per phase", flush=True)
     base = offline(args.artifact, stream, args.threads, args.rounds)
-    print(f"offline ({base['variant']}, {base['threads']} threads, tokenization included): batched (32, sorted) "
+    print(f"offline ({base['variant']}, {base['threads']} threads, tokenization included): "
+          f"batched ({base['batch_size']}, sorted) "
           f"{base['throughput_per_s']:.1f} texts/s; one at a time {base['batch1_throughput_per_s']:.1f} texts/s "
           f"(so batching can gain at most {base['throughput_per_s'] / base['batch1_throughput_per_s']:.2f}x over "
           "one forward per request here)", flush=True)
