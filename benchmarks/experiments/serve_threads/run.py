@@ -1,0 +1,87 @@
+"""Where a `kiln serve` process's CPU goes under 64 closed-loop clients: cores used per thread group (Linux /proc),
+with the batches the server formed (issue 27).
+
+Python threads are named from a py-spy dump of the server (py-spy must be on PATH or beside this interpreter);
+threads py-spy does not list are the engine's own (OpenVINO's stream threads, ONNX Runtime's pool).
+
+    python benchmarks/experiments/serve_threads/run.py kiln-out/best [--rounds 3] [-- extra kiln serve options]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # benchmarks/, for serve_load
+from serve_load import batch_metrics, closed_loop, start, stop  # noqa: E402
+
+ENGINE_OWN = "engine's own threads"
+
+
+def cpu_by_thread(pid: int) -> dict[str, float]:
+    """CPU seconds (user + system) of each thread of ``pid``, by thread id."""
+    seconds = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            fields = Path(f"/proc/{pid}/task/{tid}/stat").read_text().rpartition(")")[2].split()
+        except OSError:  # the thread ended
+            continue
+        seconds[tid] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return seconds
+
+
+def python_thread_names(pid: int) -> dict[str, str]:
+    """Thread id -> Python thread name, without the pool index (kiln-tokenize_1 -> kiln-tokenize)."""
+    spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    dump = subprocess.run([spy, "dump", "--pid", str(pid)], capture_output=True, text=True, check=True).stdout
+    return {m.group(1): m.group(2).rstrip("0123456789_-") for m in
+            re.finditer(r'Thread (?:0x[0-9a-f]+ )?\(?(\d+)\)? \(\w+\): "([^"]+)"', dump)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("artifact")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--clients", type=int, default=64)
+    args, serve_args = parser.parse_known_args()  # the rest go to kiln serve
+    from kiln.artifact.directory import Artifact
+    from kiln.data.texts import length_mix
+
+    encoder = Artifact.open(args.artifact).encoder()
+    texts = length_mix(512, 10, 200, seed=11, token_count=encoder.token_count)  # serve_load.py's texts
+    bodies = [json.dumps({"inputs": t}).encode() for t in texts]
+    extra = [a for a in serve_args if a != "--"]
+    proc, port = start([sys.executable, "-m", "kiln", "serve", args.artifact, *extra])
+    try:
+        asyncio.run(closed_loop(port, bodies, args.clients, 4 * args.clients, 60))  # warm-up
+        for _ in range(args.rounds):
+            cpu_before, batches_before, began = cpu_by_thread(proc.pid), batch_metrics(port), time.perf_counter()
+            phase = asyncio.run(closed_loop(port, bodies, args.clients, 1024, 60))
+            wall = time.perf_counter() - began
+            cpu_after, batches_after = cpu_by_thread(proc.pid), batch_metrics(port)
+            names = python_thread_names(proc.pid)
+            cores: dict[str, float] = {}
+            for tid, seconds in cpu_after.items():
+                group = names.get(tid, ENGINE_OWN)
+                cores[group] = cores.get(group, 0.0) + (seconds - cpu_before.get(tid, 0.0)) / wall
+            delta = {k: batches_after[k] - batches_before[k] for k in batches_after}
+            row = phase.summary()
+            print(f"{row['throughput_per_s']:.1f} req/s, p99 {row['p99_ms']:.0f} ms, batches of "
+                  f"{delta['kiln_batch_size_sum'] / delta['kiln_batch_size_count']:.1f}, padded tokens per input "
+                  f"{delta['kiln_batch_tokens_sum'] / delta['kiln_batch_size_sum']:.1f} | cores: "
+                  + ", ".join(f"{group} {used:.2f}" for group, used in sorted(cores.items(), key=lambda kv: -kv[1])
+                              if used >= 0.005), flush=True)
+    finally:
+        stop(proc)
+
+
+if __name__ == "__main__":
+    main()
