@@ -173,12 +173,12 @@ class ServingPlan:
 
 
 # The batch size of an offline pass split across single-thread streams (split_cores_plan) where serving.json does
-# not say. Smaller batches ran faster on single-thread streams (likely their activations staying in cache; not
-# measured): the peers' 1,024 texts end to end through
-# kiln.load(...).predict, openvino-int8-static MiniLM, 2-core AVX-512 VNNI EPYC, 5 alternated rounds
-# (benchmarks/experiments/offline_sessions/batch_size.py): batches of 8 227.1 texts/s, 12 226.0, 16 224.5, 32 211.2
-# (medians; every round of 8 beat every round of 32); an earlier
-# CPU of this project ran 2 x 1 streams with batches of 16 ~1.2x faster than 1 x 2 with 32 (FIELD-NOTES).
+# not say. Measured: the peers' 1,024 texts end to end through kiln.load(...).predict, openvino-int8-static MiniLM,
+# 2-core AVX-512 VNNI EPYC, 5 alternated rounds (benchmarks/experiments/offline_sessions/batch_size.py): batches
+# of 8 227.1 texts/s, 12 226.0, 16 224.5, 32 211.2 (medians; every round of 8 beat every round of 32). Why smaller
+# batches run faster on a single-thread stream (activations staying in cache?) was not measured, nor was 8 on the
+# AMX or AVX2-only CPUs; an earlier CPU of this project ran 2 x 1 streams with batches of 16 ~1.2x faster than
+# 1 x 2 with 32 (FIELD-NOTES). kiln bench's sweep measures it on the machine at hand (serving.json).
 SPLIT_CORES_BATCH = 8
 
 
