@@ -7,7 +7,11 @@ block-diagonal attention mask (a 4-D additive mask input), 2 rows per call. Both
 model through openvino.convert_model, run at the fp32 precision hint on one request of 2 threads; 3 alternated
 rounds over the peers' 1,024 held-out texts.
 
-    python benchmarks/experiments/packed_sequences/run.py [--row 256]
+``--window N``: as a server sees them instead: the texts in a random order, taken N at a time, each window sorted
+and cut on its own, padded by kiln serve's least-cost partition (``kiln.serve.batcher.partition``, default limits)
+and packed into rows — the batcher's view of the requests waiting, without its arrival order.
+
+    python benchmarks/experiments/packed_sequences/run.py [--row 256] [--window 32]
 """
 
 from __future__ import annotations
@@ -51,10 +55,24 @@ class Packed(torch.nn.Module):
                          token_type_ids=torch.zeros_like(input_ids)).last_hidden_state
 
 
-def padded_batches(ids: list[list[int]], order: list[int], size: int = 8) -> list[tuple]:
+def windows(ids: list[list[int]], order: list[int], window: int | None) -> list[list[int]]:
+    """The whole sorted order as one window, or a random order cut into sorted windows of ``window`` texts."""
+    if window is None:
+        return [order]
+    shuffled = list(order)
+    np.random.default_rng(0).shuffle(shuffled)
+    return [sorted(shuffled[s:s + window], key=lambda i: len(ids[i])) for s in range(0, len(shuffled), window)]
+
+
+def padded_batches(ids: list[list[int]], order: list[int], size: int = 8, served: bool = False) -> list[tuple]:
+    """Batches of ``size`` in ``order``, or where ``served``, kiln serve's least-cost groups of it."""
+    from kiln.serve.batcher import BatchLimits, partition
+
+    cuts = partition([len(ids[i]) for i in order], BatchLimits()) if served else \
+        [(s, min(s + size, len(order))) for s in range(0, len(order), size)]
     batches = []
-    for start in range(0, len(order), size):
-        group = order[start:start + size]
+    for start, end in cuts:
+        group = order[start:end]
         width = pad16(max(len(ids[i]) for i in group))
         tokens, mask = np.zeros((len(group), width), np.int64), np.zeros((len(group), width), np.int64)
         for row, i in enumerate(group):
@@ -96,6 +114,7 @@ def packed_batches(ids: list[list[int]], order: list[int], row_tokens: int, rows
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--row", type=int, default=256, help="most tokens in one packed row")
+    parser.add_argument("--window", type=int, default=None, help="texts per window, as a server batches them")
     args = parser.parse_args()
     path = str(bundled_model_dir())
     tokenizer = AutoTokenizer.from_pretrained(path)
@@ -111,8 +130,10 @@ def main() -> None:
         padded = core.compile_model(ov.convert_model(Padded(bert), example_input=(example, example)), "CPU", config)
         packed = core.compile_model(ov.convert_model(Packed(bert), example_input=(
             example[:1], example[:1], torch.zeros(1, 1, 16, 16))), "CPU", config)
-    by_padding, by_packing = padded_batches(ids, order), packed_batches(ids, order, args.row)
-    print(f"tokens run: real {sum(len(x) for x in ids)}, padded batches of 8 "
+    parts = windows(ids, order, args.window)
+    by_padding = [b for part in parts for b in padded_batches(ids, part, served=args.window is not None)]
+    by_packing = [b for part in parts for b in packed_batches(ids, part, args.row)]
+    print(f"tokens run: real {sum(len(x) for x in ids)}, padded {len(by_padding)} batches "
           f"{sum(t.size for _, t, _ in by_padding)}, packed rows of {args.row} "
           f"{sum(t.size for _, t, _, _ in by_packing)} ({sum(t.shape[0] for _, t, _, _ in by_packing)} rows)")
     padded_request, packed_request = padded.create_infer_request(), packed.create_infer_request()
