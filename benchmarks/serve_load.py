@@ -199,12 +199,14 @@ def batch_metrics(port: int) -> dict[str, float] | None:
     return values if len(values) == len(names) else None
 
 
-def cpu_seconds(pid: int | None = None) -> float:
-    """User + system CPU seconds of this process (``pid`` None) or of process ``pid`` (Linux /proc), all threads."""
+def cpu_seconds(pid: int | None = None, thread: int | None = None) -> float:
+    """User + system CPU seconds of this process (``pid`` None), of process ``pid`` (Linux /proc), all threads, or
+    of its one ``thread`` (a thread id: /proc/TID/stat would give the whole process's)."""
     if pid is None:
         usage = resource.getrusage(resource.RUSAGE_SELF)
         return usage.ru_utime + usage.ru_stime
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    stat = Path(f"/proc/{pid}/task/{thread}/stat" if thread is not None else f"/proc/{pid}/stat")
+    fields = stat.read_text().rpartition(")")[2].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime (fields 14, 15)
 
 

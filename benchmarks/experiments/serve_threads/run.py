@@ -11,17 +11,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import re
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # benchmarks/, for serve_load
-from serve_load import batch_metrics, closed_loop, start, stop  # noqa: E402
+from serve_load import closed_loop, cpu_seconds, measure, start, stop  # noqa: E402
 
 ENGINE_OWN = "engine's own threads"
 
@@ -30,11 +30,8 @@ def cpu_by_thread(pid: int) -> dict[str, float]:
     """CPU seconds (user + system) of each thread of ``pid``, by thread id."""
     seconds = {}
     for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            fields = Path(f"/proc/{pid}/task/{tid}/stat").read_text().rpartition(")")[2].split()
-        except OSError:  # the thread ended
-            continue
-        seconds[tid] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        with contextlib.suppress(OSError):  # the thread ended
+            seconds[tid] = cpu_seconds(pid, int(tid))
     return seconds
 
 
@@ -63,20 +60,17 @@ def main() -> None:
     try:
         asyncio.run(closed_loop(port, bodies, args.clients, 4 * args.clients, 60))  # warm-up
         for _ in range(args.rounds):
-            cpu_before, batches_before, began = cpu_by_thread(proc.pid), batch_metrics(port), time.perf_counter()
-            phase = asyncio.run(closed_loop(port, bodies, args.clients, 1024, 60))
-            wall = time.perf_counter() - began
-            cpu_after, batches_after = cpu_by_thread(proc.pid), batch_metrics(port)
-            names = python_thread_names(proc.pid)
+            before = cpu_by_thread(proc.pid)
+            row = measure(port, bodies, args.clients, 1024, 60)  # the phase, and the batches kiln serve formed
+            after, names = cpu_by_thread(proc.pid), python_thread_names(proc.pid)
             cores: dict[str, float] = {}
-            for tid, seconds in cpu_after.items():
+            for tid, seconds in after.items():
                 group = names.get(tid, ENGINE_OWN)
-                cores[group] = cores.get(group, 0.0) + (seconds - cpu_before.get(tid, 0.0)) / wall
-            delta = {k: batches_after[k] - batches_before[k] for k in batches_after}
-            row = phase.summary()
+                cores[group] = cores.get(group, 0.0) + (seconds - before.get(tid, 0.0)) / row["wall_s"]
+            batches = row["batches"]
             print(f"{row['throughput_per_s']:.1f} req/s, p99 {row['p99_ms']:.0f} ms, batches of "
-                  f"{delta['kiln_batch_size_sum'] / delta['kiln_batch_size_count']:.1f}, padded tokens per input "
-                  f"{delta['kiln_batch_tokens_sum'] / delta['kiln_batch_size_sum']:.1f} | cores: "
+                  f"{batches['mean_size']:.1f}, padded tokens per input "
+                  f"{batches['mean_padded_tokens'] / batches['mean_size']:.1f} | cores: "
                   + ", ".join(f"{group} {used:.2f}" for group, used in sorted(cores.items(), key=lambda kv: -kv[1])
                               if used >= 0.005), flush=True)
     finally:
