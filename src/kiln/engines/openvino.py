@@ -5,6 +5,7 @@ from __future__ import annotations
 import queue
 import threading
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -15,6 +16,17 @@ from kiln.errors import ArtifactError, missing_dependency
 from kiln.system.memory import page_out
 
 _PRECISION_HINT = {Precision.FP32: "f32", Precision.BF16: "bf16", Precision.FP16: "f16"}
+
+
+def prime_numpy_views(request: Any) -> None:
+    """Call on one thread before ``request``'s model (or any OpenVINO model) runs on several threads at once.
+
+    The binding's first tensor-to-numpy conversion builds a function-local static map of numpy dtypes (OpenVINO's
+    Common::type_helpers::ov_type_to_dtype) by calling into numpy. Two sessions making their first calls at once
+    deadlocked on it (kiln.load's split plan, MiniLM, 2026-11-27; py-spy: one thread in __cxa_guard_acquire holding
+    the GIL, the other inside the initializer waiting for the GIL). Built once per process, on one thread, it leaves
+    no first call to race."""
+    _ = request.get_input_tensor(0).data, request.get_output_tensor(0).data
 
 
 class OpenVinoEngine:
@@ -53,12 +65,7 @@ class OpenVinoEngine:
             raise ArtifactError(f"OpenVINO cannot load {path}: {err}") from err
         self.streams = int(self.compiled_model.get_property("NUM_STREAMS"))
         self._request = self.compiled_model.create_infer_request()
-        # The binding's first tensor-to-numpy conversion builds a function-local static map of numpy dtypes
-        # (OpenVINO's Common::type_helpers::ov_type_to_dtype) by calling into numpy. Two sessions making their
-        # first calls at once deadlocked on it (kiln.load's split plan, MiniLM, 2026-11-27; py-spy: one thread in
-        # __cxa_guard_acquire holding the GIL, the other inside the initializer waiting for the GIL). Building it
-        # here, on the one thread loading the engine, leaves no first call to race.
-        _ = self._request.get_input_tensor(0).data, self._request.get_output_tensor(0).data
+        prime_numpy_views(self._request)
         # The IR's weights file, mapped by OpenVINO; its pages are handed back after the first call (page_out).
         self._mapped = path.with_suffix(".bin")
         self._paged_out = False
