@@ -93,6 +93,29 @@ def test_waiting_inputs_are_grouped_by_length_and_vanished_clients_are_dropped(p
         assert max(batch) - min(batch) < 50, batches
 
 
+def test_the_partition_costs_batches_as_the_engine_pads_them(predictor):
+    # Lengths 3 and 15 on an engine padding to 16 tokens: together they cost one call of 2 x 16, apart two calls
+    # of 16 each, so with any per-call cost they go together. Costed on raw lengths (2 x 15 against 3 + 15) they
+    # were split, and collation padded each to 16 anyway.
+    encodings = predictor.encoder.encode(texts_of_lengths([3, 15], token_count=lambda t: len(
+        predictor.encoder.encode([t])[0].ids)))
+    assert sorted(len(e.ids) for e in encodings) == [3, 15]
+
+    async def scenario(batcher, engine):
+        engine.release.clear()
+        first = asyncio.ensure_future(batcher.submit(predictor.encoder.encode(["hold the engine"])))
+        await until(lambda: batcher._busy, "the first batch to reach the (held) engine")
+        engine.pad_multiple = 16
+        waiting = [asyncio.ensure_future(batcher.submit([e])) for e in encodings]
+        await asyncio.sleep(0)
+        engine.release.set()
+        await asyncio.gather(first, *waiting)
+        return engine.batches
+
+    batches = run_batcher(predictor, BatchLimits(max_delay_s=0.001, call_overhead_tokens=1), scenario)
+    assert batches[1:] == [[3, 15]], batches
+
+
 def test_a_second_session_runs_while_the_first_is_busy(predictor):
     second = Recording(predictor.engine)
 

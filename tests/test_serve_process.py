@@ -143,3 +143,25 @@ def test_a_server_child_that_hangs_silently_or_dies_fails_its_start_at_once():
     assert time.monotonic() - began < 5  # not the 120 s default deadline
     with pytest.raises(process.ServerStartError, match=r"killed by signal 9 \(SIGKILL\)"):
         process.start_server([sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"])
+
+
+def test_a_server_process_settles_its_heap_and_still_collects_cycles():
+    # In a process of its own: settle_heap changes the whole interpreter's collector.
+    script = """
+import gc, weakref
+from kiln.serve.heap import YOUNG_THRESHOLD, settle_heap
+loaded = [[i] for i in range(50_000)]  # what a loaded server holds
+settle_heap()
+assert gc.get_freeze_count() >= 50_000, gc.get_freeze_count()
+assert gc.get_threshold()[0] == YOUNG_THRESHOLD
+class Node: pass
+a, b = Node(), Node()
+a.other, b.other = b, a
+gone = weakref.ref(a)
+del a, b
+held = [[] for _ in range(YOUNG_THRESHOLD + 1_000)]  # net allocations past the threshold: a young collection
+assert gone() is None, "a cycle made after settling was not collected"
+print("ok")
+"""
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr

@@ -136,7 +136,7 @@ class TextEncoder:
         """Pad encodings to the longest of them (rounded up to ``multiple``); arrays by model input name."""
         rows = [e.ids for e in encodings]
         lengths = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
-        width = -(-int(lengths.max()) // multiple) * multiple
+        width = padded_width(int(lengths.max()), multiple)
         real = np.arange(width)[None, :] < lengths[:, None]
         count = int(lengths.sum())
         attended = real
@@ -154,6 +154,11 @@ class TextEncoder:
         arrays = {"input_ids": lambda: padded(rows, self.pad_id), "attention_mask": lambda: attended.astype(dtype),
                   "token_type_ids": lambda: padded((e.type_ids for e in encodings), 0)}
         return {name: arrays[name]() for name in self.input_names}
+
+
+def padded_width(length: int, multiple: int) -> int:
+    """The width a batch whose longest feature has ``length`` tokens is padded to (``collate``)."""
+    return -(-length // multiple) * multiple
 
 
 def _configured(tokenizer: Tokenizer, max_length: int | None) -> Tokenizer:

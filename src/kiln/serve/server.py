@@ -13,6 +13,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from kiln.log import configure
+from kiln.serve.heap import settle_heap
 
 DRAIN_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 # Connections accepted just before the signal may not have delivered their request yet; uvicorn closes such
@@ -36,6 +37,11 @@ class _DrainingServer(uvicorn.Server):
             for sig, handler in originals.items():
                 signal.signal(sig, handler)
 
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)  # the app's lifespan has loaded and warmed every model by now
+        if self.started:
+            settle_heap()  # the process is the server's alone (tests serving in-process keep their own collector)
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         for server in self.servers:

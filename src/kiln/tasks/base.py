@@ -217,6 +217,11 @@ class TaskSpec:
         """Combine the reduced features of each input into its result."""
         raise NotImplementedError
 
+    # True where finalize is a few array operations per feature, no per-token Python (a pooled vector, a row of
+    # logits): kiln serve then runs it on the event loop for small requests, where handing it to a worker thread
+    # would cost more than the work (kiln.serve.inference).
+    light_finalize: ClassVar[bool] = False
+
     def comparable(self, reduced: Any) -> np.ndarray:
         """A flat float vector for one feature, used by parity checks."""
         return np.asarray(reduced, dtype=np.float32).reshape(-1)

@@ -264,6 +264,8 @@ class FeatureExtraction(TaskSpec):
             pooled = pooled / np.clip(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12, None)
         return list(pooled)
 
+    light_finalize = True
+
     def finalize(self, prepared: Prepared, reduced: Sequence[Any], options: EmbedOptions, encoder) -> list[Any]:
         # Truncate, re-normalise, then quantize: sentence-transformers' order.
         def cut(vector: np.ndarray) -> np.ndarray:

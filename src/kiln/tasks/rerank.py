@@ -202,6 +202,8 @@ class Rerank(TaskSpec):
     def live_agreement(self, served: Any, reference: Any) -> float:
         return 1.0 - float(abs(self.scores([served])[0] - self.scores([reference])[0]))
 
+    light_finalize = True
+
     def finalize(self, prepared: Prepared, reduced: Sequence[Any], options: RerankOptions,
                  encoder) -> list[list[Ranked]]:
         scores = self.scores(reduced, options.raw_scores)

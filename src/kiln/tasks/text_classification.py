@@ -158,6 +158,8 @@ class TextClassification(TaskSpec):
     def reduce(self, outputs: dict[str, np.ndarray], attention_mask: np.ndarray) -> list[np.ndarray]:
         return list(outputs["logits"].astype(np.float32))
 
+    light_finalize = True
+
     def finalize(self, prepared: Prepared, reduced: Sequence[Any], options: ClassifyOptions,
                  encoder) -> list[list[LabelScore]]:
         results = []
