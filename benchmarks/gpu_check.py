@@ -70,11 +70,10 @@ def optimize(model: Path, out: Path) -> dict:
 
 def _texts(out: Path) -> list[str]:
     from kiln.artifact.directory import Artifact
-    from kiln.data import corpus
-    from kiln.data.texts import length_mix
+    from kiln.data.workloads import held_out_mix
 
     encoder = Artifact.open(out).encoder()
-    return length_mix(1024, 10, 200, seed=13, token_count=encoder.token_count, source=corpus.sentences("held-out"))
+    return held_out_mix(1024, encoder.token_count)
 
 
 def _timed(fn, texts: list[str]) -> tuple[float, object]:

@@ -79,13 +79,12 @@ def _prepare(artifact: Path, work: Path, count: int) -> dict:
     import numpy as np
 
     from kiln.artifact.directory import Artifact
-    from kiln.data import corpus
-    from kiln.data.texts import length_mix
+    from kiln.data.workloads import held_out_mix
     from kiln.tasks import task_spec
 
     art = Artifact.open(artifact)
     encoder = art.encoder()
-    texts = length_mix(count, 10, 200, seed=13, token_count=encoder.token_count, source=corpus.sentences("held-out"))
+    texts = held_out_mix(count, encoder.token_count)
     calibration = task_spec(art.task_config.task).calibration_inputs(encoder)  # kiln's default calibration
     encodings = encoder.encode(texts)
     order = sorted(range(len(texts)), key=lambda i: len(encodings[i].ids))

@@ -353,7 +353,7 @@ def main() -> int:
     args = parser.parse_args()
 
     from kiln.artifact.directory import Artifact
-    from kiln.data.texts import length_mix
+    from kiln.data.workloads import serving_mix
 
     art = Artifact.open(args.artifact)
     from kiln.tasks import task_spec
@@ -361,7 +361,7 @@ def main() -> int:
     if not task_spec(art.task_config.task).embeds:
         sys.exit("this benchmark sends /embed requests: give it a feature-extraction artifact")
     encoder = art.encoder()
-    texts = length_mix(args.texts, 10, 200, seed=11, token_count=encoder.token_count)
+    texts = serving_mix(args.texts, encoder.token_count)
     lengths = [len(e.ids) for e in encoder.encode(texts)]
     bodies = [json.dumps({"inputs": t}).encode() for t in texts]
     concurrency = [int(c) for c in args.concurrency.split(",")]

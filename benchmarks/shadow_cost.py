@@ -60,10 +60,10 @@ def main() -> int:
     args = parser.parse_args()
 
     from kiln.artifact.directory import Artifact
-    from kiln.data.texts import length_mix
+    from kiln.data.workloads import serving_mix
 
     encoder = Artifact.open(args.artifact).encoder()
-    texts = length_mix(512, 10, 200, seed=11, token_count=encoder.token_count)
+    texts = serving_mix(512, encoder.token_count)
     bodies = [json.dumps({"inputs": t}).encode() for t in texts]
     base = [sys.executable, "-m", "kiln", "serve", args.artifact]
     commands = {"plain": base, "shadowed": [*base, "--shadow-rate", str(args.rate)]}

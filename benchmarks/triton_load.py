@@ -45,7 +45,7 @@ def main() -> int:
     args = parser.parse_args()
 
     from kiln.artifact.directory import Artifact
-    from kiln.data.texts import length_mix
+    from kiln.data.workloads import serving_mix
     from kiln.integrations.triton.repository import TritonConfig, write_repository
     from kiln.integrations.triton.server import find_install, start_triton
 
@@ -54,7 +54,7 @@ def main() -> int:
         sys.exit(install)
     art = Artifact.open(args.artifact)
     encoder = art.encoder()
-    texts = length_mix(args.texts, 10, 200, seed=11, token_count=encoder.token_count)
+    texts = serving_mix(args.texts, encoder.token_count)
     lengths = [len(e.ids) for e in encoder.encode(texts)]
     result: dict = {"artifact": args.artifact, "variant": art.variant_name(), "clients": args.clients,
                     "requests": args.requests, "tokens_median": statistics.median(lengths)}

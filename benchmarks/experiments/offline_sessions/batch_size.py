@@ -11,8 +11,7 @@ import statistics
 import time
 
 from kiln.artifact.directory import Artifact
-from kiln.data import corpus
-from kiln.data.texts import length_mix
+from kiln.data.workloads import held_out_mix
 
 
 def main() -> None:
@@ -27,8 +26,7 @@ def main() -> None:
     plan = artifact.serving_plan(variant, split_cores=True)
     predictor = artifact.predictor(variant, plan)
     # benchmarks/peers.py's texts: held-out sentences, 10-200 tokens
-    texts = length_mix(args.texts, 10, 200, seed=13, token_count=artifact.encoder().token_count,
-                       source=corpus.sentences("held-out"))
+    texts = held_out_mix(args.texts, artifact.encoder().token_count)
     sizes = [int(s) for s in args.sizes.split(",")]
     predictors = {size: predictor.with_batch_size(size) for size in sizes}
     for each in predictors.values():

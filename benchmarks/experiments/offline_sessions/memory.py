@@ -12,8 +12,7 @@ from __future__ import annotations
 import argparse
 
 import kiln
-from kiln.data import corpus
-from kiln.data.texts import length_mix
+from kiln.data.workloads import held_out_mix
 from kiln.system.cpu import cpu_info
 
 
@@ -30,8 +29,7 @@ def main() -> None:
     ways = {"split": {}, "streams": {"sessions": cpu_info().usable_cores, "threads": 1}, "one": {"sessions": 1}}
     predictor = kiln.load(args.artifact, **ways[args.way])
     loaded = rss_mib()
-    texts = length_mix(1024, 10, 200, seed=13, token_count=predictor.encoder.token_count,
-                       source=corpus.sentences("held-out"))
+    texts = held_out_mix(1024, predictor.encoder.token_count)
     predictor.predict(texts)
     passed = rss_mib()
     predictor.predict(texts[:3])

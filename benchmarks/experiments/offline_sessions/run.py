@@ -14,8 +14,7 @@ import statistics
 import time
 
 import kiln
-from kiln.data import corpus
-from kiln.data.texts import length_mix
+from kiln.data.workloads import held_out_mix
 from kiln.system.cpu import cpu_info
 
 
@@ -30,8 +29,7 @@ def main() -> None:
                "kiln.load's default": {}}
     predictors = {name: kiln.load(args.artifact, args.variant, **c) for name, c in configs.items()}
     first = next(iter(predictors.values()))
-    texts = length_mix(1024, 10, 200, seed=13, token_count=first.encoder.token_count,
-                       source=corpus.sentences("held-out"))
+    texts = held_out_mix(1024, first.encoder.token_count)
     for predictor in predictors.values():
         predictor.predict(texts)  # warm-up: the engine's first shapes
     rates: dict[str, list[float]] = {name: [] for name in predictors}

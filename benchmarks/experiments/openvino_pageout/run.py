@@ -14,8 +14,7 @@ from pathlib import Path
 
 import kiln
 import kiln.engines.openvino
-from kiln.data import corpus
-from kiln.data.texts import length_mix
+from kiln.data.workloads import held_out_mix
 
 
 def main() -> None:
@@ -23,8 +22,7 @@ def main() -> None:
     if mode == "off":
         kiln.engines.openvino.page_out = lambda path: 0
     predictor = kiln.load(artifact)
-    texts = length_mix(256, 10, 200, seed=13, token_count=predictor.encoder.token_count,
-                       source=corpus.sentences("held-out"))
+    texts = held_out_mix(256, predictor.encoder.token_count)
     predictor.predict(texts)
     rates = []
     for _ in range(3):

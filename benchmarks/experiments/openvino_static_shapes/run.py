@@ -19,12 +19,11 @@ def main(artifact: Path, variant: str = "openvino-fp32") -> None:
     import openvino as ov
 
     from kiln.artifact.directory import Artifact
-    from kiln.data import corpus
-    from kiln.data.texts import length_mix
+    from kiln.data.workloads import held_out_mix
     from kiln.system.cpu import cpu_info
 
     encoder = Artifact.open(artifact).encoder()
-    texts = length_mix(1024, 10, 200, seed=13, token_count=encoder.token_count, source=corpus.sentences("held-out"))
+    texts = held_out_mix(1024, encoder.token_count)
     encodings = encoder.encode(texts)
     order = sorted(range(len(texts)), key=lambda i: len(encodings[i].ids))
 

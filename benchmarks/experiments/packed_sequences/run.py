@@ -25,8 +25,7 @@ import openvino as ov
 import torch
 from transformers import AutoModel, AutoTokenizer
 
-from kiln.data import corpus
-from kiln.data.texts import length_mix
+from kiln.data.workloads import held_out_mix
 from kiln.model.source import bundled_model_dir
 
 MASKED = -1e9  # additive mask value: a position a query must not attend to
@@ -119,8 +118,7 @@ def main() -> None:
     path = str(bundled_model_dir())
     tokenizer = AutoTokenizer.from_pretrained(path)
     bert = AutoModel.from_pretrained(path, attn_implementation="eager").eval().requires_grad_(False)
-    texts = length_mix(1024, 10, 200, seed=13, token_count=lambda t: len(tokenizer(t)["input_ids"]),
-                       source=corpus.sentences("held-out"))
+    texts = held_out_mix(1024, lambda t: len(tokenizer(t)["input_ids"]))
     ids = [tokenizer(t)["input_ids"] for t in texts]
     order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
     core = ov.Core()

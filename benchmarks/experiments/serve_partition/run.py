@@ -16,7 +16,7 @@ import argparse
 import random
 
 from kiln.artifact.directory import Artifact
-from kiln.data.texts import length_mix
+from kiln.data.workloads import serving_mix
 from kiln.runtime.tokenization import padded_width
 from kiln.serve.batcher import BatchLimits, partition
 
@@ -46,7 +46,7 @@ def main() -> None:
     parser.add_argument("--multiples", default="16,8")
     args = parser.parse_args()
     encoder = Artifact.open(args.artifact).encoder()
-    texts = length_mix(512, 10, 200, seed=11, token_count=encoder.token_count)  # serve_load.py's texts
+    texts = serving_mix(512, encoder.token_count)
     lengths = [len(e.ids) for e in encoder.encode(texts, truncate=True)]
     limits = BatchLimits()
     print(f"{len(lengths)} texts, real mean {sum(lengths) / len(lengths):.1f} tokens; window {args.window} requests, "

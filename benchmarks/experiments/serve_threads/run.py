@@ -50,10 +50,10 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=64)
     args, serve_args = parser.parse_known_args()  # the rest go to kiln serve
     from kiln.artifact.directory import Artifact
-    from kiln.data.texts import length_mix
+    from kiln.data.workloads import serving_mix
 
     encoder = Artifact.open(args.artifact).encoder()
-    texts = length_mix(512, 10, 200, seed=11, token_count=encoder.token_count)  # serve_load.py's texts
+    texts = serving_mix(512, encoder.token_count)
     bodies = [json.dumps({"inputs": t}).encode() for t in texts]
     extra = [a for a in serve_args if a != "--"]
     proc, port = start([sys.executable, "-m", "kiln", "serve", args.artifact, *extra])
