@@ -2,10 +2,10 @@
 
 Which features go together: the look-ahead window (the features of the oldest ``window_requests`` requests, at
 most ``window`` of them) is sorted by length and cut into contiguous groups that minimise the total cost, sum over
-groups of (``call_overhead_tokens`` + longest x count), within ``max_batch_size`` and ``max_batch_tokens`` (padded
-cost) per group; the group holding the oldest feature runs next, so nothing starves. On a CPU the per-token cost
-barely falls past batch ~8, so one 64-wide batch of mixed lengths (half of it padding) is slower than several
-batches of similar lengths; the cost model makes that cut.
+groups of (``call_overhead_tokens`` + widest x count, widths padded to the engine's multiple as collation pads),
+within ``max_batch_size`` and ``max_batch_tokens`` (padded cost) per group; the group holding the oldest feature
+runs next, so nothing starves. On a CPU the per-token cost barely falls past batch ~8, so one 64-wide batch of
+mixed lengths (half of it padding) is slower than several batches of similar lengths; the cost model makes that cut.
 
 When a batch closes: at once when a session is idle (waiting cannot help a lone request; one whose requests all found
 the server idle runs on the predictor's solo session of all cores where it has one); while every session runs,
@@ -48,9 +48,14 @@ class BatchLimits:
     window: int = 256  # features sorted together when choosing the next batch, at most
     # ... from at most this many of the oldest requests: a request is overtaken only by the ones within it. Measured
     # with benchmarks/serve_load.py (MiniLM int8, 64 clients, 2-core EPYC): 256 gave p99 697-791 ms, 32 620-632 ms
-    # and 24 565 ms at the same throughput (within its ±10% noise); inputs of one request group freely.
+    # and 24 565 ms at the same throughput (within its ±10% noise); inputs of one request group freely. With the
+    # partition on padded widths (benchmarks/experiments/serve_window/run.py, 2026-11-28, three alternations): 32
+    # 187.8 req/s at p99 545 ms, 24 183.2 at 532, 16 179.0 at 474: below ~24 a narrower window buys the tail with
+    # throughput (more padding), as a simulation of the batcher also finds (serve_partition/closed_loop.py).
     window_requests: int = 32
-    call_overhead_tokens: int = 64  # an engine call's fixed cost, in padded tokens (measured: 30-90 on CPU)
+    # An engine call's fixed cost, in padded tokens (measured: 30-90 on CPU; OpenVINO int8 MiniLM on single-thread
+    # streams ~16, plus ~3% of a call when its shape differs from the last: benchmarks/experiments/engine_shapes).
+    call_overhead_tokens: int = 64
 
     @property
     def batch_cap(self) -> int:
@@ -104,11 +109,12 @@ class _Request:
 
 @dataclass(order=True)
 class _Item:
-    # Padded to the engine's multiple (as collate will), so that the partition costs what the engine runs: on raw
-    # lengths it cut groups that collation then padded further. MiniLM int8 on OpenVINO (multiple 16), 64 clients:
-    # served batches padded these texts to 117.5-118.0 tokens per input; a replay of the partition over windows of
-    # 32 gives 117.9 on raw lengths and 113.0 on padded ones (sorted batches of 8: 111.8).
-    length: int
+    # The feature's length padded to the engine's multiple (as collate will), so that the partition costs what the
+    # engine runs: on raw lengths it cut groups that collation then padded further. MiniLM int8 on OpenVINO
+    # (multiple 16), 64 clients: served batches padded these texts to 117.5-118.0 tokens per input; a replay of the
+    # partition over windows of 32 (benchmarks/experiments/serve_partition/run.py) gives 117.9 on raw lengths and
+    # 113.0 on padded ones (sorted batches of 8: 111.8), and the server then measured 112.9-113.5.
+    width: int
     arrived: float = field(compare=False)
     encoding: Encoding = field(compare=False)
     request: _Request = field(compare=False)
@@ -245,7 +251,7 @@ class Batcher(OwnedLoop):
         oldest = window[0]
         window = sorted(window)
         at = next(k for k, item in enumerate(window) if item is oldest)
-        start, end = next(g for g in partition([i.length for i in window], self.limits) if g[0] <= at < g[1])
+        start, end = next(g for g in partition([i.width for i in window], self.limits) if g[0] <= at < g[1])
         batch = window[start:end]
         try:
             return batch, self._collate(batch)
@@ -257,8 +263,8 @@ class Batcher(OwnedLoop):
             return False
         if self._closing or self._busy < len(self._sessions) or len(self._pending) >= self.limits.batch_cap:
             return True
-        longest = max(i.length for i in self._pending)
-        if longest * len(self._pending) >= self.limits.max_batch_tokens:
+        widest = max(i.width for i in self._pending)
+        if widest * len(self._pending) >= self.limits.max_batch_tokens:
             return True
         return time.perf_counter() - self._pending[0].arrived >= self.limits.max_delay_s
 
