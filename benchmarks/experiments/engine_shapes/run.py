@@ -1,0 +1,73 @@
+"""What an engine call costs beside its tokens, on the sessions kiln.load's split plan opens (issue 27):
+  * by batch size at one length (tokens/s of all sessions at once): the per-call cost;
+  * the same 120 batches of mixed shapes (4-8 x 32-192 tokens) in a shuffled order, as kiln serve's batches come,
+    against grouped by shape, as sorted offline batches come: what a shape change between calls costs.
+Inputs are constant token ids (the speed of an int8 or float graph does not depend on them).
+
+    python benchmarks/experiments/engine_shapes/run.py kiln-out/best [--length 112] [--rounds 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from kiln.artifact.directory import Artifact
+
+
+def arrays(batch: int, length: int) -> dict[str, np.ndarray]:
+    shape = (batch, length)
+    return {"input_ids": np.full(shape, 1000, np.int64), "attention_mask": np.ones(shape, np.int64),
+            "token_type_ids": np.zeros(shape, np.int64)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("artifact")
+    parser.add_argument("--length", type=int, default=112)
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+    artifact = Artifact.open(args.artifact)
+    variant = artifact.variant_name()
+    engines = artifact.predictor(variant, artifact.serving_plan(variant, split_cores=True)).sessions
+    pool = ThreadPoolExecutor(len(engines))
+
+    def tokens_per_s(calls: list[tuple[int, int]], inputs: dict) -> float:
+        """All sessions at once, each taking every len(engines)-th call."""
+        def work(k: int) -> None:
+            for shape in calls[k :: len(engines)]:
+                engines[k].run(inputs[shape])
+
+        start = time.perf_counter()
+        list(pool.map(work, range(len(engines))))
+        return sum(b * n for b, n in calls) / (time.perf_counter() - start)
+
+    rng = random.Random(0)
+    mixed = [(rng.randint(4, 8), rng.choice(range(32, 208, 16))) for _ in range(120)]
+    sizes = [1, 2, 4, 6, 8, 12, 16]
+    inputs = {shape: arrays(*shape) for shape in {*mixed, *((b, args.length) for b in sizes)}}
+    for engine in engines:  # every shape compiled on every session before timing
+        for shape in inputs:
+            engine.run(inputs[shape])
+    by_size: dict[int, list[float]] = {b: [] for b in sizes}
+    orders = {"shuffled shapes": mixed, "grouped by shape": sorted(mixed, key=lambda s: (s[1], s[0]))}
+    by_order: dict[str, list[float]] = {name: [] for name in orders}
+    for _ in range(args.rounds):
+        for b in sizes:
+            by_size[b].append(tokens_per_s([(b, args.length)] * len(engines) * max(4, 96 // b), inputs))
+        for name, calls in orders.items():
+            by_order[name].append(tokens_per_s(calls, inputs))
+    print(f"{variant}: {len(engines)} session(s); tokens/s of all sessions, median of {args.rounds} rounds")
+    for b in sizes:
+        print(f"batch {b:2d} x {args.length}: {statistics.median(by_size[b]):8.0f}")
+    for name, rates in by_order.items():
+        print(f"{name}: {statistics.median(rates):8.0f} (rounds {', '.join(f'{r:.0f}' for r in rates)})")
+
+
+if __name__ == "__main__":
+    main()
