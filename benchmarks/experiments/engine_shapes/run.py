@@ -2,7 +2,7 @@
   * by batch size at one length (tokens/s of all sessions at once): the per-call cost;
   * the same 120 batches of mixed shapes (4-8 x 32-192 tokens) in a shuffled order, as kiln serve's batches come,
     against grouped by shape, as sorted offline batches come: what a shape change between calls costs.
-Inputs are constant token ids (the speed of an int8 or float graph does not depend on them).
+Inputs are the engines' warm-up rows repeated (the speed of an int8 or float graph does not depend on the ids).
 
     python benchmarks/experiments/engine_shapes/run.py kiln-out/best [--length 112] [--rounds 5]
 """
@@ -18,12 +18,12 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from kiln.artifact.directory import Artifact
+from kiln.engines.base import warmup_inputs
 
 
-def arrays(batch: int, length: int) -> dict[str, np.ndarray]:
-    shape = (batch, length)
-    return {"input_ids": np.full(shape, 1000, np.int64), "attention_mask": np.ones(shape, np.int64),
-            "token_type_ids": np.zeros(shape, np.int64)}
+def arrays(input_names: tuple[str, ...], batch: int, length: int) -> dict[str, np.ndarray]:
+    """``batch`` copies of the engines' warm-up row of ``length`` tokens."""
+    return {name: np.repeat(row, batch, axis=0) for name, row in warmup_inputs(input_names, length).items()}
 
 
 def main() -> None:
@@ -50,7 +50,7 @@ def main() -> None:
     rng = random.Random(0)
     mixed = [(rng.randint(4, 8), rng.choice(range(32, 208, 16))) for _ in range(120)]
     sizes = [1, 2, 4, 6, 8, 12, 16]
-    inputs = {shape: arrays(*shape) for shape in {*mixed, *((b, args.length) for b in sizes)}}
+    inputs = {shape: arrays(engines[0].input_names, *shape) for shape in {*mixed, *((b, args.length) for b in sizes)}}
     for engine in engines:  # every shape compiled on every session before timing
         for shape in inputs:
             engine.run(inputs[shape])

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from kiln.artifact.directory import Artifact
 from kiln.data.workloads import serving_mix
 from kiln.runtime.tokenization import padded_width
-from kiln.serve.batcher import BatchLimits, partition
+from kiln.serve.batcher import BatchLimits, next_group, partition
 
 Waiting = list[tuple[float, int]]  # (arrival time, length) in arrival order
 Policy = Callable[[Waiting, float], Waiting]
@@ -54,11 +54,16 @@ def simulate(policy: Policy, lengths: list[int], args: argparse.Namespace, seed:
             "p99_ms": 1000 * steady[int(0.99 * len(steady))], "padded": tokens / inputs}
 
 
-def oldest_group(window: Waiting, limits: BatchLimits, multiple: int, pick=None) -> Waiting:
+def oldest_group(window: Waiting, limits: BatchLimits, multiple: int) -> Waiting:
+    """kiln serve's choice (kiln.serve.batcher.next_group)."""
+    return [window[k] for k in next_group([padded_width(n, multiple) for _, n in window], limits)]
+
+
+def most_waited_group(window: Waiting, limits: BatchLimits, multiple: int, now: float) -> Waiting:
+    """The partition's group with the largest summed wait, instead of the one holding the oldest."""
     order = sorted(range(len(window)), key=lambda k: window[k][1])
     groups = partition([padded_width(window[k][1], multiple) for k in order], limits)
-    at = order.index(0)
-    start, end = pick(groups, order) if pick else next(g for g in groups if g[0] <= at < g[1])
+    start, end = max(groups, key=lambda g: sum(now - window[order[k]][0] for k in range(*g)))
     return [window[order[k]] for k in range(start, end)]
 
 
@@ -72,8 +77,7 @@ def policies(args: argparse.Namespace) -> dict[str, Policy]:
         def policy(waiting: Waiting, now: float) -> Waiting:
             if now - waiting[0][0] >= guard:
                 return oldest_group(waiting[:size], limits, multiple)
-            return oldest_group(waiting[:size], limits, multiple, pick=lambda groups, order: max(
-                groups, key=lambda g: sum(now - waiting[order[k]][0] for k in range(*g))))
+            return most_waited_group(waiting[:size], limits, multiple, now)
         return policy
 
     def adaptive(wide: int, narrow: int) -> Policy:

@@ -16,9 +16,10 @@ import argparse
 import random
 
 from kiln.artifact.directory import Artifact
+from kiln.bench.measure import padding_efficiency
 from kiln.data.workloads import serving_mix
 from kiln.runtime.tokenization import padded_width
-from kiln.serve.batcher import BatchLimits, partition
+from kiln.serve.batcher import BatchLimits, next_group
 
 
 def replay(lengths: list[int], window: int, multiple: int, padded: bool, limits: BatchLimits,
@@ -28,11 +29,7 @@ def replay(lengths: list[int], window: int, multiple: int, padded: bool, limits:
     waiting = [rng.choice(lengths) for _ in range(window)]  # in arrival order: waiting[0] is the oldest
     tokens = done = calls = 0
     while done < inputs:
-        order = sorted(range(len(waiting)), key=lambda k: waiting[k])
-        costed = [padded_width(waiting[k], multiple) if padded else waiting[k] for k in order]
-        at = order.index(0)
-        start, end = next(g for g in partition(costed, limits) if g[0] <= at < g[1])
-        chosen = {order[k] for k in range(start, end)}
+        chosen = set(next_group([padded_width(n, multiple) if padded else n for n in waiting], limits))
         tokens += padded_width(max(waiting[k] for k in chosen), multiple) * len(chosen)
         done, calls = done + len(chosen), calls + 1
         waiting = [n for k, n in enumerate(waiting) if k not in chosen] + [rng.choice(lengths) for _ in chosen]
@@ -56,10 +53,8 @@ def main() -> None:
             per_input, size = replay(lengths, args.window, multiple, padded, limits)
             print(f"multiple {multiple:2d}, partition on {'padded widths' if padded else 'raw lengths  '}: "
                   f"{per_input:6.1f} padded tokens per input, batches of {size:.1f}")
-        ordered = sorted(lengths)
-        offline = sum(padded_width(max(ordered[i:i + 8]), multiple) * len(ordered[i:i + 8])
-                      for i in range(0, len(ordered), 8))
-        print(f"multiple {multiple:2d}, sorted batches of 8 (offline): {offline / len(ordered):6.1f}")
+        offline = sum(lengths) / len(lengths) / padding_efficiency(lengths, 8, sort=True, multiple=multiple)
+        print(f"multiple {multiple:2d}, sorted batches of 8 (offline): {offline:6.1f}")
 
 
 if __name__ == "__main__":

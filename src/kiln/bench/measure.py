@@ -11,6 +11,7 @@ import numpy as np
 from tokenizers import Encoding
 
 from kiln.runtime.predictor import Predictor
+from kiln.runtime.tokenization import padded_width
 
 
 @dataclass(frozen=True)
@@ -88,8 +89,7 @@ def padding_efficiency(lengths: Sequence[int], batch_size: int, sort: bool, mult
     computed = 0
     for i in range(0, len(order), batch_size):
         chunk = order[i : i + batch_size]
-        width = -(-max(chunk) // multiple) * multiple
-        computed += width * len(chunk)
+        computed += padded_width(max(chunk), multiple) * len(chunk)
     return sum(lengths) / computed
 
 

@@ -23,7 +23,7 @@ import asyncio
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from tokenizers import Encoding
@@ -85,6 +85,15 @@ def partition(lengths: Sequence[int], limits: BatchLimits) -> list[tuple[int, in
     return groups[::-1]
 
 
+def next_group(widths: Sequence[int], limits: BatchLimits) -> list[int]:
+    """The next batch of a window of waiting features, given their padded widths in arrival order (index 0 is the
+    oldest): indices of the least-cost group of the width-sorted window that holds the oldest, in width order."""
+    order = sorted(range(len(widths)), key=widths.__getitem__)  # stable: arrival order within a width
+    at = order.index(0)
+    start, end = next(g for g in partition([widths[k] for k in order], limits) if g[0] <= at < g[1])
+    return order[start:end]
+
+
 @dataclass(frozen=True)
 class BatchTrace:
     """When one batch holding a request's inputs was formed, started on an engine and finished (perf_counter)."""
@@ -107,7 +116,7 @@ class _Request:
     alone: bool = False  # it arrived with nothing queued or running: it may run on all cores (Batcher's solo)
 
 
-@dataclass(order=True)
+@dataclass(eq=False)  # an item is itself: compared by identity
 class _Item:
     # The feature's length padded to the engine's multiple (as collate will), so that the partition costs what the
     # engine runs: on raw lengths it cut groups that collation then padded further. MiniLM int8 on OpenVINO
@@ -115,10 +124,10 @@ class _Item:
     # partition over windows of 32 (benchmarks/experiments/serve_partition/run.py) gives 117.9 on raw lengths and
     # 113.0 on padded ones (sorted batches of 8: 111.8), and the server then measured 112.9-113.5.
     width: int
-    arrived: float = field(compare=False)
-    encoding: Encoding = field(compare=False)
-    request: _Request = field(compare=False)
-    slot: int = field(compare=False)
+    arrived: float
+    encoding: Encoding
+    request: _Request
+    slot: int
 
 
 def _window_size(pending: list[_Item], limits: BatchLimits) -> int:
@@ -243,16 +252,12 @@ class Batcher(OwnedLoop):
                 item.request.future.set_exception(err)
 
     def _choose(self, window: list[_Item]) -> tuple[list[_Item], dict[str, Any] | Exception]:
-        """The next batch and its arrays: the least-cost group of the length-sorted ``window`` that holds the
+        """The next batch and its arrays: the least-cost group of the width-sorted ``window`` that holds the
         oldest feature (``window[0]``: the queue is in arrival order). Runs on the former thread.
 
         A collation error belongs to this batch alone (returned, so only its requests fail); an error in the
         partition search is the batcher's own bug and ends the loop (heard by its supervision)."""
-        oldest = window[0]
-        window = sorted(window)
-        at = next(k for k, item in enumerate(window) if item is oldest)
-        start, end = next(g for g in partition([i.width for i in window], self.limits) if g[0] <= at < g[1])
-        batch = window[start:end]
+        batch = [window[k] for k in next_group([i.width for i in window], self.limits)]
         try:
             return batch, self._collate(batch)
         except Exception as err:

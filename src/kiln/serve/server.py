@@ -37,7 +37,6 @@ class _DrainingServer(uvicorn.Server):
             for sig, handler in originals.items():
                 signal.signal(sig, handler)
 
-
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)  # the app's lifespan has loaded and warmed every model by now
         if self.started:
