@@ -142,7 +142,7 @@ def test_a_request_to_an_idle_server_runs_on_the_solo_session_and_one_behind_it_
         assert batcher.solo is solo
         solo.release.clear()
         first = asyncio.ensure_future(batcher.submit(predictor.encoder.encode(["to an idle server"])))
-        await until(lambda: batcher._free.qsize() == 0 and batcher._busy, "the lone request to hold every session")
+        await until(lambda: batcher._sessions.idle == 0 and batcher._busy, "the lone request to hold every session")
         behind = asyncio.ensure_future(batcher.submit(predictor.encoder.encode(["arrives while it runs"])))
         await asyncio.sleep(0.2)
         assert not behind.done()  # every session is held by the solo batch

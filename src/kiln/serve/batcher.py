@@ -12,9 +12,10 @@ the server idle runs on the predictor's solo session of all cores where it has o
 the next one is formed and collated (prefetched) when it is full by size or tokens, or when its oldest feature
 has waited ``max_delay``. Features of requests whose client went away are dropped before they cost compute; if
 a batch fails, every request in it gets the error, and if the loop itself dies every queued request does
-(``OwnedLoop``). Each session (engine instance, ``--sessions``) runs its batches on its own thread; sorting the
-window, the partition search and collation run on one more thread (the "former"), so the event loop only moves
-requests in and answers out: ~1 ms of partition per 256-input window would otherwise delay every other request.
+(``OwnedLoop``). Each session (engine instance, ``--sessions``) runs its batches on its own thread and takes the
+next formed batch there (kiln.serve.sessions); sorting the window, the partition search and collation run on one
+more thread (the "former"), so the event loop only moves requests in and answers out: ~1 ms of partition per
+256-input window would otherwise delay every other request.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from tokenizers import Encoding
@@ -32,6 +34,7 @@ from kiln.engines.base import Engine, warm_every_length
 from kiln.log import get_logger, request_id
 from kiln.runtime.predictor import Predictor
 from kiln.runtime.tokenization import padded_width
+from kiln.serve.sessions import Job, Sessions
 from kiln.serve.supervision import OwnedLoop
 
 DEFAULT_MAX_BATCH = 64
@@ -149,15 +152,6 @@ class BatchStats:
     inference_seconds: float
 
 
-class _Session:
-    """One engine instance and the one thread that runs it. Session 0 is the predictor's own engine, read at
-    call time (so a wrapped engine is honoured); further sessions own theirs."""
-
-    def __init__(self, engine: Engine | None, index: int) -> None:
-        self.engine = engine
-        self.thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"kiln-engine-{index}")
-
-
 class Batcher(OwnedLoop):
     kind = "batcher"
 
@@ -174,11 +168,10 @@ class Batcher(OwnedLoop):
         self.on_batch = on_batch
         self._pending: list[_Item] = []  # in arrival order
         self._wakeup = asyncio.Event()
-        self._sessions = [_Session(None, 0)] + [_Session(e, i + 1) for i, e in enumerate(extra_sessions)]
+        # Session 0 is the predictor's own engine, read at call time (so a wrapped engine is honoured).
+        self._sessions = Sessions([lambda: predictor.engine, *((lambda e=e: e) for e in extra_sessions)],
+                                  self.solo)
         self._former = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kiln-batch-former")
-        self._free: asyncio.Queue[_Session] = asyncio.Queue()  # sessions with no batch on them
-        for session in self._sessions:
-            self._free.put_nowait(session)
         self._slots = asyncio.Semaphore(len(self._sessions) + 1)  # a batch per session and one prefetched
         self._busy = 0  # batches taken and not finished
         self._slot_held = False  # the loop holds a slot for the batch it is forming (given back if it dies)
@@ -196,20 +189,15 @@ class Batcher(OwnedLoop):
         """The most inputs one engine call takes."""
         return self.limits.batch_cap
 
-    def _engine(self, session: _Session) -> Engine:
-        return session.engine or self.predictor.engine
-
     async def warmup(self) -> None:
         """Warm every session on the thread that will run it (runtimes keep per-thread state), each padded
         length bucket included where the engine builds kernels per shape."""
-        loop = asyncio.get_running_loop()
-        max_length = self.predictor.encoder.max_length
-        for session in self._sessions:
-            await loop.run_in_executor(session.thread, warm_every_length, self._engine(session), max_length,
-                                       self.predictor.pad_multiple)
+        warm = partial(warm_every_length, max_length=self.predictor.encoder.max_length,
+                       multiple=self.predictor.pad_multiple)
+        for index in range(len(self._sessions)):
+            await self._sessions.run_on(index, warm)
         if self.solo is not None:
-            await loop.run_in_executor(self._sessions[0].thread, warm_every_length, self.solo, max_length,
-                                       self.predictor.pad_multiple)
+            await self._sessions.run_solo(warm)
 
     async def submit(self, encodings: Sequence[Encoding], traces: list[BatchTrace] | None = None) -> list[Any]:
         """Reduced outputs per encoding, in order. Cancelling the awaiting task drops the request's work.
@@ -237,8 +225,7 @@ class Batcher(OwnedLoop):
         await self._join()
         if self._running:
             await asyncio.gather(*self._running, return_exceptions=True)
-        for session in self._sessions:
-            session.thread.shutdown(wait=True)
+        await asyncio.get_running_loop().run_in_executor(None, self._sessions.close)
         self._former.shutdown(wait=True)
 
     def fail_pending(self, err: Exception) -> None:
@@ -306,15 +293,6 @@ class Batcher(OwnedLoop):
             self._running.add(task)
             task.add_done_callback(self._running.discard)
 
-    def _take_all_sessions(self, batch: list[_Item]) -> list[_Session]:
-        """Every other session, when ``batch`` runs on the solo session: it is the only batch in flight, nothing is
-        queued, and each of its requests found the server idle; else none (the batch runs on its own session)."""
-        if self.solo is None or self._busy != 1 or self._pending or not all(i.request.alone for i in batch):
-            return []
-        if self._free.qsize() != len(self._sessions) - 1:
-            return []
-        return [self._free.get_nowait() for _ in range(len(self._sessions) - 1)]
-
     def _collate(self, batch: list[_Item]) -> dict[str, Any]:
         return self.predictor.encoder.collate([i.encoding for i in batch], multiple=self.predictor.pad_multiple)
 
@@ -322,29 +300,34 @@ class Batcher(OwnedLoop):
         """The forward pass and the task's pooling, both on the session's thread (off the event loop)."""
         return self.predictor.handler.run_batch(engine, arrays)
 
+    def _execute(self, batch: list[_Item], arrays: dict[str, Any], engine: Engine
+                 ) -> tuple[list[_Item], dict[str, Any], list[Any], float, float] | None:
+        """On the session's thread, when it takes the batch: drop the features whose client went away (recollating
+        the rest; None when none is left, so it costs nothing), then run it: (batch, arrays, outputs, start, end)."""
+        live = [i for i in batch if not i.request.future.done()]
+        if not live:
+            return None
+        if len(live) < len(batch):
+            batch, arrays = live, self._collate(live)
+        start = time.perf_counter()
+        reduced = self._forward(engine, arrays)
+        return batch, arrays, reduced, start, time.perf_counter()
+
     async def _run(self, batch: list[_Item], arrays: dict[str, Any] | Exception) -> None:
-        loop = asyncio.get_running_loop()
         try:
             if isinstance(arrays, Exception):
                 raise arrays
             formed = time.perf_counter()
             queued = formed - min(i.arrived for i in batch)
-            session = await self._free.get()
-            held = [session, *self._take_all_sessions(batch)]
-            try:
-                live = [i for i in batch if not i.request.future.done()]
-                if not live:
-                    return  # every client went away while the batch waited: it costs nothing
-                if len(live) < len(batch):
-                    batch = live
-                    arrays = await loop.run_in_executor(self._former, self._collate, live)
-                engine = self.solo if len(held) > 1 else self._engine(session)
-                start = time.perf_counter()
-                reduced = await loop.run_in_executor(session.thread, self._forward, engine, arrays)
-            finally:
-                for each in held:
-                    self._free.put_nowait(each)
-            finished = time.perf_counter()
+            # All cores for it only if it is the one batch in flight, nothing is queued, and each of its requests
+            # found the server idle (Sessions checks that every session is idle when it hands it over).
+            alone = self._busy == 1 and not self._pending and all(i.request.alone for i in batch)
+            job = Job(partial(self._execute, batch, arrays), asyncio.get_running_loop().create_future(), alone)
+            self._sessions.dispatch(job)
+            ran = await job.done
+            if ran is None:
+                return  # every client went away while the batch waited
+            batch, arrays, reduced, start, finished = ran
             self.on_batch(BatchStats(len(batch), int(arrays["input_ids"].size), queued, finished - start))
             if self.shadow is not None:
                 sampled = [(i.encoding, value) for i, value in zip(batch, reduced) if i.request.shadowed]

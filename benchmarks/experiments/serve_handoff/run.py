@@ -1,0 +1,89 @@
+"""How a batch reaches an engine session under 64 closed-loop clients, for two kiln source trees alternated round by
+round (issue 27): throughput, p99, and each session's idle time between its calls (timed on its thread by
+record_calls.py). Compare the working tree against an earlier commit checked out with ``git worktree add``:
+
+    git worktree add /tmp/kiln-before HEAD~1
+    python benchmarks/experiments/serve_handoff/run.py kiln-out/best --baseline-src /tmp/kiln-before/src [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parents[1]))  # benchmarks/, for serve_load
+from serve_load import closed_loop, measure, start, stop  # noqa: E402
+
+
+def idle_between_calls(path: Path, after: float) -> tuple[float, float]:
+    """(median gap ms, idle share of the span) between consecutive calls of each session, calls from ``after`` on."""
+    gaps, idle, span = [], 0.0, 0.0
+    for session in json.loads(path.read_text()).values():
+        session = [c for c in session if c[0] >= after]
+        own = [b[0] - a[1] for a, b in zip(session, session[1:])]
+        gaps += own
+        idle += sum(own)
+        span += session[-1][1] - session[0][0] if session else 0.0
+    return 1000 * statistics.median(gaps), idle / span if span else 0.0
+
+
+def phase(source: str | None, artifact: str, bodies: list[bytes], clients: int) -> dict:
+    """One server of ``source`` (None: this tree): warm-up, then a measured phase of 1,024 requests."""
+    env = os.environ.get("PYTHONPATH")
+    if source:
+        os.environ["PYTHONPATH"] = source  # the server imports kiln from there, ahead of the installed one
+    calls = Path(tempfile.mkstemp(suffix=".json")[1])
+    try:
+        proc, port = start([sys.executable, str(HERE / "record_calls.py"), str(calls), "serve", artifact])
+    finally:
+        os.environ.pop("PYTHONPATH", None) if env is None else os.environ.__setitem__("PYTHONPATH", env)
+    try:
+        asyncio.run(closed_loop(port, bodies, clients, 4 * clients, 60))  # warm-up
+        import time
+
+        began = time.perf_counter()  # the same clock as the server's (CLOCK_MONOTONIC, one machine)
+        row = measure(port, bodies, clients, 1024, 60)
+    finally:
+        stop(proc)
+    row["gap_ms"], row["idle"] = idle_between_calls(calls, began)
+    calls.unlink()
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("artifact")
+    parser.add_argument("--baseline-src", required=True, help="the src/ directory of the kiln to compare against")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--clients", type=int, default=64)
+    args = parser.parse_args()
+    from kiln.artifact.directory import Artifact
+    from kiln.data.workloads import serving_mix
+
+    texts = serving_mix(512, Artifact.open(args.artifact).encoder().token_count)
+    bodies = [json.dumps({"inputs": t}).encode() for t in texts]
+    trees = {"baseline": args.baseline_src, "this tree": None}
+    rows: dict[str, list[dict]] = {name: [] for name in trees}
+    for _ in range(args.rounds):
+        for name, source in trees.items():
+            row = phase(source, args.artifact, bodies, args.clients)
+            rows[name].append(row)
+            print(f"{name}: {row['throughput_per_s']:.1f} req/s, p99 {row['p99_ms']:.0f} ms, batches of "
+                  f"{row['batches']['mean_size']:.1f}, between calls {row['gap_ms']:.2f} ms (median), sessions idle "
+                  f"{100 * row['idle']:.1f}%", flush=True)
+    for name, runs in rows.items():
+        rates, p99s = [r["throughput_per_s"] for r in runs], [r["p99_ms"] for r in runs]
+        print(f"{name}: median {statistics.median(rates):.1f} req/s ({min(rates):.1f}-{max(rates):.1f}), p99 median "
+              f"{statistics.median(p99s):.0f} ms ({min(p99s):.0f}-{max(p99s):.0f}), sessions idle between calls "
+              f"{100 * statistics.median(r['idle'] for r in runs):.1f}%")
+
+
+if __name__ == "__main__":
+    main()
