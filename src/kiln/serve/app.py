@@ -30,6 +30,7 @@ from kiln.log import get_logger
 from kiln.serve import generation, playground, tei, tracing
 from kiln.serve.batcher import BatchLimits
 from kiln.serve.endpoints import HTTPError, JSONBody, error_content, not_ready, picked, post_endpoint
+from kiln.serve.fastlane import FastLane
 from kiln.serve.guard import Guard
 from kiln.serve.inference import Served, infer, load_served
 from kiln.serve.metrics import STOPPED, Metrics
@@ -63,6 +64,7 @@ class ServeConfig:
     protocols: tuple[WireProtocol, ...] = PROTOCOLS  # the APIs served (--protocols)
     grpc_port: int | None = None  # the v2 gRPC service's port (--grpc-port); None: no gRPC
     device: Device = Device.CPU  # where the engines run (--device): cuda/tensorrt are ONNX Runtime's GPU providers
+    fast_lane: bool = True  # valid inference bodies skip FastAPI's routing (kiln.serve.fastlane); tests compare
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "protocols", tuple(WireProtocol(p) for p in self.protocols))
@@ -94,6 +96,7 @@ def create_app(config: ServeConfig, tracer_provider: Any = None) -> FastAPI:
     # Which served models answer each route: fixed once the artifacts are known, read on every request.
     app.state.route_models = {r.path: [n for n, t in tasks.items() if r in task_spec(t).routes] for r in routes}
     app.state.path_protocols = {r.path: r.protocol for r in routes}
+    app.state.fast_routes = {}  # path -> (request model, endpoint): what the fast lane may answer itself
     for route in routes:
         MOUNTS[route.kind](app, route)
     _mount_probes(app, kiln_info=not tei.serves_info(config.protocols))
@@ -114,6 +117,8 @@ def create_app(config: ServeConfig, tracer_provider: Any = None) -> FastAPI:
             return path
         return "/v2/models/{name}/infer" if serves_v2 and V2_INFER.match(path) else None
 
+    if config.fast_lane:
+        app.add_middleware(FastLane, fastapi=app)  # inside the guard: admission control and ids stay as they are
     app.add_middleware(Guard, route_of=route_of, metrics=app.state.metrics, api_key=config.api_key,
                        max_body_bytes=config.max_body_bytes, max_concurrent=config.max_concurrent,
                        error=lambda path, kind, message: orjson.dumps(error_content(_protocol_of(app, path), kind,
@@ -191,6 +196,7 @@ def _mount_route(app: FastAPI, route: Route) -> None:
         return JSONBody(answer, headers=latency)
 
     post_endpoint(app, route, endpoint, TEI_ERRORS if route.protocol is WireProtocol.TEI else INFERENCE_ERRORS)
+    app.state.fast_routes[route.path] = (route.request, endpoint)
 
 
 # Route kind (tasks.http.Route.kind) -> how it is mounted.

@@ -61,7 +61,7 @@ class Guard:
             await self._refuse(send, url_path, path, 429, "overloaded", f"more than {self.max_concurrent} requests in "
                                "flight; retry shortly", reason="overloaded", extra=[(b"retry-after", b"1")])
             return
-        body = await _read_at_most(receive, self.max_body_bytes)  # also bounds chunked bodies with no length
+        body = await read_at_most(receive, self.max_body_bytes)  # also bounds chunked bodies with no length
         if body is None:
             await self._refuse(send, url_path, path, 413, "payload_too_large", f"request body is over the "
                                f"{self.max_body_bytes}-byte limit", reason="payload_too_large")
@@ -75,7 +75,7 @@ class Guard:
                 status["code"] = message["status"]
             await send(message)
 
-        work = asyncio.ensure_future(self.app(scope, _replay(body), counting_send))
+        work = asyncio.ensure_future(self.app(scope, replay(body), counting_send))
         gone = asyncio.ensure_future(receive())  # with the body read, the next message is http.disconnect
         try:
             await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
@@ -114,7 +114,8 @@ def _authorized(headers: dict[str, str], key: str) -> bool:
     return hmac.compare_digest(given.encode(), key.encode())
 
 
-async def _read_at_most(receive: Receive, limit: int) -> bytes | None:
+async def read_at_most(receive: Receive, limit: int | None) -> bytes | None:
+    """The whole request body; None once it passes ``limit`` bytes (None: no limit)."""
     chunks, size = [], 0
     while True:
         message = await receive()
@@ -122,21 +123,21 @@ async def _read_at_most(receive: Receive, limit: int) -> bytes | None:
             break
         chunks.append(message.get("body", b""))
         size += len(chunks[-1])
-        if size > limit:
+        if limit is not None and size > limit:
             return None
         if not message.get("more_body", False):
             break
     return b"".join(chunks)
 
 
-def _replay(body: bytes) -> Receive:
+def replay(body: bytes) -> Receive:
     """The body once; afterwards nothing (the guard itself watches for the disconnect)."""
     messages = [{"type": "http.request", "body": body, "more_body": False}]
 
-    async def replay() -> Message:
+    async def receive_once() -> Message:
         if messages:
             return messages.pop()
         await asyncio.Event().wait()  # never set: the guard cancels the app when the client goes
         raise AssertionError("unreachable")
 
-    return replay
+    return receive_once

@@ -1,9 +1,9 @@
-"""How a batch reaches an engine session under 64 closed-loop clients, for two kiln source trees alternated round by
-round (issue 27): throughput, p99, and each session's idle time between its calls (timed on its thread by
-record_calls.py). Compare the working tree against an earlier commit checked out with ``git worktree add``:
+"""Two kiln source trees' `kiln serve` under 64 closed-loop clients, alternated round by round (issue 27): throughput,
+p99, the event loop's CPU per request, and each engine session's idle time between its calls (timed on its thread
+by record_calls.py). Compare the working tree against an earlier commit checked out with ``git worktree add``:
 
     git worktree add /tmp/kiln-before HEAD~1
-    python benchmarks/experiments/serve_handoff/run.py kiln-out/best --baseline-src /tmp/kiln-before/src [--rounds 3]
+    python benchmarks/experiments/serve_ab/run.py kiln-out/best --baseline-src /tmp/kiln-before/src [--rounds 3]
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))  # benchmarks/, for serve_load
+sys.path.insert(0, str(HERE.parent / "serve_threads"))
+from run import cpu_by_thread, python_thread_names  # noqa: E402  (serve_threads/run.py)
 from serve_load import closed_loop, measure, start, stop  # noqa: E402
 
 
@@ -49,7 +51,11 @@ def phase(source: str | None, artifact: str, bodies: list[bytes], clients: int) 
         import time
 
         began = time.perf_counter()  # the same clock as the server's (CLOCK_MONOTONIC, one machine)
+        before = cpu_by_thread(proc.pid)
         row = measure(port, bodies, clients, 1024, 60)
+        after, names = cpu_by_thread(proc.pid), python_thread_names(proc.pid)
+        loop = sum(s - before.get(tid, 0.0) for tid, s in after.items() if names.get(tid) == "MainThread")
+        row["loop_us"] = 1e6 * loop / row["answered"]
     finally:
         stop(proc)
     row["gap_ms"], row["idle"] = idle_between_calls(calls, began)
@@ -76,12 +82,14 @@ def main() -> None:
             row = phase(source, args.artifact, bodies, args.clients)
             rows[name].append(row)
             print(f"{name}: {row['throughput_per_s']:.1f} req/s, p99 {row['p99_ms']:.0f} ms, batches of "
-                  f"{row['batches']['mean_size']:.1f}, between calls {row['gap_ms']:.2f} ms (median), sessions idle "
+                  f"{row['batches']['mean_size']:.1f}, event loop {row['loop_us']:.0f} us a request, "
+                  f"between calls {row['gap_ms']:.2f} ms (median), sessions idle "
                   f"{100 * row['idle']:.1f}%", flush=True)
     for name, runs in rows.items():
         rates, p99s = [r["throughput_per_s"] for r in runs], [r["p99_ms"] for r in runs]
         print(f"{name}: median {statistics.median(rates):.1f} req/s ({min(rates):.1f}-{max(rates):.1f}), p99 median "
-              f"{statistics.median(p99s):.0f} ms ({min(p99s):.0f}-{max(p99s):.0f}), sessions idle between calls "
+              f"{statistics.median(p99s):.0f} ms ({min(p99s):.0f}-{max(p99s):.0f}), event loop "
+              f"{statistics.median(r['loop_us'] for r in runs):.0f} us a request, sessions idle between calls "
               f"{100 * statistics.median(r['idle'] for r in runs):.1f}%")
 
 
