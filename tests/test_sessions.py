@@ -78,3 +78,32 @@ def test_the_lowest_idle_session_runs_first_and_a_solo_job_needs_every_session_i
             await asyncio.get_running_loop().run_in_executor(None, sessions.close)
 
     assert asyncio.run(scenario()) == ("zero", "one", "solo", 2)
+
+
+def test_small_jobs_queued_together_share_one_pool_turn_and_fail_alone():
+    from kiln.serve.coalesce import CoalescingPool
+
+    class Counting(CoalescingPool):
+        turns = 0
+
+        def submit(self, fn, /, *args, **kwargs):
+            Counting.turns += 1
+            return super().submit(fn, *args, **kwargs)
+
+    def job(k):
+        if k == 2:
+            raise ValueError("job 2 is bad")
+        return k * 10
+
+    async def scenario():
+        pool = Counting(max_workers=2)
+        try:
+            futures = [pool.coalesced(job, k) for k in range(5)]  # one loop step: the first starts a turn
+            return await asyncio.gather(*futures, return_exceptions=True)
+        finally:
+            pool.shutdown(wait=True)
+
+    outcomes = asyncio.run(scenario())
+    assert outcomes[:2] + outcomes[3:] == [0, 10, 30, 40] and isinstance(outcomes[2], ValueError)
+    # The first job's turn was submitted alone; the four queued behind it shared the next: two hops, not five.
+    assert Counting.turns == 2

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import re
 import time
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -29,6 +28,7 @@ from kiln.errors import KilnError, UsageError
 from kiln.log import get_logger
 from kiln.serve import generation, playground, tei, tracing
 from kiln.serve.batcher import BatchLimits
+from kiln.serve.coalesce import CoalescingPool
 from kiln.serve.endpoints import HTTPError, JSONBody, error_content, not_ready, picked, post_endpoint
 from kiln.serve.fastlane import FastLane
 from kiln.serve.guard import Guard
@@ -90,7 +90,7 @@ def create_app(config: ServeConfig, tracer_provider: Any = None) -> FastAPI:
     if tracer_provider is None and config.otlp_endpoint:
         tracer_provider = tracing.tracer_provider(config.otlp_endpoint)
     app.state.tracing = tracing.Tracing(tracer_provider.get_tracer("kiln.serve") if tracer_provider else None)
-    app.state.pool = ThreadPoolExecutor(max_workers=config.tokenizer_threads, thread_name_prefix="kiln-tokenize")
+    app.state.pool = CoalescingPool(max_workers=config.tokenizer_threads, thread_name_prefix="kiln-tokenize")
     app.state.playground = playground.page(tasks)
     routes = _served_routes(tasks, config.protocols)
     # Which served models answer each route: fixed once the artifacts are known, read on every request.

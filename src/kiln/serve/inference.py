@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ from kiln.log import get_logger
 from kiln.records import to_jsonable
 from kiln.runtime.predictor import Predictor
 from kiln.serve.batcher import Batcher, BatchLimits, BatchStats, BatchTrace
+from kiln.serve.coalesce import CoalescingPool
 from kiln.serve.endpoints import HTTPError
 from kiln.serve.generation import DecodeLoop
 from kiln.serve.metrics import Metrics
@@ -39,6 +39,9 @@ log = get_logger("serve.inference")
 # a round trip through the pool (an empty run_in_executor under uvloop: a concurrent Future and its Condition, the
 # submit, the wake-up back).
 INLINE_FINALIZE_FEATURES = 16
+# A request of at most this many inputs is tokenized (and finalized, when not inline) in a shared pool turn
+# (kiln.serve.coalesce); a larger one has the pool to itself, so that it does not hold up the small ones' turn.
+SMALL_REQUEST = 16
 
 
 @dataclass
@@ -240,7 +243,7 @@ SCHEDULERS: dict[Scheduling, Callable[[Predictor, BatchLimits, Callable[[BatchSt
     Scheduling.BATCH: _batcher, Scheduling.DECODE: _decode_loop}
 
 
-async def infer(served: Served, body: RequestBody, pool: ThreadPoolExecutor, metrics: Metrics,
+async def infer(served: Served, body: RequestBody, pool: CoalescingPool, metrics: Metrics,
                 max_inputs: int, trace: Any = NO_TRACE) -> tuple[Any, list[Any]]:
     """(prepared inputs, task results) for one request; errors are HTTPErrors with the right status. ``trace``
     (kiln.serve.tracing) receives a span per stage."""
@@ -253,7 +256,9 @@ async def infer(served: Served, body: RequestBody, pool: ThreadPoolExecutor, met
     try:
         options = handler.options(**body.options(), truncate=True)
         start = time.perf_counter()
-        prepared = await loop.run_in_executor(pool, served.predictor.prepare, items, options)
+        # A small request's tokenization shares a pool turn with others' (kiln.serve.coalesce).
+        prepared = await (pool.coalesced(served.predictor.prepare, items, options) if count <= SMALL_REQUEST
+                          else loop.run_in_executor(pool, served.predictor.prepare, items, options))
     except UsageError as err:
         raise HTTPError(422, "invalid_request", err.message) from err
     except Exception as err:  # the tokenizer or the task's pre-processing failed on this request's inputs
@@ -283,7 +288,8 @@ async def infer(served: Served, body: RequestBody, pool: ThreadPoolExecutor, met
         if handler.light_finalize and len(reduced) <= INLINE_FINALIZE_FEATURES:
             results = handler.finalize(*args)
         else:
-            results = await loop.run_in_executor(pool, handler.finalize, *args)
+            results = await (pool.coalesced(handler.finalize, *args) if len(reduced) <= SMALL_REQUEST
+                             else loop.run_in_executor(pool, handler.finalize, *args))
         trace.child("postprocess", start, time.perf_counter())
     except KilnError as err:
         raise HTTPError(422, "invalid_request", err.message) from err

@@ -8,6 +8,7 @@ logged once here, with the id, the route, the time taken and the error message t
 
 from __future__ import annotations
 
+import itertools
 import logging
 import re
 import time
@@ -23,8 +24,13 @@ _SANE = re.compile(r"^[A-Za-z0-9._:/+=-]{1,128}$")  # no spaces or control chara
 log = get_logger("serve.http")
 
 
+_PREFIX = uuid.uuid4().hex[:16]  # this process's own; a counter makes the rest (uuid4 per request cost ~7 us)
+_COUNT = itertools.count()
+
+
 def new_id() -> str:
-    return uuid.uuid4().hex
+    """32 hex digits, unique within the process and (by the random prefix) across processes."""
+    return f"{_PREFIX}{next(_COUNT):016x}"
 
 
 class RequestId:

@@ -24,6 +24,7 @@ from typing import Any
 
 from kiln.engines.base import Engine
 from kiln.log import get_logger
+from kiln.serve.coalesce import resolve
 
 log = get_logger("serve.sessions")
 
@@ -138,15 +139,7 @@ class Sessions:
 
 def _settle(done: asyncio.Future, ok: bool, value: Any) -> None:
     """Hand a job's outcome to the loop that awaits it (nothing, if that loop is gone)."""
-    def resolve() -> None:
-        if done.done():  # its awaiter was cancelled
-            return
-        if ok:
-            done.set_result(value)
-        else:
-            done.set_exception(value if isinstance(value, Exception) else RuntimeError(repr(value)))
-
     try:
-        done.get_loop().call_soon_threadsafe(resolve)
+        done.get_loop().call_soon_threadsafe(resolve, done, ok, value)
     except RuntimeError:  # the loop is closed: nobody is waiting
         log.debug("a session finished a job after its event loop closed")
