@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -80,12 +81,31 @@ def test_rerank_offline_matches_the_pytorch_cross_encoder(tiny_model, task_artif
         kiln.load(task_artifacts[TaskName.TEXT_CLASSIFICATION]).rerank(QUERY, DOCS)
 
 
+class Slow:
+    """An engine whose every call takes ``seconds`` longer."""
+
+    def __init__(self, engine, seconds: float) -> None:
+        self.engine, self.seconds = engine, seconds
+
+    def __getattr__(self, name):
+        return getattr(self.engine, name)
+
+    def run(self, inputs):
+        time.sleep(self.seconds)
+        return self.engine.run(inputs)
+
+
 def test_rerank_route_answers_like_offline_and_batches_pairs_across_requests(task_artifacts):
     art = task_artifacts[TaskName.TEXT_RANKING]
     offline = kiln.load(art).rerank(QUERY, DOCS)
-    config = ServeConfig(models={"ranker": art}, max_inputs_per_request=8,
+    # One session, each call 50 ms longer: the concurrent requests queue while a batch runs, whatever the machine's
+    # speed (with a free session per request and a fast engine, each could run alone).
+    config = ServeConfig(models={"ranker": art}, max_inputs_per_request=8, sessions=1,
                          limits=BatchLimits(max_batch_tokens=4096, max_batch_size=64, max_delay_s=0.05))
-    with TestClient(create_app(config)) as c:
+    app = create_app(config)
+    with TestClient(app) as c:
+        predictor = app.state.models["ranker"].predictor
+        predictor.engine = Slow(predictor.engine, 0.05)
         body = c.post("/rerank", json={"query": QUERY, "texts": DOCS, "return_documents": True}).json()
         top = c.post("/rerank", json={"query": QUERY, "texts": DOCS, "top_n": 1}).json()
         with ThreadPoolExecutor(8) as pool:

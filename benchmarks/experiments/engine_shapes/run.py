@@ -4,7 +4,10 @@
     against grouped by shape, as sorted offline batches come: what a shape change between calls costs.
 Inputs are the engines' warm-up rows repeated (the speed of an int8 or float graph does not depend on the ids).
 
-    python benchmarks/experiments/engine_shapes/run.py kiln-out/best [--length 112] [--rounds 5]
+    python benchmarks/experiments/engine_shapes/run.py kiln-out/best [--length 112] [--rounds 5] [--kernel-cache N]
+
+``--kernel-cache N`` sets OpenVINO's CPU_RUNTIME_CACHE_CAPACITY (default 5,000 kernels) on the sessions, to see
+whether shape changes cost kernel rebuilds that a larger cache would keep.
 """
 
 from __future__ import annotations
@@ -26,12 +29,28 @@ def arrays(input_names: tuple[str, ...], batch: int, length: int) -> dict[str, n
     return {name: np.repeat(row, batch, axis=0) for name, row in warmup_inputs(input_names, length).items()}
 
 
+def cached(capacity: int) -> None:
+    """Every OpenVINO model compiled from now on keeps ``capacity`` kernels per shape cache."""
+    import openvino as ov
+
+    compile_model = ov.Core.compile_model
+
+    def configured(self, model, device=None, config=None, *args, **kwargs):
+        return compile_model(self, model, device, {**(config or {}), "CPU_RUNTIME_CACHE_CAPACITY": capacity},
+                             *args, **kwargs)
+
+    ov.Core.compile_model = configured
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("artifact")
     parser.add_argument("--length", type=int, default=112)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--kernel-cache", type=int, default=None)
     args = parser.parse_args()
+    if args.kernel_cache is not None:
+        cached(args.kernel_cache)
     artifact = Artifact.open(args.artifact)
     variant = artifact.variant_name()
     engines = artifact.predictor(variant, artifact.serving_plan(variant, split_cores=True)).sessions

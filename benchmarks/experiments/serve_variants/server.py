@@ -1,0 +1,65 @@
+"""`python server.py VARIANT[+VARIANT...] serve ARTIFACT ...`: kiln's CLI with one of the serving variants tried in
+issue 27 applied first (run.py compares them; "base" applies none):
+
+  outer      kiln's ASGI middlewares (request ids, the guard, the fast lane) around the FastAPI app instead of
+             inside its middleware stack, so the fast lane's requests skip FastAPI's and Starlette's own layers;
+  noproxy    uvicorn's proxy-headers middleware off;
+  nopin      OpenVINO's ENABLE_CPU_PINNING off (kiln leaves the CPU plugin's default: on);
+  notokpar   TOKENIZERS_PARALLELISM=false (the tokenizers library's Rust thread pool unused);
+  bigcache   OpenVINO's CPU_RUNTIME_CACHE_CAPACITY 100,000 (default 5,000 kernels).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+VARIANTS = {"base", "outer", "noproxy", "nopin", "notokpar", "bigcache"}
+chosen = set(sys.argv.pop(1).split("+"))
+if chosen - VARIANTS:
+    sys.exit(f"unknown variant(s) {', '.join(sorted(chosen - VARIANTS))}; choose from {', '.join(sorted(VARIANTS))}")
+if "notokpar" in chosen:
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+
+openvino_config = {}
+if "nopin" in chosen:
+    openvino_config["ENABLE_CPU_PINNING"] = False
+if "bigcache" in chosen:
+    openvino_config["CPU_RUNTIME_CACHE_CAPACITY"] = 100000
+if openvino_config:
+    import openvino as ov
+
+    compile_model = ov.Core.compile_model
+
+    def configured(self, model, device=None, config=None, *args, **kwargs):
+        config = dict(config or {})
+        for key, value in openvino_config.items():
+            if config.get(key) != 0:  # kiln turns the kernel cache off for decoders: left so
+                config[key] = value
+        return compile_model(self, model, device, config, *args, **kwargs)
+
+    ov.Core.compile_model = configured
+
+if chosen & {"outer", "noproxy"}:
+    from fastapi import FastAPI
+
+    from kiln.serve import server
+
+    held: list = []
+    if "outer" in chosen:
+        FastAPI.add_middleware = lambda self, cls, **options: held.append((cls, options))
+    uvicorn_config = server.uvicorn.Config
+
+    def config(app, **options):
+        for cls, kwargs in held:  # in the order added: the last (request ids) outermost, as Starlette stacks them
+            app = cls(app, **kwargs)
+        if "noproxy" in chosen:
+            options["proxy_headers"] = False
+        return uvicorn_config(app, **options)
+
+    server.uvicorn.Config = config
+
+from kiln.cli.app import main  # noqa: E402  (after the patches)
+
+sys.argv[0] = "kiln"
+main()
