@@ -60,6 +60,19 @@ class Phase:
                 "p99_ms": float(np.percentile(lat, 99))}
 
 
+def embed_bodies(texts: list[str]) -> list[bytes]:
+    """One /embed body per text, as every load benchmark sends them."""
+    return [json.dumps({"inputs": t}).encode() for t in texts]
+
+
+def serving_bodies(artifact: str, count: int = 512) -> list[bytes]:
+    """/embed bodies of ``count`` texts of the serving mix (kiln.data.workloads), sized by the artifact's tokenizer."""
+    from kiln.artifact.directory import Artifact
+    from kiln.data.workloads import serving_mix
+
+    return embed_bodies(serving_mix(count, Artifact.open(artifact).encoder().token_count))
+
+
 def _request(path: str, body: bytes, close: bool) -> bytes:
     head = (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
             f"Content-Length: {len(body)}\r\n" + ("Connection: close\r\n" if close else "") + "\r\n")
@@ -363,7 +376,7 @@ def main() -> int:
     encoder = art.encoder()
     texts = serving_mix(args.texts, encoder.token_count)
     lengths = [len(e.ids) for e in encoder.encode(texts)]
-    bodies = [json.dumps({"inputs": t}).encode() for t in texts]
+    bodies = embed_bodies(texts)
     concurrency = [int(c) for c in args.concurrency.split(",")]
     threads = ["--threads", str(args.threads)] if args.threads else []
     kiln = [sys.executable, "-m", "kiln", "serve", args.artifact, *threads, *args.serve_args.split()]

@@ -23,7 +23,7 @@ import httpx
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from serve_load import closed_loop, measure, start, stop  # noqa: E402
+from serve_load import closed_loop, embed_bodies, measure, start, stop  # noqa: E402
 
 
 def scrape(port: int) -> dict[str, float]:
@@ -64,7 +64,7 @@ def main() -> int:
 
     encoder = Artifact.open(args.artifact).encoder()
     texts = serving_mix(512, encoder.token_count)
-    bodies = [json.dumps({"inputs": t}).encode() for t in texts]
+    bodies = embed_bodies(texts)
     base = [sys.executable, "-m", "kiln", "serve", args.artifact]
     commands = {"plain": base, "shadowed": [*base, "--shadow-rate", str(args.rate)]}
     runs: dict[str, list[dict]] = {name: [] for name in commands}

@@ -21,7 +21,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from serve_load import closed_loop, start, stop  # noqa: E402
+from serve_load import closed_loop, embed_bodies, start, stop  # noqa: E402
 
 
 def median_phase(port: int, bodies: list[bytes], clients: int, requests: int, rounds: int, path: str) -> dict:
@@ -80,7 +80,7 @@ def main() -> int:
     if not args.skip_kiln:
         proc, port = start([sys.executable, "-m", "kiln", "serve", args.artifact])
         try:
-            result["kiln_serve"] = median_phase(port, [json.dumps({"inputs": t}).encode() for t in texts],
+            result["kiln_serve"] = median_phase(port, embed_bodies(texts),
                                                 args.clients, args.requests, args.rounds, "/embed")
         finally:
             stop(proc)

@@ -15,13 +15,14 @@ import os
 import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))  # benchmarks/, for serve_load
 sys.path.insert(0, str(HERE.parent / "serve_threads"))
-from run import cpu_by_thread, python_thread_names  # noqa: E402  (serve_threads/run.py)
-from serve_load import closed_loop, measure, start, stop  # noqa: E402
+from run import cpu_by_group, cpu_by_thread  # noqa: E402  (serve_threads/run.py)
+from serve_load import closed_loop, measure, serving_bodies, start, stop  # noqa: E402
 
 
 def idle_between_calls(path: Path, after: float) -> tuple[float, float]:
@@ -45,17 +46,16 @@ def phase(source: str | None, artifact: str, bodies: list[bytes], clients: int) 
     try:
         proc, port = start([sys.executable, str(HERE / "record_calls.py"), str(calls), "serve", artifact])
     finally:
-        os.environ.pop("PYTHONPATH", None) if env is None else os.environ.__setitem__("PYTHONPATH", env)
+        if env is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = env
     try:
         asyncio.run(closed_loop(port, bodies, clients, 4 * clients, 60))  # warm-up
-        import time
-
         began = time.perf_counter()  # the same clock as the server's (CLOCK_MONOTONIC, one machine)
         before = cpu_by_thread(proc.pid)
         row = measure(port, bodies, clients, 1024, 60)
-        after, names = cpu_by_thread(proc.pid), python_thread_names(proc.pid)
-        loop = sum(s - before.get(tid, 0.0) for tid, s in after.items() if names.get(tid) == "MainThread")
-        row["loop_us"] = 1e6 * loop / row["answered"]
+        row["loop_us"] = 1e6 * cpu_by_group(proc.pid, before)["MainThread"] / row["answered"]
     finally:
         stop(proc)
     row["gap_ms"], row["idle"] = idle_between_calls(calls, began)
@@ -70,11 +70,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--clients", type=int, default=64)
     args = parser.parse_args()
-    from kiln.artifact.directory import Artifact
-    from kiln.data.workloads import serving_mix
-
-    texts = serving_mix(512, Artifact.open(args.artifact).encoder().token_count)
-    bodies = [json.dumps({"inputs": t}).encode() for t in texts]
+    bodies = serving_bodies(args.artifact)
     trees = {"baseline": args.baseline_src, "this tree": None}
     rows: dict[str, list[dict]] = {name: [] for name in trees}
     for _ in range(args.rounds):

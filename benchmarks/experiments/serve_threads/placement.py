@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import sys
 from pathlib import Path
@@ -19,7 +18,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # benchmarks/, for serve_load
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from run import python_thread_names  # noqa: E402
-from serve_load import closed_loop, measure, start, stop  # noqa: E402
+from serve_load import closed_loop, measure, serving_bodies, start, stop  # noqa: E402
 
 
 def switches(pid: int, tids: list[str]) -> tuple[int, int]:
@@ -47,11 +46,7 @@ def main() -> None:
     parser.add_argument("--mode", choices=("affinity", "sched-batch"), required=True)
     parser.add_argument("--rounds", type=int, default=4)
     args = parser.parse_args()
-    from kiln.artifact.directory import Artifact
-    from kiln.data.workloads import serving_mix
-
-    texts = serving_mix(512, Artifact.open(args.artifact).encoder().token_count)
-    bodies = [json.dumps({"inputs": t}).encode() for t in texts]
+    bodies = serving_bodies(args.artifact)
     proc, port = start([sys.executable, "-m", "kiln", "serve", args.artifact])
     try:
         asyncio.run(closed_loop(port, bodies, 64, 256, 60))  # warm-up

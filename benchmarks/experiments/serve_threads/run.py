@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import os
 import re
 import shutil
@@ -21,7 +20,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # benchmarks/, for serve_load
-from serve_load import closed_loop, cpu_seconds, measure, start, stop  # noqa: E402
+from serve_load import closed_loop, cpu_seconds, measure, serving_bodies, start, stop  # noqa: E402
 
 ENGINE_OWN = "engine's own threads"
 
@@ -43,18 +42,24 @@ def python_thread_names(pid: int) -> dict[str, str]:
             re.finditer(r'Thread (?:0x[0-9a-f]+ )?\(?(\d+)\)? \(\w+\): "([^"]+)"', dump)}
 
 
+def cpu_by_group(pid: int, before: dict[str, float]) -> dict[str, float]:
+    """CPU seconds of ``pid``'s threads since ``before`` (cpu_by_thread), by Python thread name; the threads py-spy
+    does not list are the engine's own."""
+    after, names = cpu_by_thread(pid), python_thread_names(pid)
+    seconds: dict[str, float] = {}
+    for tid, used in after.items():
+        group = names.get(tid, ENGINE_OWN)
+        seconds[group] = seconds.get(group, 0.0) + used - before.get(tid, 0.0)
+    return seconds
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("artifact")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--clients", type=int, default=64)
     args, serve_args = parser.parse_known_args()  # the rest go to kiln serve
-    from kiln.artifact.directory import Artifact
-    from kiln.data.workloads import serving_mix
-
-    encoder = Artifact.open(args.artifact).encoder()
-    texts = serving_mix(512, encoder.token_count)
-    bodies = [json.dumps({"inputs": t}).encode() for t in texts]
+    bodies = serving_bodies(args.artifact)
     extra = [a for a in serve_args if a != "--"]
     proc, port = start([sys.executable, "-m", "kiln", "serve", args.artifact, *extra])
     try:
@@ -62,11 +67,7 @@ def main() -> None:
         for _ in range(args.rounds):
             before = cpu_by_thread(proc.pid)
             row = measure(port, bodies, args.clients, 1024, 60)  # the phase, and the batches kiln serve formed
-            after, names = cpu_by_thread(proc.pid), python_thread_names(proc.pid)
-            cores: dict[str, float] = {}
-            for tid, seconds in after.items():
-                group = names.get(tid, ENGINE_OWN)
-                cores[group] = cores.get(group, 0.0) + (seconds - before.get(tid, 0.0)) / row["wall_s"]
+            cores = {group: s / row["wall_s"] for group, s in cpu_by_group(proc.pid, before).items()}
             batches = row["batches"]
             print(f"{row['throughput_per_s']:.1f} req/s, p99 {row['p99_ms']:.0f} ms, batches of "
                   f"{batches['mean_size']:.1f}, padded tokens per input "

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import statistics
 import sys
 from pathlib import Path
@@ -16,8 +15,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))  # benchmarks/, for serve_load
 sys.path.insert(0, str(HERE.parent / "serve_threads"))
-from run import cpu_by_thread, python_thread_names  # noqa: E402  (serve_threads/run.py)
-from serve_load import closed_loop, measure, start, stop  # noqa: E402
+from run import cpu_by_group, cpu_by_thread  # noqa: E402  (serve_threads/run.py)
+from serve_load import closed_loop, measure, serving_bodies, start, stop  # noqa: E402
 
 
 def main() -> None:
@@ -27,11 +26,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--clients", type=int, default=64)
     args = parser.parse_args()
-    from kiln.artifact.directory import Artifact
-    from kiln.data.workloads import serving_mix
-
-    texts = serving_mix(512, Artifact.open(args.artifact).encoder().token_count)
-    bodies = [json.dumps({"inputs": t}).encode() for t in texts]
+    bodies = serving_bodies(args.artifact)
     rows: dict[str, list[dict]] = {v: [] for v in args.variants.split(",")}
     for _ in range(args.rounds):
         for variant, runs in rows.items():
@@ -40,11 +35,9 @@ def main() -> None:
                 asyncio.run(closed_loop(port, bodies, args.clients, 4 * args.clients, 60))  # warm-up
                 before = cpu_by_thread(proc.pid)
                 row = measure(port, bodies, args.clients, 1024, 60)
-                after, names = cpu_by_thread(proc.pid), python_thread_names(proc.pid)
+                row["loop_us"] = 1e6 * cpu_by_group(proc.pid, before)["MainThread"] / row["answered"]
             finally:
                 stop(proc)
-            loop = sum(s - before.get(t, 0.0) for t, s in after.items() if names.get(t) == "MainThread")
-            row["loop_us"] = 1e6 * loop / row["answered"]
             runs.append(row)
             print(f"{variant}: {row['throughput_per_s']:.1f} req/s, p99 {row['p99_ms']:.0f} ms, event loop "
                   f"{row['loop_us']:.0f} us a request", flush=True)

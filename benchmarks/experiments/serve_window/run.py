@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import statistics
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # benchmarks/, for serve_load
-from serve_load import closed_loop, measure, start, stop  # noqa: E402
+from serve_load import closed_loop, measure, serving_bodies, start, stop  # noqa: E402
 
 
 def main() -> None:
@@ -24,11 +23,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--clients", type=int, default=64)
     args = parser.parse_args()
-    from kiln.artifact.directory import Artifact
-    from kiln.data.workloads import serving_mix
-
-    texts = serving_mix(512, Artifact.open(args.artifact).encoder().token_count)
-    bodies = [json.dumps({"inputs": t}).encode() for t in texts]
+    bodies = serving_bodies(args.artifact)
     windows = args.windows.split(",")
     rows: dict[str, list[dict]] = {w: [] for w in windows}
     for _ in range(args.rounds):

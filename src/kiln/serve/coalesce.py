@@ -11,7 +11,7 @@ directly so that it does not hold up the turn.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -23,6 +23,13 @@ class CoalescingPool(ThreadPoolExecutor):
         super().__init__(*args, **kwargs)
         self._queued: list[tuple[Callable[..., Any], tuple[Any, ...], asyncio.Future]] = []
         self._turning = False  # a turn is submitted or running; read and written on the event loop only
+
+    def run(self, small: bool, fn: Callable[..., Any], *args: Any) -> Awaitable[Any]:
+        """``fn(*args)`` on the pool, from the event loop: in a shared turn when ``small``, else on a thread of its
+        own (a large job would hold up the small ones' turn)."""
+        if small:
+            return self.coalesced(fn, *args)
+        return asyncio.get_running_loop().run_in_executor(self, fn, *args)
 
     def coalesced(self, fn: Callable[..., Any], *args: Any) -> asyncio.Future:
         """``fn(*args)`` in the next turn on a pool thread; call from the event loop, await the future."""

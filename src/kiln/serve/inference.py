@@ -7,7 +7,6 @@ small worker pool, and the forward pass with pooling (``reduce``) on the engine 
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -252,13 +251,11 @@ async def infer(served: Served, body: RequestBody, pool: CoalescingPool, metrics
         raise HTTPError(413, "too_many_inputs", f"{count} inputs in one request; the limit is {max_inputs} "
                         "(--max-inputs-per-request)")
     handler = served.predictor.handler
-    loop = asyncio.get_running_loop()
     try:
         options = handler.options(**body.options(), truncate=True)
         start = time.perf_counter()
         # A small request's tokenization shares a pool turn with others' (kiln.serve.coalesce).
-        prepared = await (pool.coalesced(served.predictor.prepare, items, options) if count <= SMALL_REQUEST
-                          else loop.run_in_executor(pool, served.predictor.prepare, items, options))
+        prepared = await pool.run(count <= SMALL_REQUEST, served.predictor.prepare, items, options)
     except UsageError as err:
         raise HTTPError(422, "invalid_request", err.message) from err
     except Exception as err:  # the tokenizer or the task's pre-processing failed on this request's inputs
@@ -288,8 +285,7 @@ async def infer(served: Served, body: RequestBody, pool: CoalescingPool, metrics
         if handler.light_finalize and len(reduced) <= INLINE_FINALIZE_FEATURES:
             results = handler.finalize(*args)
         else:
-            results = await (pool.coalesced(handler.finalize, *args) if len(reduced) <= SMALL_REQUEST
-                             else loop.run_in_executor(pool, handler.finalize, *args))
+            results = await pool.run(len(reduced) <= SMALL_REQUEST, handler.finalize, *args)
         trace.child("postprocess", start, time.perf_counter())
     except KilnError as err:
         raise HTTPError(422, "invalid_request", err.message) from err

@@ -4,8 +4,9 @@ Each session (an engine instance) has one thread that runs its batches back to b
 ahead while the sessions run (kiln.serve.batcher) and hands it over here: to an idle session's own inbox, else to
 a shared queue that the next session to finish takes from *on its own thread*. Only the answer goes back to the
 event loop. Before, a finished session handed its result to the loop and the loop handed it the next batch: two
-thread hops through a loop busy with HTTP, 1.8-2.0 ms (median) between two calls of one session under 64 clients,
-~4.5% of each session's time idle (MiniLM int8, 2-core EPYC; benchmarks/experiments/serve_ab/run.py).
+thread hops through a loop busy with HTTP, 1.6-1.8 ms (median) between two calls of one session under 64 clients,
+3.4-4.1% of each session's time idle, now 0.12 ms and ~0.5% (MiniLM int8, 2-core EPYC;
+benchmarks/experiments/serve_ab/run.py, 4 alternations).
 
 A job that may run on the predictor's *solo* session (all cores, for a request that found the server idle) does
 so only when every session is idle and nothing waits; it then holds every session until it finishes, so that
