@@ -9,7 +9,7 @@ import pytest
 
 from kiln.artifact.directory import Artifact
 from kiln.data.texts import texts_of_lengths
-from kiln.serve.batcher import Batcher, BatchLimits, partition
+from kiln.serve.batcher import Batcher, BatchLimits, BatchStats, Pace, next_group, partition
 from tests.waiting import until
 
 
@@ -23,6 +23,24 @@ def test_partition_cuts_mixed_lengths_into_similar_groups_within_limits():
     for a, b in partition(lengths, tight):
         assert b - a <= 2 and (b - a == 1 or lengths[b - 1] * (b - a) <= 300)
     assert partition([512], BatchLimits(max_batch_tokens=100)) == [(0, 1)]  # one input always fits alone
+
+
+def test_the_next_group_is_the_one_holding_the_feature_due_first():
+    widths = [16, 16, 128, 128, 16]  # arrival order
+    limits = BatchLimits(call_overhead_tokens=32)
+    assert next_group(widths, limits) == [0, 1, 4]  # the oldest's group
+    assert next_group(widths, limits, anchor=3) == [2, 3]
+
+
+def test_a_wide_feature_is_due_before_an_older_narrow_one_by_its_batch_time():
+    pace = Pace()
+    assert pace.due(1.0, 256) == 1.0  # no batch has run: arrival order
+    pace.observe(BatchStats(size=4, tokens=4 * 100, queue_seconds=0.0, inference_seconds=0.04))  # 100 us a token
+    assert pace.due(1.0, 100) == pytest.approx(1.0 - 100 * 4 * 1e-4)  # its batch's expected 40 ms earlier
+    assert pace.due(1.01, 128) < pace.due(1.0, 16)  # 10 ms younger but 45 ms longer to run: due first
+    assert pace.due(1.1, 256) > pace.due(1.0, 16)  # only features that came less than a batch's time later pass
+    pace.observe(BatchStats(size=8, tokens=8 * 100, queue_seconds=0.0, inference_seconds=0.04))
+    assert pace.size == pytest.approx(4 + Pace.SMOOTHING * 4)  # a moving average, not the last batch
 
 
 @pytest.fixture(scope="module")
@@ -91,6 +109,32 @@ def test_waiting_inputs_are_grouped_by_length_and_vanished_clients_are_dropped(p
     assert ran == real  # every waiting input ran once; the vanished client's did not
     for batch in batches[1:]:  # short and long inputs never share a batch
         assert max(batch) - min(batch) < 50, batches
+
+
+def test_a_long_input_due_first_runs_before_an_older_short_one(predictor):
+    """With the served batches' pace known, a long input whose batch will run long goes ahead of a short one that
+    came just before it; with no pace (no batch has run yet) the older goes first."""
+    short, long = predictor.encoder.encode(texts_of_lengths([12, 120], token_count=lambda t: len(
+        predictor.encoder.encode([t])[0].ids)))
+
+    def order(pace: tuple[float, float] | None) -> list[list[int]]:
+        async def scenario(batcher, engine):
+            if pace is not None:
+                batcher.pace.size, batcher.pace.seconds_per_token = pace
+            engine.release.clear()
+            first = asyncio.ensure_future(batcher.submit(predictor.encoder.encode(["hold the engine"])))
+            await until(lambda: batcher._busy, "the first batch to reach the (held) engine")
+            waiting = [asyncio.ensure_future(batcher.submit([e])) for e in (short, long)]  # short arrives first
+            # the next batch is formed (prefetched) while the engine is held, before any batch has finished
+            await until(lambda: len(batcher._pending) == 1, "the next batch to be formed")
+            engine.release.set()
+            await asyncio.gather(first, *waiting)
+            return engine.batches[1:]
+
+        return run_batcher(predictor, BatchLimits(max_delay_s=0.001, call_overhead_tokens=32), scenario)
+
+    assert order(None) == [[len(short.ids)], [len(long.ids)]]
+    assert order((1.0, 1.0)) == [[len(long.ids)], [len(short.ids)]]  # a second a token: the long one is due first
 
 
 def test_the_partition_costs_batches_as_the_engine_pads_them(predictor):

@@ -37,8 +37,8 @@ def idle_between_calls(path: Path, after: float) -> tuple[float, float]:
     return 1000 * statistics.median(gaps), idle / span if span else 0.0
 
 
-def phase(source: str | None, artifact: str, bodies: list[bytes], clients: int) -> dict:
-    """One server of ``source`` (None: this tree): warm-up, then a measured phase of 1,024 requests."""
+def phase(source: str | None, artifact: str, bodies: list[bytes], clients: int, requests: int = 1024) -> dict:
+    """One server of ``source`` (None: this tree): warm-up, then a measured phase of ``requests``."""
     env = os.environ.get("PYTHONPATH")
     if source:
         os.environ["PYTHONPATH"] = source  # the server imports kiln from there, ahead of the installed one
@@ -54,7 +54,7 @@ def phase(source: str | None, artifact: str, bodies: list[bytes], clients: int) 
         asyncio.run(closed_loop(port, bodies, clients, 4 * clients, 60))  # warm-up
         began = time.perf_counter()  # the same clock as the server's (CLOCK_MONOTONIC, one machine)
         before = cpu_by_thread(proc.pid)
-        row = measure(port, bodies, clients, 1024, 60)
+        row = measure(port, bodies, clients, requests, 120)
         row["loop_us"] = 1e6 * cpu_by_group(proc.pid, before)["MainThread"] / row["answered"]
     finally:
         stop(proc)
@@ -69,13 +69,14 @@ def main() -> None:
     parser.add_argument("--baseline-src", required=True, help="the src/ directory of the kiln to compare against")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--clients", type=int, default=64)
+    parser.add_argument("--requests", type=int, default=1024, help="measured per phase (more: a steadier p99)")
     args = parser.parse_args()
     bodies = serving_bodies(args.artifact)
     trees = {"baseline": args.baseline_src, "this tree": None}
     rows: dict[str, list[dict]] = {name: [] for name in trees}
     for _ in range(args.rounds):
         for name, source in trees.items():
-            row = phase(source, args.artifact, bodies, args.clients)
+            row = phase(source, args.artifact, bodies, args.clients, args.requests)
             rows[name].append(row)
             print(f"{name}: {row['throughput_per_s']:.1f} req/s, p99 {row['p99_ms']:.0f} ms, batches of "
                   f"{row['batches']['mean_size']:.1f}, event loop {row['loop_us']:.0f} us a request, "

@@ -6,8 +6,9 @@ send the next at once; two engine streams each run one batch at a time, taking (
 ``--tokens-per-s`` seconds. A policy picks the next batch from the waiting requests (in arrival order) whenever a
 stream is free. The absolute req/s depends on ``--tokens-per-s``; the comparison between policies is the point.
 
-Policies: ``window W`` is kiln serve's (``--batch-window W``: the partition over the oldest W requests, costed at
-padded widths, the group holding the oldest runs); ``score W`` runs the partition's group with the largest summed
+Policies: ``window W`` is the partition over the oldest W requests (``--batch-window W``), costed at padded widths,
+the group holding the oldest runs; ``due W`` is kiln serve's: the group holding the feature due first
+(kiln.serve.batcher.Pace: arrival minus the expected run time of a batch of its width) runs; ``score W`` runs the partition's group with the largest summed
 wait instead (the oldest's group once it has waited ``--guard-ms``); ``adaptive W/N`` uses window N while the oldest
 has waited over ``--guard-ms``, else W.
 
@@ -25,7 +26,7 @@ from collections.abc import Callable
 from kiln.artifact.directory import Artifact
 from kiln.data.workloads import serving_mix
 from kiln.runtime.tokenization import padded_width
-from kiln.serve.batcher import BatchLimits, next_group, partition
+from kiln.serve.batcher import BatchLimits, BatchStats, Pace, next_group, partition
 
 Waiting = list[tuple[float, int]]  # (arrival time, length) in arrival order
 Policy = Callable[[Waiting, float], Waiting]
@@ -54,9 +55,12 @@ def simulate(policy: Policy, lengths: list[int], args: argparse.Namespace, seed:
             "p99_ms": 1000 * steady[int(0.99 * len(steady))], "padded": tokens / inputs}
 
 
-def oldest_group(window: Waiting, limits: BatchLimits, multiple: int) -> Waiting:
-    """kiln serve's choice (kiln.serve.batcher.next_group)."""
-    return [window[k] for k in next_group([padded_width(n, multiple) for _, n in window], limits)]
+def oldest_group(window: Waiting, limits: BatchLimits, multiple: int, pace: Pace | None = None) -> Waiting:
+    """kiln serve's choice (kiln.serve.batcher.next_group): the group holding the oldest, or with ``pace`` the one
+    holding the feature due first."""
+    widths = [padded_width(n, multiple) for _, n in window]
+    anchor = 0 if pace is None else min(range(len(window)), key=lambda k: pace.due(window[k][0], widths[k]))
+    return [window[k] for k in next_group(widths, limits, anchor)]
 
 
 def most_waited_group(window: Waiting, limits: BatchLimits, multiple: int, now: float) -> Waiting:
@@ -73,6 +77,16 @@ def policies(args: argparse.Namespace) -> dict[str, Policy]:
     def window(size: int) -> Policy:
         return lambda waiting, now: oldest_group(waiting[:size], limits, multiple)
 
+    def due(size: int) -> Policy:
+        pace = Pace()  # fed each chosen batch's simulated run time, as the batcher feeds it each batch's stats
+
+        def policy(waiting: Waiting, now: float) -> Waiting:
+            batch = oldest_group(waiting[:size], limits, multiple, pace)
+            tokens = padded_width(max(n for _, n in batch), multiple) * len(batch)
+            pace.observe(BatchStats(len(batch), tokens, 0.0, (tokens + args.call_tokens) / args.tokens_per_s))
+            return batch
+        return policy
+
     def score(size: int) -> Policy:
         def policy(waiting: Waiting, now: float) -> Waiting:
             if now - waiting[0][0] >= guard:
@@ -84,6 +98,7 @@ def policies(args: argparse.Namespace) -> dict[str, Policy]:
         return lambda waiting, now: window(narrow if now - waiting[0][0] >= guard else wide)(waiting, now)
 
     out = {f"window {w}": window(w) for w in (8, 16, 24, 32, 48, 64)}
+    out.update({f"due {w}": due(w) for w in (16, 24, 28, 32, 48)})
     out.update({f"score {w}": score(w) for w in (32, 48)})
     out.update({f"adaptive {w}/{n}": adaptive(w, n) for w, n in ((32, 16), (48, 16), (64, 16))})
     return out
