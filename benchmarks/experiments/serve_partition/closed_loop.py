@@ -8,9 +8,9 @@ stream is free. The absolute req/s depends on ``--tokens-per-s``; the comparison
 
 Policies: ``window W`` is the partition over the oldest W requests (``--batch-window W``), costed at padded widths,
 the group holding the oldest runs; ``due W`` is kiln serve's: the group holding the feature due first
-(kiln.serve.batcher.Pace: arrival minus the expected run time of a batch of its width) runs; ``score W`` runs the partition's group with the largest summed
-wait instead (the oldest's group once it has waited ``--guard-ms``); ``adaptive W/N`` uses window N while the oldest
-has waited over ``--guard-ms``, else W.
+(kiln.serve.batcher.Pace: arrival minus the expected run time of a batch of its width) runs; ``score W`` runs the
+partition's group with the largest summed wait instead (the oldest's group once it has waited ``--guard-ms``);
+``adaptive W/N`` uses window N while the oldest has waited over ``--guard-ms``, else W.
 
     python benchmarks/experiments/serve_partition/closed_loop.py kiln-out/best [--clients 64]
 """
