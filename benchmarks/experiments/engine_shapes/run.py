@@ -2,6 +2,8 @@
   * by batch size at one length (tokens/s of all sessions at once): the per-call cost;
   * the same 120 batches of mixed shapes (4-8 x 32-192 tokens) in a shuffled order, as kiln serve's batches come,
     against grouped by shape, as sorted offline batches come: what a shape change between calls costs.
+  * one session alone, calls cycling through three shapes that differ in batch size only, in width only, or in
+    both, against one shape throughout: which kind of change costs (the batch dimension, the width or neither).
 Inputs are the engines' warm-up rows repeated (the speed of an int8 or float graph does not depend on the ids).
 
     python benchmarks/experiments/engine_shapes/run.py kiln-out/best [--length 112] [--rounds 5] [--kernel-cache N]
@@ -86,6 +88,31 @@ def main() -> None:
         print(f"batch {b:2d} x {args.length}: {statistics.median(by_size[b]):8.0f}")
     for name, rates in by_order.items():
         print(f"{name}: {statistics.median(rates):8.0f} (rounds {', '.join(f'{r:.0f}' for r in rates)})")
+    by_change = changes(engines[0], args.length, args.rounds)
+    print(f"one session, calls cycling through ({args.length} tokens, batch 8 where fixed), tokens/s:")
+    for name, rates in by_change.items():
+        print(f"  {name}: {statistics.median(rates):8.0f} ({min(rates):.0f}-{max(rates):.0f})")
+
+
+def changes(engine, length: int, rounds: int, calls: int = 60) -> dict[str, list[float]]:
+    """Tokens/s of one session whose consecutive calls keep one shape, or cycle through three shapes that differ in
+    batch size only, in width only (+-16 tokens) or in both at a similar token count; rounds alternate."""
+    cycles = {"one shape": [(8, length)],
+              "batch size changes (7, 8, 9)": [(7, length), (8, length), (9, length)],
+              "width changes (-16, 0, +16)": [(8, length - 16), (8, length), (8, length + 16)],
+              "both change": [(10, length - 16), (8, length), (6, length + 16)]}
+    inputs = {shape: arrays(engine.input_names, *shape) for cycle in cycles.values() for shape in cycle}
+    for shape in inputs:
+        engine.run(inputs[shape])
+    rates: dict[str, list[float]] = {name: [] for name in cycles}
+    for _ in range(rounds):
+        for name, cycle in cycles.items():
+            shapes = [cycle[k % len(cycle)] for k in range(calls)]
+            start = time.perf_counter()
+            for shape in shapes:
+                engine.run(inputs[shape])
+            rates[name].append(sum(b * n for b, n in shapes) / (time.perf_counter() - start))
+    return rates
 
 
 if __name__ == "__main__":
