@@ -59,7 +59,7 @@ def oldest_group(window: Waiting, limits: BatchLimits, multiple: int, pace: Pace
     """kiln serve's choice (kiln.serve.batcher.next_group): the group holding the oldest, or with ``pace`` the one
     holding the feature due first."""
     widths = [padded_width(n, multiple) for _, n in window]
-    anchor = 0 if pace is None else min(range(len(window)), key=lambda k: pace.due(window[k][0], widths[k]))
+    anchor = 0 if pace is None else pace.first_due([arrived for arrived, _ in window], widths)
     return [window[k] for k in next_group(widths, limits, anchor)]
 
 

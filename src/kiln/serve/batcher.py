@@ -192,6 +192,10 @@ class Pace:
         """When a feature's batch should start for its answer to come as soon as an older narrow one's."""
         return arrived - width * self.size * self.seconds_per_token
 
+    def first_due(self, arrived: Sequence[float], widths: Sequence[int]) -> int:
+        """The index of the feature due first among features of these arrival times and padded widths."""
+        return min(range(len(widths)), key=lambda k: self.due(arrived[k], widths[k]))
+
 
 class Batcher(OwnedLoop):
     kind = "batcher"
@@ -286,9 +290,9 @@ class Batcher(OwnedLoop):
 
         A collation error belongs to this batch alone (returned, so only its requests fail); an error in the
         partition search is the batcher's own bug and ends the loop (heard by its supervision)."""
-        due = self.pace.due
-        anchor = min(range(len(window)), key=lambda k: due(window[k].arrived, window[k].width))
-        batch = [window[k] for k in next_group([i.width for i in window], self.limits, anchor)]
+        widths = [i.width for i in window]
+        anchor = self.pace.first_due([i.arrived for i in window], widths)
+        batch = [window[k] for k in next_group(widths, self.limits, anchor)]
         try:
             return batch, self._collate(batch)
         except Exception as err:
