@@ -6,7 +6,11 @@ issue 27 applied first (run.py compares them; "base" applies none):
   noproxy    uvicorn's proxy-headers middleware off;
   nopin      OpenVINO's ENABLE_CPU_PINNING off (kiln leaves the CPU plugin's default: on);
   notokpar   TOKENIZERS_PARALLELISM=false (the tokenizers library's Rust thread pool unused);
-  bigcache   OpenVINO's CPU_RUNTIME_CACHE_CAPACITY 100,000 (default 5,000 kernels).
+  bigcache   OpenVINO's CPU_RUNTIME_CACHE_CAPACITY 100,000 (default 5,000 kernels);
+  queued     one infer request (and session thread) more than OpenVINO's streams, so that a formed batch waits
+             inside the runtime and a stream starts it the moment it frees, not after its session's Python work;
+  callN      the batcher's partition costs an engine call N padded tokens (kiln's call_overhead_tokens, default 64):
+             larger N makes fewer, wider-spread batches, smaller N more batches of closer widths.
 """
 
 from __future__ import annotations
@@ -14,8 +18,10 @@ from __future__ import annotations
 import os
 import sys
 
-VARIANTS = {"base", "outer", "noproxy", "nopin", "notokpar", "bigcache"}
+VARIANTS = {"base", "outer", "noproxy", "nopin", "notokpar", "bigcache", "queued"}
 chosen = set(sys.argv.pop(1).split("+"))
+call_tokens = [int(v[4:]) for v in chosen if v.startswith("call") and v[4:].isdigit()]
+chosen -= {f"call{n}" for n in call_tokens}
 if chosen - VARIANTS:
     sys.exit(f"unknown variant(s) {', '.join(sorted(chosen - VARIANTS))}; choose from {', '.join(sorted(VARIANTS))}")
 if "notokpar" in chosen:
@@ -58,6 +64,27 @@ if chosen & {"outer", "noproxy"}:
         return uvicorn_config(app, **options)
 
     server.uvicorn.Config = config
+
+if "queued" in chosen:
+    from kiln import engines
+    from kiln.artifact import directory
+
+    def queued_sessions(name, path, options, count):
+        sessions = open_sessions(name, path, options, count)
+        if name in engines.STREAMING_ENGINES and len(sessions) > 1:
+            sessions += sessions[0].requests(2)[1:]
+        return sessions
+
+    open_sessions = engines.open_sessions
+    directory.open_sessions = queued_sessions
+
+if call_tokens:
+    from dataclasses import replace
+
+    from kiln.serve import batcher
+
+    costed = batcher.partition
+    batcher.partition = lambda lengths, limits: costed(lengths, replace(limits, call_overhead_tokens=call_tokens[0]))
 
 from kiln.cli.app import main  # noqa: E402  (after the patches)
 
