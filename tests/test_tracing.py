@@ -10,15 +10,22 @@ from kiln.serve.app import ServeConfig, create_app
 pytest.importorskip("opentelemetry.sdk", reason="kiln[otel] is not installed")
 
 
-def test_a_request_is_a_span_with_a_child_per_stage(tiny_artifact):
+def recording():
+    """(an SDK tracer provider, the in-memory exporter it hands every finished span to)."""
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-    from opentelemetry.trace import SpanKind, StatusCode
 
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
+    return provider, exporter
+
+
+def test_a_request_is_a_span_with_a_child_per_stage(tiny_artifact):
+    from opentelemetry.trace import SpanKind, StatusCode
+
+    provider, exporter = recording()
     app = create_app(ServeConfig(models={"m": tiny_artifact}), tracer_provider=provider)
     with TestClient(app) as c:
         ok = c.post("/embed", json={"inputs": ["one text", "and another"]}, headers={"x-request-id": "trace-me"})
@@ -61,11 +68,34 @@ def test_otlp_endpoint_without_the_extra_names_the_install(monkeypatch):
         tracer_provider("http://127.0.0.1:4318")
 
 
-def test_a_generation_request_is_a_span_too(tiny_model, tmp_path):
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+def test_a_request_with_a_traceparent_joins_the_callers_trace(tiny_artifact):
+    provider, exporter = recording()
+    trace_id, parent_id = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+    with TestClient(create_app(ServeConfig(models={"m": tiny_artifact}), tracer_provider=provider)) as c:
+        assert c.post("/embed", json={"inputs": "joined"},
+                      headers={"traceparent": f"00-{trace_id}-{parent_id}-01"}).status_code == 200
+        assert c.post("/embed", json={"inputs": "alone"}).status_code == 200
+    joined, alone = sorted((s for s in exporter.get_finished_spans() if s.name == "POST /embed"),
+                           key=lambda s: s.start_time)
+    assert f"{joined.context.trace_id:032x}" == trace_id and f"{joined.parent.span_id:016x}" == parent_id
+    assert alone.parent is None and alone.context.trace_id != joined.context.trace_id  # no context leaks over
 
+
+def test_a_global_provider_gets_kilns_spans_and_only_those(tiny_artifact, monkeypatch):
+    """As under opentelemetry-instrument: no --otlp-endpoint, a configured global provider. kiln records its own
+    request span there, and FastAPI's native telemetry (0.165+) adds no second SERVER span per request."""
+    from opentelemetry import trace
+    from opentelemetry.trace import SpanKind
+
+    provider, exporter = recording()
+    monkeypatch.setattr(trace, "get_tracer_provider", lambda: provider)
+    with TestClient(create_app(ServeConfig(models={"m": tiny_artifact}))) as c:
+        assert c.post("/embed", json={"inputs": "one"}).status_code == 200
+    servers = [s for s in exporter.get_finished_spans() if s.kind == SpanKind.SERVER]
+    assert [(s.name, s.attributes.get("kiln.model")) for s in servers] == [("POST /embed", "m")]
+
+
+def test_a_generation_request_is_a_span_too(tiny_model, tmp_path):
     from kiln.choices import ExportFormat
     from kiln.export.job import ExportConfig, run_export
     from kiln.tasks import TaskName
@@ -73,9 +103,7 @@ def test_a_generation_request_is_a_span_too(tiny_model, tmp_path):
     art = tmp_path / "gpt2"
     run_export(ExportConfig(model=str(tiny_model("gpt2", TaskName.TEXT_GENERATION)), task=TaskName.TEXT_GENERATION,
                             format=ExportFormat.ONNX, output=art))
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    provider, exporter = recording()
     with TestClient(create_app(ServeConfig(models={"g": art}), tracer_provider=provider)) as c:
         assert c.post("/generate", json={"inputs": "Once", "max_new_tokens": 4}).status_code == 200
     (span,) = exporter.get_finished_spans()

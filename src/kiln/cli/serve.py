@@ -75,7 +75,9 @@ def serve(
                                                         "arrive are answered).")] = ShadowPolicy.LOG,
     otlp_endpoint: Annotated[Optional[str], typer.Option(  # noqa: UP045
         help="OpenTelemetry collector (OTLP/HTTP, e.g. http://localhost:4318): each request becomes a span with "
-        "tokenize, queue, batch, engine and postprocess children. Needs pip install 'kiln[otel]'.",
+        "tokenize, queue, batch, engine and postprocess children (a request's traceparent header joins the "
+        "caller's trace). Without it, a global tracer provider (opentelemetry-instrument) gets the spans. Needs pip "
+        "install 'kiln[otel]'.",
         show_default=False)] = None,
     protocols: Annotated[str, typer.Option(
         help="The APIs to serve, comma-separated: kiln (its own routes), openai (/v1/embeddings, /v1/completions), "

@@ -6,6 +6,7 @@ the inputs' ``maxItems`` is --max-inputs-per-request, ``model`` lists the served
 
 from __future__ import annotations
 
+import inspect
 import json
 import re
 import time
@@ -42,6 +43,11 @@ from kiln.tasks.http import Route
 
 LATENCY_HEADER = "x-kiln-latency-ms"
 log = get_logger("serve")
+# FastAPI 0.165+ records its own OpenTelemetry spans, metrics and logs per request wherever the process has global
+# providers; kiln's request spans (kiln.serve.tracing), Prometheus metrics and logs are the server's own, so FastAPI's
+# are off: no second span per request, and no per-request check of three global providers on the event loop.
+_NATIVE_TELEMETRY_OFF = ({"telemetry": {"tracing": False, "metrics": False, "logs": False}}
+                         if "telemetry" in inspect.signature(FastAPI.__init__).parameters else {})
 PROTOCOLS = tuple(WireProtocol)  # --protocols' default: every API (kiln's wins a path TEI's also has)
 V2_INFER = re.compile(r"^/v2/models/[^/]+(/versions/[^/]+)?/infer$")
 
@@ -82,13 +88,14 @@ def create_app(config: ServeConfig, tracer_provider: Any = None) -> FastAPI:
     configs = {name: m.task for name, m in manifests.items()}
     tasks = {name: c.task for name, c in configs.items()}
     app = FastAPI(title="kiln", lifespan=_lifespan, description="Dynamic-batching inference for a kiln artifact.",
-                  default_response_class=JSONBody)
+                  default_response_class=JSONBody, **_NATIVE_TELEMETRY_OFF)
     app.state.config, app.state.tasks, app.state.models, app.state.metrics = config, tasks, {}, Metrics()
     app.state.task_configs = configs
     # Which models can quantize to int8/uint8 (their artifact stores output calibration): the schema says so.
     app.state.calibrated = {name: m.build.output_calibration is not None for name, m in manifests.items()}
-    if tracer_provider is None and config.otlp_endpoint:
-        tracer_provider = tracing.tracer_provider(config.otlp_endpoint)
+    if tracer_provider is None:
+        tracer_provider = (tracing.tracer_provider(config.otlp_endpoint) if config.otlp_endpoint
+                           else tracing.global_provider())
     app.state.tracing = tracing.Tracing(tracer_provider.get_tracer("kiln.serve") if tracer_provider else None)
     app.state.pool = CoalescingPool(max_workers=config.tokenizer_threads, thread_name_prefix="kiln-tokenize")
     app.state.playground = playground.page(tasks)
@@ -123,6 +130,8 @@ def create_app(config: ServeConfig, tracer_provider: Any = None) -> FastAPI:
                        max_body_bytes=config.max_body_bytes, max_concurrent=config.max_concurrent,
                        error=lambda path, kind, message: orjson.dumps(error_content(_protocol_of(app, path), kind,
                                                                                     message)))
+    if tracer_provider is not None:  # inside the ids, around the fast lane: a request's span joins the caller's trace
+        app.add_middleware(tracing.TraceContext)
     app.add_middleware(RequestId)  # outermost: the id is set for the guard's refusals and echoed on every answer
     app.openapi = lambda: _exact_openapi(app, routes)  # type: ignore[method-assign]
     return app
