@@ -1,7 +1,9 @@
 """What an engine call costs beside its tokens, on the sessions kiln.load's split plan opens (issue 27):
   * by batch size at one length (tokens/s of all sessions at once): the per-call cost;
   * the same 120 batches of mixed shapes (4-8 x 32-192 tokens) in a shuffled order, as kiln serve's batches come,
-    against grouped by shape, as sorted offline batches come: what a shape change between calls costs.
+    against grouped by shape, as sorted offline batches come: what a shape change between calls costs. Over the
+    wall time (as a pass sees it) and as the sum of each session's own rate (without the uneven split of shuffled
+    calls between the sessions, which a server does not have: its sessions take the next batch when they free).
   * one session alone, calls cycling through three shapes that differ in batch size only, in width only, or in
     both, against one shape throughout: which kind of change costs (the batch dimension, the width or neither).
 Inputs are the engines' warm-up rows repeated (the speed of an int8 or float graph does not depend on the ids).
@@ -58,14 +60,22 @@ def main() -> None:
     engines = artifact.predictor(variant, artifact.serving_plan(variant, split_cores=True)).sessions
     pool = ThreadPoolExecutor(len(engines))
 
-    def tokens_per_s(calls: list[tuple[int, int]], inputs: dict) -> float:
-        """All sessions at once, each taking every len(engines)-th call."""
-        def work(k: int) -> None:
-            for shape in calls[k :: len(engines)]:
+    def tokens_per_s(calls: list[tuple[int, int]], inputs: dict, *, balanced: bool = False) -> float:
+        """All sessions at once, each taking every len(engines)-th call: all tokens over the wall time, or with
+        ``balanced`` the sum of each session's tokens over its own time. Shuffled shapes split unevenly (one session
+        gets more tokens and the other then idles), which the wall-time figure counts as a slowdown and the
+        balanced one does not."""
+        def work(k: int) -> tuple[int, float]:
+            begin = time.perf_counter()
+            own = calls[k :: len(engines)]
+            for shape in own:
                 engines[k].run(inputs[shape])
+            return sum(b * n for b, n in own), time.perf_counter() - begin
 
         start = time.perf_counter()
-        list(pool.map(work, range(len(engines))))
+        parts = list(pool.map(work, range(len(engines))))
+        if balanced:
+            return sum(tokens / seconds for tokens, seconds in parts)
         return sum(b * n for b, n in calls) / (time.perf_counter() - start)
 
     rng = random.Random(0)
@@ -78,11 +88,13 @@ def main() -> None:
     by_size: dict[int, list[float]] = {b: [] for b in sizes}
     orders = {"shuffled shapes": mixed, "grouped by shape": sorted(mixed, key=lambda s: (s[1], s[0]))}
     by_order: dict[str, list[float]] = {name: [] for name in orders}
+    by_order.update({f"{name}, each session's own rate": [] for name in orders})
     for _ in range(args.rounds):
         for b in sizes:
             by_size[b].append(tokens_per_s([(b, args.length)] * len(engines) * max(4, 96 // b), inputs))
         for name, calls in orders.items():
             by_order[name].append(tokens_per_s(calls, inputs))
+            by_order[f"{name}, each session's own rate"].append(tokens_per_s(calls, inputs, balanced=True))
     print(f"{variant}: {len(engines)} session(s); tokens/s of all sessions, median of {args.rounds} rounds")
     for b in sizes:
         print(f"batch {b:2d} x {args.length}: {statistics.median(by_size[b]):8.0f}")
