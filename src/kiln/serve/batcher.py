@@ -61,8 +61,9 @@ class BatchLimits:
     window_requests: int = 32
     # An engine call's fixed cost, in padded tokens (measured: 30-90 on CPU; OpenVINO int8 MiniLM on single-thread
     # streams ~16). Shape changes between calls cost besides (benchmarks/experiments/engine_shapes, 2-core EPYC):
-    # one session cycling widths +-16 ran 1.9% slower than on one shape, batch sizes 7-9 0.5%; two sessions on
-    # shuffled shapes 3-5% slower than on grouped ones.
+    # one session cycling widths +-16 ran 1.9-2.7% slower than on one shape, batch sizes 7-9 0.5-2.1%; two sessions
+    # on shuffled shapes 2.3% slower than on grouped ones. Served (benchmarks/experiments/serve_variants, callN):
+    # 24 and 64 gave the same requests/s, 160 4% fewer (wider-spread batches pad more than the calls they save).
     call_overhead_tokens: int = 64
 
     @property
