@@ -319,3 +319,46 @@ def test_rows_alone_answers_each_input_as_if_it_ran_by_itself(artifacts, tmp_pat
         n = alone.shape[0]
         np.testing.assert_array_equal(together[i, :n], alone)  # bit-identical to running it by itself
         assert not together[i, n:].any()  # padding positions are zeros
+
+
+FIRST_CALLS = """
+import sys, threading
+from pathlib import Path
+sys.setswitchinterval(1e-6)  # hand the GIL over as often as possible: the race below then happens nearly every run
+from kiln.engines import EngineOptions, open_sessions
+import numpy as np
+sessions = open_sessions("openvino", Path(sys.argv[1]), EngineOptions(intra_op_threads=1), 8)
+start = threading.Barrier(len(sessions))
+def first_call(session):
+    start.wait()
+    session.run({"x": np.ones((2, 4), np.float32)})
+threads = [threading.Thread(target=first_call, args=(s,), daemon=True) for s in sessions]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+print("all answered", flush=True)
+"""
+
+
+def test_openvino_sessions_making_their_first_calls_at_once_do_not_deadlock(tmp_path):
+    """OpenVINO's Python binding builds a static map of numpy dtypes on its first tensor-to-numpy conversion, calling
+    into numpy with the GIL while other threads wait for that static's guard holding the GIL. Eight sessions making
+    their first calls at once, the GIL switching every microsecond, hung in 9 of 10 fresh processes before
+    OpenVinoEngine primed the map on one thread (kiln.engines.openvino.prime_numpy_views); three in a row must now
+    answer."""
+    import subprocess
+    import sys
+
+    ov = pytest.importorskip("openvino")
+    from openvino import opset13 as ops
+
+    x = ops.parameter([-1, 4], np.float32, name="x")
+    ov.save_model(ov.Model([ops.relu(x)], [x]), tmp_path / "relu.xml")
+    for _ in range(3):
+        try:
+            run = subprocess.run([sys.executable, "-c", FIRST_CALLS, str(tmp_path / "relu.xml")], capture_output=True,
+                                 text=True, timeout=60)
+        except subprocess.TimeoutExpired:
+            pytest.fail("sessions making their first calls at once deadlocked")
+        assert run.returncode == 0 and "all answered" in run.stdout, run.stderr[-2000:]
