@@ -60,11 +60,10 @@ def main() -> None:
     engines = artifact.predictor(variant, artifact.serving_plan(variant, split_cores=True)).sessions
     pool = ThreadPoolExecutor(len(engines))
 
-    def tokens_per_s(calls: list[tuple[int, int]], inputs: dict, *, balanced: bool = False) -> float:
-        """All sessions at once, each taking every len(engines)-th call: all tokens over the wall time, or with
-        ``balanced`` the sum of each session's tokens over its own time. Shuffled shapes split unevenly (one session
-        gets more tokens and the other then idles), which the wall-time figure counts as a slowdown and the
-        balanced one does not."""
+    def tokens_per_s(calls: list[tuple[int, int]], inputs: dict) -> tuple[float, float]:
+        """All sessions at once, each taking every len(engines)-th call: (all tokens over the wall time, the sum of
+        each session's tokens over its own time). Shuffled shapes split unevenly (one session gets more tokens and
+        the other then idles), which the wall-time figure counts as a slowdown and the per-session one does not."""
         def work(k: int) -> tuple[int, float]:
             begin = time.perf_counter()
             own = calls[k :: len(engines)]
@@ -74,9 +73,8 @@ def main() -> None:
 
         start = time.perf_counter()
         parts = list(pool.map(work, range(len(engines))))
-        if balanced:
-            return sum(tokens / seconds for tokens, seconds in parts)
-        return sum(b * n for b, n in calls) / (time.perf_counter() - start)
+        wall = sum(b * n for b, n in calls) / (time.perf_counter() - start)
+        return wall, sum(tokens / seconds for tokens, seconds in parts)
 
     rng = random.Random(0)
     mixed = [(rng.randint(4, 8), rng.choice(range(32, 208, 16))) for _ in range(120)]
@@ -91,10 +89,11 @@ def main() -> None:
     by_order.update({f"{name}, each session's own rate": [] for name in orders})
     for _ in range(args.rounds):
         for b in sizes:
-            by_size[b].append(tokens_per_s([(b, args.length)] * len(engines) * max(4, 96 // b), inputs))
+            by_size[b].append(tokens_per_s([(b, args.length)] * len(engines) * max(4, 96 // b), inputs)[0])
         for name, calls in orders.items():
-            by_order[name].append(tokens_per_s(calls, inputs))
-            by_order[f"{name}, each session's own rate"].append(tokens_per_s(calls, inputs, balanced=True))
+            wall, own = tokens_per_s(calls, inputs)  # both figures from the same calls
+            by_order[name].append(wall)
+            by_order[f"{name}, each session's own rate"].append(own)
     print(f"{variant}: {len(engines)} session(s); tokens/s of all sessions, median of {args.rounds} rounds")
     for b in sizes:
         print(f"batch {b:2d} x {args.length}: {statistics.median(by_size[b]):8.0f}")

@@ -69,13 +69,14 @@ if "queued" in chosen:
     from kiln import engines
     from kiln.artifact import directory
 
+    open_sessions = engines.open_sessions
+
     def queued_sessions(name, path, options, count):
         sessions = open_sessions(name, path, options, count)
         if name in engines.STREAMING_ENGINES and len(sessions) > 1:
             sessions += sessions[0].requests(2)[1:]
         return sessions
 
-    open_sessions = engines.open_sessions
     directory.open_sessions = queued_sessions
 
 if call_tokens:
