@@ -98,12 +98,27 @@ def test_small_jobs_queued_together_share_one_pool_turn_and_fail_alone():
     async def scenario():
         pool = Counting(max_workers=2)
         try:
-            futures = [pool.coalesced(job, k) for k in range(5)]  # one loop step: the first starts a turn
-            return await asyncio.gather(*futures, return_exceptions=True)
+            futures = [pool.coalesced(job, k) for k in range(5)]  # queued in one loop step
+            first = await asyncio.gather(*futures, return_exceptions=True)
+            later = await pool.coalesced(job, 7)  # the turn is over: the next job starts one of its own
+            return first, later
         finally:
             pool.shutdown(wait=True)
 
-    outcomes = asyncio.run(scenario())
+    outcomes, later = asyncio.run(scenario())
     assert outcomes[:2] + outcomes[3:] == [0, 10, 30, 40] and isinstance(outcomes[2], ValueError)
-    # The first job's turn was submitted alone; the four queued behind it shared the next: two hops, not five.
-    assert Counting.turns == 2
+    # The turn starts once the loop has run what was ready: all five shared it (one hop, not five).
+    assert later == 70 and Counting.turns == 2
+
+
+def test_jobs_queued_for_a_turn_of_a_pool_shut_down_meanwhile_fail_instead_of_hanging():
+    from kiln.serve.coalesce import CoalescingPool
+
+    async def scenario():
+        pool = CoalescingPool(max_workers=1)
+        futures = [pool.coalesced(abs, -k) for k in range(3)]
+        pool.shutdown(wait=True)  # before the loop starts their turn
+        return await asyncio.wait_for(asyncio.gather(*futures, return_exceptions=True), 10)
+
+    outcomes = asyncio.run(scenario())
+    assert all(isinstance(o, RuntimeError) and "shutdown" in str(o) for o in outcomes), outcomes

@@ -10,7 +10,9 @@ issue 27 applied first (run.py compares them; "base" applies none):
   queued     one infer request (and session thread) more than OpenVINO's streams, so that a formed batch waits
              inside the runtime and a stream starts it the moment it frees, not after its session's Python work;
   callN      the batcher's partition costs an engine call N padded tokens (kiln's call_overhead_tokens, default 64):
-             larger N makes fewer, wider-spread batches, smaller N more batches of closer widths.
+             larger N makes fewer, wider-spread batches, smaller N more batches of closer widths;
+  switchN    the interpreter's GIL switch interval N microseconds (sys.setswitchinterval; Python's default 5000): how
+             long a thread back from C code (an engine call, the tokenizer) may wait for the GIL the loop holds.
 """
 
 from __future__ import annotations
@@ -22,6 +24,10 @@ VARIANTS = {"base", "outer", "noproxy", "nopin", "notokpar", "bigcache", "queued
 chosen = set(sys.argv.pop(1).split("+"))
 call_tokens = [int(v[4:]) for v in chosen if v.startswith("call") and v[4:].isdigit()]
 chosen -= {f"call{n}" for n in call_tokens}
+switch_us = [int(v[6:]) for v in chosen if v.startswith("switch") and v[6:].isdigit()]
+chosen -= {f"switch{n}" for n in switch_us}
+if switch_us:
+    sys.setswitchinterval(switch_us[0] / 1e6)
 if chosen - VARIANTS:
     sys.exit(f"unknown variant(s) {', '.join(sorted(chosen - VARIANTS))}; choose from {', '.join(sorted(VARIANTS))}")
 if "notokpar" in chosen:
