@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import statistics
 import sys
 from pathlib import Path
@@ -17,6 +18,10 @@ sys.path.insert(0, str(HERE.parents[1]))  # benchmarks/, for serve_load
 sys.path.insert(0, str(HERE.parent / "serve_threads"))
 from run import cpu_by_group, cpu_by_thread  # noqa: E402  (serve_threads/run.py)
 from serve_load import closed_loop, measure, serving_bodies, start, stop  # noqa: E402
+
+# Variants that act before the interpreter starts: the environment the server process starts with.
+ENVIRONMENT = {"bigheap": {"GLIBC_TUNABLES": "glibc.malloc.mmap_threshold=268435456:glibc.malloc.trim_threshold="
+                                             "1073741824:glibc.malloc.top_pad=67108864"}}
 
 
 def main() -> None:
@@ -30,7 +35,14 @@ def main() -> None:
     rows: dict[str, list[dict]] = {v: [] for v in args.variants.split(",")}
     for _ in range(args.rounds):
         for variant, runs in rows.items():
-            proc, port = start([sys.executable, str(HERE / "server.py"), variant, "serve", args.artifact])
+            saved = dict(os.environ)
+            for part in variant.split("+"):
+                os.environ.update(ENVIRONMENT.get(part, {}))
+            try:
+                proc, port = start([sys.executable, str(HERE / "server.py"), variant, "serve", args.artifact])
+            finally:
+                os.environ.clear()
+                os.environ.update(saved)
             try:
                 asyncio.run(closed_loop(port, bodies, args.clients, 4 * args.clients, 60))  # warm-up
                 before = cpu_by_thread(proc.pid)

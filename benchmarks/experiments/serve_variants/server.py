@@ -12,7 +12,11 @@ issue 27 applied first (run.py compares them; "base" applies none):
   callN      the batcher's partition costs an engine call N padded tokens (kiln's call_overhead_tokens, default 64):
              larger N makes fewer, wider-spread batches, smaller N more batches of closer widths;
   switchN    the interpreter's GIL switch interval N microseconds (sys.setswitchinterval; Python's default 5000): how
-             long a thread back from C code (an engine call, the tokenizer) may wait for the GIL the loop holds.
+             long a thread back from C code (an engine call, the tokenizer) may wait for the GIL the loop holds;
+  spinN      N microseconds of busy Python on the event loop per inference request (in the guard): what the loop's
+             CPU per request is worth in throughput;
+  bigheap    (set by run.py, before the process starts) glibc's malloc keeps freed memory rather than returning it:
+             GLIBC_TUNABLES mmap_threshold 256 MiB, trim_threshold 1 GiB, top_pad 64 MiB.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from __future__ import annotations
 import os
 import sys
 
-VARIANTS = {"base", "outer", "noproxy", "nopin", "notokpar", "bigcache", "queued"}
+VARIANTS = {"base", "outer", "noproxy", "nopin", "notokpar", "bigcache", "queued", "bigheap"}
 chosen = set(sys.argv.pop(1).split("+"))
 call_tokens = [int(v[4:]) for v in chosen if v.startswith("call") and v[4:].isdigit()]
 chosen -= {f"call{n}" for n in call_tokens}
@@ -28,6 +32,23 @@ switch_us = [int(v[6:]) for v in chosen if v.startswith("switch") and v[6:].isdi
 chosen -= {f"switch{n}" for n in switch_us}
 if switch_us:
     sys.setswitchinterval(switch_us[0] / 1e6)
+spin_us = [int(v[4:]) for v in chosen if v.startswith("spin") and v[4:].isdigit()]
+chosen -= {f"spin{n}" for n in spin_us}
+if spin_us:
+    import time
+
+    from kiln.serve.guard import Guard
+
+    guarded = Guard.__call__
+
+    async def spinning(self, scope, receive, send):
+        if scope["type"] == "http" and scope["method"] == "POST" and self.route_of(scope["path"]) is not None:
+            began = time.thread_time()
+            while time.thread_time() - began < spin_us[0] / 1e6:
+                pass
+        await guarded(self, scope, receive, send)
+
+    Guard.__call__ = spinning
 if chosen - VARIANTS:
     sys.exit(f"unknown variant(s) {', '.join(sorted(chosen - VARIANTS))}; choose from {', '.join(sorted(VARIANTS))}")
 if "notokpar" in chosen:
