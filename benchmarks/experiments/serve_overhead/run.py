@@ -8,9 +8,11 @@
   * ``--mode calls``: every OpenVINO ``InferRequest.infer`` timed from Python against OpenVINO's own latency for it,
     served and offline: the difference is the call's binding work plus the wait for the GIL when it returns.
   * ``--mode tokenize``: one text's tokenization right after 16 MiB of other memory traffic (as on a core the
-    engine shares) against texts tokenized back to back, in bursts of 1-16.
+    engine shares) against texts tokenized back to back, in bursts of 1-16;
+  * ``--mode turns``: the tokenizer pool's turns in the server (kiln.serve.coalesce): jobs a turn and the pool
+    thread's CPU a job.
 
-    python benchmarks/experiments/serve_overhead/run.py kiln-out/best --mode perf|calls|tokenize
+    python benchmarks/experiments/serve_overhead/run.py kiln-out/best --mode perf|calls|tokenize|turns
 """
 
 from __future__ import annotations
@@ -66,6 +68,25 @@ if sys.argv[1] == "serve":
 else:
     script = sys.argv.pop(1)
     exec(compile(script, "offline", "exec"))
+"""
+
+
+# kiln serve with the tokenizer pool's turns counted (jobs, and the pool thread's CPU for them) into a file.
+TURNS = """
+import atexit, sys, time
+from kiln.serve import coalesce
+out, sizes, cpu = sys.argv.pop(1), [], [0.0]
+turn = coalesce.CoalescingPool._turn
+def counted(self, loop, jobs):
+    began = time.thread_time()
+    turn(self, loop, jobs)
+    cpu[0] += time.thread_time() - began
+    sizes.append(len(jobs))
+coalesce.CoalescingPool._turn = counted
+atexit.register(lambda: open(out, "w").write(f"{cpu[0]} " + " ".join(map(str, sizes))))
+from kiln.cli.app import main
+sys.argv[0] = "kiln"
+main()
 """
 
 
@@ -194,14 +215,31 @@ def mode_tokenize(artifact: str) -> None:
               f"{1e6 * warm / len(texts):.0f} us back to back")
 
 
+def mode_turns(artifact: str) -> None:
+    bodies = serving_bodies(artifact)
+    with tempfile.TemporaryDirectory() as tmp:
+        counts = Path(tmp) / "turns.txt"
+        proc, port = start([sys.executable, "-c", TURNS, str(counts), "serve", artifact])
+        try:
+            asyncio.run(closed_loop(port, bodies, 64, 256, 60))
+            row = measure(port, bodies, 64, 2048, 60, proc.pid)
+        finally:
+            stop(proc)
+        cpu, *sizes = counts.read_text().split()
+        jobs = [int(n) for n in sizes]
+        print(f"served: {row['throughput_per_s']:.1f} req/s; {len(jobs)} turns of {sum(jobs)} jobs (warm-up included): "
+              f"{sum(jobs) / len(jobs):.2f} jobs a turn, {collections.Counter(jobs)[1]} turns of one job; the pool "
+              f"thread {1e6 * float(cpu) / sum(jobs):.0f} us of CPU a job")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("artifact")
-    parser.add_argument("--mode", choices=("perf", "calls", "tokenize"), required=True)
+    parser.add_argument("--mode", choices=("perf", "calls", "tokenize", "turns"), required=True)
     parser.add_argument("--seconds", type=float, default=15.0)
     args = parser.parse_args()
     {"perf": lambda: mode_perf(args.artifact, args.seconds), "calls": lambda: mode_calls(args.artifact),
-     "tokenize": lambda: mode_tokenize(args.artifact)}[args.mode]()
+     "tokenize": lambda: mode_tokenize(args.artifact), "turns": lambda: mode_turns(args.artifact)}[args.mode]()
 
 
 if __name__ == "__main__":
