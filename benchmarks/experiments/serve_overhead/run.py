@@ -167,16 +167,22 @@ def mode_perf(artifact: str, seconds: float) -> None:
         report("offline", samples(offline), worker.pid)
 
 
-def mode_calls(artifact: str) -> None:
+def served_under_load(script: str, out: Path, artifact: str) -> dict:
+    """Run ``script`` (an instrumented kiln CLI writing to ``out`` at exit) as ``serve ARTIFACT``, warm it, then
+    2,048 requests from 64 closed-loop clients; the phase's row once the server has exited."""
     bodies = serving_bodies(artifact)
+    proc, port = start([sys.executable, "-c", script, str(out), "serve", artifact])
+    try:
+        asyncio.run(closed_loop(port, bodies, 64, 256, 60))
+        return measure(port, bodies, 64, 2048, 60, proc.pid)
+    finally:
+        stop(proc)
+
+
+def mode_calls(artifact: str) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         served, offline = Path(tmp) / "served.txt", Path(tmp) / "offline.txt"
-        proc, port = start([sys.executable, "-c", TIMED, str(served), "serve", artifact])
-        try:
-            asyncio.run(closed_loop(port, bodies, 64, 256, 60))
-            row = measure(port, bodies, 64, 2048, 60, proc.pid)
-        finally:
-            stop(proc)
+        row = served_under_load(TIMED, served, artifact)
         print(f"served: {row['throughput_per_s']:.1f} req/s")
         subprocess.run([sys.executable, "-c", TIMED, str(offline), OFFLINE.replace('print("ready", flush=True)', ""),
                         artifact, "3"], check=True, stdout=subprocess.DEVNULL)
@@ -216,15 +222,9 @@ def mode_tokenize(artifact: str) -> None:
 
 
 def mode_turns(artifact: str) -> None:
-    bodies = serving_bodies(artifact)
     with tempfile.TemporaryDirectory() as tmp:
         counts = Path(tmp) / "turns.txt"
-        proc, port = start([sys.executable, "-c", TURNS, str(counts), "serve", artifact])
-        try:
-            asyncio.run(closed_loop(port, bodies, 64, 256, 60))
-            row = measure(port, bodies, 64, 2048, 60, proc.pid)
-        finally:
-            stop(proc)
+        row = served_under_load(TURNS, counts, artifact)
         cpu, *sizes = counts.read_text().split()
         jobs = [int(n) for n in sizes]
         print(f"served: {row['throughput_per_s']:.1f} req/s; {len(jobs)} turns of {sum(jobs)} jobs (warm-up included): "
