@@ -15,6 +15,10 @@ issue 27 applied first (run.py compares them; "base" applies none):
              long a thread back from C code (an engine call, the tokenizer) may wait for the GIL the loop holds;
   spinN      N microseconds of busy Python on the event loop per inference request (in the guard): what the loop's
              CPU per request is worth in throughput;
+  models     a compiled model per session (one stream each; the weights once per session) instead of one model
+             with a stream per session: the prerequisite for routing a batch to the session that last ran its shape
+             (OpenVINO picks the stream of a shared model per call). Pair it with nopin: single-stream models each
+             pin their thread, and may pick the same core;
   bigheap    (set by run.py, before the process starts) glibc's malloc keeps freed memory rather than returning it:
              GLIBC_TUNABLES mmap_threshold 256 MiB, trim_threshold 1 GiB, top_pad 64 MiB.
 """
@@ -24,7 +28,7 @@ from __future__ import annotations
 import os
 import sys
 
-VARIANTS = {"base", "outer", "noproxy", "nopin", "notokpar", "bigcache", "queued", "bigheap"}
+VARIANTS = {"base", "outer", "noproxy", "nopin", "notokpar", "bigcache", "queued", "bigheap", "models"}
 chosen = set(sys.argv.pop(1).split("+"))
 call_tokens = [int(v[4:]) for v in chosen if v.startswith("call") and v[4:].isdigit()]
 chosen -= {f"call{n}" for n in call_tokens}
@@ -105,6 +109,21 @@ if "queued" in chosen:
         return sessions
 
     directory.open_sessions = queued_sessions
+
+if "models" in chosen:
+    from dataclasses import replace as with_options
+
+    from kiln import engines
+    from kiln.artifact import directory
+
+    shared_model_sessions = engines.open_sessions
+
+    def model_per_session(name, path, options, count):
+        if name not in engines.STREAMING_ENGINES or count is None or count < 2:
+            return shared_model_sessions(name, path, options, count)
+        return [engines.create_engine(name, path, with_options(options, streams=1)) for _ in range(count)]
+
+    directory.open_sessions = model_per_session
 
 if call_tokens:
     from dataclasses import replace
