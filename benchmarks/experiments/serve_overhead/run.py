@@ -120,7 +120,8 @@ def roles(rows: list[tuple[int, str]], main_tid: int) -> dict[int, str]:
             named[tid] = "event loop / caller"
         elif top == "[JIT]":
             named[tid] = "engine streams"
-        elif counts["tokenizers.abi3.so"] > counts["libpython3.11.so.1.0"] or top.startswith("tokenizers"):
+        elif top.startswith("tokenizers") or counts["tokenizers.abi3.so"] > sum(
+                n for dso, n in counts.items() if dso.startswith("libpython")):
             named[tid] = "tokenizer"
         else:
             named[tid] = "other Python threads (sessions, former)"
@@ -184,8 +185,8 @@ def mode_calls(artifact: str) -> None:
         served, offline = Path(tmp) / "served.txt", Path(tmp) / "offline.txt"
         row = served_under_load(TIMED, served, artifact)
         print(f"served: {row['throughput_per_s']:.1f} req/s")
-        subprocess.run([sys.executable, "-c", TIMED, str(offline), OFFLINE.replace('print("ready", flush=True)', ""),
-                        artifact, "3"], check=True, stdout=subprocess.DEVNULL)
+        subprocess.run([sys.executable, "-c", TIMED, str(offline), OFFLINE, artifact, "3"], check=True,
+                       stdout=subprocess.DEVNULL)
         for name, path in (("served", served), ("offline", offline)):
             calls = np.loadtxt(path)
             calls = calls[len(calls) // 4:]  # past the warm-up's calls

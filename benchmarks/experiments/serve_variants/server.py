@@ -30,25 +30,29 @@ import sys
 
 VARIANTS = {"base", "outer", "noproxy", "nopin", "notokpar", "bigcache", "queued", "bigheap", "models"}
 chosen = set(sys.argv.pop(1).split("+"))
-call_tokens = [int(v[4:]) for v in chosen if v.startswith("call") and v[4:].isdigit()]
-chosen -= {f"call{n}" for n in call_tokens}
-switch_us = [int(v[6:]) for v in chosen if v.startswith("switch") and v[6:].isdigit()]
-chosen -= {f"switch{n}" for n in switch_us}
+
+
+def numbered(prefix: str) -> list[int]:
+    """The N of a chosen PREFIXN variant (at most one is meant), taken out of ``chosen``."""
+    values = [int(v[len(prefix):]) for v in chosen if v.startswith(prefix) and v[len(prefix):].isdigit()]
+    chosen.difference_update(f"{prefix}{n}" for n in values)
+    return values
+
+
+call_tokens, switch_us, spin_us = numbered("call"), numbered("switch"), numbered("spin")
 if switch_us:
     sys.setswitchinterval(switch_us[0] / 1e6)
-spin_us = [int(v[4:]) for v in chosen if v.startswith("spin") and v[4:].isdigit()]
-chosen -= {f"spin{n}" for n in spin_us}
 if spin_us:
     import time
 
     from kiln.serve.guard import Guard
 
-    guarded = Guard.__call__
+    guarded, spin_s = Guard.__call__, spin_us[0] / 1e6
 
     async def spinning(self, scope, receive, send):
         if scope["type"] == "http" and scope["method"] == "POST" and self.route_of(scope["path"]) is not None:
             began = time.thread_time()
-            while time.thread_time() - began < spin_us[0] / 1e6:
+            while time.thread_time() - began < spin_s:
                 pass
         await guarded(self, scope, receive, send)
 
@@ -100,7 +104,7 @@ if "queued" in chosen:
     from kiln import engines
     from kiln.artifact import directory
 
-    open_sessions = engines.open_sessions
+    open_sessions = directory.open_sessions  # the one kiln's artifacts call (another variant may wrap it too)
 
     def queued_sessions(name, path, options, count):
         sessions = open_sessions(name, path, options, count)
@@ -116,7 +120,7 @@ if "models" in chosen:
     from kiln import engines
     from kiln.artifact import directory
 
-    shared_model_sessions = engines.open_sessions
+    shared_model_sessions = directory.open_sessions
 
     def model_per_session(name, path, options, count):
         if name not in engines.STREAMING_ENGINES or count is None or count < 2:
