@@ -1,6 +1,6 @@
 """Two kiln source trees' `kiln serve` under 64 closed-loop clients, alternated round by round (issue 27): throughput,
-p99, the event loop's CPU per request, and each engine session's idle time between its calls (timed on its thread
-by record_calls.py). Compare the working tree against an earlier commit checked out with ``git worktree add``:
+p99, the event loop's and the session threads' CPU per request, and each engine session's idle time between its
+calls (timed on its thread by record_calls.py). Compare the working tree against an earlier commit checked out with ``git worktree add``:
 
     git worktree add /tmp/kiln-before HEAD~1
     python benchmarks/experiments/serve_ab/run.py kiln-out/best --baseline-src /tmp/kiln-before/src [--rounds 3]
@@ -55,7 +55,10 @@ def phase(source: str | None, artifact: str, bodies: list[bytes], clients: int, 
         began = time.perf_counter()  # the same clock as the server's (CLOCK_MONOTONIC, one machine)
         before = cpu_by_thread(proc.pid)
         row = measure(port, bodies, clients, requests, 120)
-        row["loop_us"] = 1e6 * cpu_by_group(proc.pid, before)["MainThread"] / row["answered"]
+        used = cpu_by_group(proc.pid, before)
+        row["loop_us"] = 1e6 * used["MainThread"] / row["answered"]
+        # the session threads' own CPU (the Python around each engine call, not the engine's stream threads)
+        row["sessions_us"] = 1e6 * used.get("kiln-engine", 0.0) / row["answered"]
     finally:
         stop(proc)
     row["gap_ms"], row["idle"] = idle_between_calls(calls, began)
@@ -79,14 +82,16 @@ def main() -> None:
             row = phase(source, args.artifact, bodies, args.clients, args.requests)
             rows[name].append(row)
             print(f"{name}: {row['throughput_per_s']:.1f} req/s, p99 {row['p99_ms']:.0f} ms, batches of "
-                  f"{row['batches']['mean_size']:.1f}, event loop {row['loop_us']:.0f} us a request, "
+                  f"{row['batches']['mean_size']:.1f}, event loop {row['loop_us']:.0f} us a request, session threads "
+                  f"{row['sessions_us']:.0f} us, "
                   f"between calls {row['gap_ms']:.2f} ms (median), sessions idle "
                   f"{100 * row['idle']:.1f}%", flush=True)
     for name, runs in rows.items():
         rates, p99s = [r["throughput_per_s"] for r in runs], [r["p99_ms"] for r in runs]
         print(f"{name}: median {statistics.median(rates):.1f} req/s ({min(rates):.1f}-{max(rates):.1f}), p99 median "
               f"{statistics.median(p99s):.0f} ms ({min(p99s):.0f}-{max(p99s):.0f}), event loop "
-              f"{statistics.median(r['loop_us'] for r in runs):.0f} us a request, sessions idle between calls "
+              f"{statistics.median(r['loop_us'] for r in runs):.0f} us a request, session threads "
+              f"{statistics.median(r['sessions_us'] for r in runs):.0f} us, sessions idle between calls "
               f"{100 * statistics.median(r['idle'] for r in runs):.1f}%")
 
 
