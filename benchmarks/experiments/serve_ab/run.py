@@ -1,6 +1,7 @@
 """Two kiln source trees' `kiln serve` under 64 closed-loop clients, alternated round by round (issue 27): throughput,
 p99, the event loop's and the session threads' CPU per request, and each engine session's idle time between its
-calls (timed on its thread by record_calls.py). Compare the working tree against an earlier commit checked out with ``git worktree add``:
+calls (timed on its thread by record_calls.py). Compare the working tree against an earlier commit checked out
+with ``git worktree add``:
 
     git worktree add /tmp/kiln-before HEAD~1
     python benchmarks/experiments/serve_ab/run.py kiln-out/best --baseline-src /tmp/kiln-before/src [--rounds 3]
