@@ -12,7 +12,7 @@
   * ``--mode turns``: the tokenizer pool's turns in the server (kiln.serve.coalesce): jobs a turn and the pool
     thread's CPU a job.
 
-    python benchmarks/experiments/serve_overhead/run.py kiln-out/best --mode perf|calls|tokenize|turns
+    python benchmarks/experiments/serve_overhead/run.py kiln-out/best --mode perf|calls|tokenize|turns [--symbols N]
 """
 
 from __future__ import annotations
@@ -95,23 +95,24 @@ def perf_record(pid: int, seconds: float, data: Path) -> subprocess.Popen:
                              str(seconds)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-def samples(data: Path) -> list[tuple[int, str]]:
-    """(thread id, shared object) per sample."""
-    script = subprocess.run(["perf", "script", "-i", str(data), "-F", "tid,ip,dso"], capture_output=True,
+def samples(data: Path) -> list[tuple[int, str, str]]:
+    """(thread id, shared object, symbol) per sample."""
+    script = subprocess.run(["perf", "script", "-i", str(data), "-F", "tid,ip,sym,dso"], capture_output=True,
                             text=True, check=True).stdout
     rows = []
     for line in script.splitlines():
         parts = line.split()
         if len(parts) >= 3:
             dso = parts[-1].strip("()").rsplit("/", 1)[-1]
-            rows.append((int(parts[0]), "[JIT]" if dso.startswith("perf-") else dso))
+            symbol = " ".join(parts[2:-1]) or "?"
+            rows.append((int(parts[0]), "[JIT]" if dso.startswith("perf-") else dso, symbol))
     return rows
 
 
-def roles(rows: list[tuple[int, str]], main_tid: int) -> dict[int, str]:
+def roles(rows: list[tuple[int, str, str]], main_tid: int) -> dict[int, str]:
     """Each thread's role, read from where its samples fall."""
     by_thread: dict[int, collections.Counter] = collections.defaultdict(collections.Counter)
-    for tid, dso in rows:
+    for tid, dso, _ in rows:
         by_thread[tid][dso] += 1
     named = {}
     for tid, counts in by_thread.items():
@@ -128,20 +129,27 @@ def roles(rows: list[tuple[int, str]], main_tid: int) -> dict[int, str]:
     return named
 
 
-def report(name: str, rows: list[tuple[int, str]], main_tid: int) -> None:
-    jit = sum(1 for _, dso in rows if dso == "[JIT]") or 1
+def report(name: str, rows: list[tuple[int, str, str]], main_tid: int, symbols: int = 0) -> None:
+    jit = sum(1 for _, dso, _ in rows if dso == "[JIT]") or 1
     print(f"\n{name}: {len(rows)} samples, JIT kernels {100 * jit / len(rows):.1f}%; per 100 JIT samples:")
-    dsos = collections.Counter(dso for _, dso in rows if dso != "[JIT]")
+    dsos = collections.Counter(dso for _, dso, _ in rows if dso != "[JIT]")
     for dso, count in dsos.most_common(10):
         print(f"  {100 * count / jit:6.2f}  {dso}")
     named = roles(rows, main_tid)
-    threads = collections.Counter(named[tid] for tid, dso in rows if dso != "[JIT]" or named[tid] != "engine streams")
+    threads = collections.Counter(named[tid] for tid, dso, _ in rows
+                                  if dso != "[JIT]" or named[tid] != "engine streams")
     print("  by thread (the engine streams' own non-JIT samples included):")
     for role, count in threads.most_common():
         print(f"  {100 * count / jit:6.2f}  {role}")
+    if symbols:
+        print(f"  the engine streams' non-JIT samples, top {symbols} symbols:")
+        where = collections.Counter(f"{dso}: {symbol}" for tid, dso, symbol in rows
+                                    if dso != "[JIT]" and named[tid] == "engine streams")
+        for place, count in where.most_common(symbols):
+            print(f"  {100 * count / jit:6.2f}  {place[:110]}")
 
 
-def mode_perf(artifact: str, seconds: float) -> None:
+def mode_perf(artifact: str, seconds: float, symbols: int = 0) -> None:
     bodies = serving_bodies(artifact)
     with tempfile.TemporaryDirectory() as tmp:
         served, offline = Path(tmp) / "served.data", Path(tmp) / "offline.data"
@@ -164,8 +172,8 @@ def mode_perf(artifact: str, seconds: float) -> None:
         perf_record(worker.pid, seconds, offline).wait()
         worker.kill()
         print(worker.stdout.read().strip().splitlines()[0])
-        report("served", samples(served), served_pid)
-        report("offline", samples(offline), worker.pid)
+        report("served", samples(served), served_pid, symbols)
+        report("offline", samples(offline), worker.pid, symbols)
 
 
 def served_under_load(script: str, out: Path, artifact: str) -> dict:
@@ -238,8 +246,10 @@ def main() -> None:
     parser.add_argument("artifact")
     parser.add_argument("--mode", choices=("perf", "calls", "tokenize", "turns"), required=True)
     parser.add_argument("--seconds", type=float, default=15.0)
+    parser.add_argument("--symbols", type=int, default=0, help="perf: also the top N symbols of the engine streams' "
+                        "non-JIT samples")
     args = parser.parse_args()
-    {"perf": lambda: mode_perf(args.artifact, args.seconds), "calls": lambda: mode_calls(args.artifact),
+    {"perf": lambda: mode_perf(args.artifact, args.seconds, args.symbols), "calls": lambda: mode_calls(args.artifact),
      "tokenize": lambda: mode_tokenize(args.artifact), "turns": lambda: mode_turns(args.artifact)}[args.mode]()
 
 

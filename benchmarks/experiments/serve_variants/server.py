@@ -19,6 +19,9 @@ issue 27 applied first (run.py compares them; "base" applies none):
              with a stream per session: the prerequisite for routing a batch to the session that last ran its shape
              (OpenVINO picks the stream of a shared model per call). Pair it with nopin: single-stream models each
              pin their thread, and may pick the same core;
+  bare       POST /embed answered by a minimal ASGI handler ahead of every kiln layer (no request id, guard, fast
+             lane, validation, metrics, trace or latency header): parse, tokenize in a pool turn, batch, finalize,
+             render. Not a server to ship: the upper bound of what a leaner event-loop path could buy;
   bigheap    (set by run.py, before the process starts) glibc's malloc keeps freed memory rather than returning it:
              GLIBC_TUNABLES mmap_threshold 256 MiB, trim_threshold 1 GiB, top_pad 64 MiB.
 """
@@ -28,7 +31,7 @@ from __future__ import annotations
 import os
 import sys
 
-VARIANTS = {"base", "outer", "noproxy", "nopin", "notokpar", "bigcache", "queued", "bigheap", "models"}
+VARIANTS = {"base", "outer", "noproxy", "nopin", "notokpar", "bigcache", "queued", "bigheap", "models", "bare"}
 chosen = set(sys.argv.pop(1).split("+"))
 
 
@@ -81,12 +84,44 @@ if openvino_config:
 
     ov.Core.compile_model = configured
 
-if chosen & {"outer", "noproxy"}:
+if chosen & {"outer", "noproxy", "bare"}:
     from fastapi import FastAPI
 
     from kiln.serve import server
 
     held: list = []
+
+    class Bare:
+        """/embed without kiln's layers (see the module doc); anything else goes to the app."""
+
+        def __init__(self, app) -> None:
+            self.app, self.fastapi = app, app
+
+        async def __call__(self, scope, receive, send) -> None:
+            if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] != "/embed":
+                await self.app(scope, receive, send)
+                return
+            import orjson
+
+            chunks, more = [], True
+            while more:
+                message = await receive()
+                chunks.append(message.get("body", b""))
+                more = message.get("more_body", False)
+            inputs = orjson.loads(b"".join(chunks))["inputs"]
+            items = [inputs] if isinstance(inputs, str) else inputs
+            state = self.fastapi.state
+            served = next(iter(state.models.values()))
+            handler = served.predictor.handler
+            options = handler.options(truncate=True)
+            prepared = await state.pool.coalesced(served.predictor.prepare, items, options)
+            reduced = await served.scheduler.submit(prepared.encodings)
+            results = handler.finalize(prepared, reduced, options, served.predictor.encoder)
+            body = orjson.dumps({"model": served.name, "embeddings": results, "truncated": list(prepared.truncated)},
+                                option=orjson.OPT_SERIALIZE_NUMPY)
+            await send({"type": "http.response.start", "status": 200, "headers": [
+                (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+            await send({"type": "http.response.body", "body": body})
     if "outer" in chosen:
         FastAPI.add_middleware = lambda self, cls, **options: held.append((cls, options))
     uvicorn_config = server.uvicorn.Config
@@ -96,6 +131,8 @@ if chosen & {"outer", "noproxy"}:
             app = cls(app, **kwargs)
         if "noproxy" in chosen:
             options["proxy_headers"] = False
+        if "bare" in chosen:
+            app = Bare(app)
         return uvicorn_config(app, **options)
 
     server.uvicorn.Config = config
