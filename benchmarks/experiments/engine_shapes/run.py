@@ -9,9 +9,12 @@
 Inputs are the engines' warm-up rows repeated (the speed of an int8 or float graph does not depend on the ids).
 
     python benchmarks/experiments/engine_shapes/run.py kiln-out/best [--length 112] [--rounds 5] [--kernel-cache N]
+        [--bounded 64,256]
 
 ``--kernel-cache N`` sets OpenVINO's CPU_RUNTIME_CACHE_CAPACITY (default 5,000 kernels) on the sessions, to see
-whether shape changes cost kernel rebuilds that a larger cache would keep.
+whether shape changes cost kernel rebuilds that a larger cache would keep. ``--bounded B,L`` compiles the model with
+upper bounds on its token inputs ([1..B, 1..L] instead of [?, ?]), which OpenVINO recommends for memory reuse
+under dynamic shapes: does a bounded shape make a change between calls cheaper?
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import random
 import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import numpy as np
 
@@ -46,15 +50,33 @@ def cached(capacity: int) -> None:
     ov.Core.compile_model = configured
 
 
+def bounded(batch: int, length: int) -> None:
+    """Every OpenVINO model compiled from now on has its inputs bounded to [1..batch, 1..length]."""
+    import openvino as ov
+
+    compile_model = ov.Core.compile_model
+
+    def reshaped(self, model, device=None, config=None, *args, **kwargs):
+        if not isinstance(model, (str, Path)):
+            model.reshape({i.get_any_name(): ov.PartialShape([ov.Dimension(1, batch), ov.Dimension(1, length)])
+                           for i in model.inputs})
+        return compile_model(self, model, device, config, *args, **kwargs)
+
+    ov.Core.compile_model = reshaped
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("artifact")
     parser.add_argument("--length", type=int, default=112)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--kernel-cache", type=int, default=None)
+    parser.add_argument("--bounded", default=None, help="B,L: inputs bounded to [1..B, 1..L]")
     args = parser.parse_args()
     if args.kernel_cache is not None:
         cached(args.kernel_cache)
+    if args.bounded:
+        bounded(*(int(v) for v in args.bounded.split(",")))
     artifact = Artifact.open(args.artifact)
     variant = artifact.variant_name()
     engines = artifact.predictor(variant, artifact.serving_plan(variant, split_cores=True)).sessions

@@ -5,8 +5,9 @@
     engine's stream threads, the event loop, the tokenizer pool, the rest of Python's threads), each as a share
     of the engine's own JIT-kernel samples: what each side spends per unit of model work. (perf's absolute sample
     counts run short in this VM; the shares compare.)
-  * ``--mode calls``: every OpenVINO ``InferRequest.infer`` timed from Python against OpenVINO's own latency for it,
-    served and offline: the difference is the call's binding work plus the wait for the GIL when it returns.
+  * ``--mode calls``: every OpenVINO engine call timed from Python against OpenVINO's own latency for it, served
+    and offline: the difference is the call's binding work plus the wait for the GIL when it returns; and the
+    calling thread's CPU a call (a tree from before kiln's own call path: its InferRequest.infer instead);
   * ``--mode tokenize``: one text's tokenization right after 16 MiB of other memory traffic (as on a core the
     engine shares) against texts tokenized back to back, in bursts of 1-16;
   * ``--mode turns``: the tokenizer pool's turns in the server (kiln.serve.coalesce): jobs a turn and the pool
@@ -48,19 +49,27 @@ for _ in range(int(sys.argv[2])):
     print(f"offline {len(texts) / (time.perf_counter() - began):.1f} texts/s", flush=True)
 """
 
-# Runs a script or kiln's CLI with every InferRequest.infer timed (wall, OpenVINO's latency) into a file.
+# Runs a script or kiln's CLI with every OpenVINO engine call timed (wall, OpenVINO's latency, the calling thread's
+# CPU) into a file: kiln's call (kiln.engines.openvino._call: inputs in, start, wait, outputs out), or on a tree from
+# before it (PYTHONPATH=an older src) InferRequest.infer, which kiln called then.
 TIMED = """
 import atexit, sys, time
 import openvino as ov
+from kiln.engines import openvino as engine
 out = sys.argv.pop(1)
-infer, rows = ov.InferRequest.infer, []
-def timed(self, *args, **kwargs):
-    began = time.perf_counter()
-    result = infer(self, *args, **kwargs)
-    rows.append((time.perf_counter() - began, self.latency / 1000.0))
-    return result
-ov.InferRequest.infer = timed
-atexit.register(lambda: open(out, "w").write("".join(f"{w} {l}\\n" for w, l in rows)))
+rows = []
+def timing(call, request_of):
+    def timed(*args, **kwargs):
+        began, cpu = time.perf_counter(), time.thread_time()
+        result = call(*args, **kwargs)
+        rows.append((time.perf_counter() - began, request_of(args).latency / 1000.0, time.thread_time() - cpu))
+        return result
+    return timed
+if hasattr(engine, "_call"):
+    engine._call = timing(engine._call, lambda args: args[0])
+else:
+    ov.InferRequest.infer = timing(ov.InferRequest.infer, lambda args: args[0])
+atexit.register(lambda: open(out, "w").write("".join(f"{w} {l} {c}\\n" for w, l, c in rows)))
 if sys.argv[1] == "serve":
     from kiln.cli.app import main
     sys.argv[0] = "kiln"
@@ -198,12 +207,12 @@ def mode_calls(artifact: str) -> None:
         for name, path in (("served", served), ("offline", offline)):
             calls = np.loadtxt(path)
             calls = calls[len(calls) // 4:]  # past the warm-up's calls
-            wall, latency = calls[:, 0], calls[:, 1]
+            wall, latency, cpu = calls[:, 0], calls[:, 1], calls[:, 2]
             over = 1000 * (wall - latency)
-            print(f"{name}: {len(calls)} calls of {1000 * wall.mean():.1f} ms; infer() beyond OpenVINO's latency: "
+            print(f"{name}: {len(calls)} calls of {1000 * wall.mean():.1f} ms; a call beyond OpenVINO's latency: "
                   f"mean {over.mean():.2f} ms, median {np.median(over):.2f}, p90 {np.percentile(over, 90):.2f}, "
                   f"p99 {np.percentile(over, 99):.2f}; {100 * (wall - latency).sum() / wall.sum():.2f}% of the calls' "
-                  "time")
+                  f"time; the calling thread's CPU a call: median {1e6 * np.median(cpu):.0f} us")
 
 
 def mode_tokenize(artifact: str) -> None:
