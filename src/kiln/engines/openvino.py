@@ -40,18 +40,21 @@ def _call(request: Any, inputs: dict[str, np.ndarray], input_names: tuple[str, .
     The outputs are read before the request can serve another call and copied, so they stay valid after it does.
 
     Why not ``request.infer(dict)``: handing the binding a dict costs the calling thread ~250 us a call to wrap each
-    array in a tensor and set it on the request, and the synchronous infer waits by spinning; resizing the request's
-    own tensors and copying into them, then start_async + wait, cost it ~390 against ~650 us a call in all (MiniLM
-    int8, batches of 6-8 x 96-128 tokens, 2-core EPYC; the same outputs bit for bit). In a server that CPU is taken
-    from the engine's other stream and the event loop: two sessions make ~70 calls a second.
+    array in a tensor and set it on the request; resizing the request's own tensors and copying into them costs
+    ~110 (MiniLM int8, batches of 6-8 x 96-128 tokens, 2-core EPYC; the same outputs bit for bit). In a server that
+    CPU is taken from the engine's other stream and the event loop.
+
+    Why the synchronous ``infer()`` and not ``start_async()`` + ``wait()``, whose wait spins less (~80 us a call
+    less): on OpenVINO 2026.4 a call that fails that way (ids and mask of different widths) leaves the stream unable
+    to run that shape again: every later call of it fails, on any request of the model, until another shape has
+    run. The synchronous call recovers (tests/test_engines.py).
     """
     for k, name in enumerate(input_names):
-        array = inputs[name]
+        array = np.asarray(inputs[name])
         tensor = request.get_input_tensor(k)
         tensor.shape = array.shape
         tensor.data[...] = array  # cast to the input's own element type where the caller's differs
-    request.start_async()
-    request.wait()
+    request.infer()
     return {name: np.array(request.get_output_tensor(k).data, dtype=np.float32)
             for k, name in enumerate(output_names)}
 
