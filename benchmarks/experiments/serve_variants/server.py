@@ -94,8 +94,8 @@ if chosen & {"outer", "noproxy", "bare"}:
     class Bare:
         """/embed without kiln's layers (see the module doc); anything else goes to the app."""
 
-        def __init__(self, app) -> None:
-            self.app, self.fastapi = app, app
+        def __init__(self, app, fastapi) -> None:
+            self.app, self.fastapi = app, fastapi  # app: FastAPI, or kiln's middlewares around it (outer)
 
         async def __call__(self, scope, receive, send) -> None:
             if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] != "/embed":
@@ -127,12 +127,13 @@ if chosen & {"outer", "noproxy", "bare"}:
     uvicorn_config = server.uvicorn.Config
 
     def config(app, **options):
+        fastapi = app
         for cls, kwargs in held:  # in the order added: the last (request ids) outermost, as Starlette stacks them
             app = cls(app, **kwargs)
         if "noproxy" in chosen:
             options["proxy_headers"] = False
         if "bare" in chosen:
-            app = Bare(app)
+            app = Bare(app, fastapi)
         return uvicorn_config(app, **options)
 
     server.uvicorn.Config = config
