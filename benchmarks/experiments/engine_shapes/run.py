@@ -37,32 +37,22 @@ def arrays(input_names: tuple[str, ...], batch: int, length: int) -> dict[str, n
     return {name: np.repeat(row, batch, axis=0) for name, row in warmup_inputs(input_names, length).items()}
 
 
-def cached(capacity: int) -> None:
-    """Every OpenVINO model compiled from now on keeps ``capacity`` kernels per shape cache."""
+def compiled_with(capacity: int | None, bounds: tuple[int, int] | None) -> None:
+    """Every OpenVINO model compiled from now on keeps ``capacity`` kernels in its per-shape cache (None: OpenVINO's
+    default) and has its inputs bounded to [1..batch, 1..length] by ``bounds`` (None: left [?, ?])."""
     import openvino as ov
 
     compile_model = ov.Core.compile_model
 
     def configured(self, model, device=None, config=None, *args, **kwargs):
-        return compile_model(self, model, device, {**(config or {}), "CPU_RUNTIME_CACHE_CAPACITY": capacity},
-                             *args, **kwargs)
-
-    ov.Core.compile_model = configured
-
-
-def bounded(batch: int, length: int) -> None:
-    """Every OpenVINO model compiled from now on has its inputs bounded to [1..batch, 1..length]."""
-    import openvino as ov
-
-    compile_model = ov.Core.compile_model
-
-    def reshaped(self, model, device=None, config=None, *args, **kwargs):
-        if not isinstance(model, (str, Path)):
-            model.reshape({i.get_any_name(): ov.PartialShape([ov.Dimension(1, batch), ov.Dimension(1, length)])
+        if capacity is not None:
+            config = {**(config or {}), "CPU_RUNTIME_CACHE_CAPACITY": capacity}
+        if bounds is not None and not isinstance(model, (str, Path)):
+            model.reshape({i.get_any_name(): ov.PartialShape([ov.Dimension(1, bounds[0]), ov.Dimension(1, bounds[1])])
                            for i in model.inputs})
         return compile_model(self, model, device, config, *args, **kwargs)
 
-    ov.Core.compile_model = reshaped
+    ov.Core.compile_model = configured
 
 
 def main() -> None:
@@ -73,10 +63,9 @@ def main() -> None:
     parser.add_argument("--kernel-cache", type=int, default=None)
     parser.add_argument("--bounded", default=None, help="B,L: inputs bounded to [1..B, 1..L]")
     args = parser.parse_args()
-    if args.kernel_cache is not None:
-        cached(args.kernel_cache)
-    if args.bounded:
-        bounded(*(int(v) for v in args.bounded.split(",")))
+    bounds = tuple(int(v) for v in args.bounded.split(",")) if args.bounded else None
+    if args.kernel_cache is not None or bounds is not None:
+        compiled_with(args.kernel_cache, bounds)
     artifact = Artifact.open(args.artifact)
     variant = artifact.variant_name()
     engines = artifact.predictor(variant, artifact.serving_plan(variant, split_cores=True)).sessions

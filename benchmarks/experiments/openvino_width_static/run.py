@@ -24,6 +24,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "engine_shapes"))
 from run import arrays  # noqa: E402  (engine_shapes/run.py)
 
+from kiln.engines.openvino import _call  # noqa: E402  (the call kiln's OpenVINO engine makes)
+
 WIDTHS = tuple(range(32, 208, 16))
 CONFIG = {"INFERENCE_PRECISION_HINT": "bf16", "PERFORMANCE_HINT": "LATENCY", "INFERENCE_NUM_THREADS": 1,
           "NUM_STREAMS": 1}
@@ -31,17 +33,6 @@ CONFIG = {"INFERENCE_PRECISION_HINT": "bf16", "PERFORMANCE_HINT": "LATENCY", "IN
 
 def resident_mib() -> float:
     return int(Path("/proc/self/statm").read_text().split()[1]) * 4096 / 2**20
-
-
-def call(request, names: list[str], feed: dict[str, np.ndarray]) -> np.ndarray:
-    """One call as kiln's OpenVINO engine makes it: inputs copied into the request's tensors, start + wait."""
-    for k, name in enumerate(names):
-        tensor = request.get_input_tensor(k)
-        tensor.shape = feed[name].shape
-        tensor.data[...] = feed[name]
-    request.start_async()
-    request.wait()
-    return np.array(request.get_output_tensor(0).data)
 
 
 def main() -> None:
@@ -65,17 +56,22 @@ def main() -> None:
         static[width] = core.compile_model(model, "CPU", CONFIG)
     print(f"the dynamic compile +{after_dynamic - before:.0f} MiB resident; {len(WIDTHS)} width-static compiles in "
           f"{time.perf_counter() - began:.1f} s, +{resident_mib() - after_dynamic:.0f} MiB")
-    names = [i.get_any_name() for i in dynamic.inputs]
+    names = tuple(i.get_any_name() for i in dynamic.inputs)
+    out = (dynamic.outputs[0].get_any_name(),)
+
+    def call(request, feed: dict[str, np.ndarray]) -> np.ndarray:
+        return _call(request, feed, names, out)[out[0]]
+
     rng = random.Random(0)
     shuffled = [(rng.randint(4, 8), rng.choice(WIDTHS)) for _ in range(120)]
     orders = {"shuffled": shuffled, "grouped": sorted(shuffled, key=lambda s: (s[1], s[0]))}
-    feeds = {shape: arrays(tuple(names), *shape) for shape in set(shuffled)}
+    feeds = {shape: arrays(names, *shape) for shape in set(shuffled)}
     one = dynamic.create_infer_request()
     per_width = {width: model.create_infer_request() for width, model in static.items()}
     paths = {"dynamic": lambda shape: one, "per-width static": lambda shape: per_width[shape[1]]}
     worst = 0.0
     for shape, feed in feeds.items():  # every shape run on both paths before timing
-        worst = max(worst, float(np.abs(call(one, names, feed) - call(per_width[shape[1]], names, feed)).max()))
+        worst = max(worst, float(np.abs(call(one, feed) - call(per_width[shape[1]], feed)).max()))
     print(f"largest output difference over {len(feeds)} shapes: {worst}")
     tokens = sum(b * w for b, w in shuffled)
     rates: dict[str, list[float]] = {f"{p}, {o}": [] for o in orders for p in paths}
@@ -84,7 +80,7 @@ def main() -> None:
             for name, request_for in paths.items():
                 start = time.perf_counter()
                 for shape in shapes:
-                    call(request_for(shape), names, feeds[shape])
+                    call(request_for(shape), feeds[shape])
                 rates[f"{name}, {order}"].append(tokens / (time.perf_counter() - start))
     for name, values in rates.items():
         print(f"{name}: {statistics.median(values):.0f} tokens/s ({', '.join(f'{v:.0f}' for v in values)})")

@@ -50,7 +50,7 @@ for _ in range(int(sys.argv[2])):
 """
 
 # Runs a script or kiln's CLI with every OpenVINO engine call timed (wall, OpenVINO's latency, the calling thread's
-# CPU) into a file: kiln's call (kiln.engines.openvino._call: inputs in, start, wait, outputs out), or on a tree from
+# CPU) into a file: kiln's call (kiln.engines.openvino._call: inputs in, infer, outputs out), or on a tree from
 # before it (PYTHONPATH=an older src) InferRequest.infer, which kiln called then.
 TIMED = """
 import atexit, sys, time

@@ -39,15 +39,17 @@ def _call(request: Any, inputs: dict[str, np.ndarray], input_names: tuple[str, .
     (MiniLM, sorted batches up to 208 tokens): that batch's next use read other token ids and gave cosine 0.24.
     The outputs are read before the request can serve another call and copied, so they stay valid after it does.
 
-    Why not ``request.infer(dict)``: handing the binding a dict costs the calling thread ~250 us a call to wrap each
-    array in a tensor and set it on the request; resizing the request's own tensors and copying into them costs
-    ~110 (MiniLM int8, batches of 6-8 x 96-128 tokens, 2-core EPYC; the same outputs bit for bit). In a server that
-    CPU is taken from the engine's other stream and the event loop.
+    Why not ``request.infer(dict)``: the binding then wraps each array in a new tensor and sets it on the request.
+    Resizing the request's own tensors and copying into them cost the calling thread 421 against 467 us a call in a
+    server under 64 clients, 425 against 450 offline (MiniLM int8, 2-core EPYC; the same outputs bit for bit;
+    benchmarks/experiments/serve_overhead/run.py --mode calls). In a server that CPU is taken from the engine's
+    other stream and the event loop.
 
-    Why the synchronous ``infer()`` and not ``start_async()`` + ``wait()``, whose wait spins less (~80 us a call
-    less): on OpenVINO 2026.4 a call that fails that way (ids and mask of different widths) leaves the stream unable
-    to run that shape again: every later call of it fails, on any request of the model, until another shape has
-    run. The synchronous call recovers (tests/test_engines.py).
+    Why the synchronous ``infer()`` and not ``start_async()`` + ``wait()``, whose wait spins less (328 against 421
+    us a call served, 343 against 425 offline, the same command): on OpenVINO 2026.4 a call that fails that way
+    (ids and mask of different widths) leaves the stream unable to run that shape again: every later call of it
+    fails, on any request of the model, until another shape has run. The synchronous call recovers
+    (tests/test_engines.py).
     """
     for k, name in enumerate(input_names):
         array = np.asarray(inputs[name])
