@@ -12,7 +12,7 @@ import numpy as np
 from kiln.choices import Precision
 from kiln.decoder.graph import PAST_PREFIX
 from kiln.engines.base import THROUGHPUT_STREAMS, EngineOptions, require_cpu, warmup_inputs
-from kiln.errors import ArtifactError, missing_dependency
+from kiln.errors import ArtifactError, UsageError, missing_dependency
 from kiln.system.memory import page_out
 
 _PRECISION_HINT = {Precision.FP32: "f32", Precision.BF16: "bf16", Precision.FP16: "f16"}
@@ -86,7 +86,8 @@ class OpenVinoEngine:
         core = ov.Core()
         try:
             model = core.read_model(str(path))
-            if any(i.get_any_name().startswith(PAST_PREFIX) for i in model.inputs):
+            decoder = any(i.get_any_name().startswith(PAST_PREFIX) for i in model.inputs)
+            if decoder:
                 # A decoding step's shapes almost never repeat (the past grows by one each step), so the CPU
                 # plugin's per-shape kernel cache only grows: GPT-2 small, batch 8, past lengths 0-259 in a row
                 # ended at 4.84 GB RSS and 42.4 s with the default cache against 2.66 GB and 29.7 s without it,
@@ -105,6 +106,10 @@ class OpenVinoEngine:
         self._spares: queue.SimpleQueue = queue.SimpleQueue()  # shared by this engine's sessions (requests())
         self.input_names = tuple(i.get_any_name() for i in self.compiled_model.inputs)
         self.output_names = tuple(o.get_any_name() for o in self.compiled_model.outputs)
+        # OpenVINO's synchronous call runs inputs it cannot make sense of (ids and mask of different widths, 3-D ids)
+        # and answers something (OpenVINO 2026.4); ONNX Runtime refuses them. Checked here so that both refuse.
+        self._ranks = tuple(i.get_partial_shape().rank.get_length() for i in self.compiled_model.inputs)
+        self._one_shape = not decoder  # an encoder's inputs are all [batch, length]; a decoder's past differ
         self.providers = (f"openvino-cpu-{options.precision.value}",)
         # Token inputs are int64; a decoder's past keys/values are float.
         self.input_types = {i.get_any_name(): (np.float32 if i.get_element_type().is_real() else np.int64)
@@ -114,6 +119,7 @@ class OpenVinoEngine:
         """Thread-safe: an infer request runs one call at a time, so a call made while this session's own request
         is busy (several user threads on one predictor) takes a spare request, created on first need and kept.
         The server's sessions each call from their own thread and so always find their own request free."""
+        self._check(inputs)
         own = self._own.acquire(blocking=False)
         if own:
             request = self._request
@@ -131,6 +137,16 @@ class OpenVinoEngine:
                 self._spares.put(request)
         self.release_mapped_weights()
         return outputs
+
+    def _check(self, inputs: dict[str, np.ndarray]) -> None:
+        """Refuse inputs of the wrong rank, and an encoder's inputs whose shapes differ; a missing one is a KeyError
+        naming it."""
+        shapes = {name: np.shape(inputs[name]) for name in self.input_names}
+        for (name, shape), rank in zip(shapes.items(), self._ranks):
+            if len(shape) != rank:
+                raise UsageError(f"OpenVINO input {name!r} takes {rank}-D arrays (got shape {shape})")
+        if self._one_shape and len(set(shapes.values())) > 1:
+            raise UsageError(f"the inputs of one call must share one [batch, length] shape (got {shapes})")
 
     def release_mapped_weights(self) -> None:
         """Once a call has run (by this engine or on its compiled model's requests): hand back the resident pages
