@@ -73,6 +73,9 @@ def test_a_new_class_re_validates_every_accepted_variant_once_and_caches_it(port
     assert Artifact.open(portable).cpu_pick() == pick  # the cache, keyed by the manifest, answers
     result = CliRunner().invoke(app, ["info", str(portable)])
     assert result.exit_code == 0 and f"runs here  {pick.variant}: re-validated on {ELSEWHERE}" in result.output
+    for name, record in art.manifest.variants.items():  # each variant's line says how the gate judged it
+        line = next(x for x in result.output.splitlines() if x.startswith(f"variant    {name}"))
+        assert f"; {record.status.value}: {record.reason}" in line, line
     assert f"unchecked  {ELSEWHERE}:" in result.output
 
 

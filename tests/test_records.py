@@ -63,3 +63,22 @@ def test_a_manifest_is_typed_and_a_schema_1_manifest_still_reads(tiny_artifact, 
     (old / MANIFEST_NAME).write_text(json.dumps(body))
     with pytest.raises(ArtifactError, match="has schema_version 99; this kiln reads schema_version 1, 2"):
         read_manifest(old)
+
+
+def test_a_variant_says_how_it_fared_in_one_line():
+    """kiln info's line per variant: the gate's verdict in its words, the build machine's speed and the batch drift
+    after kiln optimize; a plain export's parity; nothing recorded said as such."""
+    from kiln.validation.batching import BatchDrift, BatchedAgreement, Batching
+
+    agreement = Agreement("min_cosine", 0.9941, {"min_cosine": 0.9941}, "cosine", ())
+    plain = VariantRecord("v", "onnxruntime", "v/model.onnx", ("v/model.onnx",))
+    assert plain.summary() == "no parity recorded"
+    rejected = VariantRecord("q", "onnxruntime", "q/model.onnx", ("q/model.onnx",), status=Status.REJECTED,
+                             reason="min_cosine 0.8544 < 0.9900", agreement=agreement)
+    assert rejected.summary() == "rejected: min_cosine 0.8544 < 0.9900"
+    drift = BatchDrift(max_abs_diff=0.028, min_cosine=0.99006, consistency=0.9901, figure="min_cosine")
+    accepted = VariantRecord("i", "openvino", "i/model.xml", ("i/model.xml",), reason="min_cosine 0.9941 >= 0.9900",
+                             agreement=agreement, timing=Timing(256, 1.6, 32),
+                             batched=BatchedAgreement({Batching.SORTED: agreement}, drift))
+    assert accepted.summary() == ("accepted: min_cosine 0.9941 >= 0.9900; 160.0 seq/s at batch 32 when built; "
+                                  "moves with the batch: max abs diff 2.8e-02, min cosine 0.99006 (min_cosine 0.9901)")

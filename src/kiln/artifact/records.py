@@ -106,6 +106,23 @@ class VariantRecord:
         """Judged by kiln optimize (a plain export carries parity only)."""
         return self.agreement is not None or self.status is not Status.ACCEPTED
 
+    def summary(self) -> str:
+        """How it fared, in one line (kiln info): the gate's verdict in its own words, speed and batch drift after
+        kiln optimize; the export's parity check against PyTorch where there is one."""
+        parts = []
+        if self.validated:
+            parts.append(f"{self.status.value}: {self.reason}" if self.reason else self.status.value)
+            if self.timing is not None:  # on the machine that built it
+                timing = self.timing
+                parts.append(f"{timing.sequences_per_second:.1f} seq/s at batch {timing.batch_size} when built")
+            if self.batched is not None:
+                drift = self.batched.drift
+                parts.append(drift.describe() if drift.invariant else f"moves with the batch: {drift.describe()}")
+        if self.parity is not None:
+            parts.append(f"parity vs PyTorch: max |diff| {self.parity.max_abs_diff:.2e}, "
+                         f"min cosine {self.parity.min_cosine:.6f}")
+        return "; ".join(parts) or "no parity recorded"
+
 
 @dataclass(frozen=True)
 class ServingDefault:

@@ -265,11 +265,9 @@ def info(
     console.out.print(f"source sha {m.source.content_sha256}")
     console.out.print(f"task       {m.task.task} (max {m.task.max_length} tokens)")
     for name, record in m.variants.items():
-        parity = record.parity
         mark = " (best)" if m.build.best == name else ""
-        summary = (f"max |diff| {parity.max_abs_diff:.2e}, min cosine {parity.min_cosine:.6f}"
-                   if parity else "no parity recorded")
-        console.out.print(f"variant    {name}{mark}: {record.engine} {record.path}; {summary}")
+        console.out.print(f"variant    {name}{mark}: {record.engine} {record.path}; {record.summary()}",
+                          highlight=False, markup=False)
     if m.variants:
         pick = art.cpu_pick()  # may re-validate once on a CPU class the artifact was not validated on
         console.out.print(f"runs here  {pick.variant}: {pick.reason}")
