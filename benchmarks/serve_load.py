@@ -7,6 +7,9 @@ Measured in one run, on the same texts (single texts of mixed length, 10-200 tok
   * a one-request-per-forward FastAPI server (benchmarks/naive_server.py) at the same concurrencies;
   * overload: 4x more clients than --max-concurrent (answered / 429 rejected / lost);
   * SIGTERM while 64 clients send (sent / answered / refused at connect / lost after being accepted).
+With ``--paired`` (kiln only, the top concurrency): offline passes and kiln serve phases alternate round by round,
+the order flipped each round, both processes alive throughout, so that a VM whose speed drifts over minutes moves
+both sides of each ratio alike; the figure is the median of the rounds' ratios.
 Each kiln serve phase also records the cores the load generator and the server used (``cores_used``): they share
 the machine's cores here.
 
@@ -189,6 +192,69 @@ def offline_worker(conn, artifact: str, texts: list[str], threads: int | None, r
                "rounds": rounds_batched, "batch1_throughput_per_s": single, "batch1_rounds": rounds_single})
 
 
+def offline_passes_worker(conn, artifact: str, texts: list[str], threads: int | None) -> None:
+    """kiln.load's offline pass over ``texts``, once per message received (None ends it); sends texts/s back."""
+    from kiln.artifact.directory import Artifact
+
+    art = Artifact.open(artifact)
+    variant = art.variant_name()
+    plan = art.serving_plan(variant, threads=threads, split_cores=True)
+    predictor = art.predictor(variant, plan)
+    predictor.batch_size = plan.batch_size
+    predictor.predict(texts[:64])  # warm-up
+    conn.send({"variant": variant, "sessions": len(predictor.sessions), "batch_size": plan.batch_size})
+    while conn.recv() is not None:
+        begin = time.perf_counter()
+        predictor.predict(texts)
+        conn.send(len(texts) / (time.perf_counter() - begin))
+
+
+def paired(kiln: list[str], artifact: str, texts: list[str], bodies: list[bytes], threads: int | None,
+           clients: int, requests: int, max_s: float, rounds: int) -> dict:
+    """Offline passes and kiln serve phases at ``clients``, alternated (see the module doc)."""
+    ctx = mp.get_context("spawn")
+    parent, child = ctx.Pipe()
+    worker = ctx.Process(target=offline_passes_worker, args=(child, artifact, texts, threads))
+    worker.start()
+    plan = parent.recv()
+    proc, port = start(kiln)
+    pairs = []
+    try:
+        asyncio.run(closed_loop(port, bodies, clients, max(2 * clients, 64), max_s))  # warm-up
+
+        def offline_pass() -> dict:
+            idle = cpu_seconds(proc.pid)
+            parent.send(True)
+            rate = parent.recv()
+            return {"texts_per_s": rate, "server_cpu_s_meanwhile": cpu_seconds(proc.pid) - idle}
+
+        def served_phase() -> dict:
+            idle = cpu_seconds(worker.pid)
+            row = measure(port, bodies, clients, requests, max_s, proc.pid)
+            return {**row, "offline_process_cpu_s_meanwhile": cpu_seconds(worker.pid) - idle}
+
+        for k in range(rounds):
+            first, second = (offline_pass, served_phase) if k % 2 == 0 else (served_phase, offline_pass)
+            one, other = first(), second()
+            off, served = (one, other) if k % 2 == 0 else (other, one)
+            ratio = served["throughput_per_s"] / off["texts_per_s"]
+            pairs.append({"offline": off, "served": served, "ratio": ratio})
+            print(f"  round {k + 1} ({'offline first' if k % 2 == 0 else 'served first'}): offline "
+                  f"{off['texts_per_s']:.1f} texts/s, kiln serve {served['throughput_per_s']:.1f} req/s, p99 "
+                  f"{served['p99_ms']:.0f} ms: {ratio:.3f}x", flush=True)
+    finally:
+        parent.send(None)
+        worker.join(timeout=60)
+        code = stop(proc)
+    ratios = [p["ratio"] for p in pairs]
+    return {"plan": plan, "clients": clients, "rounds": pairs, "exit_code": code,
+            "median_ratio": statistics.median(ratios),
+            "median_offline_texts_per_s": statistics.median(p["offline"]["texts_per_s"] for p in pairs),
+            "median_served_req_per_s": statistics.median(p["served"]["throughput_per_s"] for p in pairs),
+            "median_p99_ms": statistics.median(p["served"]["p99_ms"] for p in pairs),
+            "worst_p99_ms": max(p["served"]["p99_ms"] for p in pairs)}
+
+
 def offline(artifact: str, texts: list[str], threads: int | None, rounds: int) -> dict:
     ctx = mp.get_context("spawn")
     parent, child = ctx.Pipe()
@@ -362,6 +428,9 @@ def main() -> int:
     parser.add_argument("--serve-args", default="", help="extra `kiln serve` options, e.g. '--max-delay-ms 2'")
     parser.add_argument("--kiln-only", action="store_true",
                         help="offline and kiln serve only: no one-request-per-forward server, overload or SIGTERM")
+    parser.add_argument("--paired", action="store_true",
+                        help="offline passes and kiln serve phases alternated round by round at the top concurrency "
+                             "(implies --kiln-only)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
 
@@ -386,6 +455,19 @@ def main() -> int:
 
     print(f"texts: {len(texts)} distinct, tokens min/median/max {min(lengths)}/{statistics.median(lengths)}/"
           f"{max(lengths)}; {args.requests} requests per phase", flush=True)
+    if args.paired:
+        result = paired(kiln, args.artifact, stream, bodies, args.threads, max(concurrency), args.requests,
+                        args.max_seconds, args.rounds)
+        ratios = ", ".join(f"{pair['ratio']:.3f}" for pair in result["rounds"])
+        print(f"at {result['clients']} clients, {args.rounds} alternated rounds: kiln serve = "
+              f"{result['median_ratio']:.3f}x offline (median of the rounds' ratios: {ratios}), offline "
+              f"{result['median_offline_texts_per_s']:.1f} texts/s, kiln serve "
+              f"{result['median_served_req_per_s']:.1f} req/s, p99 median {result['median_p99_ms']:.0f} ms, worst "
+              f"{result['worst_p99_ms']:.0f} ms")
+        if args.json:
+            Path(args.json).write_text(json.dumps({"artifact": args.artifact, "serve_args": args.serve_args,
+                                                   "paired": result}, indent=2) + "\n")
+        return 0
     base = offline(args.artifact, stream, args.threads, args.rounds)
     print(f"offline ({base['variant']}, {base['threads']} threads, tokenization included): "
           f"batched ({base['batch_size']}, sorted) "
