@@ -1,8 +1,7 @@
 """One OpenVINO compile per padded width (the batch dimension left dynamic) against one fully dynamic compile, on
 one single-thread stream (issue 27): the same 120 batches of 4-8 x 32-192 tokens, in a shuffled order (as kiln
-serve's batches come) and grouped by shape (as a sorted offline pass), alternated round by round. Also the memory
-each compile holds and whether the outputs differ. Inputs are the engines' warm-up rows repeated (the speed of an
-int8 or float graph does not depend on the ids).
+serve's batches come) and grouped by shape (as a sorted offline pass), alternated round by round (mix.py). Also the
+memory each compile holds and whether the outputs differ.
 
 Both orders gaining alike means static widths make the kernels faster, not shape changes cheaper: offline and
 served would gain together.
@@ -12,23 +11,11 @@ served would gain together.
 
 from __future__ import annotations
 
-import argparse
-import random
-import statistics
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "engine_shapes"))
-from run import arrays  # noqa: E402  (engine_shapes/run.py)
-
-from kiln.engines.openvino import _call  # noqa: E402  (the call kiln's OpenVINO engine makes)
-
-WIDTHS = tuple(range(32, 208, 16))
-CONFIG = {"INFERENCE_PRECISION_HINT": "bf16", "PERFORMANCE_HINT": "LATENCY", "INFERENCE_NUM_THREADS": 1,
-          "NUM_STREAMS": 1}
+from mix import CONFIG, WIDTHS, Mix, arguments
 
 
 def resident_mib() -> float:
@@ -38,11 +25,7 @@ def resident_mib() -> float:
 def main() -> None:
     import openvino as ov
 
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("artifact", type=Path, help="a kiln optimize output directory")
-    parser.add_argument("--variant", default="openvino-int8-static")
-    parser.add_argument("--rounds", type=int, default=5)
-    args = parser.parse_args()
+    args = arguments(__doc__)
     path = args.artifact / args.variant / "model.xml"
     core = ov.Core()
     before = resident_mib()
@@ -56,34 +39,14 @@ def main() -> None:
         static[width] = core.compile_model(model, "CPU", CONFIG)
     print(f"the dynamic compile +{after_dynamic - before:.0f} MiB resident; {len(WIDTHS)} width-static compiles in "
           f"{time.perf_counter() - began:.1f} s, +{resident_mib() - after_dynamic:.0f} MiB")
-    names = tuple(i.get_any_name() for i in dynamic.inputs)
-    out = (dynamic.outputs[0].get_any_name(),)
-
-    def call(request, feed: dict[str, np.ndarray]) -> np.ndarray:
-        return _call(request, feed, names, out)[out[0]]
-
-    rng = random.Random(0)
-    shuffled = [(rng.randint(4, 8), rng.choice(WIDTHS)) for _ in range(120)]
-    orders = {"shuffled": shuffled, "grouped": sorted(shuffled, key=lambda s: (s[1], s[0]))}
-    feeds = {shape: arrays(names, *shape) for shape in set(shuffled)}
+    mix = Mix(dynamic)
     one = dynamic.create_infer_request()
     per_width = {width: model.create_infer_request() for width, model in static.items()}
-    paths = {"dynamic": lambda shape: one, "per-width static": lambda shape: per_width[shape[1]]}
     worst = 0.0
-    for shape, feed in feeds.items():  # every shape run on both paths before timing
-        worst = max(worst, float(np.abs(call(one, feed) - call(per_width[shape[1]], feed)).max()))
-    print(f"largest output difference over {len(feeds)} shapes: {worst}")
-    tokens = sum(b * w for b, w in shuffled)
-    rates: dict[str, list[float]] = {f"{p}, {o}": [] for o in orders for p in paths}
-    for _ in range(args.rounds):
-        for order, shapes in orders.items():
-            for name, request_for in paths.items():
-                start = time.perf_counter()
-                for shape in shapes:
-                    call(request_for(shape), feeds[shape])
-                rates[f"{name}, {order}"].append(tokens / (time.perf_counter() - start))
-    for name, values in rates.items():
-        print(f"{name}: {statistics.median(values):.0f} tokens/s ({', '.join(f'{v:.0f}' for v in values)})")
+    for shape in mix.feeds:  # every shape run on both paths before timing
+        worst = max(worst, float(np.abs(mix.call(one, shape) - mix.call(per_width[shape[1]], shape)).max()))
+    print(f"largest output difference over {len(mix.feeds)} shapes: {worst}")
+    mix.time({"dynamic": lambda shape: one, "per-width static": lambda shape: per_width[shape[1]]}, args.rounds)
 
 
 if __name__ == "__main__":
