@@ -108,7 +108,8 @@ class OpenVinoEngine:
         self.output_names = tuple(o.get_any_name() for o in self.compiled_model.outputs)
         # OpenVINO's synchronous call runs inputs it cannot make sense of (ids and mask of different widths, 3-D ids)
         # and answers something (OpenVINO 2026.4); ONNX Runtime refuses them. Checked here so that both refuse.
-        self._ranks = tuple(i.get_partial_shape().rank.get_length() for i in self.compiled_model.inputs)
+        ranks = (i.get_partial_shape().rank for i in self.compiled_model.inputs)
+        self._ranks = tuple(r.get_length() if r.is_static else None for r in ranks)  # None: any rank
         self._one_shape = not decoder  # an encoder's inputs are all [batch, length]; a decoder's past differ
         self.providers = (f"openvino-cpu-{options.precision.value}",)
         # Token inputs are int64; a decoder's past keys/values are float.
@@ -143,7 +144,7 @@ class OpenVinoEngine:
         naming it."""
         shapes = {name: np.shape(inputs[name]) for name in self.input_names}
         for (name, shape), rank in zip(shapes.items(), self._ranks):
-            if len(shape) != rank:
+            if rank is not None and len(shape) != rank:
                 raise UsageError(f"OpenVINO input {name!r} takes {rank}-D arrays (got shape {shape})")
         if self._one_shape and len(set(shapes.values())) > 1:
             raise UsageError(f"the inputs of one call must share one [batch, length] shape (got {shapes})")
