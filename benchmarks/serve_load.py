@@ -166,15 +166,21 @@ def stop(proc: subprocess.Popen) -> int:
     return proc.wait(timeout=120)
 
 
-def offline_worker(conn, artifact: str, texts: list[str], threads: int | None, rounds: int) -> None:
+def offline_predictor(artifact: str, texts: list[str], threads: int | None):
+    """(variant, plan, predictor) as kiln.load runs the artifact, warmed up on ``texts``: serving.json where kiln
+    bench wrote it, else its split of the cores (split_cores_plan)."""
     from kiln.artifact.directory import Artifact
 
     art = Artifact.open(artifact)
     variant = art.variant_name()
-    # what kiln.load runs: serving.json where kiln bench wrote it, else its split of the cores (split_cores_plan)
     plan = art.serving_plan(variant, threads=threads, split_cores=True)
     predictor = art.predictor(variant, plan)
     predictor.predict(texts[:64])  # warm-up
+    return variant, plan, predictor
+
+
+def offline_worker(conn, artifact: str, texts: list[str], threads: int | None, rounds: int) -> None:
+    variant, plan, predictor = offline_predictor(artifact, texts, threads)
 
     def rate(batch_size: int) -> tuple[float, list[float]]:
         predictor.batch_size = batch_size
@@ -194,14 +200,7 @@ def offline_worker(conn, artifact: str, texts: list[str], threads: int | None, r
 
 def offline_passes_worker(conn, artifact: str, texts: list[str], threads: int | None) -> None:
     """kiln.load's offline pass over ``texts``, once per message received (None ends it); sends texts/s back."""
-    from kiln.artifact.directory import Artifact
-
-    art = Artifact.open(artifact)
-    variant = art.variant_name()
-    plan = art.serving_plan(variant, threads=threads, split_cores=True)
-    predictor = art.predictor(variant, plan)
-    predictor.batch_size = plan.batch_size
-    predictor.predict(texts[:64])  # warm-up
+    variant, plan, predictor = offline_predictor(artifact, texts, threads)
     conn.send({"variant": variant, "sessions": len(predictor.sessions), "batch_size": plan.batch_size})
     while conn.recv() is not None:
         begin = time.perf_counter()
@@ -234,12 +233,16 @@ def paired(kiln: list[str], artifact: str, texts: list[str], bodies: list[bytes]
             return {**row, "offline_process_cpu_s_meanwhile": cpu_seconds(worker.pid) - idle}
 
         for k in range(rounds):
-            first, second = (offline_pass, served_phase) if k % 2 == 0 else (served_phase, offline_pass)
-            one, other = first(), second()
-            off, served = (one, other) if k % 2 == 0 else (other, one)
+            offline_first = k % 2 == 0
+            if offline_first:
+                off = offline_pass()
+                served = served_phase()
+            else:
+                served = served_phase()
+                off = offline_pass()
             ratio = served["throughput_per_s"] / off["texts_per_s"]
             pairs.append({"offline": off, "served": served, "ratio": ratio})
-            print(f"  round {k + 1} ({'offline first' if k % 2 == 0 else 'served first'}): offline "
+            print(f"  round {k + 1} ({'offline first' if offline_first else 'served first'}): offline "
                   f"{off['texts_per_s']:.1f} texts/s, kiln serve {served['throughput_per_s']:.1f} req/s, p99 "
                   f"{served['p99_ms']:.0f} ms: {ratio:.3f}x", flush=True)
     finally:
