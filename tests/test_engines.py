@@ -205,8 +205,8 @@ def test_an_engine_never_writes_into_its_inputs(artifacts, fmt, tmp_path):
 def test_an_openvino_call_casts_its_inputs_and_a_bad_call_leaves_the_session_usable(artifacts, tmp_path):
     """kiln's OpenVINO call copies the inputs into the request's own tensors (kiln.engines.openvino._call): int32
     ids answer as int64 ones do; a call missing an input fails naming it and frees the session's request; inputs
-    OpenVINO's synchronous call would run without complaint (ids and mask of different widths, 3-D ids) are refused
-    as ONNX Runtime refuses them; and such a call made past that check does not break later calls of the same
+    OpenVINO's synchronous call would run without complaint (ids and mask of different widths, 3-D ids, ids outside the
+    vocabulary) are refused as ONNX Runtime refuses them; and such a call made past that check does not break later calls of the same
     shape, which OpenVINO's start_async + wait path did (every later call of that shape failed)."""
     from kiln.optimize.openvino_passes import convert
 
@@ -225,6 +225,14 @@ def test_an_openvino_call_casts_its_inputs_and_a_bad_call_leaves_the_session_usa
         engine.run(mismatched)
     with pytest.raises(UsageError, match="'input_ids' takes 2-D arrays"):
         engine.run({**batch, "input_ids": batch["input_ids"][None]})
+    vocabulary = art.encoder().tokenizer.get_vocab_size()
+    assert engine._vocabulary == vocabulary  # read from the graph's embedding Gather, not assumed
+    for bad in (vocabulary, -1):  # OpenVINO would read outside its table and answer; ONNX Runtime refuses
+        ids = batch["input_ids"].copy()
+        ids[0, 1] = bad
+        with pytest.raises(UsageError, match=f"token id {bad} is outside the model's vocabulary \\(0 to "
+                                             f"{vocabulary - 1}\\)"):
+            engine.run({**batch, "input_ids": ids})
     assert not engine._own.locked()
     from kiln.engines.openvino import _call
 

@@ -25,6 +25,9 @@ issue 27 applied first (run.py compares them; "base" applies none):
   widths     OpenVINO: one more compile per padded width 16-256 (the batch left dynamic; each ~60 MiB on MiniLM int8)
              beside kiln's dynamic one, and a call runs on its width's compile where there is one
              (benchmarks/experiments/openvino_width_static measured +3.8% on shuffled shapes, +2.4% grouped);
+  granian    the app served by granian (a Rust HTTP server: hyper on tokio threads; PyPI's granian, installed by
+             hand: not a kiln dependency) embedded in kiln's process instead of uvicorn: HTTP parsing and socket I/O
+             leave the Python event loop, which only runs the app. No drain, no signals beyond SIGTERM's stop;
   bigheap    (set by run.py, before the process starts) glibc's malloc keeps freed memory rather than returning it:
              GLIBC_TUNABLES mmap_threshold 256 MiB, trim_threshold 1 GiB, top_pad 64 MiB.
 """
@@ -35,7 +38,7 @@ import os
 import sys
 
 VARIANTS = {"base", "outer", "noproxy", "nopin", "notokpar", "bigcache", "queued", "bigheap", "models", "bare",
-            "widths"}
+            "widths", "granian"}
 chosen = set(sys.argv.pop(1).split("+"))
 
 
@@ -219,6 +222,47 @@ if call_tokens:
 
     costed = batcher.partition
     batcher.partition = lambda lengths, limits: costed(lengths, replace(limits, call_overhead_tokens=call_tokens[0]))
+
+if "granian" in chosen:
+    import asyncio
+    import signal
+    import socket
+
+    import uvloop
+    from granian.constants import Interfaces
+    from granian.server.embed import Server
+
+    from kiln.serve import server as kiln_server
+    from kiln.serve.process import LISTENING
+
+    def granian_run(app, host, port, **_):
+        async def ready() -> None:  # the app's lifespan (model loading) runs inside serve(): poll until it answers
+            while True:
+                try:
+                    reader, writer = await asyncio.open_connection(host, port)
+                    writer.write(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+                    line = await reader.readline()
+                    writer.close()
+                    if b" 200 " in line:
+                        print(f"{LISTENING} http://{host}:{port} (granian)", file=sys.stderr, flush=True)
+                        return
+                except OSError:
+                    pass
+                await asyncio.sleep(0.2)
+
+        async def run() -> None:
+            server = Server(app, address=host, port=port, interface=Interfaces.ASGI, runtime_threads=1,
+                            log_enabled=False)
+            asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, server.stop)
+            waiter = asyncio.create_task(ready())
+            await server.serve()
+            waiter.cancel()
+
+        socket.setdefaulttimeout(None)
+        uvloop.run(run())
+        return True
+
+    kiln_server.run_server = granian_run
 
 from kiln.cli.app import main  # noqa: E402  (after the patches)
 

@@ -61,6 +61,24 @@ def _call(request: Any, inputs: dict[str, np.ndarray], input_names: tuple[str, .
             for k, name in enumerate(output_names)}
 
 
+def embedding_rows(model: Any, ids: str = "input_ids") -> int | None:
+    """Rows of the table that input ``ids`` indexes: dimension 0 of the data of the Gather its values reach (through
+    Converts), or None where the graph shows no such Gather or its table's rows are not static."""
+    frontier = [p for p in model.get_parameters() if ids in p.output(0).get_names()]
+    while frontier:
+        node = frontier.pop()
+        for target in node.output(0).get_target_inputs():
+            consumer = target.get_node()
+            kind = consumer.get_type_name()
+            if kind == "Convert":
+                frontier.append(consumer)
+            elif kind == "Gather" and target.get_index() == 1:
+                rows = consumer.input_value(0).get_partial_shape()
+                if rows.rank.is_static and rows.rank.get_length() >= 1 and rows[0].is_static:
+                    return rows[0].get_length()
+    return None
+
+
 class OpenVinoEngine:
     name = "openvino"
     is_padded = True
@@ -111,6 +129,9 @@ class OpenVinoEngine:
         ranks = (i.get_partial_shape().rank for i in self.compiled_model.inputs)
         self._ranks = tuple(r.get_length() if r.is_static else None for r in ranks)  # None: any rank
         self._one_shape = not decoder  # an encoder's inputs are all [batch, length]; a decoder's past differ
+        # OpenVINO's Gather reads past its table for an id out of range and answers (2026.4: a row of other memory,
+        # no error); ONNX Runtime refuses it ("input index out of range"). None: the graph shows no table to check.
+        self._vocabulary = embedding_rows(model)
         self.providers = (f"openvino-cpu-{options.precision.value}",)
         # Token inputs are int64; a decoder's past keys/values are float.
         self.input_types = {i.get_any_name(): (np.float32 if i.get_element_type().is_real() else np.int64)
@@ -140,14 +161,21 @@ class OpenVinoEngine:
         return outputs
 
     def _check(self, inputs: dict[str, np.ndarray]) -> None:
-        """Refuse inputs of the wrong rank, and an encoder's inputs whose shapes differ; a missing one is a KeyError
-        naming it."""
+        """Refuse inputs of the wrong rank, an encoder's inputs whose shapes differ, and token ids outside the
+        model's vocabulary; a missing one is a KeyError naming it."""
         shapes = {name: np.shape(inputs[name]) for name in self.input_names}
         for (name, shape), rank in zip(shapes.items(), self._ranks):
             if rank is not None and len(shape) != rank:
                 raise UsageError(f"OpenVINO input {name!r} takes {rank}-D arrays (got shape {shape})")
         if self._one_shape and len(set(shapes.values())) > 1:
             raise UsageError(f"the inputs of one call must share one [batch, length] shape (got {shapes})")
+        ids = inputs.get("input_ids")
+        if self._vocabulary is not None and ids is not None and np.size(ids):
+            low, high = int(np.min(ids)), int(np.max(ids))
+            if low < 0 or high >= self._vocabulary:
+                bad = low if low < 0 else high
+                raise UsageError(f"OpenVINO input 'input_ids': token id {bad} is outside the model's vocabulary "
+                                 f"(0 to {self._vocabulary - 1})")
 
     def release_mapped_weights(self) -> None:
         """Once a call has run (by this engine or on its compiled model's requests): hand back the resident pages
