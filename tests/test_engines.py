@@ -205,9 +205,10 @@ def test_an_engine_never_writes_into_its_inputs(artifacts, fmt, tmp_path):
 def test_an_openvino_call_casts_its_inputs_and_a_bad_call_leaves_the_session_usable(artifacts, tmp_path):
     """kiln's OpenVINO call copies the inputs into the request's own tensors (kiln.engines.openvino._call): int32
     ids answer as int64 ones do; a call missing an input fails naming it and frees the session's request; inputs
-    OpenVINO's synchronous call would run without complaint (ids and mask of different widths, 3-D ids, ids outside the
-    vocabulary) are refused as ONNX Runtime refuses them; and such a call made past that check does not break later calls of the same
-    shape, which OpenVINO's start_async + wait path did (every later call of that shape failed)."""
+    OpenVINO's synchronous call would run without complaint (ids and mask of different widths, 3-D ids, ids outside
+    the vocabulary) are refused as ONNX Runtime refuses them; and such a call made past that check does not break
+    later calls of the same shape, which OpenVINO's start_async + wait path did (every later call of that shape
+    failed)."""
     from kiln.optimize.openvino_passes import convert
 
     art = Artifact.open(artifacts[ExportFormat.ONNX])
