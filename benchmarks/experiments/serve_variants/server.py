@@ -201,6 +201,7 @@ if "widths" in chosen:
         self.width_requests = {w: m.create_infer_request() for w, m in self.width_models.items()}
 
     def width_run(self, inputs):
+        self._check(inputs)  # as kiln's own run: rank, shapes, vocabulary
         request = self.width_requests.get(inputs[self.input_names[0]].shape[1])
         if request is None:
             return dynamic_run(self, inputs)
