@@ -77,7 +77,8 @@ def test_openvino_engine_hands_back_its_mapped_weights_after_the_first_call(tiny
     if _libc() is None or not _pageable(ir):
         pytest.skip("needs glibc, Linux 5.4+ and a disk-backed temporary directory")
     engine = OpenVinoEngine(ir)
-    feed = {"input_ids": np.array([[101, 2023, 2003, 102]]), "attention_mask": np.ones((1, 4), dtype=np.int64),
+    # ids within the tiny model's vocabulary (500): the engine refuses others
+    feed = {"input_ids": np.array([[101, 223, 203, 102]]), "attention_mask": np.ones((1, 4), dtype=np.int64),
             "token_type_ids": np.zeros((1, 4), dtype=np.int64)}
     feed = {n: feed[n] for n in engine.input_names}
     before = mapped_resident(ir.with_suffix(".bin"))
