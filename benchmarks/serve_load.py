@@ -154,6 +154,11 @@ async def closed_loop(port: int, bodies: list[bytes], clients: int, requests: in
     return phase
 
 
+def kiln_serve(artifact: str, *flags: str) -> list[str]:
+    """The command line of ``kiln serve ARTIFACT FLAGS`` in this interpreter (start adds --port)."""
+    return [sys.executable, "-m", "kiln", "serve", artifact, *flags]
+
+
 def start(command: list[str]) -> tuple[subprocess.Popen, int]:
     try:
         return start_server(command)
@@ -451,7 +456,7 @@ def main() -> int:
     bodies = embed_bodies(texts)
     concurrency = [int(c) for c in args.concurrency.split(",")]
     threads = ["--threads", str(args.threads)] if args.threads else []
-    kiln = [sys.executable, "-m", "kiln", "serve", args.artifact, *threads, *args.serve_args.split()]
+    kiln = kiln_serve(args.artifact, *threads, *args.serve_args.split())
     naive = [sys.executable, str(HERE / "naive_server.py"), args.artifact, *threads]
     # the offline figure covers the same request stream: `requests` texts drawn in the same cycle
     stream = [texts[i % len(texts)] for i in range(args.requests)]

@@ -15,9 +15,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))  # benchmarks/, for serve_load
-from serve_load import closed_loop, measure, serving_bodies, start, stop  # noqa: E402
-
-KILN = str(Path(sys.executable).with_name("kiln"))
+from serve_load import closed_loop, kiln_serve, measure, serving_bodies, start, stop  # noqa: E402
 
 
 def main() -> None:
@@ -31,7 +29,7 @@ def main() -> None:
     rates: dict[str, list[float]] = {flags: [] for flags in args.flags}
     for r in range(args.rounds):
         for flags in args.flags if r % 2 == 0 else args.flags[::-1]:
-            proc, port = start([KILN, "serve", args.artifact, *shlex.split(flags)])
+            proc, port = start(kiln_serve(args.artifact, *shlex.split(flags)))
             try:
                 asyncio.run(closed_loop(port, bodies, 64, 512, 60))  # warm-up
                 row = measure(port, bodies, 64, args.requests, 120, proc.pid)

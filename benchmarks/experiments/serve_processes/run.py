@@ -22,9 +22,7 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))  # benchmarks/, for serve_load
-from serve_load import closed_loop, cpu_seconds, serving_bodies, start, stop  # noqa: E402
-
-KILN = str(Path(sys.executable).with_name("kiln"))
+from serve_load import closed_loop, cpu_seconds, kiln_serve, serving_bodies, start, stop  # noqa: E402
 
 
 def phase(ports: list[int], bodies: list[bytes], clients: int, requests: int) -> dict:
@@ -50,8 +48,8 @@ def main() -> None:
     args = parser.parse_args()
     bodies = serving_bodies(args.artifact)
     cores = sorted(os.sched_getaffinity(0))
-    layouts = {"one": [[KILN, "serve", args.artifact]],
-               "two": [["taskset", "-c", str(c), KILN, "serve", args.artifact, "--sessions", "1", "--threads", "1"]
+    layouts = {"one": [kiln_serve(args.artifact)],
+               "two": [["taskset", "-c", str(c), *kiln_serve(args.artifact, "--sessions", "1", "--threads", "1")]
                        for c in cores[:2]]}
     rows: dict[str, list[dict]] = {name: [] for name in layouts}
     for r in range(args.rounds):

@@ -22,16 +22,15 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))  # benchmarks/, for serve_load
-from serve_load import closed_loop, serving_bodies, start, stop  # noqa: E402
+from serve_load import closed_loop, kiln_serve, serving_bodies, start, stop  # noqa: E402
 
-KILN = str(Path(sys.executable).with_name("kiln"))
 ROW = re.compile(r"^\s*[\d.]+\s+[\d.]+\s+\d+\s+(\d+)\s+(?:\d+\s+)?(\w+)\s*$")
 
 
 def traced(artifact: str, clients: int, requests: int, strace_args: list[str], out: Path) -> int:
     """Serve ``artifact``, warm it up, attach strace for one phase of ``requests``; the requests answered."""
     bodies = serving_bodies(artifact)
-    proc, port = start([KILN, "serve", artifact])
+    proc, port = start(kiln_serve(artifact))
     try:
         asyncio.run(closed_loop(port, bodies, clients, 4 * clients, 60))
         tracer = subprocess.Popen(["strace", "-f", *strace_args, "-o", str(out), "-p", str(proc.pid)],

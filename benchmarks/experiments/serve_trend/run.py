@@ -13,9 +13,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))  # benchmarks/, for serve_load
-from serve_load import closed_loop, measure, serving_bodies, start, stop  # noqa: E402
-
-KILN = str(Path(sys.executable).with_name("kiln"))
+from serve_load import closed_loop, kiln_serve, measure, serving_bodies, start, stop  # noqa: E402
 
 
 def main() -> None:
@@ -24,7 +22,7 @@ def main() -> None:
     parser.add_argument("--phases", type=int, default=12)
     args = parser.parse_args()
     bodies = serving_bodies(args.artifact)
-    proc, port = start([KILN, "serve", args.artifact])
+    proc, port = start(kiln_serve(args.artifact))
     try:
         asyncio.run(closed_loop(port, bodies, 64, 256, 60))  # the benchmarks' usual warm-up
         for k in range(args.phases):
