@@ -79,6 +79,20 @@ def test_untrained_head_is_refused(tiny_model):
         load_source(str(tiny_model("bert")), TaskName.TEXT_CLASSIFICATION)
 
 
+def test_a_tokenizer_with_ids_past_the_embedding_is_refused(tiny_model, tmp_path):
+    """Tokens added to the tokenizer without resizing the model's embedding: refused at load, naming both sizes."""
+    import transformers
+
+    model_dir = tmp_path / "added"
+    shutil.copytree(tiny_model("bert"), model_dir)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
+    tokenizer.add_tokens(["kilnword", "kilnother"])
+    tokenizer.save_pretrained(model_dir)
+    with pytest.raises(UnsupportedModelError, match=r"tokenizer has 502 tokens \(ids 0 to 501\) but its input "
+                                                    r"embedding has 500 rows: ids 500 and up would have no vector"):
+        load_source(str(model_dir), TaskName.FEATURE_EXTRACTION)
+
+
 def test_unknown_sentence_transformers_module(tiny_model, tmp_path):
     model_dir = tmp_path / "st"
     shutil.copytree(tiny_model("bert"), model_dir)

@@ -143,6 +143,7 @@ def load_source(model: str | None, task: str, *, allow_pickle: bool = False) -> 
     except (OSError, ValueError, KeyError) as err:
         raise ModelLoadError(f"could not load {name} for {spec.name}: {err}") from err
     _check_head_trained(info.get("missing_keys", []), spec, name)
+    _check_vocabulary(hf_model, len(tokenizer), name)
     if not getattr(tokenizer, "is_fast", False):
         raise UnsupportedModelError(
             f"{name} has no fast (tokenizers-library) tokenizer; kiln needs tokenizer.json to serve without torch"
@@ -178,6 +179,19 @@ def _check_head_trained(missing: Collection[str], spec: type[TaskSpec], name: st
         f"{name} has no trained {spec.name} head (weights missing: {', '.join(sorted(missing)[:4])}); its outputs "
         f"would be random. Fine-tune a head first, or use --task {headless}"
     )
+
+
+def _check_vocabulary(model: Any, token_count: int, name: str) -> None:
+    """Every id the tokenizer can produce (added tokens included) must have a row in the input embedding: PyTorch
+    fails on one that has none, and OpenVINO reads past its table and answers."""
+    rows = getattr(model.get_input_embeddings(), "num_embeddings", None)
+    if rows is not None and token_count > rows:
+        raise UnsupportedModelError(
+            f"{name}'s tokenizer has {token_count} tokens (ids 0 to {token_count - 1}) but its input embedding has "
+            f"{rows} rows: ids {rows} and up would have no vector. Resize the embeddings "
+            "to the tokenizer (model.resize_token_embeddings(len(tokenizer))) and fine-tune, or use the "
+            "tokenizer the model was trained with"
+        )
 
 
 def _max_length(model_dir: Path, config: Any, tokenizer: Any, position_offset: int) -> int:
