@@ -202,6 +202,28 @@ def test_an_engine_never_writes_into_its_inputs(artifacts, fmt, tmp_path):
             np.testing.assert_array_equal(batch[name], before[name])
 
 
+def test_the_openvino_vocabulary_is_read_from_the_gather_the_ids_reach():
+    """embedding_rows follows input_ids through Converts to the Gather that takes them as indices; a graph where
+    they reach no Gather has no table to check against (None: the engine then does not guess one)."""
+    import openvino as ov
+    import openvino.opset13 as ops
+
+    from kiln.engines.openvino import embedding_rows
+
+    def ids() -> object:
+        parameter = ops.parameter([-1, -1], ov.Type.i64, name="input_ids")
+        parameter.output(0).set_names({"input_ids"})
+        return parameter
+
+    looked_up = ids()
+    table = ops.gather(ops.constant(np.zeros((7, 3), np.float32)), ops.convert(looked_up, ov.Type.i32),
+                       ops.constant(np.int64(0)))
+    assert embedding_rows(ov.Model([table], [looked_up])) == 7
+    added = ids()
+    plain = ops.add(ops.convert(added, ov.Type.f32), ops.constant(np.float32(1)))
+    assert embedding_rows(ov.Model([plain], [added])) is None
+
+
 def test_an_openvino_call_casts_its_inputs_and_a_bad_call_leaves_the_session_usable(artifacts, tmp_path):
     """kiln's OpenVINO call copies the inputs into the request's own tensors (kiln.engines.openvino._call): int32
     ids answer as int64 ones do; a call missing an input fails naming it and frees the session's request; inputs
