@@ -18,25 +18,25 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
-
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))  # benchmarks/, for serve_load
-from serve_load import closed_loop, cpu_seconds, kiln_serve, serving_bodies, start, stop  # noqa: E402
+from serve_load import Phase, closed_loop, cpu_seconds, kiln_serve, serving_bodies, start, stop  # noqa: E402
 
 
 def phase(ports: list[int], bodies: list[bytes], clients: int, requests: int) -> dict:
-    """``clients`` split evenly over ``ports``; throughput over the slowest port's wall time."""
+    """``clients`` split evenly over ``ports``, summarized as one phase (serve_load's Phase) over the slowest port's
+    wall time."""
     async def run():
         share = clients // len(ports)
         return await asyncio.gather(*(closed_loop(p, bodies, share, requests // len(ports), 120) for p in ports))
 
     begin = time.perf_counter()
-    phases = asyncio.run(run())
-    wall = time.perf_counter() - begin
-    lat = np.array([x for p in phases for x in p.latencies]) * 1000
-    return {"throughput_per_s": len(lat) / wall, "p50_ms": float(np.percentile(lat, 50)),
-            "p99_ms": float(np.percentile(lat, 99))}
+    parts = asyncio.run(run())
+    whole = Phase(latencies=[x for part in parts for x in part.latencies], wall_s=time.perf_counter() - begin)
+    for part in parts:
+        for outcome, count in part.statuses.items():
+            whole.statuses[outcome] = whole.statuses.get(outcome, 0) + count
+    return whole.summary()
 
 
 def main() -> None:

@@ -227,7 +227,6 @@ if call_tokens:
 if "granian" in chosen:
     import asyncio
     import signal
-    import socket
 
     import uvloop
     from granian.constants import Interfaces
@@ -259,7 +258,6 @@ if "granian" in chosen:
             await server.serve()
             waiter.cancel()
 
-        socket.setdefaulttimeout(None)
         uvloop.run(run())
         return True
 
