@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from kiln.choices import Precision
-from kiln.decoder.graph import PAST_PREFIX
+from kiln.decoder.graph import INPUT_IDS, PAST_PREFIX
 from kiln.engines.base import THROUGHPUT_STREAMS, EngineOptions, require_cpu, warmup_inputs
 from kiln.errors import ArtifactError, UsageError, missing_dependency
 from kiln.system.memory import page_out
@@ -61,7 +61,7 @@ def _call(request: Any, inputs: dict[str, np.ndarray], input_names: tuple[str, .
             for k, name in enumerate(output_names)}
 
 
-def embedding_rows(model: Any, ids: str = "input_ids") -> int | None:
+def embedding_rows(model: Any, ids: str = INPUT_IDS) -> int | None:
     """Rows of the table that input ``ids`` indexes: dimension 0 of the data of the Gather its values reach (through
     Converts), or None where the graph shows no such Gather or its table's rows are not static."""
     frontier = [p for p in model.get_parameters() if ids in p.output(0).get_names()]
@@ -169,12 +169,12 @@ class OpenVinoEngine:
                 raise UsageError(f"OpenVINO input {name!r} takes {rank}-D arrays (got shape {shape})")
         if self._one_shape and len(set(shapes.values())) > 1:
             raise UsageError(f"the inputs of one call must share one [batch, length] shape (got {shapes})")
-        ids = inputs.get("input_ids")
+        ids = inputs.get(INPUT_IDS)
         if self._vocabulary is not None and ids is not None and np.size(ids):
             low, high = int(np.min(ids)), int(np.max(ids))
             if low < 0 or high >= self._vocabulary:
                 bad = low if low < 0 else high
-                raise UsageError(f"OpenVINO input 'input_ids': token id {bad} is outside the model's vocabulary "
+                raise UsageError(f"OpenVINO input {INPUT_IDS!r}: token id {bad} is outside the model's vocabulary "
                                  f"(0 to {self._vocabulary - 1})")
 
     def release_mapped_weights(self) -> None:
