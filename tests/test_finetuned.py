@@ -2,9 +2,10 @@
 
 The runs here judge each variant once (``sensitivity=False``): what is tested is the metric beside the agreement,
 and the int8 searches have tests of their own. On an AMX Xeon openvino-int8-static missed the gate on the sentiment
-head and its four SmoothQuant alternatives and a layer search took this test from ~1 to 6-8 minutes of the suite;
-judged once, it still cost 38 s of the classification test's 126 and was rejected there, so the classification
-metric is run on onnx-fp32 and onnx-int8-dynamic only (tests/test_optimize.py builds openvino-int8-static)."""
+head and its four SmoothQuant alternatives and a layer search took this test from ~1 to 6-8 minutes of the suite.
+The classification run builds onnx-fp32 only: onnx-int8-dynamic was rejected there on label agreement (0.984 in
+mixed batches) after ~30 s of checks, and that a rejected variant gets no metric is tested in tests/test_optimize.py;
+the question-answering run keeps both."""
 
 from __future__ import annotations
 
@@ -29,18 +30,13 @@ def test_classification_metric_through_optimize(tmp_path):
     assert reference["accuracy"] > 0.9  # the head really learned the task
     summary = OptimizeJob(OptimizeConfig(model=str(model), task=TaskName.TEXT_CLASSIFICATION,
                                          output=tmp_path / "out", eval_file=eval_file,
-                                         variants=("onnx-fp32", "onnx-int8-dynamic"),
-                                         sensitivity=False)).run()
+                                         variants=("onnx-fp32",), sensitivity=False)).run()
     assert summary.primary_metric == "accuracy"
     assert summary.reference_metric["accuracy"] == pytest.approx(reference["accuracy"])
-    for outcome in summary.outcomes:
-        if outcome.metric is None:  # rejected on agreement: the task metric is not run (it could only add a reason)
-            assert outcome.status == "rejected", (outcome.name, outcome.reason)
-            continue
-        assert {"accuracy", "f1_macro"} <= outcome.metric.keys()
-        if outcome.status == "accepted":
-            assert reference["accuracy"] - outcome.metric["accuracy"] <= summary.tolerance
-    assert summary.outcomes[0].metric["accuracy"] == pytest.approx(reference["accuracy"])
+    (fp32,) = summary.outcomes
+    assert fp32.status == "accepted", fp32.reason
+    assert {"accuracy", "f1_macro"} <= fp32.metric.keys()
+    assert fp32.metric["accuracy"] == pytest.approx(reference["accuracy"])
 
 
 def test_question_answering_metric_with_squad2_file(tmp_path):
