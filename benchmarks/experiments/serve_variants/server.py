@@ -28,6 +28,11 @@ issue 27 applied first (run.py compares them; "base" applies none):
   granian    the app served by granian (a Rust HTTP server: hyper on tokio threads; PyPI's granian, installed by
              hand: not a kiln dependency) embedded in kiln's process instead of uvicorn: HTTP parsing and socket I/O
              leave the Python event loop, which only runs the app. No drain, no signals beyond SIGTERM's stop;
+  affine     the event loop, the tokenizer pool and the batch former held on core 0 (sched_setaffinity of their
+             threads, re-applied each second as pool threads appear); the engine sessions left to OpenVINO's pinning,
+             so one core's stream runs with no Python beside it and the other shares its core with all of it;
+  niceN      the same threads as affine at nice N (setpriority of each thread, re-applied each second), the engine
+             sessions at kiln's 0: the scheduler gives an engine call longer stretches before Python preempts it;
   bigheap    (set by run.py, before the process starts) glibc's malloc keeps freed memory rather than returning it:
              GLIBC_TUNABLES mmap_threshold 256 MiB, trim_threshold 1 GiB, top_pad 64 MiB.
 """
@@ -38,7 +43,7 @@ import os
 import sys
 
 VARIANTS = {"base", "outer", "noproxy", "nopin", "notokpar", "bigcache", "queued", "bigheap", "models", "bare",
-            "widths", "granian"}
+            "widths", "granian", "affine"}
 chosen = set(sys.argv.pop(1).split("+"))
 
 
@@ -49,7 +54,7 @@ def numbered(prefix: str) -> list[int]:
     return values
 
 
-call_tokens, switch_us, spin_us = numbered("call"), numbered("switch"), numbered("spin")
+call_tokens, switch_us, spin_us, nice = numbered("call"), numbered("switch"), numbered("spin"), numbered("nice")
 if switch_us:
     sys.setswitchinterval(switch_us[0] / 1e6)
 if spin_us:
@@ -262,6 +267,30 @@ if "granian" in chosen:
         return True
 
     kiln_server.run_server = granian_run
+
+if "affine" in chosen or nice:
+    import threading
+    import time
+
+    HELD = ("MainThread", "kiln-tokenize", "kiln-batch-former")
+
+    def hold_python_on_core_0() -> None:  # or at nice N
+        # Not before the engine sessions exist: OpenVINO sizes its streams by the compiling thread's CPU mask.
+        while not any(t.name.startswith("kiln-engine-") for t in threading.enumerate()):
+            time.sleep(0.2)
+        while True:
+            for thread in threading.enumerate():
+                if thread.name.startswith(HELD) and thread.native_id is not None:
+                    try:
+                        if "affine" in chosen:
+                            os.sched_setaffinity(thread.native_id, {0})
+                        if nice:  # Linux: a thread's id as the "process" sets that thread's nice value alone
+                            os.setpriority(os.PRIO_PROCESS, thread.native_id, nice[0])
+                    except OSError:  # the thread ended meanwhile
+                        pass
+            time.sleep(1.0)
+
+    threading.Thread(target=hold_python_on_core_0, name="affine", daemon=True).start()
 
 from kiln.cli.app import main  # noqa: E402  (after the patches)
 
