@@ -274,8 +274,9 @@ if "affine" in chosen or nice:
 
     HELD = ("MainThread", "kiln-tokenize", "kiln-batch-former")
 
-    def hold_python_on_core_0() -> None:  # or at nice N
-        # Not before the engine sessions exist: OpenVINO sizes its streams by the compiling thread's CPU mask.
+    def hold_python_threads() -> None:
+        # Not before the engine sessions exist: OpenVINO reads the CPUs it may use when it compiles, and the model
+        # compiles on the main thread (not checked whether it would then see one core; waiting avoids the question).
         while not any(t.name.startswith("kiln-engine-") for t in threading.enumerate()):
             time.sleep(0.2)
         while True:
@@ -290,7 +291,7 @@ if "affine" in chosen or nice:
                         pass
             time.sleep(1.0)
 
-    threading.Thread(target=hold_python_on_core_0, name="affine", daemon=True).start()
+    threading.Thread(target=hold_python_threads, name="held", daemon=True).start()
 
 from kiln.cli.app import main  # noqa: E402  (after the patches)
 
