@@ -28,6 +28,8 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--prompts", type=int, default=32)
     parser.add_argument("--shape", default="12,12,64", help="layers,heads,head size of the graph's cache")
+    parser.add_argument("--vocab", type=int, default=50000,
+                        help="prompt ids are drawn below this (the OpenVINO engine refuses ids outside the vocabulary)")
     parser.add_argument("--copy-cache", action="store_true",
                         help="numpy in, numpy out on the engine's own request (ArraySteps), not kiln's stepper")
     args = parser.parse_args()
@@ -47,7 +49,7 @@ def main() -> None:
     forced = TeacherForced(engine, CacheShape(layers, heads, head_size))
     print(f"engine loaded: {_status('VmRSS')} MiB resident, peak {_status('VmHWM')}", flush=True)
     rng = np.random.default_rng(3)
-    prompts = sorted(([int(t) for t in rng.integers(0, 50000, n)] for n in rng.integers(16, 112, args.prompts)),
+    prompts = sorted(([int(t) for t in rng.integers(0, args.vocab, n)] for n in rng.integers(16, 112, args.prompts)),
                      key=len)
     for round_ in range(3):
         steps = ArraySteps(engine, forced.shape) if args.copy_cache else forced.new_stepper()
