@@ -15,7 +15,8 @@ import argparse
 from pathlib import Path
 
 
-def _status(field: str) -> int:
+def status_mib(field: str = "VmRSS") -> int:
+    """A /proc/self/status memory field (VmRSS: resident now, VmHWM: the peak) in MiB."""
     for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith(field + ":"):
             return int(line.split()[1]) // 1024
@@ -47,7 +48,7 @@ def main() -> None:
     engine = create_engine("onnxruntime" if args.graph.suffix == ".onnx" else "openvino", args.graph,
                            EngineOptions(intra_op_threads=2))
     forced = TeacherForced(engine, CacheShape(layers, heads, head_size))
-    print(f"engine loaded: {_status('VmRSS')} MiB resident, peak {_status('VmHWM')}", flush=True)
+    print(f"engine loaded: {status_mib('VmRSS')} MiB resident, peak {status_mib('VmHWM')}", flush=True)
     rng = np.random.default_rng(3)
     prompts = sorted(([int(t) for t in rng.integers(0, args.vocab, n)] for n in rng.integers(16, 112, args.prompts)),
                      key=len)
@@ -55,7 +56,7 @@ def main() -> None:
         steps = ArraySteps(engine, forced.shape) if args.copy_cache else forced.new_stepper()
         seconds = time_generation(steps, 0, prompts, batch_size=args.batch, new_tokens=16,
                                   decode=lambda ids: "")
-        print(f"round {round_}: {seconds:.1f} s, {_status('VmRSS')} MiB resident, peak {_status('VmHWM')}",
+        print(f"round {round_}: {seconds:.1f} s, {status_mib('VmRSS')} MiB resident, peak {status_mib('VmHWM')}",
               flush=True)
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import random
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -18,12 +19,8 @@ import numpy as np
 from kiln.engines import create_engine
 from kiln.engines.base import EngineOptions
 
-
-def rss_mib() -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS"):
-            return int(line.split()[1]) // 1024
-    return 0
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # benchmarks/, for generation_memory
+from generation_memory import status_mib as rss_mib  # noqa: E402
 
 
 def main() -> None:

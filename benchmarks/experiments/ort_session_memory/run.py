@@ -9,6 +9,7 @@ times; with --together the sessions run at once, one thread each. Prints the mem
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -16,12 +17,8 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-
-def rss_mib() -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) // 1024
-    return 0
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # benchmarks/, for generation_memory
+from generation_memory import status_mib as rss_mib  # noqa: E402
 
 
 def main() -> None:
