@@ -76,7 +76,8 @@ test:
 	$(PY) -m pytest -q --durations=25  # the slowest tests, for keeping CI under its 30 minutes
 
 lint: install
-	$(VENV)/bin/ruff check src tests
+	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/lint-imports
 
 clean:
 	rm -rf $(VENV) $(TRITON_VENV) $(SLIM_VENV) $(INFINITY_VENV) $(KSERVE_VENV) $(PYLATE_VENV) $(COLBERT_VENV) $(DEMO_OUT) .pytest_cache

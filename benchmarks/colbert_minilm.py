@@ -29,6 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
+OUT = Path(__file__).resolve().parent / "out"  # results land here (gitignored), not in the tree
+
 ROOT = Path(__file__).resolve().parents[1]
 PYLATE = ROOT / ".venv-pylate" / "bin" / "python"
 
@@ -41,7 +43,7 @@ def build(directory: Path) -> Path:
     import transformers
     from safetensors.torch import save_file
 
-    from kiln.model.source import bundled_model_dir
+    from kiln.source.loading import bundled_model_dir
 
     shutil.copytree(bundled_model_dir(), directory)
     for stale in ("modules.json", "1_Pooling", "2_Normalize"):
@@ -84,7 +86,7 @@ def inputs() -> tuple[list[str], list[str]]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=Path(__file__).with_name("colbert.minilm.json"))
+    parser.add_argument("--json", "--out", dest="out", type=Path, default=OUT / "colbert_minilm.json")
     parser.add_argument("--work", type=Path, default=Path("/tmp/colbert-minilm"))
     parser.add_argument("--skip-optimize", action="store_true", help="reuse WORK/optimized")
     args = parser.parse_args()
@@ -137,6 +139,7 @@ def main() -> None:
                            "max_score_diff_vs_pylate_padded_batch":
                                float(np.abs(scores - pylate["scores_padded"]).max()),
                            "documents_per_s": len(documents) / best}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
 

@@ -25,6 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
+OUT = Path(__file__).resolve().parent / "out"  # results land here (gitignored), not in the tree
+
 VOCAB = 8192
 WINDOW = 256
 
@@ -106,8 +108,7 @@ def main() -> None:
     parser.add_argument("--minutes", type=float, default=12)
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--width", type=int, default=256)
-    here = Path(__file__).resolve().parent
-    parser.add_argument("--output", type=Path, default=here / "decoder_fidelity.json")
+    parser.add_argument("--json", "--output", dest="output", type=Path, default=OUT / "decoder_fidelity.json")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as scratch:
         model_dir = Path(scratch) / "gpt2-docs"
@@ -119,6 +120,7 @@ def main() -> None:
         shutil.copy(opt / "summary.md", args.output.with_suffix(".summary.md"))
     out = {"command": "python " + " ".join(sys.argv), "machine": platform.processor() or platform.machine(),
            "model": trained, "optimize": results}
+    args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(out, indent=1) + "\n")
     print(f"-> {args.output}")
 

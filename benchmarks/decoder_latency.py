@@ -25,7 +25,7 @@ import threading
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+OUT = Path(__file__).resolve().parent / "out"  # results land here (gitignored), not in the tree
 
 NEW_TOKENS = 32
 KILN = [sys.executable, "-m", "kiln"]
@@ -34,7 +34,8 @@ KILN = [sys.executable, "-m", "kiln"]
 def build_model(directory: Path) -> Path:
     import torch
     import transformers
-    from tests.factory import GPT_BPE, train_tokenizer
+
+    from kiln.testing.factory import GPT_BPE, train_tokenizer
 
     torch.manual_seed(0)
     config = transformers.GPT2Config(n_positions=1024)  # GPT-2 small
@@ -91,8 +92,8 @@ def main() -> None:
     parser.add_argument("--batches", default="1,4")
     parser.add_argument("--streams", default="1,8,32")
     here = Path(__file__).resolve().parent
-    parser.add_argument("--report", type=Path, default=here / "decoder_bench")
-    parser.add_argument("--output", type=Path, default=here / "decoder_latency.json")
+    parser.add_argument("--report", type=Path, default=OUT / "decoder_bench")
+    parser.add_argument("--json", "--output", dest="output", type=Path, default=OUT / "decoder_latency.json")
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory() as scratch:
@@ -113,6 +114,7 @@ def main() -> None:
     result = {"command": "python " + " ".join(sys.argv), "model": "GPT-2 small shape, random weights (124M)",
               "bench": str(args.report.relative_to(here.parent) / "results.json"),
               "serve": {"variant": best, "max_new_tokens": NEW_TOKENS, "rows": throughput}}
+    args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(result, indent=1) + "\n")
     print(f"-> {args.output}, {args.report / 'report.html'}")
 

@@ -31,6 +31,8 @@ import tempfile
 import time
 from pathlib import Path
 
+OUT = Path(__file__).resolve().parent / "out"  # results land here (gitignored), not in the tree
+
 HERE = Path(__file__).resolve().parent
 NEW = 64
 SHAPES = [(1, 128), (4, 128), (1, 512), (4, 512)]
@@ -284,7 +286,7 @@ def main() -> None:
     parser.add_argument("--only", default=None, help="comma-separated configuration names")
     parser.add_argument("--rounds", type=int, default=1,
                         help="passes over the configurations, alternated (a fresh process each); cells are medians")
-    parser.add_argument("--json", type=Path, default=HERE / "decoder_peers.json")
+    parser.add_argument("--json", type=Path, default=OUT / "decoder_peers.json")
     args = parser.parse_args()
     from kiln.system.cpu import cpu_info
 
@@ -342,6 +344,7 @@ def main() -> None:
     previous = before.get("commands") or ([before["command"]] if "command" in before else [])
     out = {"commands": [*previous, "python " + " ".join(sys.argv)], "cpu": cpu_info().to_dict(), "new_tokens": NEW,
            "threads": args.threads, "results": results}
+    args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(out, indent=1) + "\n")
     for name, result in results.items():
         rows = " | ".join(f"b{r['batch']}/{r['prompt']}: {r['first_token_ms']} + {r['per_token_ms']} ms"

@@ -14,7 +14,7 @@ For each ``--layers K``, in one run:
     held-out texts of 10-200 tokens, each in a fresh process, rounds alternating, best of each.
 
 With ``--prune "OPTIONS;..."`` the same for ``kiln prune`` models, and with ``--classifier`` a 3-layer student of
-the suite's fine-tuned sentiment head (tests/finetune.py): its accuracy against the teacher's.
+the suite's fine-tuned sentiment head (kiln.testing.finetune): its accuracy against the teacher's.
 
     python benchmarks/distill_minilm.py --layers 3,4 --distill-args "--epochs 5" \
         --prune "--ffn 0.5 --heads 0.25 --recover-epochs 2" --classifier --work /tmp/distill-bench \
@@ -51,10 +51,10 @@ def _texts(work: Path, packages: tuple[str, ...] = ()) -> tuple[Path, list[str]]
 
 
 def _fidelity(student: Path, held_out: list[str]) -> dict:
-    from kiln.model.reference import reference_predictor
-    from kiln.model.source import load_source
+    from kiln.records.figures import bucket_index, bucket_label
+    from kiln.source.loading import load_source
+    from kiln.source.reference import reference_predictor
     from kiln.tasks import task_spec
-    from kiln.validation.figures import bucket_index, bucket_label
 
     spec = task_spec("feature-extraction")
     teacher = reference_predictor(load_source(None, "feature-extraction"))
@@ -126,15 +126,13 @@ def _student(name: str, command: list[str], lineage_file: str, out: Path, args, 
 
 
 def _classifier(args, train: Path) -> dict:
-    """A 3-layer student of the suite's fine-tuned MiniLM sentiment head (tests/finetune.py): accuracy on the
+    """A 3-layer student of the suite's fine-tuned MiniLM sentiment head (kiln.testing.finetune): accuracy on the
     generated eval rows against the teacher's, and top-label agreement on real sentences it never saw."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from tests.finetune import sentiment_examples, sentiment_model, write_jsonl
-
     from kiln.data import corpus
-    from kiln.model.reference import reference_predictor
-    from kiln.model.source import load_source
+    from kiln.source.loading import load_source
+    from kiln.source.reference import reference_predictor
     from kiln.tasks import task_spec
+    from kiln.testing.finetune import sentiment_examples, sentiment_model, write_jsonl
     from kiln.validation.evalsets import load_eval_set
 
     teacher = sentiment_model()
@@ -189,7 +187,7 @@ def main() -> None:
                         "says how long they took)")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
-    from kiln.model.source import bundled_model_dir
+    from kiln.source.loading import bundled_model_dir
 
     args.work.mkdir(parents=True, exist_ok=True)
     train, held_out = _texts(args.work, tuple(p for p in args.packages.split(",") if p))
@@ -223,6 +221,7 @@ def main() -> None:
     for name, r in result["throughput"].items():
         print(f"{name}: {r['best']:.1f} texts/s ({r['vs_teacher']:.2f}x today's best)", flush=True)
     if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=2) + "\n")
 
 

@@ -33,6 +33,8 @@ from kiln.data.docstrings import docstring_sentences
 from kiln.embed.job import EmbedConfig, run_embed
 from kiln.embed.parts import read_output
 
+OUT = Path(__file__).resolve().parent / "out"  # results land here (gitignored), not in the tree
+
 
 def texts(count: int) -> list[str]:
     sentences = list(docstring_sentences(packages=("numpy", "scipy", "transformers", "torch")))
@@ -45,7 +47,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--artifact", type=Path, required=True)
     parser.add_argument("--texts", type=int, default=100_000)
-    parser.add_argument("--out", type=Path, default=Path(__file__).with_name("embed_corpus.json"))
+    parser.add_argument("--json", "--out", dest="out", type=Path, default=OUT / "embed_corpus.json")
     args = parser.parse_args()
     data = texts(args.texts)
     cores = len(os.sched_getaffinity(0))
@@ -89,6 +91,7 @@ def main() -> None:
     base = results["runs"]["offline predictor"]["texts_per_s"]
     for run in results["runs"].values():
         run["vs_offline"] = run["texts_per_s"] / base
+    args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2) + "\n")
     print(json.dumps(results, indent=2))
 

@@ -25,6 +25,8 @@ import time
 import traceback
 from pathlib import Path
 
+OUT = Path(__file__).resolve().parent / "out"  # results land here (gitignored), not in the tree
+
 ROUNDS = 2
 BATCH = 32
 
@@ -175,14 +177,14 @@ def iobinding(out: Path, accepted: list[str], device: str) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--work", type=Path, default=Path("/tmp/kiln-gpu"))
-    parser.add_argument("--json", type=Path, default=Path("gpu_check.json"))
+    parser.add_argument("--json", type=Path, default=OUT / "gpu_check.json")
     parser.add_argument("--shape", choices=sorted(SHAPES), default="base", help="tiny: a dry run of the script")
     parser.add_argument("--device", default="cuda", help="cpu: a dry run of the script where no GPU is")
     parser.add_argument("--tokenizer-from", type=Path, default=None,
                         help="a directory with MiniLM's tokenizer and pooling files (default: the bundled model)")
     args = parser.parse_args()
     if args.tokenizer_from is None:
-        from kiln.model.source import bundled_model_dir
+        from kiln.source.loading import bundled_model_dir
 
         args.tokenizer_from = bundled_model_dir()
     import onnxruntime
@@ -203,6 +205,7 @@ def main() -> None:
             report[name] = step()
         except Exception:  # the steps after still run where they can; the failure is in the record
             report[name] = {"error": traceback.format_exc()[-2000:]}
+        args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(report, indent=1))
         print(f"== {name}\n{json.dumps(report[name], indent=1)[:3000]}", flush=True)
 

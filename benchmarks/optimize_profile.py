@@ -20,9 +20,10 @@ import threading
 import time
 from pathlib import Path
 
+OUT = Path(__file__).resolve().parent / "out"  # results land here (gitignored), not in the tree
+
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))  # decoder_latency.py beside this script
 
 
 def _status(field: str) -> int:
@@ -68,7 +69,7 @@ class Stages:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--label", default="run")
-    parser.add_argument("--output", type=Path, default=HERE / "optimize_profile.json")
+    parser.add_argument("--json", "--output", dest="output", type=Path, default=OUT / "optimize_profile.json")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--keep", type=Path, default=None, help="copy the model and the optimize output here")
     args = parser.parse_args()
@@ -98,6 +99,7 @@ def main() -> None:
     previous = json.loads(args.output.read_text()) if args.output.is_file() else {}
     previous[args.label] = {"command": "python " + " ".join(sys.argv), "kiln": kiln.__version__,
                             "cpu": cpu_info().to_dict(), **profile, "variants": variants, "best": best}
+    args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(previous, indent=1) + "\n")
     print(f"-> {args.output} [{args.label}]: {profile['seconds']} s, peak {profile['peak_rss_mib']} MiB")
 

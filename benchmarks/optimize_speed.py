@@ -36,7 +36,7 @@ def _engine(kind: str, artifact: str, variant: str | None, threads: int):
 
         from kiln.engines.torch_eager import TorchEngine
         from kiln.model.module import TaskModule
-        from kiln.model.source import bundled_model_dir
+        from kiln.source.loading import bundled_model_dir
 
         transformers.utils.logging.disable_progress_bar()
         model = transformers.AutoModel.from_pretrained(bundled_model_dir(), attn_implementation=BASELINES[kind])
@@ -47,15 +47,16 @@ def _engine(kind: str, artifact: str, variant: str | None, threads: int):
 
 
 def worker(conn, kind: str, artifact: str, variant: str | None, threads: int, texts: int, batch: int) -> None:
-    from kiln.bench.measure import best_seconds
     from kiln.data.texts import length_mix
     from kiln.runtime.predictor import Predictor
+    from kiln.runtime.timing import best_seconds
+    from kiln.tasks import task_handler
 
     art, engine = _engine(kind, artifact, variant, threads)
     encoder = art.encoder()
     sample = length_mix(texts, 10, 200, seed=7, token_count=encoder.token_count)
     encodings = encoder.encode(sample)
-    predictor = Predictor(art.task_config, encoder, engine, batch_size=batch)
+    predictor = Predictor(task_handler(art.task_config), encoder, engine, batch_size=batch)
     predictor.run_features(encodings[:batch])  # warm-up
     one = encoder.collate(encoder.encode([" ".join(["kiln"] * 400)]))
     one = {k: v[:, :128].copy() for k, v in one.items()}  # exactly 128 tokens

@@ -148,7 +148,7 @@ def _b1(work: Path) -> dict:
     return {k: data[k] for k in data.files}
 
 
-# The stages keep their own two small timers, not kiln.bench.measure: the peer stage runs in a venv without
+# The stages keep their own two small timers, not kiln.runtime.timing: the peer stage runs in a venv without
 # kiln, and every configuration must be timed by the same code.
 def _time(fn, repeats: int = 2) -> float:
     """Best of ``repeats`` passes (after one untimed pass) in seconds."""
@@ -396,6 +396,7 @@ def main() -> None:
     summary = _summarise(rounds)
     print(_table(summary))
     if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"texts": len(setup["texts"]), "threads": args.threads, "batch": BATCH,
                                          "rounds": rounds, "median": summary}, indent=2) + "\n")
 

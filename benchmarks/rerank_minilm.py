@@ -23,8 +23,10 @@ import torch
 import transformers
 
 from kiln.data import corpus
-from kiln.model.source import bundled_model_dir
 from kiln.optimize.job import OptimizeConfig, OptimizeJob
+from kiln.source.loading import bundled_model_dir
+
+OUT = Path(__file__).resolve().parent / "out"  # results land here (gitignored), not in the tree
 
 CACHE = Path(__file__).resolve().parent.parent / ".kiln-cache" / "rerank-minilm"
 
@@ -92,7 +94,7 @@ def eval_file(path: Path, seed: int = 1) -> Path:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--out", type=Path, default=Path(__file__).with_name("rerank.minilm.json"))
+    parser.add_argument("--json", "--out", dest="out", type=Path, default=OUT / "rerank_minilm.json")
     parser.add_argument("--artifact", type=Path, default=Path("rerank-out"))
     args = parser.parse_args()
     CACHE.parent.mkdir(parents=True, exist_ok=True)
@@ -109,6 +111,7 @@ def main() -> None:
     result = {"model": "all-MiniLM-L6-v2 + 1-logit head, 1 epoch on the reference manual's calibration half",
               "reference_metric": summary.reference_metric, "pytorch_ms_per_sequence":
               summary.reference_timing.ms_per_sequence, "best": summary.best, "variants": rows}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2, default=str) + "\n")
     print(json.dumps(result, indent=2, default=str))
 

@@ -473,6 +473,7 @@ def main() -> int:
               f"{result['median_served_req_per_s']:.1f} req/s, p99 median {result['median_p99_ms']:.0f} ms, worst "
               f"{result['worst_p99_ms']:.0f} ms")
         if args.json:
+            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
             Path(args.json).write_text(json.dumps({"artifact": args.artifact, "serve_args": args.serve_args,
                                                    "paired": result}, indent=2) + "\n")
         return 0
@@ -489,6 +490,7 @@ def main() -> int:
         ratio = served[top]["throughput_per_s"] / base["throughput_per_s"]
         print(f"at {top} clients: kiln serve = {ratio:.2f}x offline batched, p99 {served[top]['p99_ms']:.0f} ms")
         if args.json:
+            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
             Path(args.json).write_text(json.dumps({"artifact": args.artifact, "variant": base["variant"],
                                                    "serve_args": args.serve_args, "offline": base,
                                                    "kiln_serve": served, f"ratio_vs_offline_at_{top}": ratio},
@@ -513,6 +515,7 @@ def main() -> int:
           f"(target >= 0.85), {result[f'ratio_vs_naive_at_{top}']:.2f}x one-request-per-forward (target >= 2)")
     print(markdown(result))
     if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
     return 0
 

@@ -37,9 +37,10 @@ def scrape(port: int) -> dict[str, float]:
 
 
 def offline_agreement(artifact: str, texts: list[str]) -> tuple[float, float]:
-    from kiln.artifact.directory import Artifact, ServingPlan
+    from kiln.artifact.directory import Artifact
+    from kiln.artifact.plan import ServingPlan
     from kiln.engines import EngineOptions
-    from kiln.validation.parity import cosine
+    from kiln.scoring import cosine
 
     art = Artifact.open(artifact)
     served = art.predictor()
@@ -97,6 +98,7 @@ def main() -> int:
     print(f"  live agreement: {live}")
     print(f"  offline on the same {len(texts)} texts: min cosine {low:.6f}, mean {mean:.6f}")
     if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
     return 0
 

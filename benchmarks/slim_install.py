@@ -5,7 +5,7 @@
 Exports MiniLM to ONNX with the full install, then for each venv (.venv: kiln[build,...] as `make install` makes it;
 .venv-slim: pip install 'kiln[serve,embed]') measures the size of its site-packages and, per round, the seconds
 from starting `kiln serve ARTIFACT` to its first /embed answer (process start, imports, model load, warm-up).
-Writes benchmarks/slim_install.json.
+Writes benchmarks/out/slim_install.json (--json).
 """
 
 from __future__ import annotations
@@ -49,6 +49,7 @@ def cold_start(venv: Path, artifact: Path) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--json", type=Path, default=ROOT / "benchmarks" / "out" / "slim_install.json")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as scratch:
         artifact = Path(scratch) / "minilm"
@@ -63,7 +64,8 @@ def main() -> None:
     out = {"command": "python benchmarks/slim_install.py " + " ".join(sys.argv[1:]),
            "cpu": f"{cpu.model} ({cpu.usable_cores} usable cores; {', '.join(cpu.features)})",
            "model": "bundled all-MiniLM-L6-v2, onnx-fp32 (kiln export)", "venvs": rows}
-    (ROOT / "benchmarks" / "slim_install.json").write_text(json.dumps(out, indent=2) + "\n")
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(out, indent=2) + "\n")
     for name, row in rows.items():
         print(f"{name:<36} site-packages {row['site_packages_mb']:>7.0f} MB   cold start to first answer "
               f"{row['cold_start_median_s']:.2f} s (median of {args.rounds}: {row['cold_start_s']})")

@@ -27,6 +27,8 @@ import tempfile
 import time
 from pathlib import Path
 
+OUT = Path(__file__).resolve().parent / "out"  # results land here (gitignored), not in the tree
+
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
@@ -92,7 +94,7 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=None, help="keep the models here (default: a temporary dir)")
     parser.add_argument("--variant", default="onnx-fp32", choices=("onnx-fp32", "onnx-fused"),
                         help="the step graph both models run: the export, or kiln's fused graph (cache in place)")
-    parser.add_argument("--output", type=Path, default=HERE / "speculative.json")
+    parser.add_argument("--json", "--output", dest="output", type=Path, default=OUT / "speculative.json")
     args = parser.parse_args()
 
     import transformers
@@ -184,6 +186,7 @@ def main() -> None:
            "student": distilled or "reused from --work",
            "greedy": {"seconds": round(plain, 3), "tokens_per_s": round(tokens / plain, 1)}, "speculative": rows,
            "sample": target.encoder.decode(list(greedy[0]))}
+    args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(out, indent=1) + "\n")
     print(f"-> {args.output}")
 

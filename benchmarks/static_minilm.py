@@ -22,6 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
+OUT = Path(__file__).resolve().parent / "out"  # results land here (gitignored), not in the tree
+
 
 def _unit(x: np.ndarray) -> np.ndarray:
     return x / np.clip(np.linalg.norm(x, axis=1, keepdims=True), 1e-12, None)
@@ -40,7 +42,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("artifact", type=Path, help="kiln optimize output of the bundled MiniLM (its best/)")
     parser.add_argument("--static", type=Path, default=Path("/tmp/minilm-static"))
-    parser.add_argument("--out", type=Path, default=Path(__file__).with_name("static.minilm.json"))
+    parser.add_argument("--json", "--out", dest="out", type=Path, default=OUT / "static_minilm.json")
     parser.add_argument("--rounds", type=int, default=10, help="passes over the texts per model; the best counts "
                         "(a static pass takes ~30 ms, so a few would measure the machine's noise)")
     parser.add_argument("--model2vec", type=Path, default=None,
@@ -50,9 +52,9 @@ def main() -> None:
 
     import kiln
     from kiln.compress.static import StaticConfig, StaticModel, distill_static
+    from kiln.scoring import spearman
     from kiln.system.cpu import cpu_info
     from kiln.tasks.feature_extraction import FeatureExtraction
-    from kiln.validation.metrics import spearman
     from kiln.validation.stored_vectors import _top, retrieval_corpus
 
     distilled = None
@@ -121,6 +123,7 @@ def main() -> None:
         result["model2vec"] = {"dir": str(args.model2vec), "sts_spearman": sts_spearman(m2v_embed),
                                "pairwise_cosine_spearman_vs_teacher": m2v_agreement,
                                "recall_at_10_of_teacher_neighbours": m2v_recall}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
 

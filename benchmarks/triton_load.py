@@ -95,6 +95,7 @@ def main() -> int:
         print(f"| kiln serve | {args.clients} | {k['throughput_per_s']:.1f} | {k['p50_ms']:.1f} | "
               f"{k['p90_ms']:.1f} | {k['p99_ms']:.1f} | |")
     if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
     return 0
 

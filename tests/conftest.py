@@ -14,7 +14,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory):
     """``tiny_model(arch, task)`` -> directory of a tiny random model, built once per session."""
-    from tests.factory import build_tiny_model
+    from kiln.testing.factory import build_tiny_model
 
     cache: dict[tuple[str, TaskName], Path] = {}
 
@@ -61,7 +61,7 @@ def task_artifacts(tiny_model, tiny_artifact, tmp_path_factory) -> dict:
 
 @pytest.fixture(scope="session")
 def minilm_dir() -> Path:
-    from kiln.model.source import bundled_model_dir
+    from kiln.source.loading import bundled_model_dir
 
     return bundled_model_dir()
 

@@ -11,8 +11,8 @@ from typing import Any
 
 import numpy as np
 
+from kiln.records.figures import Agreement, AgreementInputs, EvalSet, Run
 from kiln.tasks.base import TaskSpec, field, valid_rows
-from kiln.validation.figures import Agreement, AgreementInputs, EvalSet, Run
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
+import numpy as np
 import pytest
 
 from kiln.artifact.directory import Artifact
@@ -233,12 +235,10 @@ def test_the_event_loop_stays_responsive_while_batches_form(predictor):
     """Sorting the window, the partition search and collation run off the event loop. With a 2,048-input window
     (~20 ms of search per batch here; ~1 ms at the default 256) a 1 ms ticker on the loop is never late by more
     than a few GIL hand-overs; formed on the loop, each batch delayed it by the whole search (measured with
-    benchmarks/loop_lag.py, the same measurement: 15-19 ms on the loop against 2-3 ms off it, with a 0.5 ms GIL
-    switch interval so hand-overs are quick)."""
+    a script of the same measurement, `git show 91ffdaf:benchmarks/loop_lag.py`: 15-19 ms on the loop against
+    2-3 ms off it, with a 0.5 ms GIL switch interval so hand-overs are quick)."""
     import random
     import sys
-
-    from benchmarks.loop_lag import Quick, lags
 
     rng = random.Random(0)
     encodings = predictor.encoder.encode([" ".join(["word"] * rng.randint(5, 120)) for _ in range(2048)])
@@ -257,3 +257,52 @@ def test_the_event_loop_stays_responsive_while_batches_form(predictor):
     # A ratio, not a time: under a loaded suite the off-loop lag once reached 12.6 ms against an absolute bound of 12.
     assert worst[False] < 0.5 * worst[True], \
         f"the event loop was late by {1000 * worst[False]:.1f} ms off the loop, {1000 * worst[True]:.1f} ms on it"
+
+
+# The loop-lag measurement: a 2 ms engine that releases the GIL like a runtime, and a 1 ms ticker on the loop.
+class Quick:
+    pad_multiple = 1
+
+    def run(self, inputs):
+        time.sleep(0.002)
+        return {"last_hidden_state": np.zeros((*inputs["input_ids"].shape, 32), dtype=np.float32)}
+
+
+async def lags(predictor, encodings, window: int, inline: bool, timeout_s: float = 120.0) -> tuple[list[float], int]:
+    """(the ticker's lags in seconds, sorted; batches formed) while ``encodings`` are queued at once and run; a
+    TimeoutError past ``timeout_s``."""
+    batcher = Batcher(predictor, BatchLimits(window=window, window_requests=window, max_batch_size=64,
+                                             max_delay_s=0.001))
+    formed = []
+    batcher.on_batch = formed.append
+    loop = asyncio.get_running_loop()
+    if inline:  # the former thread's work done on the event loop itself
+        original = loop.run_in_executor
+
+        def run_in_executor(executor, fn, *args):
+            if executor is batcher._former:
+                future = loop.create_future()
+                future.set_result(fn(*args))
+                return future
+            return original(executor, fn, *args)
+
+        loop.run_in_executor = run_in_executor  # type: ignore[method-assign]
+    batcher.start()
+    seen, done = [], asyncio.Event()
+
+    async def ticker():
+        while not done.is_set():
+            before = time.perf_counter()
+            await asyncio.sleep(0.001)
+            seen.append(time.perf_counter() - before - 0.001)
+
+    submitted = [asyncio.ensure_future(batcher.submit([e])) for e in encodings]
+    await asyncio.sleep(0)  # every input queued (that burst of submits is not batch forming)
+    tick = asyncio.ensure_future(ticker())
+    try:
+        await asyncio.wait_for(asyncio.gather(*submitted), timeout=timeout_s)
+    finally:
+        done.set()
+        await tick
+        await batcher.close()
+    return sorted(seen), len(formed)

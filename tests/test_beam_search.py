@@ -18,7 +18,7 @@ from kiln.choices import ExportFormat
 from kiln.errors import UsageError
 from kiln.export.job import ExportConfig, run_export
 from kiln.tasks import TaskName
-from tests.factory import build_tiny_model
+from kiln.testing.factory import build_tiny_model
 
 PROMPTS = ["the river flows north past the old port", "a train", "The quick"]
 

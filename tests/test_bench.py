@@ -16,11 +16,11 @@ from kiln.artifact.directory import Artifact
 from kiln.artifact.manifest import read_manifest, seal
 from kiln.bench.compare import compare
 from kiln.bench.job import SERVING_FILE, SWEEP_BATCH_SIZES, SWEEP_PAD_MULTIPLES, BenchConfig, BenchJob, sweep_points
-from kiln.bench.measure import padding_efficiency
-from kiln.bench.results import SCHEMA, read_results
 from kiln.choices import ExportFormat
 from kiln.errors import UsageError
 from kiln.export.job import ExportConfig, run_export
+from kiln.records.bench import SCHEMA, read_results
+from kiln.runtime.timing import padding_efficiency
 from kiln.system.cpu import cpu_info
 from kiln.tasks import TaskName
 

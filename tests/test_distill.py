@@ -16,9 +16,9 @@ from kiln.compress.distill import LINEAGE_FILE, DistillConfig, checkpoint_dir, r
 from kiln.compress.student import build_student, evenly_spaced, parse_keep_layers
 from kiln.data import corpus
 from kiln.errors import UsageError
-from kiln.model.source import load_source
+from kiln.source.loading import load_source
 from kiln.tasks import TaskName
-from tests.factory import ENCODERS
+from kiln.testing.factory import ENCODERS
 
 RECIPE = {"epochs": 2, "batch_size": 8, "lr": 5e-4, "max_length": 48}
 
@@ -126,7 +126,7 @@ def test_sentence_transformers_loads_a_student_of_minilm(tmp_path, texts):
     model = SentenceTransformer(str(out), device="cpu")
     sentences = ["The cat sat on the mat.", "Python ships its documentation."]
     theirs = model.encode(sentences, normalize_embeddings=False)
-    import kiln.model.reference as reference
+    import kiln.source.reference as reference
 
     ours = np.stack(reference.reference_predictor(load_source(str(out), TaskName.FEATURE_EXTRACTION)).predict(
         sentences))
@@ -253,10 +253,10 @@ def test_optimize_judges_a_student_against_its_teacher(distilled, tiny_model, tm
 
 def test_training_targets_of_tagged_words_and_answers(tiny_model):
     """--train rows become targets where they belong: a word's tag on its first sub-token, an answer's span."""
-    from kiln.model.reference import source_encoder
+    from kiln.records.figures import EvalSet
+    from kiln.source.reference import source_encoder
     from kiln.tasks import task_spec
     from kiln.tasks.base import NO_LABEL
-    from kiln.validation.figures import EvalSet
 
     source = load_source(str(tiny_model("bert", TaskName.TOKEN_CLASSIFICATION)), TaskName.TOKEN_CLASSIFICATION)
     spec, encoder = task_spec(TaskName.TOKEN_CLASSIFICATION), source_encoder(source)
@@ -274,7 +274,7 @@ def test_training_targets_of_tagged_words_and_answers(tiny_model):
 
     source = load_source(str(tiny_model("bert", TaskName.QUESTION_ANSWERING)), TaskName.QUESTION_ANSWERING)
     spec, encoder = task_spec(TaskName.QUESTION_ANSWERING), source_encoder(source)
-    from kiln.tasks.question_answering import QAInput
+    from kiln.tasks.inputs import QAInput
 
     context = "Jean Dupont visited Paris and Lyon in the spring."
     prepared = spec(source.task_config).features([QAInput("Where did he go?", context)] * 2, encoder)

@@ -14,8 +14,8 @@ from kiln.engines import ENGINES, EngineOptions, create_engine
 from kiln.engines.torch_eager import TorchEngine
 from kiln.errors import UsageError
 from kiln.export.job import ExportConfig, run_export
-from kiln.model.reference import source_encoder, task_module
-from kiln.model.source import load_source
+from kiln.source.loading import load_source
+from kiln.source.reference import source_encoder, task_module
 from kiln.tasks import TaskName
 
 SHORT = "A short sentence."
@@ -164,7 +164,7 @@ def test_torchscript_runs_on_the_device_it_was_traced_on(tiny_model, tmp_path):
     device it will run on, records it, and refuses the other one with a clear error."""
     from kiln.engines.torchscript import TorchScriptEngine
     from kiln.export.torchscript import export_torchscript
-    from kiln.model.reference import example_inputs
+    from kiln.source.reference import example_inputs
 
     source = load_source(str(tiny_model("bert")), TaskName.FEATURE_EXTRACTION)
     encoder = source_encoder(source)
@@ -271,6 +271,7 @@ def test_openvino_sessions_are_streams_of_one_compiled_model(artifacts, tmp_path
     from kiln.engines import open_sessions
     from kiln.optimize.openvino_passes import convert
     from kiln.runtime.predictor import Predictor
+    from kiln.tasks import task_handler
 
     art = Artifact.open(artifacts[ExportFormat.ONNX])
     convert(art.path / art.variant().path, tmp_path / "model.xml")
@@ -282,8 +283,9 @@ def test_openvino_sessions_are_streams_of_one_compiled_model(artifacts, tmp_path
     texts = [SHORT, *LONG] * 6
     encoder = art.encoder()
     single = create_engine("openvino", tmp_path / "model.xml", EngineOptions(intra_op_threads=1))
-    want = Predictor(art.task_config, encoder, single, batch_size=2).predict(texts)
-    got = Predictor(art.task_config, encoder, sessions[0], batch_size=2, sessions=sessions[1:]).predict(texts)
+    want = Predictor(task_handler(art.task_config), encoder, single, batch_size=2).predict(texts)
+    got = Predictor(task_handler(art.task_config), encoder, sessions[0], batch_size=2,
+                    sessions=sessions[1:]).predict(texts)
     np.testing.assert_allclose(np.stack(got), np.stack(want), atol=1e-4)
 
 
@@ -344,6 +346,7 @@ def test_one_predictor_answers_8_threads_at_once_as_it_answers_one(artifacts, fm
     single infer request used to be shared by all of them (it refuses or mixes concurrent calls)."""
     from kiln.optimize.openvino_passes import convert
     from kiln.runtime.predictor import Predictor
+    from kiln.tasks import task_handler
     from tests.waiting import concurrently
 
     art = Artifact.open(artifacts[ExportFormat.ONNX])
@@ -352,7 +355,7 @@ def test_one_predictor_answers_8_threads_at_once_as_it_answers_one(artifacts, fm
         engine = create_engine("openvino", tmp_path / "model.xml", EngineOptions(intra_op_threads=1))
     else:
         engine = art.engine(options=EngineOptions(intra_op_threads=1))
-    predictor = Predictor(art.task_config, art.encoder(), engine, batch_size=4)
+    predictor = Predictor(task_handler(art.task_config), art.encoder(), engine, batch_size=4)
     calls = [[SHORT, *LONG][: 1 + k % 3] + [f"thread {k} " * (1 + 7 * k)] for k in range(8)]
     want = [np.stack(predictor.predict(texts)) for texts in calls]
     for _ in range(3):

@@ -13,10 +13,10 @@ from kiln.artifact.directory import Artifact
 from kiln.choices import ExportFormat, ExternalData
 from kiln.errors import ParityError
 from kiln.export.job import ExportConfig, run_export
+from kiln.records.parity import ParityTolerance
 from kiln.tasks import TaskName, task_spec
 from kiln.tasks.generative import GenerativeTask
-from kiln.validation.parity import ParityTolerance
-from tests.factory import ARCHITECTURES
+from kiln.testing.factory import ARCHITECTURES
 
 
 def _export(model_dir, tmp_path, task=TaskName.FEATURE_EXTRACTION, fmt=ExportFormat.ONNX, **kw):
@@ -104,7 +104,7 @@ def test_manifest_records_source_recipe_versions_and_checksums(tiny_model, tmp_p
 
 
 def test_source_hash_changes_with_weights(tiny_model, tmp_path):
-    from kiln.model.source import load_source
+    from kiln.source.loading import load_source
 
     a = load_source(str(tiny_model("bert")), TaskName.FEATURE_EXTRACTION).content_sha256
     b = load_source(str(tiny_model("electra")), TaskName.FEATURE_EXTRACTION).content_sha256
@@ -112,8 +112,8 @@ def test_source_hash_changes_with_weights(tiny_model, tmp_path):
 
 
 def test_exported_artifact_predicts_like_pytorch(tiny_model, tmp_path):
-    from kiln.model.reference import reference_predictor
-    from kiln.model.source import load_source
+    from kiln.source.loading import load_source
+    from kiln.source.reference import reference_predictor
 
     model_dir = tiny_model("bert", TaskName.TEXT_CLASSIFICATION)
     result = _export(model_dir, tmp_path, task=TaskName.TEXT_CLASSIFICATION)

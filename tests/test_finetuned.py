@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import pytest
 
-from kiln.model.reference import reference_predictor
-from kiln.model.source import load_source
 from kiln.optimize.job import OptimizeConfig, OptimizeJob
+from kiln.source.loading import load_source
+from kiln.source.reference import reference_predictor
 from kiln.tasks import TaskName, task_spec
 from kiln.validation.evalsets import load_eval_set
 from tests import finetune

@@ -6,8 +6,8 @@ import pytest
 
 from kiln.errors import UsageError
 from kiln.optimize.sensitivity import RankedLayer, SearchResult, exclusion_search, paying_limit
+from kiln.records.figures import Agreement
 from kiln.tasks import TaskName, task_spec
-from kiln.validation.figures import Agreement
 from kiln.validation.gate import judge, tolerance_for
 
 

@@ -25,11 +25,11 @@ from kiln.decoder.steps import ArraySteps, BoundSteps, BufferSteps, SharedSteps,
 from kiln.decoder.stopping import Detokenizer, Stops
 from kiln.errors import UnsupportedModelError, UsageError
 from kiln.export.job import ExportConfig, run_export
-from kiln.model.reference import reference_predictor
-from kiln.model.source import load_source
+from kiln.records.figures import EvalSet
+from kiln.source.loading import load_source
+from kiln.source.reference import reference_predictor
 from kiln.tasks import TaskName
 from kiln.tasks.text_generation import TextGeneration
-from kiln.validation.figures import EvalSet
 from tests.test_serve_process import start_server
 from tests.waiting import concurrently, wait_until
 
@@ -256,7 +256,7 @@ def test_optimize_times_a_decoder_by_generating_as_served(decoder_artifacts):
     """A decoder's timing is generation: every timing text a prompt continued by TIMING_NEW_TOKENS greedy tokens,
     TIMING_BATCH decoding together, one prefill per group and one single-token step per further token; no call
     of it returns a whole text's logits (what a teacher-forced pass held)."""
-    from kiln.bench.measure import time_predictor
+    from kiln.runtime.timing import time_predictor
     from kiln.tasks.text_generation import TIMING_BATCH, TIMING_NEW_TOKENS
 
     predictor = kiln.load(decoder_artifacts["gpt2"])
@@ -460,7 +460,7 @@ def test_kiln_export_writes_the_fused_step_graph(decoder_artifacts, tiny_model, 
 
 
 def test_decoders_refuse_tasks_they_are_not_verified_for(tiny_model):
-    from kiln.model.source import load_source
+    from kiln.source.loading import load_source
 
     with pytest.raises(UnsupportedModelError, match="needs a decoder-only language model"):
         load_source(str(tiny_model("bert")), "text-generation")
@@ -689,8 +689,8 @@ def test_bench_times_first_token_and_per_token_latency_in_the_report(optimized_g
     from typer.testing import CliRunner
 
     from kiln.bench.compare import compare
-    from kiln.bench.results import read_results
     from kiln.cli.app import app
+    from kiln.records.bench import read_results
 
     _, artifact = optimized_gpt2
     result = CliRunner().invoke(app, ["bench", str(artifact), "-o", str(tmp_path / "b"), "--batch-sizes", "1,2",

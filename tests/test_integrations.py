@@ -13,8 +13,8 @@ import kiln
 from kiln.choices import Aggregation
 from kiln.data.texts import builtin_pairs, builtin_sentences, joined
 from kiln.errors import UsageError
-from kiln.model.reference import reference_predictor
-from kiln.model.source import load_source
+from kiln.source.loading import load_source
+from kiln.source.reference import reference_predictor
 from kiln.tasks import QAInput, TaskName
 
 TEXTS = [builtin_sentences()[i] for i in (0, 5, 9)] + ["Anna Schmidt works for Acme Corporation in Berlin."]

@@ -9,9 +9,9 @@ import string
 import numpy as np
 import pytest
 
+from kiln import scoring
+from kiln.records.figures import EvalSet
 from kiln.tasks import Entity, TaskConfig, task_spec
-from kiln.validation import metrics
-from kiln.validation.figures import EvalSet
 
 
 # The official SQuAD v2.0 evaluation script's answer functions, transcribed (evaluate-v2.0.py).
@@ -73,7 +73,7 @@ CASES = [
 
 @pytest.mark.parametrize(("prediction", "answers"), CASES)
 def test_squad_scorer_matches_the_official_script(prediction, answers):
-    ours = metrics.squad_scores([prediction], [answers])
+    ours = scoring.squad_scores([prediction], [answers])
     em, f1 = _official(prediction, answers)
     assert ours["exact_match"] == em
     assert ours["f1"] == pytest.approx(f1, abs=1e-12)
@@ -137,5 +137,5 @@ def test_spearman_is_scipys():
     x = rng.normal(size=50)
     y = x + rng.normal(size=50)
     y[:5] = y[0]  # ties
-    assert metrics.spearman(x, y) == pytest.approx(spearmanr(x, y).statistic, abs=1e-12)
-    assert metrics.spearman([1, 1, 1], [1, 2, 3]) == 0.0
+    assert scoring.spearman(x, y) == pytest.approx(spearmanr(x, y).statistic, abs=1e-12)
+    assert scoring.spearman([1, 1, 1], [1, 2, 3]) == 0.0

@@ -51,8 +51,8 @@ def test_kiln_encodes_and_scores_like_pylate(colbert, task_artifacts, pylate):
     """Markers, [MASK] expansion, truncation to the query and document lengths, the punctuation skiplist (a
     document of punctuation keeps only its letters), normalisation and MaxSim: in PyTorch and in the exported
     ONNX graph with the projection inside it."""
-    from kiln.model.reference import reference_predictor
-    from kiln.model.source import load_source
+    from kiln.source.loading import load_source
+    from kiln.source.reference import reference_predictor
 
     pytorch = reference_predictor(load_source(str(colbert), TaskName.MULTI_VECTOR.value))
     for predictor, atol in ((pytorch, 1e-5), (kiln.load(task_artifacts[TaskName.MULTI_VECTOR]), 1e-4)):
@@ -78,9 +78,9 @@ def test_kiln_reads_colbert_ai_checkpoints_and_encodes_like_colbert_ai(tmp_path_
     (queryFromText, docFromText, colbert_score) on the same checkpoint, in colbert-ai's own venv."""
     from kiln.choices import ExportFormat
     from kiln.export.job import ExportConfig, run_export
-    from kiln.model.reference import reference_predictor
-    from kiln.model.source import load_source
-    from tests.factory import build_tiny_colbert_ai
+    from kiln.source.loading import load_source
+    from kiln.source.reference import reference_predictor
+    from kiln.testing.factory import build_tiny_colbert_ai
 
     if not COLBERT_AI.is_file():
         pytest.skip("no colbert-ai venv (run `make colbert-ai`)")
@@ -107,8 +107,8 @@ def test_kiln_reads_colbert_ai_checkpoints_and_encodes_like_colbert_ai(tmp_path_
 
 def test_a_colbert_without_a_known_layout_is_refused(tmp_path):
     from kiln.errors import UnsupportedModelError
-    from kiln.model.source import load_source
-    from tests.factory import build_tiny_model
+    from kiln.source.loading import load_source
+    from kiln.testing.factory import build_tiny_model
 
     plain = build_tiny_model("bert", TaskName.FEATURE_EXTRACTION, tmp_path / "plain")
     with pytest.raises(UnsupportedModelError, match="neither modules.json .* nor artifact.metadata"):

@@ -16,12 +16,12 @@ import pytest
 from kiln.artifact.directory import Artifact
 from kiln.data.texts import builtin_sentences
 from kiln.errors import UsageError
-from kiln.model.reference import reference_predictor
-from kiln.model.source import load_source
 from kiln.optimize.job import NothingPassed, OptimizeConfig, OptimizeJob
 from kiln.optimize.outcome import RunSummary, read_results
 from kiln.optimize.variants import VARIANTS, default_variants
 from kiln.records import to_jsonable
+from kiln.source.loading import load_source
+from kiln.source.reference import reference_predictor
 from kiln.tasks import TaskName
 from kiln.validation.gate import Verdict
 
@@ -99,7 +99,7 @@ def test_tight_tolerance_triggers_sensitivity_and_records_it(tiny_model, tmp_pat
         Artifact.open(tmp_path / "a").predictor("onnx-int8-dynamic")
     assert "variant onnx-int8-dynamic was rejected by kiln optimize" in caplog.text
     # A tolerance the fully quantized model misses by construction and that keeping layers in fp32 reaches (the
-    # tiny model is the same every session: its tokenizer is kept in tests/data/tokenizers).
+    # tiny model is the same every session: its tokenizer is kept in kiln/testing/tokenizers).
     tolerance = (1 - full.agreement.value) * 0.999
     summary = OptimizeJob(OptimizeConfig(model=model, task=TaskName.FEATURE_EXTRACTION, output=tmp_path / "b",
                                          tolerance=tolerance, variants=("onnx-fp32", "onnx-int8-dynamic"))).run()

@@ -12,8 +12,8 @@ from fastapi.testclient import TestClient
 import kiln
 from kiln.data.texts import builtin_pairs, builtin_sentences, joined
 from kiln.errors import UsageError
-from kiln.model.reference import reference_predictor
-from kiln.model.source import load_source
+from kiln.source.loading import load_source
+from kiln.source.reference import reference_predictor
 from kiln.tasks import TaskName, TextPair
 
 CLS = TaskName.TEXT_CLASSIFICATION

@@ -181,7 +181,7 @@ def test_eval_judgements_give_each_stored_size_and_precision_an_ndcg(tiny_model,
 
     from kiln.artifact.directory import Artifact
     from kiln.optimize.job import OptimizeConfig, OptimizeJob
-    from kiln.validation.metrics import ndcg_at_k
+    from kiln.scoring import ndcg_at_k
 
     sentences = list(builtin_sentences()[:60])
     queries, texts = sentences[:12], sentences[12:]

@@ -10,15 +10,15 @@ import numpy as np
 import pytest
 import torch
 
-from kiln.compress import layout
 from kiln.compress.distill import DistillConfig
 from kiln.compress.importance import _Gates, choose, measure
 from kiln.compress.prune import PruneSettings, run_prune
 from kiln.data import corpus
 from kiln.errors import UsageError
-from kiln.model.source import load_source
+from kiln.model import layout
+from kiln.source.loading import load_source
 from kiln.tasks import TaskName
-from tests.factory import ENCODERS
+from kiln.testing.factory import ENCODERS
 
 RECIPE = {"epochs": 1, "batch_size": 8, "lr": 5e-4, "max_length": 48}
 INPUTS = {"input_ids": torch.tensor([[1, 5, 9, 12, 7, 2, 3, 4], [1, 8, 6, 2, 0, 0, 0, 0]]),
@@ -73,7 +73,7 @@ def test_importance_finds_a_head_and_neurons_that_do_nothing(tiny_model):
     with torch.no_grad():  # head 0 of layer 1 and FFN neurons 0..9 of layer 0 no longer reach the output
         layer.attention.output.dense.weight[:, :dim] = 0
         layout.layers(model)[0].output.dense.weight[:, :10] = 0
-    from kiln.tasks.config import TaskConfig
+    from kiln.records.task import TaskConfig
 
     scores = measure(model, [INPUTS] * 3, output_names=("last_hidden_state",), embeds=True,
                      config=TaskConfig(task="feature-extraction", max_length=64))

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from kiln.artifact.records import Round, Sensitivity, Status, VariantRecord
-from kiln.bench.measure import Timing
 from kiln.errors import ArtifactError
 from kiln.optimize.outcome import Outcome
 from kiln.records import read_record, write_json
-from kiln.validation.figures import Agreement, BucketFigure
+from kiln.records.artifact import Round, Sensitivity, Status, VariantRecord
+from kiln.records.figures import Agreement, BucketFigure
+from kiln.records.timing import Timing
 
 
 def test_a_record_comes_back_with_its_types(tmp_path):
@@ -41,7 +41,7 @@ def test_a_manifest_is_typed_and_a_schema_1_manifest_still_reads(tiny_artifact, 
 
     from kiln.artifact.directory import Artifact
     from kiln.artifact.manifest import MANIFEST_NAME, SCHEMA_VERSION, read_manifest
-    from kiln.artifact.records import TokenizerRecord
+    from kiln.records.artifact import TokenizerRecord
 
     manifest = read_manifest(tiny_artifact)
     record = manifest.variants["onnx-fp32"]
@@ -68,7 +68,8 @@ def test_a_manifest_is_typed_and_a_schema_1_manifest_still_reads(tiny_artifact, 
 def test_a_variant_says_how_it_fared_in_one_line():
     """kiln info's line per variant: the gate's verdict in its words, the build machine's speed and the batch drift
     after kiln optimize; a plain export's parity; nothing recorded said as such."""
-    from kiln.validation.batching import BatchDrift, BatchedAgreement, Batching
+    from kiln.choices import Batching
+    from kiln.records.batching import BatchDrift, BatchedAgreement
 
     agreement = Agreement("min_cosine", 0.9941, {"min_cosine": 0.9941}, "cosine", ())
     plain = VariantRecord("v", "onnxruntime", "v/model.onnx", ("v/model.onnx",))

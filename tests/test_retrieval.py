@@ -15,11 +15,11 @@ from kiln.artifact.directory import Artifact
 from kiln.data.texts import builtin_sentences
 from kiln.errors import UsageError
 from kiln.optimize.job import OptimizeConfig, OptimizeJob
+from kiln.scoring import kendall_tau, ndcg_at_k, reciprocal_rank
 from kiln.serve.app import ServeConfig, create_app
 from kiln.serve.batcher import BatchLimits
 from kiln.tasks import TaskName
 from kiln.tasks.rerank import Rerank
-from kiln.validation.metrics import kendall_tau, ndcg_at_k, reciprocal_rank
 
 
 def test_matryoshka_sizes_are_validated_gated_and_recorded(tiny_model, tmp_path):

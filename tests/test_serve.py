@@ -161,7 +161,7 @@ def test_sessions_and_threads_come_from_the_serving_default(artifacts, tmp_path)
     import shutil
 
     from kiln.bench.job import write_serving_default
-    from kiln.bench.results import ServingRecord
+    from kiln.records.bench import ServingRecord
 
     path = tmp_path / "art"
     shutil.copytree(artifacts[TaskName.FEATURE_EXTRACTION], path)

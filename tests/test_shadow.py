@@ -12,15 +12,16 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
-from kiln.artifact.directory import Artifact, ServingPlan
+from kiln.artifact.directory import Artifact
+from kiln.artifact.plan import ServingPlan
 from kiln.data.texts import builtin_sentences
 from kiln.engines import EngineOptions
 from kiln.errors import UsageError
 from kiln.optimize.job import OptimizeConfig, OptimizeJob
+from kiln.scoring import cosine
 from kiln.serve.app import ServeConfig, create_app
 from kiln.serve.shadow import ShadowConfig
 from kiln.tasks import TaskName
-from kiln.validation.parity import cosine
 from tests.waiting import wait_until
 
 
@@ -102,8 +103,8 @@ def test_sampled_inputs_are_bounded_and_bad_flags_refused(int8_artifact, tiny_mo
 def test_each_task_is_shadowed_by_the_figure_its_gate_checks(tiny_model, tmp_path):
     """A classifier's live figure is the share of top labels kept, judged by its mean; token tagging, reranking
     have theirs (unit checks below)."""
+    from kiln.records.task import TaskConfig
     from kiln.tasks import task_handler
-    from kiln.tasks.config import TaskConfig
 
     out = tmp_path / "clf"
     OptimizeJob(OptimizeConfig(model=str(tiny_model("bert", TaskName.TEXT_CLASSIFICATION)),

@@ -9,7 +9,7 @@ import pytest
 
 from kiln.choices import Pooling
 from kiln.errors import ModelLoadError, UnsupportedModelError
-from kiln.model.source import load_source
+from kiln.source.loading import load_source
 from kiln.tasks import TaskName
 
 

@@ -18,7 +18,7 @@ from kiln.errors import UsageError
 from kiln.export.job import ExportConfig, run_export
 from kiln.runtime.tokenization import TextEncoder
 from kiln.tasks import TaskName
-from tests.factory import build_tiny_model
+from kiln.testing.factory import build_tiny_model
 
 PROMPTS = ["Return the number of items in a container, and then", "The quick", "A list of"]
 

@@ -7,7 +7,7 @@ import os
 import numpy as np
 import pytest
 
-from kiln.validation.figures import Run
+from kiln.records.figures import Run
 from kiln.validation.spill import DiskRows, spilled
 
 

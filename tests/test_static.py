@@ -114,9 +114,9 @@ def test_kiln_optimize_judges_a_static_student_against_its_teacher(tiny_model, s
 
     import kiln
     from kiln.artifact.directory import Artifact
-    from kiln.artifact.records import Status
-    from kiln.model.reference import reference_predictor
-    from kiln.model.source import load_source
+    from kiln.records.artifact import Status
+    from kiln.source.loading import load_source
+    from kiln.source.reference import reference_predictor
     from kiln.tasks import task_spec
 
     teacher = tiny_model("bert")

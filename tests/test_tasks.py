@@ -8,8 +8,8 @@ import transformers
 
 from kiln.choices import Aggregation
 from kiln.data.texts import builtin_sentences
-from kiln.model.reference import reference_predictor
-from kiln.model.source import load_source
+from kiln.source.loading import load_source
+from kiln.source.reference import reference_predictor
 from kiln.tasks import QAInput, TaskName
 
 NER_TEXTS = ["Anna Schmidt works for Acme Corporation in Berlin.", "Jean Dupont visited Paris and Lyon.",

@@ -2,40 +2,31 @@
 
 from __future__ import annotations
 
-from kiln.artifact.directory import Artifact, load
-from kiln.choices import Aggregation, ExportFormat, Pooling, Precision
-from kiln.decoder.generate import Generated
-from kiln.engines import ENGINES, Engine, EngineOptions, create_engine
-from kiln.errors import (
-    ArtifactError,
-    KilnError,
-    ModelLoadError,
-    ParityError,
-    UnsupportedModelError,
-    UsageError,
-)
-from kiln.runtime.predictor import Predictor
-from kiln.tasks import (
-    Answer,
-    Entity,
-    LabelScore,
-    QAInput,
-    Ranked,
-    RerankQuery,
-    SparseVector,
-    TaskConfig,
-    TaskName,
-    TaskSpec,
-    TextPair,
-)
-from kiln.tasks.chunking import Chunking
-
 __version__ = "0.1.0"
 
 
-# Loaded on first use: these import torch and transformers, so `import kiln` (and serving an ONNX or OpenVINO
-# artifact) stays free of both. name -> (module, attribute).
+# Every public name is loaded on first use: `import kiln.errors` (or reading a manifest) then runs only the modules
+# it needs, not the whole package, and `import kiln` stays free of torch and transformers (serving an ONNX or
+# OpenVINO artifact needs neither). name -> (module, attribute).
 _LAZY = {
+    "Artifact": ("kiln.artifact.directory", "Artifact"),
+    "load": ("kiln.artifact.directory", "load"),
+    "Aggregation": ("kiln.choices", "Aggregation"),
+    "ExportFormat": ("kiln.choices", "ExportFormat"),
+    "Pooling": ("kiln.choices", "Pooling"),
+    "Precision": ("kiln.choices", "Precision"),
+    "Generated": ("kiln.decoder.generate", "Generated"),
+    "ENGINES": ("kiln.engines", "ENGINES"),
+    "Engine": ("kiln.engines", "Engine"),
+    "EngineOptions": ("kiln.engines", "EngineOptions"),
+    "create_engine": ("kiln.engines", "create_engine"),
+    **{name: ("kiln.errors", name) for name in (
+        "ArtifactError", "KilnError", "ModelLoadError", "ParityError", "UnsupportedModelError", "UsageError")},
+    "Predictor": ("kiln.runtime.predictor", "Predictor"),
+    **{name: ("kiln.tasks", name) for name in (
+        "Answer", "Entity", "LabelScore", "QAInput", "Ranked", "RerankQuery", "SparseVector", "TaskConfig",
+        "TaskName", "TaskSpec", "TextPair")},
+    "Chunking": ("kiln.tasks.chunking", "Chunking"),
     "hf_model": ("kiln.integrations.transformers", "hf_model"),
     "hf_tokenizer": ("kiln.integrations.transformers", "hf_tokenizer"),
     "pipeline": ("kiln.integrations.transformers", "pipeline"),
@@ -56,8 +47,15 @@ def __getattr__(name: str):
         module, attribute = _LAZY[name]
         if module == "kiln":  # a callable package: importing it binds it on this module
             return importlib.import_module(f"kiln.{attribute}")
-        return getattr(importlib.import_module(module), attribute)
+        value = getattr(importlib.import_module(module), attribute)
+        if module != "kiln":
+            globals()[name] = value  # looked up once
+        return value
     raise AttributeError(f"module 'kiln' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
 
 __all__ = [
     "ENGINES",

@@ -165,3 +165,15 @@ def parse_choice(enum: type[E], value: str | E, flag: str) -> E:
     except ValueError:
         allowed = ", ".join(m.value for m in enum)
         raise UsageError(f"{flag} must be one of: {allowed} (got {value!r})") from None
+
+
+class Batching(Choice):
+    """How a served variant's inputs may be grouped."""
+
+    SORTED = "sorted"  # length-sorted batches at the batch size, padded to the engine's multiple (offline path)
+    MIXED = "mixed"  # arrival order: mixed lengths in one batch, padded to the longest (a busy server)
+    ALONE = "alone"  # batch of one, no padding (an idle server)
+    # Sorted batches spread over two engine sessions of one thread each, run side by side: the plan kiln bench
+    # picks when sessions x threads beats one wide session (OpenVINO streams, ORT sessions). Fewer threads may
+    # change a kernel's reduction order, so a text's answer could depend on which plan serves it.
+    SESSIONS = "sessions"

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kiln.artifact.records import Status
 from kiln.log import get_logger
+from kiln.records.artifact import Status
 from kiln.system.cpu import CpuInfo, cpu_class, cpu_info, emulable_classes
 
 if TYPE_CHECKING:
@@ -108,9 +108,9 @@ def judge_variants(artifact: Artifact, names: Sequence[str], here: str,
     ``evidence`` reads from each predictor after its run added. An error of ``verdict_errors`` while one variant
     loads or runs is that variant's verdict ({"accepted": False, "error": its last line}); the others are still
     judged, on the one reference run."""
-    from kiln.artifact.directory import ServingPlan
-    from kiln.bench.measure import time_predictor
+    from kiln.artifact.plan import ServingPlan
     from kiln.engines import EngineOptions
+    from kiln.runtime.timing import time_predictor
     from kiln.validation.agreement import agreement_inputs, measure_agreement
     from kiln.validation.gate import judge
 

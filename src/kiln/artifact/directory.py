@@ -10,13 +10,15 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from kiln.artifact.manifest import Manifest, read_manifest, verify
-from kiln.artifact.records import BuildRecord, ServingDefault, Status, VariantRecord
+from kiln.artifact.plan import ServingPlan
 from kiln.engines import Engine, EngineOptions, create_engine, open_sessions
 from kiln.errors import ArtifactError, UsageError
 from kiln.log import get_logger
+from kiln.records.artifact import BuildRecord, ServingDefault, Status, VariantRecord
+from kiln.records.task import TaskConfig
 from kiln.runtime.predictor import Predictor
 from kiln.runtime.tokenization import TextEncoder
-from kiln.tasks.config import TaskConfig
+from kiln.tasks import task_handler
 
 if TYPE_CHECKING:
     from kiln.artifact.cpu_pick import CpuPick
@@ -136,7 +138,7 @@ class Artifact:
         solo = None
         if split:
             solo = create_engine(record.engine, model_path, replace(plan.options, intra_op_threads=plan.solo_threads))
-        return Predictor(self.task_config, self.encoder(), engines[0], batch_size=plan.batch_size,
+        return Predictor(task_handler(self.task_config), self.encoder(), engines[0], batch_size=plan.batch_size,
                          sessions=engines[1:], solo=solo, pad_multiple=plan.pad_multiple,
                          output_calibration=self.output_calibration(),
                          stored_vectors=self.manifest.build.stored_vectors)
@@ -153,31 +155,12 @@ class Artifact:
         return np.load(path, allow_pickle=False)
 
 
-@dataclass(frozen=True)
-class ServingPlan:
-    """How a variant runs: engine options (threads per session), sessions side by side, batch size, padding."""
-
-    options: EngineOptions
-    sessions: int | None = 1  # None: as many as the runtime's throughput hint picks (OpenVINO streams)
-    batch_size: int = 32
-    pad_multiple: int | None = None  # None: the engine's own
-    # With several sessions: a call that makes one batch runs it on one more session of this many threads
-    solo_threads: int | None = None
-
-    def __post_init__(self) -> None:
-        sessions = 1 if self.sessions is None else self.sessions
-        for flag, value in (("sessions", sessions), ("batch size", self.batch_size),
-                            ("pad multiple", self.pad_multiple or 1)):
-            if value < 1:
-                raise UsageError(f"{flag} must be at least 1 (got {value})")
-
-
 # The batch size of an offline pass split across single-thread streams (split_cores_plan) where serving.json does
 # not say. Measured: the peers' 1,024 texts end to end through kiln.load(...).predict, openvino-int8-static MiniLM,
-# 2-core AVX-512 VNNI EPYC, 5 alternated rounds (benchmarks/experiments/offline_sessions/batch_size.py): batches
-# of 8 227.1 texts/s, 12 226.0, 16 224.5, 32 211.2 (medians; every round of 8 beat every round of 32). Why smaller
-# batches run faster on a single-thread stream (activations staying in cache?) was not measured, nor was 8 on the
-# AMX or AVX2-only CPUs; an earlier CPU of this project ran 2 x 1 streams with batches of 16 ~1.2x faster than
+# 2-core AVX-512 VNNI EPYC, 5 alternated rounds (benchmarks/experiments/offline_sessions/batch_size.py at 91ffdaf):
+# batches of 8 227.1 texts/s, 12 226.0, 16 224.5, 32 211.2 (medians; every round of 8 beat every round of 32). Why
+# smaller batches run faster on a single-thread stream (activations staying in cache?) was not measured, nor was 8 on
+# the AMX or AVX2-only CPUs; an earlier CPU of this project ran 2 x 1 streams with batches of 16 ~1.2x faster than
 # 1 x 2 with 32 (FIELD-NOTES). kiln bench's sweep measures it on the machine at hand (serving.json).
 SPLIT_CORES_BATCH = 8
 
@@ -191,7 +174,7 @@ def split_cores_plan(engine: str, task: str, device: str) -> int | None:
 
     Why: passes over many texts ran faster as one stream per core than as one stream of all cores (the peers'
     1,024 texts, openvino-bf16 MiniLM, a 2-core AMX Xeon: +6%, +29%, +10% and +5% in runs of
-    benchmarks/experiments/offline_sessions, 1.62x, 1.40x, 1.05x alternated in benchmarks/peers.py), and kiln
+    benchmarks/experiments/offline_sessions at 91ffdaf, 1.62x, 1.40x, 1.05x alternated in benchmarks/peers.py), and kiln
     bench's sweep chose 2 x 1 on the EPYCs too: the threads of one request wait at every op for whichever was
     preempted, separate streams run on. A single text on one thread takes twice as long, hence the solo session
     for a call that makes one batch. Only OpenVINO: its streams are requests of one compiled model (the weights
@@ -199,7 +182,7 @@ def split_cores_plan(engine: str, task: str, device: str) -> int | None:
 
     The price is memory: each stream's thread frees its buffers into its own heap arena, and the solo model is
     a second compiled model (same model and texts, resident after the pass,
-    benchmarks/experiments/offline_sessions/memory.py: 478-504 MiB as one session, 797-849 as two streams and
+    benchmarks/experiments/offline_sessions/memory.py at 91ffdaf: 478-504 MiB as one session, 797-849 as two streams and
     970-1006 with the solo model before the predictor trimmed the heap after long passes; 515 and 655 since).
     ``sessions=1`` where memory counts more."""
     from kiln.choices import Scheduling

@@ -29,7 +29,7 @@ from typing import Any
 
 from kiln.artifact.cpu_pick import CLASS_OVERRIDE, last_line
 from kiln.artifact.manifest import Manifest, seal
-from kiln.artifact.records import Status
+from kiln.records.artifact import Status
 from kiln.system.cpu import ONEDNN_ISA, CpuInfo, emulable_classes
 
 ISA_ENV = "ONEDNN_MAX_CPU_ISA"

@@ -4,39 +4,22 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from datetime import datetime, timezone
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from kiln.artifact.hashing import list_files, sha256_file
-from kiln.artifact.records import BuildRecord, SourceRecord, TokenizerRecord, VariantRecord
 from kiln.errors import ArtifactError
 from kiln.records import from_jsonable, to_jsonable
-from kiln.tasks.config import TaskConfig
+from kiln.records.artifact import BuildRecord, SourceRecord, TokenizerRecord, VariantRecord
+from kiln.records.task import TaskConfig
+from kiln.system.hashing import list_files, sha256_file
+from kiln.system.versions import library_versions
 
 MANIFEST_NAME = "manifest.json"
-SCHEMA_VERSION = 2  # 2: typed records (kiln.artifact.records), ``extra`` became ``build``
-
-# Libraries whose versions decide what an artifact computes; recorded, never imported for it.
-_TRACKED_PACKAGES = (
-    "kiln", "torch", "transformers", "tokenizers", "onnx", "onnxruntime", "onnxruntime-gpu",
-    "openvino", "nncf", "numpy",
-)
-
-
-def library_versions() -> dict[str, str]:
-    versions = {"python": platform.python_version()}
-    for name in _TRACKED_PACKAGES:
-        try:
-            versions[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            continue
-    return versions
+SCHEMA_VERSION = 2  # 2: typed records (kiln.records.artifact), ``extra`` became ``build``
 
 
 @dataclass(frozen=True)

@@ -115,7 +115,7 @@ def audit_kind(task: str) -> Callable[[], AuditKind]:
 
 
 def run_audit(config: AuditConfig, progress: Callable[[str], None] = lambda _: None) -> AuditResult:
-    from kiln.model.source import load_source
+    from kiln.source.loading import load_source
     from kiln.validation.gate import tolerance_for
 
     kind = audit_kind(config.task)()

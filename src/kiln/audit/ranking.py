@@ -23,7 +23,8 @@ import numpy as np
 from kiln.audit.protocols import Endpoint, rerank
 from kiln.audit.reference import TRUNCATIONS, position_limit, truncations
 from kiln.audit.result import AuditResult, Finding, buckets
-from kiln.tasks.rerank import TOP, RerankQuery, rank_agreement, relevant_index
+from kiln.tasks.inputs import RerankQuery
+from kiln.tasks.rerank import TOP, rank_agreement, relevant_index
 
 ACTIVATIONS = ("sigmoid", "softmax", "raw")
 ORDERS = ("query, text", "text, query")

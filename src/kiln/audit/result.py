@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kiln.validation.figures import BucketFigure, bucket_index, bucket_label
+from kiln.records.figures import BucketFigure, bucket_index, bucket_label
 
 
 @dataclass(frozen=True)

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from kiln.bench.results import BenchResults, read_results
 from kiln.errors import ArtifactError, UsageError
+from kiln.records.bench import BenchResults, read_results
 
 
 @dataclass(frozen=True)

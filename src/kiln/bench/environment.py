@@ -7,8 +7,8 @@ import shutil
 import subprocess
 from typing import Any
 
-from kiln.artifact.manifest import library_versions
 from kiln.system.cpu import cpu_info, int8_scheme
+from kiln.system.versions import library_versions
 
 
 def _gpus() -> list[str]:

@@ -24,13 +24,14 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-INT8, FP32, BF16 = "int8", "fp32", "bf16"
+from kiln.records.bench import BF16, FP32, INT8, GemmBound
+
 ROWS = 32 * 128  # tokens of the timed batch: 32 sequences of 128
 
 # ONNX op type -> (precision the op runs its GEMM in, index of its weight input)
@@ -48,45 +49,6 @@ class WeightGemm:
     inner: int  # K: the activation's last axis
     outer: int  # N: output features
     precision: str
-
-
-@dataclass(frozen=True)
-class GemmBound:
-    """The weight GEMMs of a variant timed alone, and what the variant itself reached, at 32 x 128 tokens."""
-
-    gemms: int
-    int8_gemms: int
-    gop_per_sequence: float  # weight GEMM work of one 128-token sequence (a multiply-add counts 2)
-    int8_gops: float  # this CPU's measured rate on these shapes, every GEMM in int8
-    fp32_gops: float  # the same, every GEMM in fp32
-    int8_bound_per_s: float  # sequences/s if every weight GEMM ran in int8 and nothing else ran
-    own_bound_per_s: float  # sequences/s with each GEMM in the variant's own precision
-    reached_per_s: float  # the variant, 32 x 128 tokens
-    of_int8_bound: float  # reached / int8 bound
-    of_own_bound: float  # reached / own bound
-    kernel: str
-    bf16_gops: float | None = None  # the same GEMMs in bf16 (OpenVINO), where the CPU has native bf16; else None
-    bf16_bound_per_s: float | None = None  # sequences/s if every weight GEMM ran in bf16 and nothing else ran
-    reached_as: str = ""  # how the variant reached it: "sessions x threads" (kiln bench: the faster of its ways)
-
-    @property
-    def best_precision(self) -> str:
-        """The precision whose bound is highest on this CPU (int8, or bf16 where it is faster: AMX)."""
-        return BF16 if (self.bf16_bound_per_s or 0.0) > self.int8_bound_per_s else INT8
-
-    @property
-    def best_bound_per_s(self) -> float:
-        """The ceiling of any variant of this model on this CPU: the faster of the int8 and bf16 bounds."""
-        return max(self.int8_bound_per_s, self.bf16_bound_per_s or 0.0)
-
-    @property
-    def of_best_bound(self) -> float:
-        return self.reached_per_s / self.best_bound_per_s
-
-    def with_reached(self, reached_per_s: float, reached_as: str = "") -> GemmBound:
-        """The same bounds against another figure of what the variant reached (``reached_as``: how)."""
-        return replace(self, reached_per_s=reached_per_s, of_int8_bound=reached_per_s / self.int8_bound_per_s,
-                       of_own_bound=reached_per_s / self.own_bound_per_s, reached_as=reached_as)
 
 
 def onnx_weight_gemms(path: Path) -> list[WeightGemm]:
@@ -168,7 +130,7 @@ def _gemm_graph(gemms: list[WeightGemm], precision: str):
 def fastest_together(calls: list[Callable[[], Any]], *, budget_s: float, min_runs: int) -> float:
     """Seconds per call of the fastest round of ``calls`` run at once, each on its own thread (the runtimes release
     the GIL while they compute); one call: its fastest run."""
-    from kiln.bench.measure import time_calls
+    from kiln.runtime.timing import time_calls
 
     if len(calls) == 1:
         return min(time_calls(calls[0], budget_s=budget_s, min_runs=min_runs, warmup=1))

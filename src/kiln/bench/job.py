@@ -10,15 +10,23 @@ from pathlib import Path
 from typing import Any
 
 from kiln.artifact.manifest import MANIFEST_NAME, read_manifest, seal, verify
-from kiln.artifact.records import ServingDefault, Status
-from kiln.bench import generation
 from kiln.bench.environment import fingerprint
-from kiln.bench.results import RESULTS_FILE, SCHEMA, BenchResults, OptimizeSection, ServingRecord, SettingsRecord
-from kiln.bench.worker import PYTORCH, BenchSettings, Target, TargetResult, worker_main
+from kiln.bench.worker import PYTORCH, BenchSettings, Target, worker_main
 from kiln.choices import Scheduling
 from kiln.data.texts import texts_of_lengths
+from kiln.decoder import timing as decoder_timing
 from kiln.errors import UsageError
 from kiln.records import to_jsonable, write_json
+from kiln.records.artifact import ServingDefault, Status
+from kiln.records.bench import (
+    RESULTS_FILE,
+    SCHEMA,
+    BenchResults,
+    OptimizeSection,
+    ServingRecord,
+    SettingsRecord,
+    TargetResult,
+)
 from kiln.system.children import ChildDied, receive
 from kiln.system.cpu import cpu_info
 from kiln.system.invocation import invocation
@@ -175,8 +183,8 @@ class BenchJob:
                                  "--seq-lens tokens")
         quick = QUICK_GENERATION if cfg.quick else {}
         return BenchSettings(
-            batch_sizes=cfg.batch_sizes or generation.DEFAULT_BATCH_SIZES,
-            seq_lens=cfg.seq_lens or quick.get("seq_lens", generation.DEFAULT_PROMPT_LENGTHS),
+            batch_sizes=cfg.batch_sizes or decoder_timing.DEFAULT_BATCH_SIZES,
+            seq_lens=cfg.seq_lens or quick.get("seq_lens", decoder_timing.DEFAULT_PROMPT_LENGTHS),
             mix=(), threads=threads, budget_s=0.0, generation_runs=quick.get("runs", 3))
 
     def _run_one(self, target: Target, settings: BenchSettings, bar) -> TargetResult:
@@ -260,8 +268,8 @@ def write_serving_default(directory: Path, default: ServingRecord, *, check: boo
 
 
 def _source_encoder(config: BenchConfig):
-    from kiln.model.reference import source_encoder
-    from kiln.model.source import load_source
+    from kiln.source.loading import load_source
+    from kiln.source.reference import source_encoder
 
     return source_encoder(load_source(config.target, config.task))
 
@@ -274,7 +282,7 @@ def bench(target: str | Path | None = None, *, output: str | Path = "kiln-bench"
           progress: Callable[[str], None] = lambda _: None) -> BenchResults:
     """``kiln bench`` from Python: time ``target`` (an artifact directory, a model directory for PyTorch alone, or
     None for the bundled MiniLM) against the PyTorch fp32 baseline, each in its own process; write results.json,
-    report.html and report.md to ``output`` and return the results (:class:`kiln.bench.results.BenchResults`).
+    report.html and report.md to ``output`` and return the results (:class:`kiln.records.bench.BenchResults`).
     With ``sweep`` the fastest sessions x threads x batch size is written into the artifact as its serving
     default."""
     config = BenchConfig(target=str(target) if target is not None else None, output=Path(output),

@@ -7,19 +7,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from kiln.bench.gemm import BF16, FP32, ROWS, GemmBound, fastest_together, gemm_bound
-from kiln.bench.generation import NEW_TOKENS, GenerationCell, generation_cell
-from kiln.bench.measure import (
-    LatencyStats,
-    MixResult,
-    best_seconds,
-    latency_cell,
-    length_mix_throughput,
-    peak_rss_mb,
-    synthetic_batch,
-)
+from kiln.bench.gemm import BF16, FP32, ROWS, fastest_together, gemm_bound
 from kiln.choices import Precision, Scheduling
-from kiln.tasks import task_spec
+from kiln.decoder.timing import NEW_TOKENS, generation_cell
+from kiln.records.bench import GemmBound, SkippedCell, SweepPoint, TargetResult
+from kiln.records.timing import GenerationCell, LatencyStats
+from kiln.runtime.timing import best_seconds, latency_cell, length_mix_throughput, peak_rss_mb, synthetic_batch
+from kiln.tasks import task_handler, task_spec
 
 PYTORCH = "pytorch-fp32"
 Cell = TypeVar("Cell")
@@ -49,47 +43,13 @@ class BenchSettings:
     generation_runs: int = 3  # decoders: median of this many timed generations per cell
 
 
-@dataclass(frozen=True)
-class SkippedCell:
-    batch_size: int
-    seq_len: int
-    reason: str
-
-
-@dataclass(frozen=True)
-class SweepPoint:
-    """Throughput of ``sessions`` engine sessions with ``threads`` each on the sorted mix in batches of
-    ``batch_size`` padded to a multiple of ``pad_multiple`` tokens, and batch-1 latency at 128."""
-
-    sessions: int
-    threads: int
-    sorted_per_s: float
-    b1_128_ms: float
-    batch_size: int = 32
-    pad_multiple: int = 1
-
-
-@dataclass(frozen=True)
-class TargetResult:
-    name: str
-    load_seconds: float = 0.0
-    peak_rss_mb: float = 0.0
-    grid: tuple[LatencyStats, ...] = ()
-    skipped_cells: tuple[SkippedCell, ...] = ()
-    mix: MixResult | None = None
-    sweep: tuple[SweepPoint, ...] = ()
-    gemm: GemmBound | None = None
-    generation: tuple[GenerationCell, ...] = ()  # decoders: time to first token and per-token latency
-    error: str | None = None
-
-
 def _build(target: Target, threads: int):
     """(encoder, task config, engine) for the target, its engine created with ``threads``."""
     from kiln.engines import EngineOptions
 
     if target.name == PYTORCH:
-        from kiln.model.reference import set_vanilla_attention
-        from kiln.model.source import load_source
+        from kiln.source.loading import load_source
+        from kiln.source.reference import set_vanilla_attention
 
         source = load_source(target.model, target.task)
         set_vanilla_attention(source.model)  # the vanilla model, as users run it
@@ -105,7 +65,7 @@ def _torch_baseline(source, threads: int):
     """The task module run eagerly, as users run the model."""
     from kiln.engines import EngineOptions
     from kiln.engines.torch_eager import TorchEngine
-    from kiln.model.reference import source_encoder, task_module
+    from kiln.source.reference import source_encoder, task_module
 
     engine = TorchEngine(task_module(source), EngineOptions(intra_op_threads=threads))
     return source_encoder(source), source.task_config, engine
@@ -113,7 +73,7 @@ def _torch_baseline(source, threads: int):
 
 def _step_graph_baseline(source, threads: int):
     """The step graph with the KV cache run eagerly: the same work per token as the exported variants."""
-    from kiln.model.reference import timing_predictor
+    from kiln.source.reference import timing_predictor
 
     reference = timing_predictor(source, threads=threads)
     return reference.encoder, reference.config, reference.raw_engine
@@ -147,7 +107,7 @@ def run_generation_target(target: Target, settings: BenchSettings, report=lambda
 
     start = time.perf_counter()
     encoder, config, engine = _build(target, settings.threads)
-    steps = Predictor(config, encoder, engine).engine.steps  # the task's view of the graph: a stepper
+    steps = Predictor(task_handler(config), encoder, engine).engine.steps  # the task's view of the graph: a stepper
     warm_prompt = synthetic_batch(encoder, 1, 4)["input_ids"]
     generation_cell(steps, encoder.pad_id, warm_prompt, new_tokens=2, runs=1, decode=encoder.decode, warmup=0)
     load_seconds = time.perf_counter() - start
@@ -179,7 +139,7 @@ def run_batch_target(target: Target, settings: BenchSettings, report=lambda kind
 
     start = time.perf_counter()
     encoder, config, engine = _build(target, settings.threads)
-    predictor = Predictor(config, encoder, engine, batch_size=settings.batch_size)
+    predictor = Predictor(task_handler(config), encoder, engine, batch_size=settings.batch_size)
     predictor.predict([task_spec(config.task).sample_input(settings.mix[0])])
     load_seconds = time.perf_counter() - start
     report("loaded", load_seconds)
@@ -267,7 +227,8 @@ def _sweep_point(target: Target, settings: BenchSettings, encodings, sessions: i
     """Throughput of ``sessions`` engine sessions with ``threads`` each, fed sorted batches side by side: the
     predictor ``kiln.load`` builds from the winning point (OpenVINO: one model compiled with a stream per
     session)."""
-    from kiln.artifact.directory import Artifact, ServingPlan
+    from kiln.artifact.directory import Artifact
+    from kiln.artifact.plan import ServingPlan
     from kiln.engines import EngineOptions
 
     art = Artifact.open(target.artifact, check=False)  # verified once by the parent

@@ -78,7 +78,7 @@ def export(
     the command exits with status 3 and the measured difference when it is over tolerance.
     """
     from kiln.export.job import ExportConfig, run_export
-    from kiln.validation.parity import ParityTolerance
+    from kiln.records.parity import ParityTolerance
 
     config = ExportConfig(
         model=model, task=task.value, format=format, output=output, opset=opset, int32_inputs=int32_inputs,

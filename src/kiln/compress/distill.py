@@ -20,12 +20,12 @@ from typing import Any
 
 import numpy as np
 
-from kiln.artifact.hashing import sha256_file
 from kiln.compress.continuations import NEW_TOKENS, check_count, teacher_continuations
 from kiln.compress.student import build_student, depth, evenly_spaced, parse_keep_layers
 from kiln.compress.trainer import Distiller, Epoch, Features, Recipe
 from kiln.errors import UsageError
 from kiln.records import write_json
+from kiln.system.hashing import sha256_file
 from kiln.tasks import DEFAULT_TASK
 
 LINEAGE_FILE = "kiln-distill.json"  # kiln prune writes kiln-prune.json
@@ -75,8 +75,8 @@ def checkpoint_dir(output: Path) -> Path:
 
 def _data(config: DistillConfig) -> tuple[list[Any], list[Any] | None, dict[str, Any]]:
     """(inputs, labels or None per input, description with hashes)."""
-    from kiln.optimize.datasets import read_inputs
     from kiln.tasks import task_spec
+    from kiln.validation.datasets import read_inputs
     from kiln.validation.evalsets import load_eval_set
 
     if config.texts is None and config.train is None:
@@ -133,7 +133,7 @@ class StudentMaker:
 
     def check(self, source: Any) -> None:
         from kiln.errors import UnsupportedModelError
-        from kiln.model.architectures import arch_spec
+        from kiln.source.architectures import arch_spec
 
         if arch_spec(source.model_type).decoder and not self.decoders:
             raise UnsupportedModelError(f"kiln {self.method} changes encoder layers; {source.model_type!r} is a "
@@ -159,8 +159,8 @@ def run_compression(config: DistillConfig, maker: StudentMaker,
     """Data, teacher and held-out split; the maker's student; training against the teacher; the directory."""
     from kiln.engines.base import EngineOptions
     from kiln.engines.torch_eager import configure_torch_threads
-    from kiln.model.reference import reference_predictor
-    from kiln.model.source import load_source, parameter_count
+    from kiln.source.loading import load_source, parameter_count
+    from kiln.source.reference import reference_predictor
     from kiln.tasks import task_spec
     from kiln.validation.agreement import agreement_inputs
 
@@ -294,12 +294,13 @@ def _evaluator(source, spec, encoder, held_out, threads: int | None
     from kiln.engines.torch_eager import TorchEngine
     from kiln.model.module import TaskModule
     from kiln.runtime.predictor import Predictor
+    from kiln.tasks import task_handler
     from kiln.validation.agreement import measure_agreement
 
     def evaluate(student) -> tuple[float, dict[str, float]]:
-        engine = TorchEngine(TaskModule(student, source.input_names, spec.output_names, head=spec.graph_outputs),
+        engine = TorchEngine(TaskModule(student, source.input_names, spec.output_names, head=spec.graph_head),
                              EngineOptions(intra_op_threads=threads))
-        agreement = measure_agreement(held_out, Predictor(source.task_config, encoder, engine))
+        agreement = measure_agreement(held_out, Predictor(task_handler(source.task_config), encoder, engine))
         student.eval()  # TorchEngine keeps the module in eval mode; training does too (no dropout)
         return agreement.value, dict(agreement.figures)
 

@@ -23,9 +23,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from kiln.compress import layout as shapes
 from kiln.compress.losses import pool
-from kiln.tasks.config import TaskConfig
+from kiln.model import layout as shapes
+from kiln.records.task import TaskConfig
 
 
 @dataclass(frozen=True)

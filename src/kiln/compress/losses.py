@@ -16,8 +16,8 @@ import torch
 import torch.nn.functional as F
 
 from kiln.choices import Pooling
+from kiln.records.task import TaskConfig
 from kiln.tasks.base import NO_LABEL as IGNORE
-from kiln.tasks.config import TaskConfig
 
 
 @dataclass(frozen=True)

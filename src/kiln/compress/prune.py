@@ -19,11 +19,11 @@ from typing import Any
 import numpy as np
 
 from kiln.choices import PruneScope, parse_choice
-from kiln.compress import layout as shapes
 from kiln.compress.distill import DistillConfig, DistillResult, Student, StudentMaker, run_compression
 from kiln.compress.importance import choose, measure
 from kiln.compress.trainer import Features, Recipe, model_inputs
 from kiln.errors import UsageError
+from kiln.model import layout as shapes
 from kiln.tasks import DEFAULT_TASK
 
 # Recovery starts next to the unpruned model, so it takes smaller steps than a student built from layers
@@ -52,7 +52,7 @@ class PruneSettings:
 
 def pruned_student(settings: PruneSettings, seed: int) -> StudentMaker:
     def make(source, features: Features, encoder, progress: Callable[[str, dict[str, Any]], None]) -> Student:
-        from kiln.model.source import parameter_count
+        from kiln.source.loading import parameter_count
 
         model = copy.deepcopy(source.model)
         shape, kept_ffn, scores = prune_in_place(model, source, features, encoder, settings, seed, progress)

@@ -142,7 +142,7 @@ def sif_weights(count: int, coefficient: float) -> np.ndarray:
 def distill_static(config: StaticConfig, progress: Callable[[str], None] = lambda _: None) -> StaticResult:
     """Distil and write the static model (atomically); what it holds."""
     from kiln.artifact.staging import staged_directory
-    from kiln.model.source import load_source
+    from kiln.source.loading import load_source
     from kiln.tasks import DEFAULT_TASK
 
     start = time.perf_counter()
@@ -231,11 +231,11 @@ def write_artifact(directory: Path, table: np.ndarray, backend: Any, source: Any
 
     from tokenizers import Tokenizer
 
-    from kiln.artifact.hashing import sha256_file
     from kiln.artifact.manifest import Manifest, seal
-    from kiln.artifact.records import BuildRecord, SourceRecord, TokenizerRecord, VariantRecord
     from kiln.choices import Pooling
-    from kiln.model.source import pad_token_id
+    from kiln.records.artifact import BuildRecord, SourceRecord, TokenizerRecord, VariantRecord
+    from kiln.source.loading import pad_token_id
+    from kiln.system.hashing import sha256_file
 
     (directory / "tokenizer").mkdir(parents=True)
     (directory / "static").mkdir()

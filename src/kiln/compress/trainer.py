@@ -22,8 +22,9 @@ import torch
 
 from kiln.compress.losses import IGNORE, LossWeights, hidden_states_loss, task_loss
 from kiln.errors import UsageError
-from kiln.tasks.base import Prepared, TaskSpec
-from kiln.tasks.config import TaskConfig
+from kiln.records.task import TaskConfig
+from kiln.runtime.features import Prepared
+from kiln.tasks.base import TaskSpec
 
 CHECKPOINT = "last.pt"
 

@@ -13,7 +13,7 @@ from kiln.decoder.graph import LOGITS_AT, SEQLENS_K, TOTAL_LENGTH
 from kiln.errors import UsageError
 
 if TYPE_CHECKING:
-    from kiln.artifact.records import VariantRecord
+    from kiln.records.artifact import VariantRecord
 
 
 class Engine(Protocol):
@@ -50,7 +50,7 @@ class EngineOptions:
     # ONNX Runtime's worker threads spin between runs (the default): the fastest for back-to-back runs of one
     # session (greedy decoding: 127 tokens/s spinning, 110 sleeping), but two sessions taking turns lose the cores
     # to each other's spinning (speculative decoding, model + draft: 125 tokens/s spinning, 168 sleeping;
-    # benchmarks/speculative.json and speculative.spin.json, one sitting, 2-core AMD EPYC).
+    # `python benchmarks/speculative.py` with and without spinning, one sitting, 2-core AMD EPYC).
     spin_wait: bool = True
     # ONNX Runtime's CPU arena keeps the largest run's buffers for the session's life. Serving wants that (no
     # allocation per request); validation runs a few big batches per session and holds several sessions, where

@@ -42,8 +42,8 @@ def _call(request: Any, inputs: dict[str, np.ndarray], input_names: tuple[str, .
     Why not ``request.infer(dict)``: the binding then wraps each array in a new tensor and sets it on the request.
     Resizing the request's own tensors and copying into them cost the calling thread 421 against 467 us a call in a
     server under 64 clients, 425 against 450 offline (MiniLM int8, 2-core EPYC; the same outputs bit for bit;
-    benchmarks/experiments/serve_overhead/run.py --mode calls). In a server that CPU is taken from the engine's
-    other stream and the event loop.
+    benchmarks/experiments/serve_overhead/run.py at 91ffdaf --mode calls). In a server that CPU is taken from the
+    engine's other stream and the event loop.
 
     Why the synchronous ``infer()`` and not ``start_async()`` + ``wait()``, whose wait spins less (328 against 421
     us a call served, 343 against 425 offline, the same command): on OpenVINO 2026.4 a call that fails that way

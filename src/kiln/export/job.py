@@ -8,18 +8,19 @@ from pathlib import Path
 from typing import Any
 
 from kiln.artifact.manifest import Manifest, seal
-from kiln.artifact.records import BuildRecord, TokenizerRecord, VariantRecord
 from kiln.choices import ExportFormat, ExternalData
 from kiln.engines import EngineOptions, create_engine
 from kiln.errors import ParityError, UsageError
 from kiln.export.onnx import DEFAULT_OPSET, export_onnx
 from kiln.export.torchscript import export_torchscript
-from kiln.model.reference import example_inputs, reference_predictor, task_module
-from kiln.model.source import SourceModel, load_source, pad_token_id
+from kiln.records.artifact import BuildRecord, TokenizerRecord, VariantRecord
+from kiln.records.parity import ParityReport, ParityTolerance
 from kiln.runtime.predictor import Predictor
+from kiln.source.loading import SourceModel, load_source, pad_token_id
+from kiln.source.reference import example_inputs, reference_predictor, task_module
 from kiln.system.memory import release_freed
-from kiln.tasks import DEFAULT_TASK, FUSED_DECODER_TASKS, task_spec
-from kiln.validation.parity import ParityReport, ParityTolerance, compare_parity, expected_outputs
+from kiln.tasks import DEFAULT_TASK, FUSED_DECODER_TASKS, task_handler, task_spec
+from kiln.validation.parity import compare_parity, expected_outputs
 
 TOKENIZER_DIR = "tokenizer"
 # Variant name, engine and file name for each export format.
@@ -137,7 +138,8 @@ def run_export(config: ExportConfig, progress: Progress = lambda _: None) -> Exp
         del source, reference
         release_freed()
         engine = create_engine(record.engine, stage / record.path, EngineOptions())
-        parity = compare_parity(expected, Predictor(task_config, encoder, engine), tolerance=config.tolerance)
+        parity = compare_parity(expected, Predictor(task_handler(task_config), encoder, engine),
+                                tolerance=config.tolerance)
         if not parity.passed:
             raise ParityError(f"{record.name} disagrees with PyTorch beyond tolerance: {parity.summary()}")
         record = replace(record, parity=parity)

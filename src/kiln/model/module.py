@@ -8,13 +8,13 @@ same function.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from kiln.errors import ArtifactError
+from kiln.model.heads import OUTPUTS, graph_head
 
 # The one spelling of the I/O description file: beside saved weights, and inside TorchScript archives.
 IO_FILE = "kiln_io.json"
@@ -32,15 +32,15 @@ def placed_on(module: torch.nn.Module, device: str) -> torch.nn.Module:
 
 class TaskModule(torch.nn.Module):
     def __init__(self, model: Any, input_names: tuple[str, ...], output_names: tuple[str, ...],
-                 cast_inputs: bool = False, head: Callable[[Any, dict[str, Any]], tuple[Any, ...]] | None = None,
-                 ) -> None:
-        """``head(model outputs, inputs)`` computes the graph's outputs (a task's ``graph_outputs``); without it
-        the outputs named ``output_names`` are returned as the model gives them."""
+                 cast_inputs: bool = False, head: str = OUTPUTS) -> None:
+        """``head`` names what computes the graph's outputs from the model's (kiln.model.heads: a task's
+        ``graph_head``); by default the outputs named ``output_names`` are returned as the model gives them."""
         super().__init__()
         self.model = model
         self.input_names = tuple(input_names)
         self.output_names = tuple(output_names)
-        self.head = head
+        self.head_name = head
+        self.head = graph_head(head)
         # int32 graph inputs are cast to int64 inside the graph: embeddings and masks then see what they expect.
         self.cast_inputs = cast_inputs
         self.eval()  # exporters restore the training flag they found; it must be False
@@ -54,22 +54,28 @@ class TaskModule(torch.nn.Module):
 
 
 def save_task_module(module: TaskModule, directory: Path, task: str) -> None:
-    """Save weights (safetensors) and config so :func:`load_task_module` can rebuild the same module."""
+    """Save weights (safetensors) and config so :func:`load_task_module` can rebuild the same module: the model
+    class and the graph head are recorded by name, so loading needs no task code."""
     module.model.save_pretrained(directory, safe_serialization=True)
     (directory / IO_FILE).write_text(json.dumps(
-        {"task": task, "inputs": list(module.input_names), "outputs": list(module.output_names)}
+        {"task": task, "model_class": type(module.model).__name__, "head": module.head_name,
+         "inputs": list(module.input_names), "outputs": list(module.output_names)}
     ))
+
+
+# Variants saved before the I/O file named its head: the one head kiln had then, known by the output it makes.
+_LEGACY_HEADS = {("sparse_embedding",): "sparse-max-pool"}
 
 
 def load_task_module(directory: Path) -> TaskModule:
     import transformers
 
-    from kiln.tasks import task_spec
-
     try:
         io = json.loads((directory / IO_FILE).read_text())
-        spec = task_spec(io["task"])
-        model = getattr(transformers, spec.auto_class).from_pretrained(directory)
-    except (OSError, ValueError, KeyError) as err:
+        # Older variants: the class transformers itself recorded in config.json (save_pretrained writes it).
+        model_class = io.get("model_class") or json.loads((directory / "config.json").read_text())["architectures"][0]
+        model = getattr(transformers, model_class).from_pretrained(directory)
+        head = io.get("head", _LEGACY_HEADS.get(tuple(io["outputs"]), OUTPUTS))
+    except (OSError, ValueError, KeyError, IndexError, AttributeError) as err:
         raise ArtifactError(f"cannot load the PyTorch variant in {directory}: {err}") from err
-    return TaskModule(model.eval(), tuple(io["inputs"]), tuple(io["outputs"]), head=spec.graph_outputs)
+    return TaskModule(model.eval(), tuple(io["inputs"]), tuple(io["outputs"]), head=head)

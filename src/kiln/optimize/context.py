@@ -8,12 +8,12 @@ from typing import Any
 
 import numpy as np
 
-from kiln.artifact.records import EngineHints, VariantRecord
 from kiln.choices import CalibrationMethod, ExportFormat, Target
 from kiln.export.job import ExportConfig, export_variant
-from kiln.model.reference import example_inputs, task_module
-from kiln.model.source import SourceModel
+from kiln.records.artifact import EngineHints, VariantRecord
 from kiln.runtime.tokenization import TextEncoder
+from kiln.source.loading import SourceModel
+from kiln.source.reference import example_inputs, task_module
 from kiln.system.cpu import CpuInfo, Int8Scheme
 
 

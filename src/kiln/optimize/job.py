@@ -17,8 +17,17 @@ from tokenizers import Encoding
 from kiln.artifact.cpu_pick import store_agreement_inputs, unchecked_classes
 from kiln.artifact.directory import copy_variant
 from kiln.artifact.emulation import emulate
-from kiln.artifact.manifest import Manifest, library_versions, seal
-from kiln.artifact.records import (
+from kiln.artifact.manifest import Manifest, seal
+from kiln.artifact.staging import staged_directory
+from kiln.choices import Batching, CalibrationMethod, Scheduling, Target, parse_choice
+from kiln.engines import EngineOptions, create_engine
+from kiln.errors import KilnError, UsageError
+from kiln.export.job import write_tokenizer
+from kiln.optimize.context import BuildContext, BuiltVariant
+from kiln.optimize.outcome import Outcome, RunSummary, write_stored_vectors, write_summaries
+from kiln.optimize.sensitivity import RankedLayer, exclusion_search, paying_limit, share_limit
+from kiln.optimize.variants import VARIANTS, VariantSpec, default_variants, remove_variant_files
+from kiln.records.artifact import (
     BuildRecord,
     ReferenceTiming,
     Sensitivity,
@@ -27,30 +36,24 @@ from kiln.artifact.records import (
     TokenizerRecord,
     VariantRecord,
 )
-from kiln.artifact.staging import staged_directory
-from kiln.bench.measure import Timing, time_predictor
-from kiln.bench.results import BenchResults, OptimizeSection
-from kiln.choices import CalibrationMethod, Scheduling, Target, parse_choice
-from kiln.engines import EngineOptions, create_engine
-from kiln.errors import KilnError, UsageError
-from kiln.export.job import write_tokenizer
-from kiln.model.reference import reference_predictor, timing_predictor, vanilla_attention
-from kiln.model.source import SourceModel, load_source
-from kiln.optimize import datasets
-from kiln.optimize.context import BuildContext, BuiltVariant
-from kiln.optimize.outcome import Outcome, RunSummary, write_stored_vectors, write_summaries
-from kiln.optimize.sensitivity import RankedLayer, exclusion_search, paying_limit, share_limit
-from kiln.optimize.variants import VARIANTS, VariantSpec, default_variants, remove_variant_files
+from kiln.records.batching import BatchedAgreement
+from kiln.records.bench import BenchResults, OptimizeSection
+from kiln.records.figures import Agreement, AgreementInputs, EvalSet
+from kiln.records.timing import Timing
 from kiln.report.html import write_report
 from kiln.runtime.precision import CALIBRATION_FILE, parse_precision
 from kiln.runtime.predictor import Predictor
+from kiln.runtime.timing import time_predictor
+from kiln.source.loading import SourceModel, load_source
+from kiln.source.reference import reference_predictor, timing_predictor, vanilla_attention
 from kiln.system.cpu import CPU_CLASS_NAMES, cpu_info, int8_scheme
 from kiln.system.invocation import invocation
 from kiln.system.memory import release_freed
-from kiln.tasks import TASKS, task_spec
+from kiln.system.versions import library_versions
+from kiln.tasks import TASKS, task_handler, task_spec
+from kiln.validation import datasets
 from kiln.validation.agreement import agreement_inputs, measure_agreement
-from kiln.validation.batching import BatchedAgreement, Batching, measure_batchings
-from kiln.validation.figures import Agreement, AgreementInputs, EvalSet
+from kiln.validation.batching import measure_batchings
 from kiln.validation.gate import Verdict, judge, judge_drift, tolerance_for
 
 Progress = Callable[[str], None]
@@ -326,7 +329,7 @@ class OptimizeJob:
     def _build(self, spec: VariantSpec, excluded: Sequence[str], params: dict[str, Any]) -> BuiltVariant:
         """The variant's files, and the memory its passes freed handed back before its check loads it: OpenVINO's
         conversion of GPT-2 small peaks at 1.3 GB, and left that much in the heap under the check's engine and
-        logits (benchmarks/optimize_profile.py, after11). The PyTorch weights go as soon as the build leaves no
+        logits (`python benchmarks/optimize_profile.py`). The PyTorch weights go as soon as the build leaves no
         variant from this one on that reads them: the fp32 export's own check and timing no longer carry them."""
         built = spec.build(self.ctx, excluded, **params)
         self._free_the_model_unless(self.remaining)
@@ -380,7 +383,7 @@ class OptimizeJob:
         pay (``_search_limit``). The chosen set's timing comes back with it: the run's own timing of the variant."""
         # Timed now, while the files on disk are the fully quantized ones the search starts from.
         # Both hand back what they freed before the attempts build: GPT-2 small's onnx-int8-dynamic built its first
-        # attempt on 2.2 GB left resident by the ranking, and peaked at 3.37 GB (optimize_profile.py after15).
+        # attempt on 2.2 GB left resident by the ranking, and peaked at 3.37 GB (`benchmarks/optimize_profile.py`).
         full_timing = _released(time_predictor(self._predictor(full.built.record(), timed=True), self.work.timing,
                                                rounds=1))
         bound = self._search_limit(spec, lambda: _released(spec.rank(self.ctx, self.ctx.calibration_batches()[:16])),
@@ -501,7 +504,8 @@ class OptimizeJob:
         if not timed:  # validation: no arena held between its few big batches (EngineOptions.memory_arena)
             options = dataclasses.replace(options, memory_arena=False)
         engines = [create_engine(record.engine, self.ctx.stage / record.path, options) for _ in range(sessions)]
-        return Predictor(self.source.task_config, self.reference.encoder, engines[0], batch_size=self.config.batch_size,
+        return Predictor(task_handler(self.source.task_config), self.reference.encoder, engines[0],
+                         batch_size=self.config.batch_size,
                          sessions=engines[1:])
 
     def _free_the_model_unless(self, remaining: list[str]) -> None:

@@ -8,11 +8,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kiln.artifact.records import Sensitivity, Status, VariantRecord
-from kiln.bench.measure import Timing
 from kiln.records import read_record, write_json
-from kiln.validation.batching import BatchedAgreement
-from kiln.validation.figures import Agreement
+from kiln.records.artifact import Sensitivity, Status, VariantRecord
+from kiln.records.batching import BatchedAgreement
+from kiln.records.figures import Agreement
+from kiln.records.timing import Timing
 
 RESULTS_SCHEMA = "kiln.optimize/3"  # 3: each outcome's record is a VariantRecord (2: a plain dict, still read)
 READABLE_SCHEMAS = ("kiln.optimize/2", RESULTS_SCHEMA)

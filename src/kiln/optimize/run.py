@@ -47,7 +47,7 @@ def run_optimize(config: OptimizeConfig, students: StudentPlan = StudentPlan(),
     if not students.requests:
         return OptimizeRun(summary)
     runs = build_students(config, students.requests, texts=students.texts, epochs=students.epochs,
-                          progress=progress)
+                          progress=progress, optimize=optimize_model)
     return OptimizeRun(summary, tuple(runs), write_students_frontier(summary, runs, config.output))
 
 

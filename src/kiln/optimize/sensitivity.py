@@ -19,8 +19,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from kiln.artifact.records import Round
 from kiln.choices import Choice
+from kiln.records.artifact import Round
 
 # Rows of captured activations each batch contributes to a layer's error: the ranking needs the error's size, not
 # every token, and a 50k-vocabulary head over all of a decoder's calibration tokens is gigabytes in float64.
@@ -114,7 +114,7 @@ def rank_layers(graph: Path, batches: Sequence[dict[str, np.ndarray]], *,
     written with its weights beside it as external data, which ``onnx.save_model`` writes tensor by tensor and drops
     from the proto as it goes; ONNX Runtime then reads that file; and the weights come back one layer at a time for
     the error. Holding the proto, its serialized copy, a session and every weight as an array at once made this the
-    second-highest peak of GPT-2 small's optimize (4.4 GB; benchmarks/optimize_profile.py, after10).
+    second-highest peak of GPT-2 small's optimize (4.4 GB; `python benchmarks/optimize_profile.py`, 2-core AMX Xeon).
     """
     import onnx
     import onnxruntime as ort
@@ -187,7 +187,7 @@ def paying_limit(ranking: Sequence[RankedLayer], *, quantized_ms: float, float_m
     int8 speeds up a layer in proportion to its weights. Past the limit a passing set would not be chosen (or
     would keep so little of int8's gain that int8's risk is not worth it), so finding it is wasted: on GPT-2 small
     openvino-int8-weights passed with 16 of 49 layers kept after 7 attempts and 240 s, and was then slower than
-    onnx-fp32 (benchmarks/optimize_profile.py, after7).
+    onnx-fp32 (`python benchmarks/optimize_profile.py`, 2-core AMX Xeon).
     """
     gain = best_ms - quantized_ms
     if gain <= 0 or float_ms <= quantized_ms:
@@ -231,7 +231,7 @@ def exclusion_search(
     The most layers the search may keep comes first: at most ``max_share`` of them, or the caller's ``limit``
     (kiln optimize's ``paying_limit``, from its timings), whichever is fewer. When that set fails, no smaller one is
     tried: it holds every smaller set's layers, and on GPT-2 small the doubling that used to come first spent five
-    attempts (75 s) climbing to the same rejection (benchmarks/optimize_profile.py, after10 against after11).
+    attempts (75 s) climbing to the same rejection (`python benchmarks/optimize_profile.py`, before and after).
     When it passes, one layer is tried (the common case of an encoder), then the count is narrowed between the
     last failing and the first passing count. Given ``start`` (the agreement with no layer in fp32) and ``floor``
     (the agreement the gate needs), every other step guesses the count where the line between the two bracketing
@@ -283,5 +283,5 @@ def exclusion_search(
             failing = middle
     # No attempt is made twice: when a later, failing attempt overwrote the passing set's files, the caller rebuilds
     # them (kiln optimize's full check does), instead of paying another screen of a set already judged (GPT-2 small:
-    # 15 s, optimize_profile.py after15; MiniLM's onnx-int8-dynamic-rows: one more check of 3 layers).
+    # 15 s, `python benchmarks/optimize_profile.py`; MiniLM's onnx-int8-dynamic-rows: one more check of 3 layers).
     return SearchResult(tuple(names[:passing]), tuple(rounds), True)

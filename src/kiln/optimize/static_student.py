@@ -20,16 +20,10 @@ from pathlib import Path
 import numpy as np
 
 from kiln.artifact.directory import Artifact, copy_files, variant_files
-from kiln.artifact.manifest import Manifest, library_versions, read_manifest, seal
-from kiln.artifact.records import BuildRecord, ReferenceTiming, Status
+from kiln.artifact.manifest import Manifest, read_manifest, seal
 from kiln.artifact.staging import staged_directory
-from kiln.bench.measure import time_predictor
-from kiln.bench.results import BenchResults, OptimizeSection
 from kiln.engines import EngineOptions, create_engine
 from kiln.errors import UsageError
-from kiln.model.reference import reference_predictor
-from kiln.model.source import SourceModel, load_source
-from kiln.optimize import datasets
 from kiln.optimize.job import (
     OUTPUT_CALIBRATION_TEXTS,
     NothingPassed,
@@ -42,11 +36,18 @@ from kiln.optimize.job import (
     write_output_calibration,
 )
 from kiln.optimize.outcome import Outcome, RunSummary, write_stored_vectors, write_summaries
+from kiln.records.artifact import BuildRecord, ReferenceTiming, Status
+from kiln.records.bench import BenchResults, OptimizeSection
 from kiln.report.html import write_report
 from kiln.runtime.predictor import Predictor
+from kiln.runtime.timing import time_predictor
+from kiln.source.loading import SourceModel, load_source
+from kiln.source.reference import reference_predictor
 from kiln.system.cpu import cpu_info
 from kiln.system.invocation import invocation
-from kiln.tasks import task_spec
+from kiln.system.versions import library_versions
+from kiln.tasks import task_handler, task_spec
+from kiln.validation import datasets
 from kiln.validation.agreement import agreement_inputs
 from kiln.validation.batching import measure_batchings
 from kiln.validation.gate import tolerance_for
@@ -169,4 +170,5 @@ def _check_teacher(student: Artifact, teacher: SourceModel) -> None:
 def _predictor(student: Artifact, table: Path, batch_size: int, sessions: int) -> Predictor:
     """The table as validation runs it: one session, or ``sessions`` side by side (the sessions batching)."""
     engines = [create_engine(STATIC_ENGINE, table, EngineOptions()) for _ in range(sessions)]
-    return Predictor(student.task_config, student.encoder(), engines[0], batch_size=batch_size, sessions=engines[1:])
+    return Predictor(task_handler(student.task_config), student.encoder(), engines[0], batch_size=batch_size,
+                     sessions=engines[1:])

@@ -25,6 +25,9 @@ from typing import Any
 
 from kiln.errors import KilnError, UsageError
 
+# kiln.optimize.run.optimize_model: (OptimizeConfig, progress) -> RunSummary
+Optimize = Callable[[Any, Callable[[str], None]], Any]
+
 STUDENTS_DIR = "students"
 PRUNE_KEYS = ("ffn", "heads", "scope")
 SHARED_FIGURE = "pairwise_spearman"  # the agreement figure every embedding variant has, a static student's included
@@ -95,11 +98,13 @@ class StudentRun:
 
 
 def build_students(config: Any, requests: Sequence[StudentRequest], *, texts: Path | None, epochs: int,
-                   progress: Callable[[str], None]) -> list[StudentRun]:
-    """Make, optimize and judge each student of ``config.model`` (the OptimizeConfig of the model's own run)."""
+                   progress: Callable[[str], None], optimize: Optimize) -> list[StudentRun]:
+    """Make, optimize and judge each student of ``config.model`` (the OptimizeConfig of the model's own run).
+    ``optimize(config, progress)`` runs one model's optimize (kiln.optimize.run.optimize_model, which calls this
+    module: passed in rather than imported, so the two modules do not import each other)."""
     from kiln.compress.distill import DistillConfig, run_distill
     from kiln.compress.prune import RECOVERY_LR, run_prune
-    from kiln.model.source import bundled_model_dir
+    from kiln.source.loading import bundled_model_dir
 
     teacher = config.reference or config.model or str(bundled_model_dir())
     root = config.output.expanduser().resolve() / STUDENTS_DIR
@@ -109,7 +114,7 @@ def build_students(config: Any, requests: Sequence[StudentRequest], *, texts: Pa
         for request in requests:
             model_dir, artifact = root / request.slug / "model", root / request.slug / "artifact"
             if request.static_dims is not None:
-                runs.append(_static_student(config, request, teacher, model_dir, artifact, progress))
+                runs.append(_static_student(config, request, teacher, model_dir, artifact, progress, optimize))
                 continue
             progress(f"student {request.name}: making it from {teacher} on {data}")
             recipe = {"epochs": epochs} if request.layers is not None else {"epochs": epochs, "lr": RECOVERY_LR}
@@ -128,14 +133,14 @@ def build_students(config: Any, requests: Sequence[StudentRequest], *, texts: Pa
                 continue
             progress(f"student {request.name}: {made.parameters / 1e6:.1f}M parameters, agreement with "
                      f"{teacher} {made.agreement:.4f} (PyTorch, held out); optimizing it, judged against {teacher}")
-            summary, error = _optimize(config, model_dir, artifact, teacher, request, progress)
+            summary, error = _optimize(config, model_dir, artifact, teacher, request, progress, optimize)
             runs.append(StudentRun(request, model_dir, artifact, summary, error, made.parameters,
                                    made.teacher_parameters, made.agreement, made.seconds / 60))
     return runs
 
 
 def _static_student(config: Any, request: StudentRequest, teacher: str, model_dir: Path, artifact: Path,
-                    progress: Callable[[str], None]) -> StudentRun:
+                    progress: Callable[[str], None], optimize: Optimize) -> StudentRun:
     """kiln distill --static from the model, then judged against it in its own space (kiln.optimize.static_student)."""
     from kiln.compress.static import StaticConfig, distill_static
 
@@ -146,20 +151,19 @@ def _static_student(config: Any, request: StudentRequest, teacher: str, model_di
     # Its one variant is the table, and its size was chosen at distillation: the model's --variants and
     # --matryoshka-dims do not apply to it.
     judged = dataclasses.replace(config, variants=None, matryoshka_dims=())
-    summary, error = _optimize(judged, model_dir, artifact, teacher, request, progress)
+    summary, error = _optimize(judged, model_dir, artifact, teacher, request, progress, optimize)
     return StudentRun(request, model_dir, artifact, summary, error, made.vocabulary * made.dims,
                       made.teacher_parameters, None, made.seconds / 60)
 
 
 def _optimize(config: Any, model_dir: Path, artifact: Path, teacher: str, request: StudentRequest,
-              progress: Callable[[str], None]) -> tuple[Any, str]:
+              progress: Callable[[str], None], optimize: Optimize) -> tuple[Any, str]:
     from kiln.optimize.job import NothingPassed
-    from kiln.optimize.run import optimize_model
 
     student_config = dataclasses.replace(config, model=str(model_dir), reference=teacher, output=artifact,
                                          overwrite=True, time_rejected=True)
     try:
-        return optimize_model(student_config, lambda line: progress(f"student {request.name}: {line}")), ""
+        return optimize(student_config, lambda line: progress(f"student {request.name}: {line}")), ""
     except NothingPassed as err:  # the frontier still shows how far each variant fell short
         return err.summary, str(err)
 

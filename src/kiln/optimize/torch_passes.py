@@ -10,7 +10,7 @@ import torch
 
 from kiln.export.torchscript import export_torchscript
 from kiln.model.module import TaskModule, save_task_module
-from kiln.model.source import SourceModel
+from kiln.source.loading import SourceModel
 
 
 def save_weights(source: SourceModel, module: TaskModule, directory: Path) -> dict[str, Any]:

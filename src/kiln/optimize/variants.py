@@ -11,11 +11,11 @@ from typing import Any
 
 import numpy as np
 
-from kiln.artifact.records import EngineHints
 from kiln.choices import Precision, Target, VariantName
 from kiln.optimize import onnx_passes, openvino_passes, torch_passes
 from kiln.optimize.context import BuildContext, BuiltVariant
 from kiln.optimize.sensitivity import Int8Mode, RankedLayer, rank_layers
+from kiln.records.artifact import EngineHints
 from kiln.tasks import DECODER_FUSION
 
 Builder = Callable[..., BuiltVariant]  # (context, nodes to keep in fp32, **tuning parameters) -> variant
@@ -52,7 +52,7 @@ def _fp32(ctx: BuildContext, exclude: Sequence[str] = ()) -> BuiltVariant:
 
 
 def _fusion_shape(ctx: BuildContext) -> onnx_passes.FusionShape:
-    from kiln.compress import layout
+    from kiln.model import layout
 
     model = ctx.source.model
     if not hasattr(model.config, layout.CONFIG_KEY):

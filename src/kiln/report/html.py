@@ -6,10 +6,10 @@ import json
 from html import escape
 from pathlib import Path
 
-from kiln.artifact.records import Status
-from kiln.bench.measure import describe_timing
-from kiln.bench.results import BenchResults
 from kiln.records import to_jsonable
+from kiln.records.artifact import Status
+from kiln.records.bench import BenchResults
+from kiln.records.timing import describe_timing
 from kiln.report import svg, tables
 
 CSS = """

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import math
 
-from kiln.artifact.records import Status
-from kiln.bench.results import BenchResults, ServingRecord
-from kiln.bench.worker import TargetResult
+from kiln.records.artifact import Status
+from kiln.records.bench import BenchResults, ServingRecord, TargetResult
 
 Table = tuple[list[str], list[list[str]]]
 PYTORCH = "pytorch-fp32"

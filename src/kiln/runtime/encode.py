@@ -17,7 +17,6 @@ import numpy as np
 
 from kiln.errors import UsageError
 from kiln.runtime.precision import Precision, parse_precision, quantize, ranges_for, refuse_rejected
-from kiln.tasks import task_spec
 
 if TYPE_CHECKING:
     from kiln.runtime.predictor import Predictor
@@ -42,7 +41,7 @@ def encode(
     truncate_dim: int | None = None,
 ) -> Any:
     """Embeddings of ``sentences`` as sentence-transformers returns them (see the module docstring)."""
-    if not task_spec(predictor.config.task).embeds:
+    if not predictor.handler.embeds:
         raise UsageError(f"encode() needs a sentence-embedding artifact; this one does {predictor.config.task}: "
                          "use predict()")
     _refuse(prompt_name=prompt_name, output_value=output_value, device=device)

@@ -12,11 +12,9 @@ from tokenizers import Encoding
 
 from kiln.engines.base import Engine
 from kiln.errors import UsageError
+from kiln.runtime.features import Prepared, TaskRuntime
 from kiln.runtime.tokenization import TextEncoder
 from kiln.system.memory import trim_heap
-from kiln.tasks import task_handler
-from kiln.tasks.base import Prepared, TaskSpec
-from kiln.tasks.config import TaskConfig
 
 TRIM_AFTER_S = 1.0  # a pass of sessions side by side longer than this hands freed heap pages back (trim_heap)
 
@@ -30,30 +28,31 @@ class Predictor:
     for concurrent decoding use ``kiln serve``, which batches sequences from many clients into shared steps.
     """
 
-    def __init__(self, config: TaskConfig, encoder: TextEncoder, engine: Engine, *, batch_size: int = 32,
+    def __init__(self, task: TaskRuntime, encoder: TextEncoder, engine: Engine, *, batch_size: int = 32,
                  sessions: Sequence[Engine] = (), solo: Engine | None = None, pad_multiple: int | None = None,
                  output_calibration: np.ndarray | None = None, stored_vectors: tuple[Any, ...] = ()):
-        """``sessions``: further sessions of the same engine; batches then run side by side, one per session
-        (what ``kiln bench``'s sweep measured as sessions x threads); ``solo``: with several sessions, one more
-        session of more threads that runs a call's lone batch (one text should not wait on one core while the
-        others idle). ``pad_multiple``: batches are padded to a
-        multiple of this length (default: the engine's own). ``output_calibration``: the artifact's calibration
-        vectors, which int8/uint8 output precision takes its ranges from (kiln.runtime.precision);
+        """``task``: the task's per-call part for this model (``kiln.tasks.task_handler(config)``); the predictor owns
+        it from here on. ``sessions``: further sessions of the same engine; batches then run side by side, one per
+        session (what ``kiln bench``'s sweep measured as sessions x threads); ``solo``: with several sessions, one
+        more session of more threads that runs a call's lone batch (one text should not wait on one core while the
+        others idle). ``pad_multiple``: batches are padded to a multiple of this length (default: the engine's own).
+        ``output_calibration``: the artifact's calibration vectors, which int8/uint8 output precision takes its
+        ranges from (kiln.runtime.precision);
         ``stored_vectors``: kiln optimize's retrieval verdicts per (size, precision), rejected ones refused."""
         if batch_size < 1:
-            raise UsageError(f"--batch-size must be at least 1 (got {batch_size})")
+            raise UsageError(f"batch_size must be at least 1 (got {batch_size})")
         if pad_multiple is not None and pad_multiple < 1:
             raise UsageError(f"pad_multiple must be at least 1 (got {pad_multiple})")
-        self.config = config
+        self.config = task.config
         self.encoder = encoder
-        self.handler: TaskSpec = task_handler(config)
+        self.handler = task
         self.output_calibration, self.stored_vectors = output_calibration, tuple(stored_vectors)
         self.handler.output_calibration, self.handler.stored_vectors = output_calibration, self.stored_vectors
         # As given; ``engine`` and ``sessions`` are the task's view of them (a decoder's graph, teacher-forced).
         self.raw_engine, self._raw_sessions, self._raw_solo = engine, tuple(sessions), solo
-        self.engine = self.handler.adapt_engine(engine, config)
-        self.sessions = (self.engine, *(self.handler.adapt_engine(s, config) for s in sessions))
-        self.solo = self.handler.adapt_engine(solo, config) if solo is not None and sessions else None
+        self.engine = task.adapt_engine(engine, self.config)
+        self.sessions = (self.engine, *(task.adapt_engine(s, self.config) for s in sessions))
+        self.solo = task.adapt_engine(solo, self.config) if solo is not None and sessions else None
         self.batch_size = batch_size
         self._pad_multiple = pad_multiple
         self.generating = threading.Lock()  # held while a decoder's stepper runs a generate() call
@@ -81,15 +80,7 @@ class Predictor:
     def rerank(self, query: str, texts: Sequence[str], **options: Any) -> list[Any]:
         """The texts ranked for ``query``, best first, as :class:`kiln.Ranked` (index into ``texts``, score, and
         the text with ``return_documents=True``); ``top_n``, ``raw_scores`` as the /rerank route takes them."""
-        from kiln.tasks import TASKS, RerankQuery, task_spec
-
-        if not task_spec(self.config.task).ranks:
-            ranking = ", ".join(name for name, spec in TASKS.items() if spec.ranks)
-            raise UsageError(f"rerank() needs a reranker artifact (kiln optimize --task {ranking}); this one does "
-                             f"{self.config.task}: use predict()")
-        if isinstance(texts, str):
-            raise UsageError("rerank() takes the texts as a list of strings (got one string)")
-        return self.predict([RerankQuery(query, tuple(texts))], **options)[0]
+        return self.handler.rerank(self, query, texts, **options)
 
     def generate(self, prompts: str | Sequence[str], **options: Any) -> Any:
         """Continuations of ``prompts`` (a decoder artifact): :class:`kiln.Generated` per prompt (one for a string).
@@ -99,7 +90,8 @@ class Predictor:
 
     def with_batch_size(self, batch_size: int) -> Predictor:
         """The same tokenizer and engine, batching ``batch_size`` features at a time."""
-        return Predictor(self.config, self.encoder, self.raw_engine, batch_size=batch_size, sessions=self._raw_sessions,
+        return Predictor(type(self.handler)(self.config), self.encoder, self.raw_engine, batch_size=batch_size,
+                         sessions=self._raw_sessions,
                          solo=self._raw_solo, pad_multiple=self._pad_multiple,
                          output_calibration=self.output_calibration, stored_vectors=self.stored_vectors)
 

@@ -55,15 +55,17 @@ class BatchLimits:
     # ... from at most this many of the oldest requests: a request is overtaken only by the ones within it. Measured
     # with benchmarks/serve_load.py (MiniLM int8, 64 clients, 2-core EPYC): 256 gave p99 697-791 ms, 32 620-632 ms
     # and 24 565 ms at the same throughput (within its ±10% noise); inputs of one request group freely. With the
-    # partition on padded widths (benchmarks/experiments/serve_window/run.py, 2026-11-28, three alternations): 32
-    # 187.8 req/s at p99 545 ms, 24 183.2 at 532, 16 179.0 at 474: below ~24 a narrower window buys the tail with
-    # throughput (more padding), as a simulation of the batcher also finds (serve_partition/closed_loop.py).
+    # partition on padded widths (benchmarks/experiments/serve_window/run.py at 91ffdaf, 2026-11-28, three
+    # alternations): 32 187.8 req/s at p99 545 ms, 24 183.2 at 532, 16 179.0 at 474: below ~24 a narrower window buys
+    # the tail with throughput (more padding), as a simulation of the batcher also finds
+    # (serve_partition/closed_loop.py).
     window_requests: int = 32
     # An engine call's fixed cost, in padded tokens (measured: 30-90 on CPU; OpenVINO int8 MiniLM on single-thread
-    # streams ~16). Shape changes between calls cost besides (benchmarks/experiments/engine_shapes, 2-core EPYC):
-    # one session cycling widths +-16 ran 1.9-2.7% slower than on one shape, batch sizes 7-9 0.5-2.1%; two sessions
-    # on shuffled shapes 2.3% slower than on grouped ones. Served (benchmarks/experiments/serve_variants, callN):
-    # 24 and 64 gave the same requests/s, 160 4% fewer (wider-spread batches pad more than the calls they save).
+    # streams ~16). Shape changes between calls cost besides (benchmarks/experiments/engine_shapes at 91ffdaf, 2-core
+    # EPYC): one session cycling widths +-16 ran 1.9-2.7% slower than on one shape, batch sizes 7-9 0.5-2.1%; two
+    # sessions on shuffled shapes 2.3% slower than on grouped ones. Served (benchmarks/experiments/serve_variants at
+    # 91ffdaf, callN): 24 and 64 gave the same requests/s, 160 4% fewer (wider-spread batches pad more than the calls
+    # they save).
     call_overhead_tokens: int = 64
 
     @property
@@ -131,8 +133,8 @@ class _Item:
     # The feature's length padded to the engine's multiple (as collate will), so that the partition costs what the
     # engine runs: on raw lengths it cut groups that collation then padded further. MiniLM int8 on OpenVINO
     # (multiple 16), 64 clients: served batches padded these texts to 117.5-118.0 tokens per input; a replay of the
-    # partition over windows of 32 (benchmarks/experiments/serve_partition/run.py) gives 117.9 on raw lengths and
-    # 113.0 on padded ones (sorted batches of 8: 111.8), and the server then measured 112.9-113.5.
+    # partition over windows of 32 (benchmarks/experiments/serve_partition/run.py at 91ffdaf) gives 117.9 on raw lengths
+    # and 113.0 on padded ones (sorted batches of 8: 111.8), and the server then measured 112.9-113.5.
     width: int
     arrived: float
     encoding: Encoding
@@ -163,10 +165,10 @@ class Pace:
     """How long a served batch of a given width runs: moving averages of the batches' size and seconds per padded
     token. ``due`` orders waiting features by when their answer is due (see the module doc).
 
-    Measured with the batcher's simulation (benchmarks/experiments/serve_partition/closed_loop.py, 64 closed-loop
-    clients, the serving mix, 4 seeds): at equal throughput, p99 531 -> 513 ms with a window of 24 requests and
-    573 -> 549 with 32, against ordering by arrival alone; the tail is mostly long texts, whose batches run longest.
-    Served (benchmarks/experiments/serve_ab/run.py, MiniLM int8, 2-core EPYC, window 32): p99 517 -> 500 and
+    Measured with the batcher's simulation (benchmarks/experiments/serve_partition/closed_loop.py at 91ffdaf, 64
+    closed-loop clients, the serving mix, 4 seeds): at equal throughput, p99 531 -> 513 ms with a window of 24 requests
+    and 573 -> 549 with 32, against ordering by arrival alone; the tail is mostly long texts, whose batches run longest.
+    Served (benchmarks/experiments/serve_ab/run.py at 91ffdaf, MiniLM int8, 2-core EPYC, window 32): p99 517 -> 500 and
     534 -> 503 ms in two runs of 4 alternations, requests/s within the runs' spread.
 
     Written on the event loop (each finished batch), read on the former thread: a read between the two fields'

@@ -3,7 +3,8 @@
 FastAPI runs every request through its router, dependency solver, exit stack and exception middlewares before
 the endpoint sees the body. For kiln's inference routes that was ~120 us of event-loop CPU a request, and on two
 cores the event loop's CPU is taken from the engine: MiniLM int8 under 64 clients, the loop's CPU per request fell
-557 -> 420 us and throughput rose ~3% with this lane (benchmarks/experiments/serve_ab/run.py, 5 alternations).
+557 -> 420 us and throughput rose ~3% with this lane (benchmarks/experiments/serve_ab/run.py at 91ffdaf, 5
+alternations).
 
 The lane changes nothing a client can see. It takes only a POST to a route of kind "infer" whose content type is
 JSON, whose body parses and which the route's own request model (the one FastAPI validates with and documents)

@@ -13,13 +13,14 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from kiln.artifact.directory import Artifact, ServingPlan
-from kiln.artifact.records import Status
+from kiln.artifact.directory import Artifact
+from kiln.artifact.plan import ServingPlan
 from kiln.choices import Scheduling, ShadowPolicy
 from kiln.engines import EngineOptions
 from kiln.errors import KilnError, UsageError
 from kiln.log import get_logger
 from kiln.records import to_jsonable
+from kiln.records.artifact import Status
 from kiln.runtime.predictor import Predictor
 from kiln.serve.batcher import Batcher, BatchLimits, BatchStats, BatchTrace
 from kiln.serve.coalesce import CoalescingPool

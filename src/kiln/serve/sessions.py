@@ -6,7 +6,7 @@ a shared queue that the next session to finish takes from *on its own thread*. O
 event loop. Before, a finished session handed its result to the loop and the loop handed it the next batch: two
 thread hops through a loop busy with HTTP, 1.6-1.8 ms (median) between two calls of one session under 64 clients,
 3.4-4.1% of each session's time idle, now 0.12 ms and ~0.5% (MiniLM int8, 2-core EPYC;
-benchmarks/experiments/serve_ab/run.py, 4 alternations).
+benchmarks/experiments/serve_ab/run.py at 91ffdaf, 4 alternations).
 
 A job that may run on the predictor's *solo* session (all cores, for a request that found the server idle) does
 so only when every session is idle and nothing waits; it then holds every session until it finishes, so that

@@ -6,8 +6,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kiln.artifact.manifest import library_versions
 from kiln.system.cpu import cpu_info, int8_scheme
+from kiln.system.versions import library_versions
 
 
 @dataclass

@@ -5,14 +5,16 @@ from __future__ import annotations
 from enum import Enum
 
 from kiln.errors import UsageError
-from kiln.tasks.base import DECODER_FUSION, Prepared, TaskSpec
-from kiln.tasks.config import TaskConfig
+from kiln.records.task import TaskConfig
+from kiln.runtime.features import Prepared
+from kiln.tasks.base import DECODER_FUSION, TaskSpec
 from kiln.tasks.feature_extraction import FeatureExtraction
+from kiln.tasks.inputs import QAInput, RerankQuery, TextPair
 from kiln.tasks.multi_vector import MultiVector
-from kiln.tasks.question_answering import Answer, QAInput, QuestionAnswering
-from kiln.tasks.rerank import Ranked, Rerank, RerankQuery
+from kiln.tasks.question_answering import Answer, QuestionAnswering
+from kiln.tasks.rerank import Ranked, Rerank
 from kiln.tasks.sparse_embedding import SparseEmbedding, SparseVector
-from kiln.tasks.text_classification import LabelScore, TextClassification, TextPair
+from kiln.tasks.text_classification import LabelScore, TextClassification
 from kiln.tasks.text_generation import TextGeneration
 from kiln.tasks.token_classification import Entity, TokenClassification
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import csv
 import json
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -24,32 +23,19 @@ from kiln.choices import Scheduling
 from kiln.data import corpus
 from kiln.data.texts import builtin_sentences, length_mix, parity_texts
 from kiln.errors import UnsupportedModelError, UsageError
-from kiln.tasks.config import TaskConfig
-from kiln.validation.figures import Agreement, AgreementInputs, EvalSet, Floor, Run
+from kiln.records.figures import Agreement, AgreementInputs, EvalSet, Floor, Run
+from kiln.records.task import TaskConfig
+from kiln.runtime.features import Prepared, one_per_input
+from kiln.tasks.inputs import RerankQuery
 
 if TYPE_CHECKING:
-    from kiln.bench.measure import Timing
+    from kiln.records.timing import Timing
     from kiln.runtime.predictor import Predictor
     from kiln.runtime.tokenization import TextEncoder
     from kiln.tasks.http import Route
 
 
 NO_LABEL = -100  # a training target's "no label here" (padding, special tokens, a word's later sub-tokens)
-
-
-@dataclass(frozen=True)
-class Prepared:
-    """Model-ready features for a list of inputs; QA can map one input to several windows."""
-
-    inputs: tuple[Any, ...]
-    encodings: tuple[Encoding, ...]
-    owners: tuple[int, ...]  # index into ``inputs`` for every feature
-    truncated: tuple[bool, ...]  # per input
-
-
-def one_per_input(inputs: Sequence[Any], encodings: Sequence[Encoding]) -> Prepared:
-    return Prepared(tuple(inputs), tuple(encodings), tuple(range(len(inputs))),
-                    tuple(len(e.overflowing) > 0 for e in encodings))
 
 
 # TaskSpec.fusion of the tasks whose onnx-fused graph is kiln's own decoder step graph (kiln.export.fused_decoder).
@@ -78,6 +64,10 @@ class TaskSpec:
     # onnx-fused graph is made (kiln.optimize.variants.FUSIONS), the graph dynamic int8 quantizes.
     variants: ClassVar[tuple[str, ...] | None] = None
     fusion: ClassVar[str] = "bert"
+    # What the exported graph computes from the model's outputs (kiln.model.heads): the model's own outputs by
+    # default; a task that pools inside the graph names its head (sparse embeddings: one vocabulary-sized vector
+    # per text instead of one per token).
+    graph_head: ClassVar[str] = "outputs"
     default_tolerance: ClassVar[float]
     tolerance_help: ClassVar[str]  # what the tolerance bounds, for `kiln optimize --help`
     metric: ClassVar[str]  # the task metric's primary score
@@ -102,7 +92,7 @@ class TaskSpec:
         # The artifact's output calibration vectors (set by the predictor): embedding tasks take int8/uint8 output
         # ranges from them. None where the artifact has none.
         self.output_calibration: np.ndarray | None = None
-        # kiln optimize's retrieval verdicts per stored (size, precision) (kiln.artifact.records.StoredVectors)
+        # kiln optimize's retrieval verdicts per stored (size, precision) (kiln.records.artifact.StoredVectors)
         self.stored_vectors: tuple[Any, ...] = ()
 
     # -- loading ------------------------------------------------------------------------------------------
@@ -140,13 +130,6 @@ class TaskSpec:
         return {}
 
     @classmethod
-    def graph_outputs(cls, outputs: Mapping[str, Any], inputs: Mapping[str, Any]) -> tuple[Any, ...]:
-        """The exported graph's outputs (``output_names``), from the transformers model's outputs and the graph's
-        inputs (torch tensors). By default the model's own; a task that pools inside the graph computes them here
-        (sparse embeddings: one vocabulary-sized vector per text instead of one per token)."""
-        return tuple(outputs[n] for n in cls.output_names)
-
-    @classmethod
     def graph(cls, source: Any, example: tuple[Any, ...]) -> Any:
         """The export graph when it is not the model's forward pass (a decoder's step with a KV cache): an object
         with ``module``, ``example`` and ``axes``; None exports the task module over ``example`` (the default)."""
@@ -155,7 +138,7 @@ class TaskSpec:
     @classmethod
     def time(cls, predictor: Predictor, encodings: Sequence[Encoding], *, rounds: int = 2) -> Timing:
         """How kiln optimize times a variant and the reference on the timing inputs: length-sorted batches."""
-        from kiln.bench.measure import time_sorted_batches
+        from kiln.runtime.timing import time_sorted_batches
 
         return time_sorted_batches(predictor, encodings, rounds=rounds)
 
@@ -180,6 +163,16 @@ class TaskSpec:
         generating = ", ".join(t.name for t in task_classes() if t.scheduling is Scheduling.DECODE)
         raise UsageError(f"generate() needs a decoder artifact (kiln optimize --task {generating}); this one does "
                          f"{self.name}: use predict()")
+
+    def rerank(self, predictor: Predictor, query: str, texts: Sequence[str], **options: Any) -> list[Any]:
+        """``Predictor.rerank``: a ranking task (``ranks``) orders ``texts`` for ``query``; others refuse."""
+        if not self.ranks:
+            ranking = ", ".join(t.name for t in task_classes() if t.ranks)
+            raise UsageError(f"rerank() needs a reranker artifact (kiln optimize --task {ranking}); this one does "
+                             f"{self.name}: use predict()")
+        if isinstance(texts, str):
+            raise UsageError("rerank() takes the texts as a list of strings (got one string)")
+        return predictor.predict([RerankQuery(query, tuple(texts))], **options)[0]
 
     def options(self, **kwargs: Any) -> Any:
         """Validate per-call options (top_k, aggregation, …) into a frozen options object."""
@@ -234,7 +227,7 @@ class TaskSpec:
     live_judged: ClassVar[str] = "min"
 
     def live_agreement(self, served: Any, reference: Any) -> float:
-        from kiln.validation.parity import cosine
+        from kiln.scoring import cosine
 
         return cosine(self.comparable(served), self.comparable(reference))
 

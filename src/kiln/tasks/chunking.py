@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from tokenizers import Encoding
 
 from kiln.errors import UsageError
-from kiln.tasks.base import Prepared
+from kiln.runtime.features import Prepared
 
 
 @dataclass(frozen=True)

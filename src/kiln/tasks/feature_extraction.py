@@ -21,15 +21,16 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import Field
 
+import kiln.tasks.tei as tei
 from kiln.choices import Pooling, WireProtocol
 from kiln.errors import UnsupportedModelError, UsageError
+from kiln.records.figures import Agreement, AgreementInputs, EvalSet, Floor, Judgements, Run
+from kiln.runtime.features import Prepared
 from kiln.runtime.precision import Precision, parse_precision, quantize, ranges_for, refuse_rejected
-from kiln.tasks import tei
-from kiln.tasks.base import Prepared, TaskSpec, field, read_json
+from kiln.scoring import spearman
+from kiln.tasks.base import TaskSpec, field, read_json
 from kiln.tasks.chunking import Chunking, ChunkingModel, as_chunking, by_owner, chunked, span
 from kiln.tasks.http import Count, FormField, NonBlank, RequestBody, ResponseModel, Route, Texts, listify
-from kiln.validation.figures import Agreement, AgreementInputs, EvalSet, Floor, Judgements, Run
-from kiln.validation.metrics import spearman
 
 
 @dataclass(frozen=True)

@@ -34,9 +34,12 @@ import numpy as np
 from pydantic import Field, model_validator
 
 from kiln.errors import ModelLoadError, UnsupportedModelError, UsageError
+from kiln.records.figures import Agreement, AgreementInputs, EvalSet, Judgements, Run
+from kiln.runtime.features import Prepared
 from kiln.runtime.precision import Precision, parse_precision, quantize, ranges_for, refuse_rejected
 from kiln.runtime.tokenization import Features
-from kiln.tasks.base import Prepared, TaskSpec, read_json
+from kiln.scoring import ranking
+from kiln.tasks.base import TaskSpec, read_json
 from kiln.tasks.feature_extraction import PrecisionName
 from kiln.tasks.http import NonBlank, RequestBody, ResponseModel, Route
 from kiln.tasks.rerank import (
@@ -48,8 +51,6 @@ from kiln.tasks.rerank import (
     as_rerank_query,
     rank_agreement,
 )
-from kiln.validation.figures import Agreement, AgreementInputs, EvalSet, Judgements, Run
-from kiln.validation.metrics import ranking
 
 # /embed's fields that /embed_multi refuses, and why (the schema does not list them: they are not accepted).
 REFUSED_FIELDS = {
@@ -417,7 +418,7 @@ def _layout(model_dir: Path) -> type[SentenceTransformersLayout] | type[ColbertA
 
 def _weights(model_dir: Path) -> dict[str, Any]:
     """A checkpoint's tensors: model.safetensors, else pytorch_model.bin read with torch's weights-only loader (kiln
-    reached here only if --allow-pickle let the pickled file through: kiln.model.source.check_weights)."""
+    reached here only if --allow-pickle let the pickled file through: kiln.source.loading.check_weights)."""
     if (model_dir / "model.safetensors").is_file():
         from safetensors.torch import load_file
 

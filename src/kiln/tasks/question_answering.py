@@ -17,16 +17,12 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from kiln.data.texts import builtin_sentences, joined
 from kiln.errors import UsageError
-from kiln.tasks.base import NO_LABEL, Prepared, TaskSpec, field, softmax, valid_rows
+from kiln.records.figures import Agreement, AgreementInputs, EvalSet, Run
+from kiln.runtime.features import Prepared
+from kiln.scoring import squad_scores
+from kiln.tasks.base import NO_LABEL, TaskSpec, field, softmax, valid_rows
 from kiln.tasks.http import Count, FormField, NonBlank, RequestBody, ResponseModel, Route, listify, render_results
-from kiln.validation.figures import Agreement, AgreementInputs, EvalSet, Run
-from kiln.validation.metrics import squad_scores
-
-
-@dataclass(frozen=True)
-class QAInput:
-    question: str
-    context: str
+from kiln.tasks.inputs import QAInput
 
 
 @dataclass(frozen=True)

@@ -20,26 +20,20 @@ from typing import Annotated, Any
 import numpy as np
 from pydantic import Field
 
+import kiln.tasks.tei as tei
 from kiln.data import corpus
 from kiln.data.texts import builtin_pairs, builtin_sentences, length_mix
 from kiln.errors import UnsupportedModelError, UsageError
-from kiln.tasks import tei
-from kiln.tasks.base import Prepared, TaskSpec, field, sigmoid, softmax
+from kiln.records.figures import Agreement, AgreementInputs, EvalSet, Floor, Run
+from kiln.runtime.features import Prepared
+from kiln.scoring import kendall_tau, ndcg_at_k, ranking, reciprocal_rank
+from kiln.tasks.base import TaskSpec, field, sigmoid, softmax
 from kiln.tasks.http import Count, NonBlank, RequestBody, ResponseModel, Route
+from kiln.tasks.inputs import RerankQuery
 from kiln.tasks.text_classification import TextClassification
-from kiln.validation.figures import Agreement, AgreementInputs, EvalSet, Floor, Run
-from kiln.validation.metrics import kendall_tau, ndcg_at_k, ranking, reciprocal_rank
 
 TOP = 3  # agreement's top-k overlap
 RELEVANT_NAMES = ("relevant", "positive", "entailment", "yes", "true", "label_1", "1")
-
-
-@dataclass(frozen=True)
-class RerankQuery:
-    """One query and the texts to rank for it."""
-
-    query: str
-    texts: tuple[str, ...]
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ Route: POST /embed_sparse.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,13 +21,14 @@ from typing import Any
 import numpy as np
 from pydantic import Field
 
+import kiln.tasks.tei as tei
 from kiln.errors import UsageError
-from kiln.tasks import tei
-from kiln.tasks.base import Prepared, TaskSpec
+from kiln.records.figures import Agreement, AgreementInputs, EvalSet, Floor, Run
+from kiln.runtime.features import Prepared
+from kiln.scoring import spearman
+from kiln.tasks.base import TaskSpec
 from kiln.tasks.feature_extraction import FeatureExtraction
 from kiln.tasks.http import Count, FormField, RequestBody, ResponseModel, Route, Texts, listify
-from kiln.validation.figures import Agreement, AgreementInputs, EvalSet, Floor, Run
-from kiln.validation.metrics import spearman
 
 TOP_TERMS = 10  # agreement's term overlap
 
@@ -83,6 +84,7 @@ def _render(body: SparseRequest, model: str, prepared: Prepared, results: list[S
 class SparseEmbedding(TaskSpec):
     name = "sparse-embedding"
     auto_class = "AutoModelForMaskedLM"
+    graph_head = "sparse-max-pool"  # kiln.model.heads: SPLADE pooling inside the graph
     output_names = ("sparse_embedding",)
     sequence_outputs = frozenset()
     default_tolerance = 0.02
@@ -100,14 +102,6 @@ class SparseEmbedding(TaskSpec):
         added = json.loads(path.read_text()).get("added_tokens", []) if path.is_file() else []
         return {"special_ids": tuple(sorted(int(t["id"]) for t in added if t.get("special"))),
                 "dimension": int(hf_config.vocab_size)}
-
-    @classmethod
-    def graph_outputs(cls, outputs: Mapping[str, Any], inputs: Mapping[str, Any]) -> tuple[Any, ...]:
-        logits = outputs["logits"]
-        mask = inputs["attention_mask"].unsqueeze(-1).to(logits.dtype)
-        import torch
-
-        return (torch.log1p(torch.relu(logits * mask)).amax(dim=1),)
 
     def options(self, threshold: float = 0.0, top_k: int | None = None, truncate: bool = True) -> SparseOptions:
         if threshold < 0:

@@ -82,7 +82,7 @@ class TEIRerankRequest(TEIRequest):
     return_text: bool = Field(False, description="Include each text in its rank.")
 
     def items(self) -> list[Any]:
-        from kiln.tasks.rerank import RerankQuery
+        from kiln.tasks.inputs import RerankQuery
 
         return [RerankQuery(self.query, tuple(self.texts))]
 
@@ -122,7 +122,7 @@ class TEIPredictRequest(TEIRequest):
         return isinstance(self.inputs, list) and bool(self.inputs) and isinstance(self.inputs[0], list)
 
     def items(self) -> list[Any]:
-        from kiln.tasks.text_classification import TextPair
+        from kiln.tasks.inputs import TextPair
 
         if not self._batch():
             rows = [self.inputs if isinstance(self.inputs, list) else [self.inputs]]

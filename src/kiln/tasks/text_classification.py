@@ -16,21 +16,15 @@ from typing import Annotated, Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+import kiln.tasks.tei as tei
 from kiln.data.texts import builtin_pairs, parity_texts
 from kiln.errors import UsageError
-from kiln.tasks import tei
-from kiln.tasks.base import NO_LABEL, Prepared, TaskSpec, field, one_per_input, sigmoid, softmax
+from kiln.records.figures import Agreement, AgreementInputs, EvalSet, Run
+from kiln.runtime.features import Prepared, one_per_input
+from kiln.tasks.base import NO_LABEL, TaskSpec, field, sigmoid, softmax
 from kiln.tasks.chunking import Chunking, ChunkingModel, as_chunking, by_owner, chunked
 from kiln.tasks.http import Count, FormField, NonBlank, RequestBody, ResponseModel, Route, listify, render_results
-from kiln.validation.figures import Agreement, AgreementInputs, EvalSet, Run
-
-
-@dataclass(frozen=True)
-class TextPair:
-    """Two texts classified together (sentence pairs, NLI premise/hypothesis, query/passage)."""
-
-    text: str
-    text_pair: str
+from kiln.tasks.inputs import TextPair
 
 
 @dataclass(frozen=True)

@@ -38,11 +38,12 @@ from kiln.decoder.speculative import check_draft_tokens
 from kiln.decoder.stopping import Stops
 from kiln.decoder.teacher import TeacherForced
 from kiln.errors import UsageError
+from kiln.records.figures import Agreement, AgreementInputs, EvalSet, Floor, Run
+from kiln.runtime.features import Prepared, one_per_input
 from kiln.system.memory import trim_heap
-from kiln.tasks.base import DECODER_FUSION, Prepared, field, one_per_input, read_json
+from kiln.tasks.base import DECODER_FUSION, field, read_json
 from kiln.tasks.generative import GenerativeTask
 from kiln.tasks.http import NonBlank, ResponseModel, Route
-from kiln.validation.figures import Agreement, AgreementInputs, EvalSet, Floor, Run
 
 MAX_STOPS = 4  # stop strings per request, as OpenAI allows
 MAX_RETURN_SEQUENCES = 16  # continuations per prompt
@@ -409,9 +410,10 @@ class TextGeneration(GenerativeTask):
         """Generation, as ``generate()`` and kiln serve run it: each timing text is a prompt continued by
         ``TIMING_NEW_TOKENS`` greedy tokens, ``TIMING_BATCH`` decoding together, prompts by length. Timing the
         teacher-forced batches validation runs instead kept every position's logits of 32 rows (4.1 GB peak on
-        GPT-2 small's OpenVINO variant, benchmarks/optimize_profile.py after13) and timed work no user asks for."""
-        from kiln.bench.generation import time_generation
-        from kiln.bench.measure import Timing
+        GPT-2 small's OpenVINO variant, `python benchmarks/optimize_profile.py`, 2-core AMX Xeon) and timed work no
+        user asks for."""
+        from kiln.decoder.timing import time_generation
+        from kiln.records.timing import Timing
 
         if not isinstance(predictor.engine, TeacherForced):  # a graph without a cache: its forward pass is the work
             return super().time(predictor, encodings, rounds=rounds)

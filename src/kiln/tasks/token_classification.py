@@ -17,9 +17,10 @@ from tokenizers import Encoding, Tokenizer
 
 from kiln.choices import Aggregation, parse_choice
 from kiln.errors import UsageError
-from kiln.tasks.base import NO_LABEL, Prepared, TaskSpec, field, softmax, valid_rows
+from kiln.records.figures import Agreement, AgreementInputs, EvalSet, Run
+from kiln.runtime.features import Prepared
+from kiln.tasks.base import NO_LABEL, TaskSpec, field, softmax, valid_rows
 from kiln.tasks.http import FormField, RequestBody, ResponseModel, Route, Texts, listify, render_results
-from kiln.validation.figures import Agreement, AgreementInputs, EvalSet, Run
 
 
 @dataclass(frozen=True)

@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from kiln.records.figures import Agreement, AgreementInputs, Run
+from kiln.runtime.features import Prepared
 from kiln.runtime.predictor import Predictor
 from kiln.tasks import task_spec
-from kiln.tasks.base import Prepared
-from kiln.validation.figures import Agreement, AgreementInputs, Run
 from kiln.validation.spill import spilled
 
 

@@ -10,68 +10,20 @@ zero means the variant is batch-invariant, which ``kiln serve --deterministic`` 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from kiln.choices import Choice
+from kiln.choices import Batching
+from kiln.records.batching import BatchDrift, BatchedAgreement
+from kiln.records.figures import Agreement, AgreementInputs, Run
+from kiln.runtime.features import Prepared
 from kiln.runtime.predictor import Predictor
+from kiln.scoring import cosine
 from kiln.system.memory import trim_heap
 from kiln.tasks import task_spec
-from kiln.tasks.base import Prepared
-from kiln.validation.figures import Agreement, AgreementInputs, Run
-from kiln.validation.parity import cosine
 from kiln.validation.spill import spilled
-
-
-class Batching(Choice):
-    """How a served variant's inputs may be grouped."""
-
-    SORTED = "sorted"  # length-sorted batches at the batch size, padded to the engine's multiple (offline path)
-    MIXED = "mixed"  # arrival order: mixed lengths in one batch, padded to the longest (a busy server)
-    ALONE = "alone"  # batch of one, no padding (an idle server)
-    # Sorted batches spread over two engine sessions of one thread each, run side by side: the plan kiln bench
-    # picks when sessions x threads beats one wide session (OpenVINO streams, ORT sessions). Fewer threads may
-    # change a kernel's reduction order, so a text's answer could depend on which plan serves it.
-    SESSIONS = "sessions"
-
-
-@dataclass(frozen=True)
-class BatchDrift:
-    """How far one input's output moves between batchings (each compared with the same input run alone)."""
-
-    max_abs_diff: float  # the largest |difference| of any output value
-    min_cosine: float  # the smallest cosine between an input's output vectors
-    consistency: float  # the task's primary agreement figure of each batching against alone (its worst)
-    figure: str  # that figure's name: labels kept, ranks kept, cosine, next tokens kept
-
-    @property
-    def invariant(self) -> bool:
-        """Bit-identical answers whatever the batch."""
-        return self.max_abs_diff == 0.0
-
-    def describe(self) -> str:
-        if self.invariant:
-            return "batch-invariant"
-        return f"max abs diff {self.max_abs_diff:.1e}, min cosine {self.min_cosine:.5f} ({self.figure} " \
-               f"{self.consistency:.4f})"
-
-
-@dataclass(frozen=True)
-class BatchedAgreement:
-    """The variant's agreement with the original under each batching, and its drift between them."""
-
-    agreements: Mapping[Batching, Agreement]
-    drift: BatchDrift
-    complete: bool = True  # False: the batchings stopped at one the gate fails (measure_batchings' ``hopeless``)
-
-    @property
-    def worst(self) -> Batching:
-        """The batching the gate judges: the lowest primary agreement."""
-        # Ties go to the batching named first in Batching (sorted: the offline path), whatever order they ran in.
-        return min((b for b in Batching if b in self.agreements), key=lambda b: self.agreements[b].value)
 
 
 def _plans(candidate: Predictor, sessions: Predictor | Callable[[], Predictor] | None, count: int

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from kiln.errors import UsageError
+from kiln.records.figures import EvalSet
 from kiln.tasks import task_spec
-from kiln.validation.figures import EvalSet
 
 
 def load_eval_set(path: Path, task: str) -> EvalSet:

@@ -6,9 +6,9 @@ import math
 from dataclasses import dataclass
 
 from kiln.errors import UsageError
+from kiln.records.batching import BatchDrift
+from kiln.records.figures import Agreement
 from kiln.tasks import task_spec
-from kiln.validation.batching import BatchDrift
-from kiln.validation.figures import Agreement
 
 
 @dataclass(frozen=True)

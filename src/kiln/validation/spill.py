@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from kiln.records.figures import Run
 from kiln.system.disk_rows import DiskRows
-from kiln.validation.figures import Run
 
 __all__ = ["SPILL_BYTES", "DiskRows", "spilled"]
 

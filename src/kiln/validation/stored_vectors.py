@@ -24,9 +24,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kiln.artifact.records import StoredVectors
+from kiln.records.artifact import StoredVectors
 from kiln.runtime.precision import Precision, dequantize, quantize, ranges_of
-from kiln.validation.metrics import ndcg_of_ranking
+from kiln.scoring import ndcg_of_ranking
 
 TOP = 10
 RESCORES = (4, 10)  # candidates per result for binary + rescoring (4: sentence-transformers' rescore_multiplier)
@@ -42,7 +42,7 @@ class JudgedVectors:
 
 
 def ndcg_at_10(found: np.ndarray, relevance: np.ndarray) -> float:
-    """Mean NDCG@10 (kiln.validation.metrics: graded gains) of each query's ranked document indices ``found``, over
+    """Mean NDCG@10 (kiln.scoring: graded gains) of each query's ranked document indices ``found``, over
     the queries with a relevant document."""
     judged = [i for i in range(len(found)) if relevance[i].max() > 0]
     return float(np.mean([ndcg_of_ranking(found[i], relevance[i], TOP) for i in judged])) if judged else 0.0

@@ -19,12 +19,12 @@ from typing import Any
 import numpy as np
 
 from kiln.artifact.directory import Artifact
-from kiln.artifact.records import ServingDefault, VariantRecord
 from kiln.artifact.staging import staged_directory
 from kiln.choices import Device, parse_choice
 from kiln.engines.base import warmup_inputs
 from kiln.errors import MissingDependencyError, UsageError
 from kiln.integrations.triton.steps import STEP_FILE
+from kiln.records.artifact import ServingDefault, VariantRecord
 from kiln.tasks import task_spec
 
 STEP_MODULE = "kiln.integrations.triton.steps"

@@ -1,0 +1,102 @@
+"""How outputs are scored: the cosine between two output vectors, and the task metrics kiln computes itself
+(SQuAD EM/F1 by the official script's rules, Spearman via scipy, NDCG, Kendall's tau). Pure functions of numbers, at
+the bottom of the layers, so tasks and validation share them.
+
+Entity F1 comes from seqeval and classification scores from scikit-learn, in the task modules; the SQuAD
+scorer is kept here because the `evaluate` library fetches its metric scripts from the hub at run time.
+"""
+
+from __future__ import annotations
+
+import re
+import string
+from collections import Counter
+from collections.abc import Sequence
+
+import numpy as np
+
+_PUNCTUATION = set(string.punctuation)
+
+
+def normalize_answer(text: str) -> str:
+    """SQuAD's normalization: lower case, no punctuation, no articles, single spaces."""
+    text = "".join(ch for ch in text.lower() if ch not in _PUNCTUATION)
+    text = re.sub(r"\b(a|an|the)\b", " ", text)
+    return " ".join(text.split())
+
+
+def _token_f1(prediction: str, truth: str) -> float:
+    pred_tokens, true_tokens = normalize_answer(prediction).split(), normalize_answer(truth).split()
+    if not pred_tokens or not true_tokens:
+        return float(pred_tokens == true_tokens)
+    common = sum((Counter(pred_tokens) & Counter(true_tokens)).values())
+    if not common:
+        return 0.0
+    precision, recall = common / len(pred_tokens), common / len(true_tokens)
+    return 2 * precision * recall / (precision + recall)
+
+
+def squad_scores(predictions: Sequence[str], answers: Sequence[Sequence[str]]) -> dict[str, float]:
+    """Exact match and F1 as fractions (SQuAD prints them x100), best over the gold answers.
+
+    As the official v2.0 script: gold answers that normalise to "" are dropped, and a question left with
+    none has the empty answer as its only right answer.
+    """
+    em, f1 = [], []
+    for prediction, golds in zip(predictions, answers):
+        golds = [g for g in golds if normalize_answer(g)] or [""]
+        em.append(max(float(normalize_answer(prediction) == normalize_answer(g)) for g in golds))
+        f1.append(max(_token_f1(prediction, g) for g in golds))
+    return {"exact_match": float(np.mean(em)), "f1": float(np.mean(f1))}
+
+
+def spearman(x: Sequence[float], y: Sequence[float]) -> float:
+    """Spearman's rank correlation (scipy), 0.0 where either side is constant (scipy says nan)."""
+    from scipy.stats import spearmanr
+
+    rx, ry = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
+    if rx.std() == 0 or ry.std() == 0:
+        return 0.0
+    return float(spearmanr(rx, ry).statistic)
+
+
+def ranking(scores: Sequence[float]) -> list[int]:
+    """Indices from the highest score to the lowest (ties keep input order)."""
+    return [int(i) for i in np.argsort(-np.asarray(scores, dtype=np.float64), kind="stable")]
+
+
+def ndcg_at_k(scores: Sequence[float], relevance: Sequence[float], k: int = 10) -> float:
+    """NDCG@k with graded gains ``2**rel - 1`` (the TREC/BEIR definition); 0 when nothing is relevant."""
+    return ndcg_of_ranking(ranking(scores), relevance, k)
+
+
+def ndcg_of_ranking(ranked: Sequence[int], relevance: Sequence[float], k: int = 10) -> float:
+    """NDCG@k of item indices ranked best first (as :func:`ndcg_at_k`, from a search's results)."""
+    gains = np.power(2.0, np.asarray(relevance, dtype=np.float64)) - 1.0
+    discounts = 1.0 / np.log2(np.arange(2, k + 2))
+    found = gains[np.asarray(ranked, dtype=np.int64)[:k]]
+    ideal = np.sort(gains)[::-1][:k]
+    best = float((ideal * discounts[: len(ideal)]).sum())
+    return float((found * discounts[: len(found)]).sum()) / best if best > 0 else 0.0
+
+
+def reciprocal_rank(scores: Sequence[float], relevance: Sequence[float]) -> float:
+    """1 / the rank of the first relevant (relevance > 0) text; 0 when none is."""
+    relevant = np.asarray(relevance, dtype=np.float64) > 0
+    return next((1.0 / (rank + 1) for rank, i in enumerate(ranking(scores)) if relevant[i]), 0.0)
+
+
+def kendall_tau(a: Sequence[float], b: Sequence[float]) -> float:
+    """Kendall's tau-b between two score lists (1: the same order); 1 for fewer than two items or no variance."""
+    from scipy.stats import kendalltau
+
+    if len(a) < 2:
+        return 1.0
+    tau = kendalltau(a, b).statistic
+    return 1.0 if np.isnan(tau) else float(tau)
+
+
+def cosine(a: np.ndarray, b: np.ndarray) -> float:
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    denom = np.linalg.norm(a64) * np.linalg.norm(b64)
+    return float(a64 @ b64 / denom) if denom > 0 else float(np.array_equal(a64, b64))

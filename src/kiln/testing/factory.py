@@ -1,0 +1,286 @@
+"""Tiny random-weight models with locally trained tokenizers, for every supported architecture.
+
+Nothing is downloaded: each tokenizer is trained on kiln's built-in sentences, each model is built from a
+transformers config (hidden size 32, 2 layers) and saved as safetensors with the task's head.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import transformers
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+
+from kiln.data.texts import builtin_sentences
+from kiln.tasks import TaskName
+
+LABELS = {
+    TaskName.TEXT_CLASSIFICATION: ["negative", "neutral", "positive"],
+    TaskName.TOKEN_CLASSIFICATION: ["O", "B-PER", "I-PER", "B-LOC", "I-LOC", "B-ORG", "I-ORG"],
+}
+MAX_POSITIONS = 128
+
+
+@dataclass(frozen=True)
+class Family:
+    """How a model family tokenizes: algorithm, special tokens in id order, templates."""
+
+    kind: str  # wordpiece | bpe | unigram
+    specials: tuple[str, ...]  # pad, unk, cls/bos, sep/eos, mask (in the family's id order)
+    cls: str
+    sep: str
+    pad: str
+    unk: str
+    mask: str
+    pair_separator: str  # RoBERTa-style pairs put two separators between the texts
+    type_ids: bool  # whether the tokenizer returns token_type_ids
+    template: bool = True  # False: no special tokens around a text (GPT-2's tokenizer adds none)
+
+
+BERT_WORDPIECE = Family("wordpiece", ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"), "[CLS]", "[SEP]", "[PAD]",
+                        "[UNK]", "[MASK]", "[SEP]", True)
+ROBERTA_BPE = Family("bpe", ("<s>", "<pad>", "</s>", "<unk>", "<mask>"), "<s>", "</s>", "<pad>", "<unk>", "<mask>",
+                     "</s> </s>", False)
+XLMR_UNIGRAM = Family("unigram", ("<s>", "<pad>", "</s>", "<unk>", "<mask>"), "<s>", "</s>", "<pad>", "<unk>",
+                      "<mask>", "</s> </s>", False)
+SPM_UNIGRAM = Family("unigram", ("<pad>", "<unk>", "[CLS]", "[SEP]", "[MASK]"), "[CLS]", "[SEP]", "<pad>", "<unk>",
+                     "[MASK]", "[SEP]", True)
+MPNET_WORDPIECE = Family("wordpiece", ("<s>", "<pad>", "</s>", "[UNK]", "<mask>"), "<s>", "</s>", "<pad>", "[UNK]",
+                         "<mask>", "</s> </s>", False)
+MODERNBERT_BPE = Family("bpe", ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"), "[CLS]", "[SEP]", "[PAD]", "[UNK]",
+                        "[MASK]", "[SEP]", False)
+DISTIL_WORDPIECE = Family("wordpiece", BERT_WORDPIECE.specials, "[CLS]", "[SEP]", "[PAD]", "[UNK]", "[MASK]",
+                          "[SEP]", False)
+
+# GPT-2's byte-level BPE: one special token, <|endoftext|>, that is its BOS, EOS and unknown token; no padding token.
+GPT_BPE = Family("bpe", ("<|endoftext|>",), "<|endoftext|>", "<|endoftext|>", "<|endoftext|>", "<|endoftext|>",
+                 "<|endoftext|>", "", False, template=False)
+
+_SMALL = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64)
+ARCHITECTURES: dict[str, tuple[Family, type, dict]] = {
+    "bert": (BERT_WORDPIECE, transformers.BertConfig, dict(_SMALL, max_position_embeddings=MAX_POSITIONS)),
+    "roberta": (ROBERTA_BPE, transformers.RobertaConfig, dict(_SMALL, max_position_embeddings=MAX_POSITIONS + 2,
+                                                               type_vocab_size=1)),
+    "xlm-roberta": (XLMR_UNIGRAM, transformers.XLMRobertaConfig,
+                    dict(_SMALL, max_position_embeddings=MAX_POSITIONS + 2, type_vocab_size=1)),
+    "distilbert": (DISTIL_WORDPIECE, transformers.DistilBertConfig,
+                   dict(dim=32, n_layers=2, n_heads=2, hidden_dim=64, max_position_embeddings=MAX_POSITIONS)),
+    "albert": (SPM_UNIGRAM, transformers.AlbertConfig, dict(_SMALL, embedding_size=16,
+                                                            max_position_embeddings=MAX_POSITIONS)),
+    "electra": (BERT_WORDPIECE, transformers.ElectraConfig, dict(_SMALL, embedding_size=16,
+                                                                 max_position_embeddings=MAX_POSITIONS)),
+    "mpnet": (MPNET_WORDPIECE, transformers.MPNetConfig, dict(_SMALL, max_position_embeddings=MAX_POSITIONS + 2)),
+    # global / sliding (16-token window) / global attention with rotary positions: texts past 16 tokens exercise
+    # the sliding mask.
+    "modernbert": (MODERNBERT_BPE, transformers.ModernBertConfig,
+                   dict(_SMALL, num_hidden_layers=3, global_attn_every_n_layers=2, local_attention=16,
+                        max_position_embeddings=MAX_POSITIONS, layer_types=["full_attention", "sliding_attention",
+                                                                             "full_attention"])),
+    "gpt2": (GPT_BPE, transformers.GPT2Config, dict(n_embd=32, n_layer=2, n_head=2, n_positions=MAX_POSITIONS)),
+    # global then local attention with an 8-token window: texts past 8 tokens exercise the local mask.
+    "gpt_neo": (GPT_BPE, transformers.GPTNeoConfig,
+                dict(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, window_size=8,
+                     attention_types=[[["global", "local"], 1]], max_position_embeddings=MAX_POSITIONS)),
+    "deberta-v2": (SPM_UNIGRAM, transformers.DebertaV2Config,
+                   dict(_SMALL, max_position_embeddings=MAX_POSITIONS, relative_attention=True, position_buckets=32,
+                        pos_att_type=["p2c", "c2p"], type_vocab_size=0)),
+}
+
+
+# The bidirectional encoders (distillation and pruning apply to them; GPT-2 and GPT-Neo are decoders).
+ENCODERS = tuple(a for a, (family, _, _) in ARCHITECTURES.items() if family.template)
+
+
+def _corpus() -> list[str]:
+    extra = ["Anna Schmidt works for Acme Corporation in Berlin.", "Jean Dupont visited Paris and Lyon.",
+             "unbelievably tokenization antidisestablishmentarianism"]
+    return list(builtin_sentences()) * 3 + extra * 5
+
+
+TOKENIZERS = Path(__file__).parent / "tokenizers"
+
+
+def train_tokenizer(family: Family) -> Tokenizer:
+    """The family's tokenizer, trained on kiln's built-in sentences once and kept in kiln/testing/tokenizers.
+
+    The tokenizers library's trainers break ties in a per-process random order, so a tokenizer trained anew in
+    each session gives a different tiny model each session; the kept files make every session's models identical.
+    Delete a file to train it again.
+    """
+    cached = TOKENIZERS / (re.sub(r"[^a-z0-9]+", "-", f"{family.kind} {' '.join(family.specials)}".lower()).strip("-")
+                           + ".json")
+    if cached.is_file():
+        tok = Tokenizer.from_file(str(cached))
+    else:
+        tok = _train(family)
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        tok.save(str(cached))
+    if not family.template:
+        return tok
+    cls, sep = family.cls, family.sep
+    second = "$B:1" if family.type_ids else "$B"
+    sep2 = f"{sep}:1" if family.type_ids else sep
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"{cls} $A {sep}", pair=f"{cls} $A {family.pair_separator} {second} {sep2}",
+        special_tokens=[(t, tok.token_to_id(t)) for t in {cls, sep}],
+    )
+    return tok
+
+
+def _train(family: Family) -> Tokenizer:
+    if family.kind == "wordpiece":
+        tok = Tokenizer(models.WordPiece(unk_token=family.unk))
+        tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+        tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+        trainer = trainers.WordPieceTrainer(vocab_size=500, special_tokens=list(family.specials))
+        tok.decoder = decoders.WordPiece()
+    elif family.kind == "bpe":
+        tok = Tokenizer(models.BPE(unk_token=family.unk))
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        trainer = trainers.BpeTrainer(vocab_size=500, special_tokens=list(family.specials),
+                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+        tok.decoder = decoders.ByteLevel()
+    else:
+        tok = Tokenizer(models.Unigram())
+        tok.pre_tokenizer = pre_tokenizers.Metaspace()
+        trainer = trainers.UnigramTrainer(vocab_size=500, special_tokens=list(family.specials), unk_token=family.unk)
+        tok.decoder = decoders.Metaspace()
+    tok.train_from_iterator(_corpus(), trainer)
+    return tok
+
+
+def build_tiny_model(arch: str, task: TaskName, directory: Path, seed: int = 0) -> Path:
+    """Write config, safetensors weights and tokenizer files of a tiny ``arch`` model for ``task``."""
+    if task == TaskName.MULTI_VECTOR:  # a ColBERT: the encoder plus a projection, in PyLate's layout
+        if arch != "bert":
+            raise ValueError(f"a tiny ColBERT is built on bert, not {arch}")
+        return build_tiny_colbert(directory, seed=seed)
+    family, config_class, kwargs = ARCHITECTURES[arch]
+    tok = train_tokenizer(family)
+    names = ["input_ids", "token_type_ids", "attention_mask"] if family.type_ids else ["input_ids", "attention_mask"]
+    if family.template:
+        fast = transformers.PreTrainedTokenizerFast(
+            tokenizer_object=tok, pad_token=family.pad, unk_token=family.unk, cls_token=family.cls,
+            sep_token=family.sep, mask_token=family.mask, model_input_names=names,
+            model_max_length=MAX_POSITIONS,
+        )
+    else:  # GPT-2's: bos = eos = unk = <|endoftext|>, no padding token
+        fast = transformers.PreTrainedTokenizerFast(
+            tokenizer_object=tok, bos_token=family.cls, eos_token=family.sep, unk_token=family.unk,
+            model_input_names=names, model_max_length=MAX_POSITIONS)
+    labels = LABELS.get(task, ["relevance"] if task == TaskName.TEXT_RANKING else [])
+    special_ids = {"cls_token_id": tok.token_to_id(family.cls), "sep_token_id": tok.token_to_id(family.sep),
+                   "bos_token_id": tok.token_to_id(family.cls), "eos_token_id": tok.token_to_id(family.sep)} \
+        if arch == "modernbert" else {}
+    if not family.template:  # a decoder: no padding token; begins and ends texts with <|endoftext|>
+        eos = tok.token_to_id(family.sep)
+        special_ids = {"bos_token_id": eos, "eos_token_id": eos}
+    pad = tok.token_to_id(family.pad) if family.template else None
+    config = config_class(vocab_size=tok.get_vocab_size(), pad_token_id=pad, **kwargs,
+                          **special_ids,
+                          **({"id2label": dict(enumerate(labels)), "label2id": {v: i for i, v in enumerate(labels)}}
+                             if labels else {}))
+    torch.manual_seed(seed)
+    auto = {
+        TaskName.FEATURE_EXTRACTION: transformers.AutoModel,
+        TaskName.TEXT_CLASSIFICATION: transformers.AutoModelForSequenceClassification,
+        TaskName.TOKEN_CLASSIFICATION: transformers.AutoModelForTokenClassification,
+        TaskName.QUESTION_ANSWERING: transformers.AutoModelForQuestionAnswering,
+        TaskName.TEXT_RANKING: transformers.AutoModelForSequenceClassification,  # one logit: a cross-encoder
+        TaskName.SPARSE_EMBEDDING: transformers.AutoModelForMaskedLM,  # SPLADE: the MLM head's logits are terms
+        TaskName.TEXT_GENERATION: transformers.AutoModelForCausalLM,
+    }[task]
+    model = auto.from_config(config).eval()
+    with torch.no_grad():  # larger random weights so outputs are not all near-uniform
+        for param in model.parameters():
+            if param.dim() > 1:
+                param.normal_(0, 0.2)
+    model.save_pretrained(directory, safe_serialization=True)
+    fast.save_pretrained(directory)
+    return directory
+
+
+COLBERT_PREFIXES = ("[Q] ", "[D] ")  # PyLate's default markers, added to the tokenizer as it adds them
+
+
+def build_tiny_colbert(directory: Path, dims: int = 16, *, query_length: int = 16, document_length: int = 48,
+                       seed: int = 0) -> Path:
+    """A tiny ColBERT in PyLate's layout (what PyLate's ``ColBERT(...).save`` writes): a tiny BERT whose tokenizer
+    has the query/document markers as added tokens (embeddings resized), a bias-free ``1_Dense`` projection from
+    the hidden size to ``dims``, and config_sentence_transformers.json with the markers, lengths, query expansion
+    and the punctuation skiplist."""
+    import json
+    import string
+
+    from safetensors.torch import save_file
+
+    build_tiny_model("bert", TaskName.FEATURE_EXTRACTION, directory, seed=seed)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(directory)
+    tokenizer.add_tokens(list(COLBERT_PREFIXES))
+    model = transformers.AutoModel.from_pretrained(directory)
+    torch.manual_seed(seed + 1)  # resizing draws the new rows at random; they are then set from this seed too
+    model.resize_token_embeddings(len(tokenizer))
+    with torch.no_grad():  # the resized rows are random but small; make the markers matter as much as any token
+        model.embeddings.word_embeddings.weight[-len(COLBERT_PREFIXES):].normal_(0, 0.2)
+    model.save_pretrained(directory, safe_serialization=True)
+    tokenizer.save_pretrained(directory)
+    dense = directory / "1_Dense"
+    dense.mkdir()
+    (dense / "config.json").write_text(json.dumps({
+        "in_features": model.config.hidden_size, "out_features": dims, "bias": False,
+        "activation_function": "torch.nn.modules.linear.Identity", "use_residual": False}))
+    save_file({"linear.weight": torch.randn(dims, model.config.hidden_size) * 0.3}, str(dense / "model.safetensors"))
+    (directory / "modules.json").write_text(json.dumps([
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Dense", "type": "pylate.models.Dense.Dense"}]))
+    (directory / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": document_length - 1,
+                                                                     "do_lower_case": False}))
+    (directory / "config_sentence_transformers.json").write_text(json.dumps({
+        "model_type": "SentenceTransformer", "prompts": {}, "default_prompt_name": None,
+        "similarity_fn_name": "MaxSim", "query_prefix": COLBERT_PREFIXES[0], "document_prefix": COLBERT_PREFIXES[1],
+        "query_length": query_length, "document_length": document_length, "attend_to_expansion_tokens": False,
+        "skiplist_words": list(string.punctuation), "do_query_expansion": True}))
+    return directory
+
+
+def build_tiny_colbert_ai(directory: Path, dims: int = 16, *, query_length: int = 16, document_length: int = 48,
+                          seed: int = 0) -> Path:
+    """A tiny ColBERT in the original ColBERT's (``colbert-ai``) checkpoint layout, what its ``HF_ColBERT``
+    ``save_pretrained`` writes: one weights file holding the encoder under ``bert.`` and the bias-free projection
+    as ``linear.weight``, config.json naming ``HF_ColBERT``, and ``artifact.metadata`` (its ColBERTConfig) with the
+    lengths, the projection size and the ``[unused0]``/``[unused1]`` markers (in a real BERT vocabulary; added to the
+    tiny one here)."""
+    import json
+
+    from safetensors.torch import save_file
+
+    build_tiny_model("bert", TaskName.FEATURE_EXTRACTION, directory, seed=seed)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(directory)
+    tokenizer.add_tokens(["[unused0]", "[unused1]"])
+    model = transformers.AutoModel.from_pretrained(directory)
+    torch.manual_seed(seed + 1)
+    model.resize_token_embeddings(len(tokenizer))
+    with torch.no_grad():
+        model.embeddings.word_embeddings.weight[-2:].normal_(0, 0.2)
+    state = {f"bert.{k}": v.contiguous() for k, v in model.state_dict().items()}
+    state["linear.weight"] = torch.randn(dims, model.config.hidden_size) * 0.3
+    for stale in directory.glob("*.safetensors"):
+        stale.unlink()
+    save_file(state, str(directory / "model.safetensors"), metadata={"format": "pt"})
+    config = json.loads((directory / "config.json").read_text())
+    (directory / "config.json").write_text(json.dumps({**config, "architectures": ["HF_ColBERT"],
+                                                       "vocab_size": len(tokenizer)}))
+    tokenizer.save_pretrained(directory)
+    # as colbert-ai's checkpoints name it (written by transformers 4, which colbert-ai 0.2.22 needs)
+    tokenizer_config = json.loads((directory / "tokenizer_config.json").read_text())
+    (directory / "tokenizer_config.json").write_text(json.dumps({**tokenizer_config,
+                                                                 "tokenizer_class": "BertTokenizerFast"}))
+    (directory / "artifact.metadata").write_text(json.dumps({
+        "query_token_id": "[unused0]", "doc_token_id": "[unused1]", "query_token": "[Q]", "doc_token": "[D]",
+        "dim": dims, "query_maxlen": query_length, "doc_maxlen": document_length, "mask_punctuation": True,
+        "attend_to_mask_tokens": False, "similarity": "cosine", "checkpoint": "bert-base-uncased",
+        "meta": {"version": "colbert-v0.4"}}, indent=4))
+    return directory

@@ -1,0 +1,67 @@
+"""kiln's layers, as import-linter checks them (the contracts are in pyproject.toml, [tool.importlinter]).
+
+The tree must keep them, and the check must be able to fail: a copy of the package with one import that breaks a
+layer, or one that closes a cycle, is refused."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+LINT = Path(sys.executable).with_name("lint-imports")
+
+pytestmark = pytest.mark.skipif(not LINT.exists(), reason="import-linter is installed by make (the [test] extra)")
+
+
+def _lint(src: Path, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """lint-imports with the project's contracts over the kiln package found in ``src``."""
+    env = {**os.environ, "PYTHONPATH": str(src)}
+    return subprocess.run([str(LINT), str(ROOT / "pyproject.toml"), "--no-cache"], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_the_tree_keeps_its_layers_and_has_no_cycles(tmp_path):
+    result = _lint(ROOT / "src", tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "2 kept, 0 broken" in result.stdout
+
+
+def _planted(tmp_path: Path, module: str, line: str) -> Path:
+    """A copy of src/kiln with ``line`` added to ``module`` (a path under kiln/)."""
+    copy = tmp_path / "src"
+    shutil.copytree(ROOT / "src" / "kiln", copy / "kiln",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.txt", "*.jsonl", "*.onnx"))
+    target = copy / "kiln" / module
+    target.write_text(target.read_text() + f"\n\n{line}\n")
+    return copy
+
+
+@pytest.mark.parametrize(("module", "line", "broken"), [
+    # a leaf reaching up to the server: a layer violation (and a cycle through serve's imports of errors)
+    ("errors.py", "def _up():\n    import kiln.serve.app  # noqa: F401", "kiln's packages form layers BROKEN"),
+    # two modules of one package importing each other: a cycle inside a layer
+    ("tasks/http.py", "import kiln.tasks.tei  # noqa: F401",
+     "no import cycles between sibling packages or modules BROKEN"),
+])
+def test_a_planted_violation_is_refused(tmp_path, module, line, broken):
+    result = _lint(_planted(tmp_path, module, line), tmp_path)
+    assert result.returncode != 0
+    assert broken in result.stdout, result.stdout
+
+
+def test_tests_and_benchmarks_do_not_import_each_other():
+    """Shared helpers live in kiln (kiln.testing): a benchmark that imported a test module, or a test that imported
+    a benchmark script, would tie the suite's speed to the tests' internals and the other way round."""
+    import re
+
+    pattern = {"tests": re.compile(r"^\s*(from|import)\s+benchmarks\b", re.M),
+               "benchmarks": re.compile(r"^\s*(from|import)\s+tests\b", re.M)}
+    offenders = [str(path.relative_to(ROOT)) for folder, rx in pattern.items()
+                 for path in (ROOT / folder).rglob("*.py") if rx.search(path.read_text())]
+    assert not offenders, offenders
