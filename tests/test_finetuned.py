@@ -15,8 +15,8 @@ from kiln.optimize.job import OptimizeConfig, OptimizeJob
 from kiln.source.loading import load_source
 from kiln.source.reference import reference_predictor
 from kiln.tasks import TaskName, task_spec
+from kiln.testing import finetune
 from kiln.validation.evalsets import load_eval_set
-from tests import finetune
 
 pytestmark = pytest.mark.slow
 
