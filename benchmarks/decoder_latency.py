@@ -50,8 +50,8 @@ def build_model(directory: Path) -> Path:
 def serve_throughput(artifact: Path, concurrency: list[int], prompt: str) -> list[dict[str, float]]:
     import httpx
 
-    from kiln.serve import process
-    from kiln.serve.app import ServeConfig, create_app
+    from kiln.serving import process
+    from kiln.serving.app import ServeConfig, create_app
 
     app = create_app(ServeConfig(models={"gpt2": artifact}, max_concurrent=1024))
     rows = []

@@ -232,7 +232,7 @@ def served_streams(artifact: Path, model_dir: str, streams: int) -> dict:
     import httpx
     import transformers
 
-    from kiln.serve import process
+    from kiln.serving import process
 
     tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
     prompts = [tokenizer.decode(row) for row in prompt_ids(streams, 128)]

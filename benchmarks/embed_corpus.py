@@ -28,10 +28,10 @@ from pathlib import Path
 import numpy as np
 
 import kiln
+from kiln.bulk.job import EmbedConfig, run_embed
+from kiln.bulk.parts import read_output
 from kiln.data import corpus
 from kiln.data.docstrings import docstring_sentences
-from kiln.embed.job import EmbedConfig, run_embed
-from kiln.embed.parts import read_output
 
 OUT = Path(__file__).resolve().parent / "out"  # results land here (gitignored), not in the tree
 

@@ -77,7 +77,7 @@ def main() -> None:
     from decoder_latency import build_model
 
     import kiln
-    from kiln.optimize.job import OptimizeConfig, OptimizeJob
+    from kiln.optimizing.job import OptimizeConfig, OptimizeJob
     from kiln.system.cpu import cpu_info
 
     with tempfile.TemporaryDirectory() as scratch:

@@ -23,7 +23,7 @@ import torch
 import transformers
 
 from kiln.data import corpus
-from kiln.optimize.job import OptimizeConfig, OptimizeJob
+from kiln.optimizing.job import OptimizeConfig, OptimizeJob
 from kiln.source.loading import bundled_model_dir
 
 OUT = Path(__file__).resolve().parent / "out"  # results land here (gitignored), not in the tree

@@ -38,7 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kiln.serve.process import ServerStartError, exit_counts, start_server
+from kiln.serving.process import ServerStartError, exit_counts, start_server
 
 HERE = Path(__file__).resolve().parent
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import httpx
 
-from kiln.serve.process import start_server
+from kiln.serving.process import start_server
 from kiln.system.cpu import cpu_info
 
 ROOT = Path(__file__).resolve().parents[1]

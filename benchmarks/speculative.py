@@ -104,8 +104,8 @@ def main() -> None:
     from kiln.choices import ExportFormat
     from kiln.compress.distill import distill
     from kiln.decoder.speculative import Speculation
-    from kiln.export.job import ExportConfig, run_export
-    from kiln.optimize.job import OptimizeConfig, OptimizeJob
+    from kiln.exporting.job import ExportConfig, run_export
+    from kiln.optimizing.job import OptimizeConfig, OptimizeJob
     from kiln.system.cpu import cpu_info
 
     with tempfile.TemporaryDirectory() as scratch:

@@ -31,7 +31,7 @@ def tiny_model(tmp_path_factory):
 def tiny_artifact(tiny_model, tmp_path_factory) -> Path:
     """A tiny BERT feature-extraction model exported to ONNX, shared read-only (copy it before altering it)."""
     from kiln.choices import ExportFormat
-    from kiln.export.job import ExportConfig, run_export
+    from kiln.exporting.job import ExportConfig, run_export
 
     out = tmp_path_factory.mktemp("tiny-artifact") / "art"
     run_export(ExportConfig(model=str(tiny_model("bert")), task=TaskName.FEATURE_EXTRACTION,
@@ -43,7 +43,7 @@ def tiny_artifact(tiny_model, tmp_path_factory) -> Path:
 def task_artifacts(tiny_model, tiny_artifact, tmp_path_factory) -> dict:
     """A tiny BERT ONNX artifact per task (read-only, shared): {TaskName: directory}."""
     from kiln.choices import ExportFormat
-    from kiln.export.job import ExportConfig, run_export
+    from kiln.exporting.job import ExportConfig, run_export
 
     out = {TaskName.FEATURE_EXTRACTION: tiny_artifact}
     from kiln.tasks import task_spec

@@ -79,7 +79,7 @@ def test_malformed_manifest(tiny_artifact, tmp_path):
 
 
 def test_unknown_variant_lists_choices(tiny_artifact):
-    with pytest.raises(Exception, match=r"--variant must be one of: onnx-fp32 \(got 'nope'\)"):
+    with pytest.raises(Exception, match=r"variant must be one of: onnx-fp32 \(got 'nope'\)"):
         Artifact.open(tiny_artifact).predictor("nope")
 
 

@@ -20,10 +20,10 @@ from pathlib import Path
 import pytest
 
 from kiln.artifact.manifest import MANIFEST_NAME
-from kiln.audit.job import AuditConfig, run_audit
-from kiln.audit.protocols import AuditError, Endpoint
-from kiln.serve import process
-from kiln.serve.app import ServeConfig, create_app
+from kiln.auditing.job import AuditConfig, run_audit
+from kiln.auditing.protocols import AuditError, Endpoint
+from kiln.serving import process
+from kiln.serving.app import ServeConfig, create_app
 from kiln.tasks import TaskName
 
 RANKING = TaskName.TEXT_RANKING.value
@@ -176,7 +176,7 @@ def test_bad_urls_and_nothing_listening(tiny_model, tmp_path):
                      timeout=60)
     assert gone.returncode == 3 and f"nothing answers at http://127.0.0.1:{port}" in gone.stderr
     with pytest.raises(AuditError, match="nothing answers"):
-        from kiln.audit.protocols import embed
+        from kiln.auditing.protocols import embed
 
         embed(Endpoint(f"http://127.0.0.1:{port}", "tei"), ["x"])
 

@@ -11,7 +11,7 @@ import pytest
 
 from kiln.artifact.directory import Artifact
 from kiln.data.texts import texts_of_lengths
-from kiln.serve.batcher import Batcher, BatchLimits, BatchStats, Pace, next_group, partition
+from kiln.serving.batcher import Batcher, BatchLimits, BatchStats, Pace, next_group, partition
 from tests.waiting import until
 
 

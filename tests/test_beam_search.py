@@ -16,7 +16,7 @@ import transformers
 import kiln
 from kiln.choices import ExportFormat
 from kiln.errors import UsageError
-from kiln.export.job import ExportConfig, run_export
+from kiln.exporting.job import ExportConfig, run_export
 from kiln.tasks import TaskName
 from kiln.testing.factory import build_tiny_model
 
@@ -135,8 +135,8 @@ def test_served_beams_samples_and_logprobs_equal_offline(gpt2, gpt2_art):
     answers as offline beam search; n seeded samples and logprobs on /v1/completions answer as offline generate."""
     import httpx
 
-    from kiln.serve import process
-    from kiln.serve.app import ServeConfig, create_app
+    from kiln.serving import process
+    from kiln.serving.app import ServeConfig, create_app
     from tests.waiting import concurrently
 
     model, tokenizer, predictor, _ = gpt2
@@ -221,7 +221,7 @@ def test_a_failing_search_step_fails_its_request_and_the_batch_beside_it(gpt2_ar
     get a 500 naming the failure, nothing hangs, and the loop goes on serving."""
     from fastapi.testclient import TestClient
 
-    from kiln.serve.app import ServeConfig, create_app
+    from kiln.serving.app import ServeConfig, create_app
     from tests.waiting import concurrently
 
     app = create_app(ServeConfig(models={"m": gpt2_art[1]}))

@@ -14,11 +14,18 @@ import pytest
 
 from kiln.artifact.directory import Artifact
 from kiln.artifact.manifest import read_manifest, seal
-from kiln.bench.compare import compare
-from kiln.bench.job import SERVING_FILE, SWEEP_BATCH_SIZES, SWEEP_PAD_MULTIPLES, BenchConfig, BenchJob, sweep_points
+from kiln.benchmarking.compare import compare
+from kiln.benchmarking.job import (
+    SERVING_FILE,
+    SWEEP_BATCH_SIZES,
+    SWEEP_PAD_MULTIPLES,
+    BenchConfig,
+    BenchJob,
+    sweep_points,
+)
 from kiln.choices import ExportFormat
 from kiln.errors import UsageError
-from kiln.export.job import ExportConfig, run_export
+from kiln.exporting.job import ExportConfig, run_export
 from kiln.records.bench import SCHEMA, read_results
 from kiln.runtime.timing import padding_efficiency
 from kiln.system.cpu import cpu_info
@@ -176,7 +183,7 @@ def test_cli_compare_and_bad_input(benched, tmp_path):
 
 
 def test_variants_need_an_artifact(tiny_model, tmp_path):
-    with pytest.raises(UsageError, match="--variants needs an artifact directory"):
+    with pytest.raises(UsageError, match="variants needs an artifact directory"):
         BenchJob(BenchConfig(target=str(tiny_model("bert")), output=tmp_path, variants=("onnx-fp32",))).run()
 
 
@@ -184,8 +191,8 @@ def test_gemm_bound_counts_every_weight_gemm_of_the_graph(benched, tiny_model, t
     """The bound is built from the variant's own GEMMs: every dense layer, in the precision the graph runs it in."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    from kiln.bench.gemm import INT8, onnx_weight_gemms, openvino_weight_gemms
-    from kiln.optimize.openvino_passes import convert
+    from kiln.benchmarking.gemm import INT8, onnx_weight_gemms, openvino_weight_gemms
+    from kiln.optimizing.openvino_passes import convert
 
     art, _, results = benched
     config = json.loads((tiny_model("bert") / "config.json").read_text())
@@ -220,9 +227,9 @@ def test_an_openvino_variant_reaches_its_bound_the_faster_of_one_session_and_a_s
     """kiln.load splits the cores of an OpenVINO variant (one single-thread stream per core), so the bound's figures
     are taken both ways: the variant as 1 x 2 and 2 x 1, each stream on its own batch, and its GEMMs alone timed
     the same two ways; the faster of each counts, and the table says which way the variant reached it."""
-    from kiln.bench.gemm import FP32, INT8, openvino_weight_gemms, time_gemms, time_gemms_bf16
-    from kiln.bench.worker import BenchSettings, Target, _build, _gemm_bound
-    from kiln.optimize.job import OptimizeConfig, OptimizeJob
+    from kiln.benchmarking.gemm import FP32, INT8, openvino_weight_gemms, time_gemms, time_gemms_bf16
+    from kiln.benchmarking.worker import BenchSettings, Target, _build, _gemm_bound
+    from kiln.optimizing.job import OptimizeConfig, OptimizeJob
     from kiln.report.tables import gemm_table
 
     out = tmp_path / "ov"
@@ -247,7 +254,7 @@ def test_an_openvino_variant_reaches_its_bound_the_faster_of_one_session_and_a_s
 def test_a_bf16_variant_is_bounded_by_the_bf16_rate_and_the_best_bound_is_the_faster_precision(benched):
     """An OpenVINO variant with the bf16 hint runs its float GEMMs in bf16: its own bound is the bf16 one (on AMX,
     openvino-bf16 reached 186% of an fp32-rated own bound). The best bound is the faster of int8 and bf16."""
-    from kiln.bench.gemm import BF16, gemm_bound
+    from kiln.benchmarking.gemm import BF16, gemm_bound
     from kiln.report.tables import gemm_table
 
     art, _, results = benched
@@ -276,8 +283,8 @@ def test_a_worker_killed_mid_cell_is_reported_at_once_with_its_signal(tiny_artif
     import signal
     import time
 
-    from kiln.bench.job import BenchConfig, BenchJob
-    from kiln.bench.worker import Target
+    from kiln.benchmarking.job import BenchConfig, BenchJob
+    from kiln.benchmarking.worker import Target
 
     killed: dict[str, float] = {}
 

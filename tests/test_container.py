@@ -22,7 +22,7 @@ import httpx
 import pytest
 import yaml
 
-from kiln.serve import process
+from kiln.serving import process
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCKERFILE = ROOT / "Dockerfile"

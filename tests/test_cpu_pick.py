@@ -13,7 +13,7 @@ from kiln.artifact import cpu_pick, emulation
 from kiln.artifact.directory import Artifact
 from kiln.cli.app import app
 from kiln.errors import UsageError
-from kiln.optimize.job import OptimizeConfig, OptimizeJob
+from kiln.optimizing.job import OptimizeConfig, OptimizeJob
 from kiln.system.cpu import ONEDNN_ISA, cpu_class, cpu_info, emulable_classes
 from kiln.tasks import TaskName
 
@@ -43,7 +43,7 @@ def test_optimize_stores_the_agreement_inputs_and_the_classes_it_could_not_check
 
 
 def test_for_names_its_allowed_classes():
-    with pytest.raises(UsageError, match="--for takes CPU classes of: amx, avx512-vnni"):
+    with pytest.raises(UsageError, match="for_classes takes CPU classes of: amx, avx512-vnni"):
         OptimizeConfig(model=None, task="feature-extraction", output=None, for_classes=("avx3",))
 
 

@@ -67,7 +67,7 @@ def test_layer_choices_and_their_errors():
         with pytest.raises(UsageError, match=message):
             parse_keep_layers(bad, 6)
     for count in (0, 7):
-        with pytest.raises(UsageError, match="--layers must be between 1 and the teacher's depth 6"):
+        with pytest.raises(UsageError, match="layers must be between 1 and the teacher's depth 6"):
             evenly_spaced(6, count)
 
 
@@ -98,7 +98,7 @@ def test_the_student_is_a_model_directory_everyone_loads(distilled, tiny_model, 
 
     import kiln
     from kiln.choices import ExportFormat
-    from kiln.export.job import ExportConfig, run_export
+    from kiln.exporting.job import ExportConfig, run_export
 
     result, _ = distilled
     lineage = json.loads((result.path / LINEAGE_FILE).read_text())
@@ -225,7 +225,7 @@ def test_a_killed_run_resumes_to_the_same_weights(tiny_model, texts, tmp_path):
 def test_optimize_judges_a_student_against_its_teacher(distilled, tiny_model, tmp_path):
     """A student passes the gate against itself, and is rejected when judged against its teacher (--reference)."""
     from kiln.artifact.directory import Artifact
-    from kiln.optimize.job import NothingPassed, OptimizeConfig, OptimizeJob
+    from kiln.optimizing.job import NothingPassed, OptimizeConfig, OptimizeJob
 
     result, _ = distilled
     student, teacher = str(result.path), str(tiny_model("bert"))

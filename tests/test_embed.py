@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 import kiln
+from kiln.bulk.job import EmbedConfig, run_embed
+from kiln.bulk.parts import JOB_FILE, finished_parts, read_output
 from kiln.data.texts import builtin_sentences, joined
-from kiln.embed.job import EmbedConfig, run_embed
-from kiln.embed.parts import JOB_FILE, finished_parts, read_output
 from kiln.errors import UsageError
 from kiln.tasks import TaskName
 from tests.waiting import wait_until

@@ -10,7 +10,7 @@ import kiln
 from kiln.choices import ExportFormat
 from kiln.data.texts import builtin_sentences
 from kiln.errors import UsageError
-from kiln.export.job import ExportConfig, run_export
+from kiln.exporting.job import ExportConfig, run_export
 from kiln.tasks import TaskName
 
 pytestmark = pytest.mark.slow

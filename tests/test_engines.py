@@ -13,7 +13,7 @@ from kiln.data.texts import builtin_sentences
 from kiln.engines import ENGINES, EngineOptions, create_engine
 from kiln.engines.torch_eager import TorchEngine
 from kiln.errors import UsageError
-from kiln.export.job import ExportConfig, run_export
+from kiln.exporting.job import ExportConfig, run_export
 from kiln.source.loading import load_source
 from kiln.source.reference import source_encoder, task_module
 from kiln.tasks import TaskName
@@ -92,9 +92,9 @@ def test_registry_and_bad_options(artifacts):
     assert set(ENGINES) == {"onnxruntime", "torchscript", "torch", "openvino", "static"}
     with pytest.raises(UsageError, match="engine must be one of: onnxruntime, torchscript, torch, openvino, static"):
         create_engine("tensorflow", artifacts[ExportFormat.ONNX])
-    with pytest.raises(UsageError, match="--threads must be between 1 and"):
+    with pytest.raises(UsageError, match="threads must be between 1 and"):
         EngineOptions(intra_op_threads=0)
-    with pytest.raises(UsageError, match="--device must be one of: cpu, cuda, tensorrt"):
+    with pytest.raises(UsageError, match="device must be one of: cpu, cuda, tensorrt"):
         EngineOptions(device="tpu")
 
 
@@ -103,7 +103,7 @@ def test_gpu_provider_missing_is_a_clear_error(artifacts):
 
     if "CUDAExecutionProvider" in onnxruntime.get_available_providers():
         pytest.skip("this machine has CUDA")
-    with pytest.raises(UsageError, match="--device cuda needs CUDAExecutionProvider"):
+    with pytest.raises(UsageError, match="device cuda needs CUDAExecutionProvider"):
         create_engine("onnxruntime", artifacts[ExportFormat.ONNX] / "onnx-fp32" / "model.onnx",
                       EngineOptions(device="cuda"))
 
@@ -119,10 +119,10 @@ def test_each_engine_says_up_front_where_it_cannot_run():
     for engine, runtime in (("openvino", "OpenVINO"), ("static", "static embeddings")):
         with pytest.raises(UsageError, match=f"--device cuda: kiln runs {runtime}.* on the cpu device only"):
             check_device(engine, "cuda")
-    with pytest.raises(UsageError, match="--device tensorrt is an ONNX Runtime provider; TorchScript runs on cpu"):
+    with pytest.raises(UsageError, match="device tensorrt is an ONNX Runtime provider; TorchScript runs on cpu"):
         check_device("torchscript", "tensorrt")
     if not torch.cuda.is_available():
-        with pytest.raises(UsageError, match="--device cuda: this torch .* sees no CUDA GPU"):
+        with pytest.raises(UsageError, match="device cuda: this torch .* sees no CUDA GPU"):
             check_device("torch", "cuda")
 
 
@@ -163,7 +163,7 @@ def test_torchscript_runs_on_the_device_it_was_traced_on(tiny_model, tmp_path):
     the trace's device, which map_location does not move: a CPU trace failed on an H100. kiln traces on the
     device it will run on, records it, and refuses the other one with a clear error."""
     from kiln.engines.torchscript import TorchScriptEngine
-    from kiln.export.torchscript import export_torchscript
+    from kiln.exporting.torchscript import export_torchscript
     from kiln.source.reference import example_inputs
 
     source = load_source(str(tiny_model("bert")), TaskName.FEATURE_EXTRACTION)
@@ -183,7 +183,7 @@ def test_torchscript_runs_on_the_device_it_was_traced_on(tiny_model, tmp_path):
 @pytest.mark.parametrize("fmt", [*ENCODER_FORMATS, "openvino"])
 def test_an_engine_never_writes_into_its_inputs(artifacts, fmt, tmp_path):
     """OpenVINO's zero-copy inputs were seen rewritten in place (issue 10): engines must copy what they change."""
-    from kiln.optimize.openvino_passes import convert
+    from kiln.optimizing.openvino_passes import convert
 
     art = Artifact.open(artifacts[ExportFormat.ONNX if fmt == "openvino" else fmt])
     encoder = art.encoder()
@@ -231,7 +231,7 @@ def test_an_openvino_call_casts_its_inputs_and_a_bad_call_leaves_the_session_usa
     the vocabulary) are refused as ONNX Runtime refuses them; and such a call made past that check does not break
     later calls of the same shape, which OpenVINO's start_async + wait path did (every later call of that shape
     failed)."""
-    from kiln.optimize.openvino_passes import convert
+    from kiln.optimizing.openvino_passes import convert
 
     art = Artifact.open(artifacts[ExportFormat.ONNX])
     convert(art.path / art.variant().path, tmp_path / "model.xml")
@@ -269,7 +269,7 @@ def test_an_openvino_call_casts_its_inputs_and_a_bad_call_leaves_the_session_usa
 def test_openvino_sessions_are_streams_of_one_compiled_model(artifacts, tmp_path):
     """Sessions of an OpenVINO model are infer requests on one model compiled with a stream per session."""
     from kiln.engines import open_sessions
-    from kiln.optimize.openvino_passes import convert
+    from kiln.optimizing.openvino_passes import convert
     from kiln.runtime.predictor import Predictor
     from kiln.tasks import task_handler
 
@@ -300,7 +300,7 @@ def test_kiln_load_splits_the_cores_of_an_openvino_variant_and_runs_a_lone_batch
     import kiln
     import kiln.system.cpu as cpu
     from kiln.artifact.directory import SPLIT_CORES_BATCH, split_cores_plan
-    from kiln.optimize.job import OptimizeConfig, OptimizeJob
+    from kiln.optimizing.job import OptimizeConfig, OptimizeJob
 
     out = tmp_path / "ov"
     OptimizeJob(OptimizeConfig(model=str(tiny_model("bert")), task=TaskName.FEATURE_EXTRACTION, output=out,
@@ -344,7 +344,7 @@ def test_kiln_load_splits_the_cores_of_an_openvino_variant_and_runs_a_lone_batch
 def test_one_predictor_answers_8_threads_at_once_as_it_answers_one(artifacts, fmt, tmp_path):
     """A predictor shared by 8 user threads (a web app's workers) gives each call its sequential answer. OpenVINO's
     single infer request used to be shared by all of them (it refuses or mixes concurrent calls)."""
-    from kiln.optimize.openvino_passes import convert
+    from kiln.optimizing.openvino_passes import convert
     from kiln.runtime.predictor import Predictor
     from kiln.tasks import task_handler
     from tests.waiting import concurrently

@@ -12,7 +12,7 @@ import transformers
 from kiln.artifact.directory import Artifact
 from kiln.choices import ExportFormat, ExternalData
 from kiln.errors import ParityError
-from kiln.export.job import ExportConfig, run_export
+from kiln.exporting.job import ExportConfig, run_export
 from kiln.records.parity import ParityTolerance
 from kiln.tasks import TaskName, task_spec
 from kiln.tasks.generative import GenerativeTask
@@ -134,8 +134,8 @@ def test_a_model_over_protobufs_2gb_limit_exports_with_external_data(tmp_path, m
     import onnxruntime as ort
     import torch
 
-    from kiln.export import onnx as kiln_onnx
-    from kiln.export.onnx import PROTOBUF_LIMIT, export_onnx
+    from kiln.exporting import onnx as kiln_onnx
+    from kiln.exporting.onnx import PROTOBUF_LIMIT, export_onnx
     from kiln.model.module import TaskModule
 
     config = transformers.BertConfig(vocab_size=30_522, hidden_size=1024, num_hidden_layers=2,

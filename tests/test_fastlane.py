@@ -1,11 +1,11 @@
-"""The inference routes' fast lane (kiln.serve.fastlane) answers exactly as FastAPI does, and takes valid bodies."""
+"""The inference routes' fast lane (kiln.serving.fastlane) answers exactly as FastAPI does, and takes valid bodies."""
 
 from __future__ import annotations
 
 import orjson
 from fastapi.testclient import TestClient
 
-from kiln.serve.app import ServeConfig, create_app
+from kiln.serving.app import ServeConfig, create_app
 from kiln.tasks import TaskName
 
 JSON = "application/json"

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from kiln.optimize.job import OptimizeConfig, OptimizeJob
+from kiln.optimizing.job import OptimizeConfig, OptimizeJob
 from kiln.source.loading import load_source
 from kiln.source.reference import reference_predictor
 from kiln.tasks import TaskName, task_spec

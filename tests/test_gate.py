@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from kiln.errors import UsageError
-from kiln.optimize.sensitivity import RankedLayer, SearchResult, exclusion_search, paying_limit
+from kiln.optimizing.sensitivity import RankedLayer, SearchResult, exclusion_search, paying_limit
 from kiln.records.figures import Agreement
 from kiln.tasks import TaskName, task_spec
 from kiln.validation.gate import judge, tolerance_for
@@ -32,7 +32,7 @@ def test_task_metric_drop():
 
 def test_tolerance_validation():
     assert tolerance_for(TaskName.QUESTION_ANSWERING, None) == task_spec("question-answering").default_tolerance == 0.02
-    with pytest.raises(UsageError, match=r"--tolerance must be between 0 and 1 \(got 3\)"):
+    with pytest.raises(UsageError, match=r"tolerance must be between 0 and 1 \(got 3\)"):
         tolerance_for(TaskName.FEATURE_EXTRACTION, 3)
 
 

@@ -24,7 +24,7 @@ from kiln.decoder.sampling import Sampling, next_token
 from kiln.decoder.steps import ArraySteps, BoundSteps, BufferSteps, SharedSteps, cut, empty_past, stepper
 from kiln.decoder.stopping import Detokenizer, Stops
 from kiln.errors import UnsupportedModelError, UsageError
-from kiln.export.job import ExportConfig, run_export
+from kiln.exporting.job import ExportConfig, run_export
 from kiln.records.figures import EvalSet
 from kiln.source.loading import load_source
 from kiln.source.reference import reference_predictor
@@ -50,8 +50,8 @@ def decoder_artifacts(tiny_model, tmp_path_factory) -> dict[str, object]:
 
 @pytest.fixture(scope="module")
 def fused_paths(tiny_model, tmp_path_factory) -> dict[str, object]:
-    """Each decoder's fused step graph (kiln.export.fused_decoder): its file."""
-    from kiln.export.fused_decoder import build_fused_decoder
+    """Each decoder's fused step graph (kiln.exporting.fused_decoder): its file."""
+    from kiln.exporting.fused_decoder import build_fused_decoder
 
     out = {}
     for arch in DECODERS:
@@ -76,7 +76,7 @@ def test_int8_keeps_exactly_the_fused_layers_it_is_told_to(fused_paths, tmp_path
     one MatMul keeps one (the graph's nodes were once all unnamed, and keeping one kept them all)."""
     import onnx
 
-    from kiln.optimize.onnx_passes import quantize_dynamic_int8
+    from kiln.optimizing.onnx_passes import quantize_dynamic_int8
     from kiln.system.cpu import cpu_info, int8_scheme
 
     graph = onnx.load(str(fused_paths["gpt2"]), load_external_data=False).graph
@@ -494,7 +494,7 @@ def test_gpt2_classifies_and_embeds(task, tiny_model, tmp_path):
 @pytest.fixture(scope="module")
 def optimized_gpt2(tiny_model, tmp_path_factory):
     """``kiln optimize`` of the tiny GPT-2 with fp32 and int8, and fp32 on OpenVINO: (summary, artifact directory)."""
-    from kiln.optimize.job import OptimizeConfig, OptimizeJob
+    from kiln.optimizing.job import OptimizeConfig, OptimizeJob
 
     out = tmp_path_factory.mktemp("gpt2-optimized") / "opt"
     said: list[str] = []
@@ -512,7 +512,7 @@ def optimized_gpt2(tiny_model, tmp_path_factory):
 
 
 def test_optimize_builds_validates_and_picks_a_decoder_variant(optimized_gpt2, tiny_model, tmp_path):
-    from kiln.optimize.job import OptimizeConfig
+    from kiln.optimizing.job import OptimizeConfig
 
     summary, artifact = optimized_gpt2
     outcomes = {o.name: o for o in summary.outcomes}
@@ -552,7 +552,7 @@ def test_optimize_builds_validates_and_picks_a_decoder_variant(optimized_gpt2, t
     assert summary.best in outcomes and summary.reference_timing.ms_per_sequence > 0
     best = kiln.load(artifact)
     assert best.generate("The quick", max_new_tokens=4).finish_reason in ("length", "stop")
-    with pytest.raises(UsageError, match="--variants must be from: onnx-fp32, onnx-fused, onnx-int8-dynamic"):
+    with pytest.raises(UsageError, match="variants must be from: onnx-fp32, onnx-fused, onnx-int8-dynamic"):
         OptimizeConfig(model=None, task="text-generation", output=tmp_path / "x", variants=("torchscript",))
 
 
@@ -561,7 +561,7 @@ def test_a_decoders_defaults_put_the_fused_graph_in_place_of_the_export(tiny_mod
     fused graph can be written it stays, and onnx-fused is skipped with the reason."""
     from types import SimpleNamespace
 
-    from kiln.optimize.variants import VARIANTS
+    from kiln.optimizing.variants import VARIANTS
 
     config = transformers.AutoConfig.from_pretrained(tiny_model("gpt2", TaskName.TEXT_GENERATION))
 
@@ -613,8 +613,8 @@ def test_openai_client_streams_completions_from_a_real_server(decoder_artifacts)
 def test_continuous_batching_and_a_vanished_client_frees_its_slot(decoder_artifacts):
     """In a real uvicorn server: 6 concurrent streams share decoding steps (more than one sequence per step), and a
     client that hangs up mid-stream leaves the batch before the next step."""
-    from kiln.serve import process
-    from kiln.serve.app import ServeConfig, create_app
+    from kiln.serving import process
+    from kiln.serving.app import ServeConfig, create_app
 
     app = create_app(ServeConfig(models={"m": decoder_artifacts["gpt2"]}))
     with process.serve_in_thread(app) as base:
@@ -654,7 +654,7 @@ def test_continuous_batching_and_a_vanished_client_frees_its_slot(decoder_artifa
 def test_generation_routes_are_exact_in_the_schema(decoder_artifacts):
     from fastapi.testclient import TestClient
 
-    from kiln.serve.app import ServeConfig, create_app
+    from kiln.serving.app import ServeConfig, create_app
 
     with TestClient(create_app(ServeConfig(models={"m": decoder_artifacts["gpt2"]}))) as client:
         schema = client.get("/openapi.json").json()
@@ -688,7 +688,7 @@ def test_bench_times_first_token_and_per_token_latency_in_the_report(optimized_g
 
     from typer.testing import CliRunner
 
-    from kiln.bench.compare import compare
+    from kiln.benchmarking.compare import compare
     from kiln.cli.app import app
     from kiln.records.bench import read_results
 
@@ -730,7 +730,7 @@ def test_a_dead_decode_loop_fails_its_streams_and_turns_ready_off(decoder_artifa
     gets a 500, /ready turns 503, the death is counted; nothing hangs."""
     from fastapi.testclient import TestClient
 
-    from kiln.serve.app import ServeConfig, create_app
+    from kiln.serving.app import ServeConfig, create_app
 
     app = create_app(ServeConfig(models={"m": decoder_artifacts["gpt2"]}))
     with TestClient(app) as c:

@@ -44,7 +44,7 @@ def _planted(tmp_path: Path, module: str, line: str) -> Path:
 
 @pytest.mark.parametrize(("module", "line", "broken"), [
     # a leaf reaching up to the server: a layer violation (and a cycle through serve's imports of errors)
-    ("errors.py", "def _up():\n    import kiln.serve.app  # noqa: F401", "kiln's packages form layers BROKEN"),
+    ("errors.py", "def _up():\n    import kiln.serving.app  # noqa: F401", "kiln's packages form layers BROKEN"),
     # two modules of one package importing each other: a cycle inside a layer
     ("tasks/http.py", "import kiln.tasks.tei  # noqa: F401",
      "no import cycles between sibling packages or modules BROKEN"),

@@ -70,7 +70,7 @@ def test_page_out_drops_a_read_only_mapping_and_keeps_its_bytes(tmp_path):
 
 def test_openvino_engine_hands_back_its_mapped_weights_after_the_first_call(tiny_artifact, tmp_path):
     from kiln.engines.openvino import OpenVinoEngine
-    from kiln.optimize.openvino_passes import convert
+    from kiln.optimizing.openvino_passes import convert
 
     ir = tmp_path / "ir" / "model.xml"
     convert(tiny_artifact / "onnx-fp32" / "model.onnx", ir)

@@ -15,7 +15,7 @@ from fastapi.testclient import TestClient
 import kiln
 from kiln.errors import UsageError
 from kiln.runtime.precision import Precision, quantize, ranges_of
-from kiln.serve.app import ServeConfig, create_app
+from kiln.serving.app import ServeConfig, create_app
 from kiln.tasks import TaskName
 from kiln.tasks.multi_vector import maxsim
 
@@ -77,7 +77,7 @@ def test_kiln_reads_colbert_ai_checkpoints_and_encodes_like_colbert_ai(tmp_path_
     markers): kiln's PyTorch reference and its exported ONNX graph against colbert-ai 0.2.22's Checkpoint
     (queryFromText, docFromText, colbert_score) on the same checkpoint, in colbert-ai's own venv."""
     from kiln.choices import ExportFormat
-    from kiln.export.job import ExportConfig, run_export
+    from kiln.exporting.job import ExportConfig, run_export
     from kiln.source.loading import load_source
     from kiln.source.reference import reference_predictor
     from kiln.testing.factory import build_tiny_colbert_ai

@@ -16,9 +16,9 @@ import pytest
 from kiln.artifact.directory import Artifact
 from kiln.data.texts import builtin_sentences
 from kiln.errors import UsageError
-from kiln.optimize.job import NothingPassed, OptimizeConfig, OptimizeJob
-from kiln.optimize.outcome import RunSummary, read_results
-from kiln.optimize.variants import VARIANTS, default_variants
+from kiln.optimizing.job import NothingPassed, OptimizeConfig, OptimizeJob
+from kiln.optimizing.outcome import RunSummary, read_results
+from kiln.optimizing.variants import VARIANTS, default_variants
 from kiln.records import to_jsonable
 from kiln.source.loading import load_source
 from kiln.source.reference import reference_predictor
@@ -199,11 +199,11 @@ def test_other_tasks_use_their_agreement_figure(tiny_model, tmp_path, task):
 
 
 def test_config_errors_name_the_flag():
-    with pytest.raises(UsageError, match=r"--variants must be from: onnx-fp32, .* \(got onnx-int4\)"):
+    with pytest.raises(UsageError, match=r"variants must be from: onnx-fp32, .* \(got onnx-int4\)"):
         OptimizeConfig(model=None, task=TaskName.FEATURE_EXTRACTION, output=None, variants=("onnx-int4",))
-    with pytest.raises(UsageError, match=r"--target must be one of: cpu, cuda \(got 'tpu'\)"):
+    with pytest.raises(UsageError, match=r"target must be one of: cpu, cuda \(got 'tpu'\)"):
         OptimizeConfig(model=None, task=TaskName.FEATURE_EXTRACTION, output=None, target="tpu")
-    with pytest.raises(UsageError, match=r"--calibration-method must be one of: minmax, entropy, percentile"):
+    with pytest.raises(UsageError, match=r"calibration_method must be one of: minmax, entropy, percentile"):
         OptimizeConfig(model=None, task=TaskName.FEATURE_EXTRACTION, output=None, calibration_method="mse")
 
 
@@ -248,7 +248,7 @@ def test_optimize_help_documents_defaults():
 
 
 def test_a_variant_whose_retry_raises_is_reported_failed_and_the_run_goes_on(tiny_model, tmp_path, monkeypatch):
-    from kiln.optimize import variants
+    from kiln.optimizing import variants
 
     def flaky(ctx, excluded=(), **params):
         if params:
@@ -308,8 +308,8 @@ def _optimize_with_engine(engine_class, tiny_model, tmp_path, monkeypatch) -> Ru
     """kiln optimize on the tiny BERT with a variant "under-test" (the fp32 graph run by ``engine_class``) beside
     onnx-fp32."""
     from kiln import engines
-    from kiln.optimize import variants
-    from kiln.optimize.context import BuiltVariant
+    from kiln.optimizing import variants
+    from kiln.optimizing.context import BuiltVariant
 
     def under_test(ctx, excluded=(), **params):
         fp32 = variants._fp32(ctx)
@@ -370,8 +370,8 @@ def test_serve_deterministic_serves_only_a_batch_invariant_variant(optimized, tm
     from fastapi.testclient import TestClient
 
     from kiln.artifact.manifest import MANIFEST_NAME
-    from kiln.serve.app import ServeConfig, create_app
-    from kiln.serve.inference import served_variant
+    from kiln.serving.app import ServeConfig, create_app
+    from kiln.serving.inference import served_variant
 
     out, summary = optimized
     art = Artifact.open(out)

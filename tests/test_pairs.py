@@ -47,8 +47,8 @@ def test_an_over_long_pair_loses_tokens_from_its_longer_text_first(tiny_model):
 
 def test_exported_pairs_match_pytorch_and_serve_over_http(tiny_model, tmp_path):
     from kiln.choices import ExportFormat
-    from kiln.export.job import ExportConfig, run_export
-    from kiln.serve.app import ServeConfig, create_app
+    from kiln.exporting.job import ExportConfig, run_export
+    from kiln.serving.app import ServeConfig, create_app
 
     model_dir = tiny_model("bert", CLS)
     result = run_export(ExportConfig(model=str(model_dir), task=CLS, format=ExportFormat.ONNX, output=tmp_path / "a"))
@@ -66,7 +66,7 @@ def test_exported_pairs_match_pytorch_and_serve_over_http(tiny_model, tmp_path):
 
 
 def test_optimize_a_pair_model_on_an_mrpc_style_file(tiny_model, tmp_path):
-    from kiln.optimize.job import OptimizeConfig, OptimizeJob
+    from kiln.optimizing.job import OptimizeConfig, OptimizeJob
 
     model_dir = tiny_model("bert", CLS)
     pairs = builtin_pairs(24, seed=11)

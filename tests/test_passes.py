@@ -6,8 +6,8 @@ import pytest
 
 from kiln.artifact.directory import Artifact
 from kiln.data.texts import builtin_sentences
-from kiln.optimize.openvino_passes import convert, fake_quantized_inputs, quantize_int8, rank_ir_layers
-from kiln.optimize.sensitivity import Int8Mode
+from kiln.optimizing.openvino_passes import convert, fake_quantized_inputs, quantize_int8, rank_ir_layers
+from kiln.optimizing.sensitivity import Int8Mode
 
 
 def test_openvino_int8_excludes_layers_by_their_ir_names(tiny_artifact, tmp_path):
@@ -32,7 +32,7 @@ def test_onnx_static_int8_calibrates_on_batches_of_different_lengths(tiny_artifa
     """ORT's histogram calibrators stacked every batch into one array and failed on mixed lengths (issue 10)."""
     import onnx
 
-    from kiln.optimize.onnx_passes import quantize_static_int8
+    from kiln.optimizing.onnx_passes import quantize_static_int8
     from kiln.system.cpu import cpu_info, int8_scheme
 
     art = Artifact.open(tiny_artifact)
@@ -50,7 +50,7 @@ def test_onnx_static_int8_calibrates_on_batches_of_different_lengths(tiny_artifa
 def gpt2_export(tiny_model, tmp_path_factory):
     """The tiny GPT-2's exported step graph (its Conv1D layers are Gemm nodes)."""
     from kiln.choices import ExportFormat
-    from kiln.export.job import ExportConfig, run_export
+    from kiln.exporting.job import ExportConfig, run_export
     from kiln.tasks import TaskName
 
     art = tmp_path_factory.mktemp("passes-gpt2") / "art"
@@ -63,7 +63,7 @@ def test_onnx_ranking_counts_gemm_layers_as_the_quantizer_does(gpt2_export):
     """GPT-2's Conv1D layers export as Gemm: ranking MatMuls alone left only the head, so the search never ran."""
     import onnx
 
-    from kiln.optimize.sensitivity import rank_layers
+    from kiln.optimizing.sensitivity import rank_layers
     from kiln.tasks import task_handler
 
     art = gpt2_export
@@ -82,7 +82,7 @@ def test_weight_only_ranking_ignores_activation_outliers():
     under weight-only int8 than a layer without: each scheme ranks the error its variant makes."""
     import numpy as np
 
-    from kiln.optimize.sensitivity import Captured, rank_by_int8_error
+    from kiln.optimizing.sensitivity import Captured, rank_by_int8_error
 
     rng = np.random.default_rng(0)
     w = rng.normal(0, 0.02, (64, 32)).astype(np.float32)
@@ -102,7 +102,7 @@ def test_dynamic_int8_keeps_excluded_gemm_layers_in_fp32(gpt2_export, tmp_path):
     """ORT renames a Gemm to "<name>_MatMul" before it matches exclusions: kiln's Gemm names must still hold."""
     import onnx
 
-    from kiln.optimize.onnx_passes import quantize_dynamic_int8
+    from kiln.optimizing.onnx_passes import quantize_dynamic_int8
     from kiln.system.cpu import cpu_info, int8_scheme
 
     graph = gpt2_export / "onnx-fp32" / "model.onnx"
@@ -124,8 +124,8 @@ def test_lean_dynamic_int8_writes_exactly_what_onnx_runtime_writes(tiny_artifact
     import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    from kiln.optimize import ort_dynamic
-    from kiln.optimize.onnx_passes import quantize_dynamic_int8
+    from kiln.optimizing import ort_dynamic
+    from kiln.optimizing.onnx_passes import quantize_dynamic_int8
     from kiln.system.cpu import cpu_info, int8_scheme
 
     src = (tiny_artifact if graph == "bert" else gpt2_export) / "onnx-fp32" / "model.onnx"

@@ -9,7 +9,7 @@ import pytest
 
 import kiln
 from kiln.data.texts import builtin_pairs
-from kiln.serve import process
+from kiln.serving import process
 from kiln.tasks import TaskName, TextPair
 
 pytestmark = pytest.mark.browser
@@ -22,7 +22,7 @@ def test_two_models_answer_a_pair_side_by_side(task_artifacts, tmp_path):
     from playwright.sync_api import sync_playwright
 
     from kiln.choices import ExportFormat
-    from kiln.export.job import ExportConfig, run_export
+    from kiln.exporting.job import ExportConfig, run_export
 
     onnx = task_artifacts[TaskName.TEXT_CLASSIFICATION]
     model_dir = kiln.Artifact.open(onnx).manifest.source.path

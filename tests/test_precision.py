@@ -13,8 +13,8 @@ import pytest
 import kiln
 from kiln.data.texts import builtin_sentences
 from kiln.runtime.precision import CALIBRATION_FILE, Precision, quantize, ranges_of
-from kiln.serve import process
-from kiln.serve.app import ServeConfig, create_app
+from kiln.serving import process
+from kiln.serving.app import ServeConfig, create_app
 from kiln.tasks import TaskName
 
 TEXTS = list(builtin_sentences()[:12])
@@ -24,7 +24,7 @@ PRECISIONS = ["int8", "uint8", "binary", "ubinary"]
 @pytest.fixture(scope="module")
 def optimized(tiny_model, tmp_path_factory):
     """A tiny embedding model through kiln optimize (onnx-fp32 only): the artifact stores its output calibration."""
-    from kiln.optimize.job import OptimizeConfig, OptimizeJob
+    from kiln.optimizing.job import OptimizeConfig, OptimizeJob
 
     out = tmp_path_factory.mktemp("precision") / "opt"
     OptimizeJob(OptimizeConfig(model=str(tiny_model("bert")), task=TaskName.FEATURE_EXTRACTION, output=out,
@@ -140,7 +140,7 @@ def test_optimize_measures_what_each_stored_size_and_precision_costs(tiny_model,
     by kiln serve and encode(), the accepted ones served."""
     from kiln.artifact.directory import Artifact
     from kiln.errors import UsageError
-    from kiln.optimize.job import OptimizeConfig, OptimizeJob
+    from kiln.optimizing.job import OptimizeConfig, OptimizeJob
 
     out = tmp_path / "opt"
     OptimizeJob(OptimizeConfig(model=str(tiny_model("bert")), task=TaskName.FEATURE_EXTRACTION, output=out,
@@ -180,7 +180,7 @@ def test_eval_judgements_give_each_stored_size_and_precision_an_ndcg(tiny_model,
     import json
 
     from kiln.artifact.directory import Artifact
-    from kiln.optimize.job import OptimizeConfig, OptimizeJob
+    from kiln.optimizing.job import OptimizeConfig, OptimizeJob
     from kiln.scoring import ndcg_at_k
 
     sentences = list(builtin_sentences()[:60])

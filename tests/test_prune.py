@@ -148,7 +148,7 @@ def test_fast_variants_of_a_pruned_model_stay_exact(pruned, tmp_path):
     """Layers with different head counts: ORT's attention fusion (one head count for all) is left out, the
     other fusions run, and the fused graph still reproduces the pruned model."""
     from kiln.artifact.directory import Artifact
-    from kiln.optimize.job import OptimizeConfig, OptimizeJob
+    from kiln.optimizing.job import OptimizeConfig, OptimizeJob
 
     result, _ = pruned
     summary = OptimizeJob(OptimizeConfig(model=str(result.path), task=TaskName.FEATURE_EXTRACTION,
@@ -160,9 +160,9 @@ def test_fast_variants_of_a_pruned_model_stay_exact(pruned, tmp_path):
 
 
 def test_bad_settings_are_one_clear_error():
-    for kwargs, message in (({"heads": 1.0}, "--heads is the share to remove"), ({}, "nothing to prune"),
-                            ({"ffn": 0.5, "scope": "model"}, "--scope must be one of: global, layer"),
-                            ({"ffn": -0.1}, "--ffn is the share")):
+    for kwargs, message in (({"heads": 1.0}, "heads is the share to remove"), ({}, "nothing to prune"),
+                            ({"ffn": 0.5, "scope": "model"}, "scope must be one of: global, layer"),
+                            ({"ffn": -0.1}, "ffn is the share")):
         with pytest.raises(UsageError, match=message):
             PruneSettings(**kwargs)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from kiln.errors import ArtifactError
-from kiln.optimize.outcome import Outcome
+from kiln.optimizing.outcome import Outcome
 from kiln.records import read_record, write_json
 from kiln.records.artifact import Round, Sensitivity, Status, VariantRecord
 from kiln.records.figures import Agreement, BucketFigure

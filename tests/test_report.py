@@ -29,7 +29,7 @@ def test_page_is_self_contained(benched):  # noqa: F811
 
 
 def test_optimize_writes_the_report_with_the_summary_table(tiny_model, tmp_path):
-    from kiln.optimize.job import OptimizeConfig, OptimizeJob
+    from kiln.optimizing.job import OptimizeConfig, OptimizeJob
     from kiln.tasks import TaskName
 
     OptimizeJob(OptimizeConfig(model=str(tiny_model("bert")), task=TaskName.FEATURE_EXTRACTION, output=tmp_path / "o",

@@ -14,10 +14,10 @@ import kiln
 from kiln.artifact.directory import Artifact
 from kiln.data.texts import builtin_sentences
 from kiln.errors import UsageError
-from kiln.optimize.job import OptimizeConfig, OptimizeJob
+from kiln.optimizing.job import OptimizeConfig, OptimizeJob
 from kiln.scoring import kendall_tau, ndcg_at_k, reciprocal_rank
-from kiln.serve.app import ServeConfig, create_app
-from kiln.serve.batcher import BatchLimits
+from kiln.serving.app import ServeConfig, create_app
+from kiln.serving.batcher import BatchLimits
 from kiln.tasks import TaskName
 from kiln.tasks.rerank import Rerank
 
@@ -37,10 +37,10 @@ def test_matryoshka_sizes_are_validated_gated_and_recorded(tiny_model, tmp_path)
 
 
 def test_matryoshka_sizes_larger_than_the_model_or_on_other_tasks_are_refused(tiny_model, tmp_path):
-    with pytest.raises(UsageError, match=r"--matryoshka-dims must be at most the embedding size 32 .* \(got 64\)"):
+    with pytest.raises(UsageError, match=r"matryoshka_dims must be at most the embedding size 32 .* \(got 64\)"):
         OptimizeJob(OptimizeConfig(model=str(tiny_model("bert")), task=TaskName.FEATURE_EXTRACTION,
                                    output=tmp_path / "o", variants=("onnx-fp32",), matryoshka_dims=(64,))).run()
-    with pytest.raises(UsageError, match="--matryoshka-dims applies to embedding tasks"):
+    with pytest.raises(UsageError, match="matryoshka_dims applies to embedding tasks"):
         OptimizeConfig(model=None, task=TaskName.TEXT_CLASSIFICATION, output=tmp_path, matryoshka_dims=(8,))
 
 

@@ -14,8 +14,8 @@ from fastapi.testclient import TestClient
 
 from kiln.artifact.directory import Artifact
 from kiln.data.texts import builtin_sentences
-from kiln.serve.app import ServeConfig, create_app
-from kiln.serve.batcher import BatchLimits
+from kiln.serving.app import ServeConfig, create_app
+from kiln.serving.batcher import BatchLimits
 from kiln.tasks import TaskName
 
 
@@ -160,7 +160,7 @@ def test_a_failed_batch_fails_every_request_in_it_cleanly(artifacts):
 def test_sessions_and_threads_come_from_the_serving_default(artifacts, tmp_path):
     import shutil
 
-    from kiln.bench.job import write_serving_default
+    from kiln.benchmarking.job import write_serving_default
     from kiln.records.bench import ServingRecord
 
     path = tmp_path / "art"
@@ -187,7 +187,7 @@ def test_without_a_serving_default_a_server_runs_one_single_thread_session_per_c
     from dataclasses import replace
 
     import kiln.system.cpu as cpu
-    from kiln.serve.inference import server_sessions
+    from kiln.serving.inference import server_sessions
 
     art = Artifact.open(artifacts[TaskName.FEATURE_EXTRACTION])
     variant = art.variant_name()
@@ -250,7 +250,7 @@ def test_a_device_the_served_engine_cannot_use_is_refused_before_the_server_star
 
 @pytest.fixture(scope="module")
 def openvino_artifact(tiny_model, tmp_path_factory):
-    from kiln.optimize.job import OptimizeConfig, OptimizeJob
+    from kiln.optimizing.job import OptimizeConfig, OptimizeJob
 
     out = tmp_path_factory.mktemp("ov") / "out"
     OptimizeJob(OptimizeConfig(model=str(tiny_model("bert")), task=TaskName.FEATURE_EXTRACTION, output=out,
@@ -262,7 +262,7 @@ def openvino_artifact(tiny_model, tmp_path_factory):
 def test_serving_onnx_or_openvino_does_not_import_torch(artifacts, openvino_artifact, engine):
     path = artifacts[TaskName.FEATURE_EXTRACTION] if engine == "onnxruntime" else openvino_artifact
     code = (
-        "import sys\nfrom fastapi.testclient import TestClient\nfrom kiln.serve.app import ServeConfig, create_app\n"
+        "import sys\nfrom fastapi.testclient import TestClient\nfrom kiln.serving.app import ServeConfig, create_app\n"
         f"app = create_app(ServeConfig(models={{'m': r'{path}'}}))\n"
         "with TestClient(app) as c:\n    assert c.post('/embed', json={'inputs': 'hi'}).status_code == 200\n"
         "    engine = c.get('/info').json()['models'][0]['engine']\n"

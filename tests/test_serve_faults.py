@@ -12,9 +12,9 @@ import pytest
 from fastapi.testclient import TestClient
 
 from kiln import log as kiln_log
-from kiln.serve import batcher as batcher_module
-from kiln.serve.app import ServeConfig, create_app
-from kiln.serve.batcher import BatchLimits
+from kiln.serving import batcher as batcher_module
+from kiln.serving.app import ServeConfig, create_app
+from kiln.serving.batcher import BatchLimits
 from tests.waiting import concurrently, wait_until
 
 
@@ -185,7 +185,7 @@ def test_json_logs_carry_the_request_id_and_uvicorn_access_lines_share_the_forma
         kiln_log.request_id.reset(token)
         logging.getLogger("uvicorn.access").info('%s - "%s %s HTTP/%s" %d', "127.0.0.1:5", "POST", "/embed", "1.1",
                                                  200)
-        with pytest.raises(Exception, match="--log-format must be one of: text, json"):
+        with pytest.raises(Exception, match="log_format must be one of: text, json"):
             kiln_log.configure("yaml")
     finally:
         for name, (handlers, propagate, level) in saved.items():

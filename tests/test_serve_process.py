@@ -14,7 +14,7 @@ import pytest
 
 from kiln.artifact.directory import Artifact
 from kiln.data.texts import builtin_sentences
-from kiln.serve import process
+from kiln.serving import process
 from tests.waiting import sigterm_under_load, wait_until
 
 
@@ -85,8 +85,8 @@ def test_serve_cli_errors(tmp_path):
 
 def test_a_request_whose_client_went_away_costs_no_compute(tiny_artifact):
     """A real uvicorn server (in a thread, so the engine can be gated): the vanished client's input never runs."""
-    from kiln.serve.app import ServeConfig, create_app
-    from kiln.serve.batcher import BatchLimits
+    from kiln.serving.app import ServeConfig, create_app
+    from kiln.serving.batcher import BatchLimits
 
     # One session, gated below: the second request must wait behind the first, not run on a second session.
     app = create_app(ServeConfig(models={"m": tiny_artifact}, limits=BatchLimits(max_delay_s=0.001), sessions=1))
@@ -149,7 +149,7 @@ def test_a_server_process_settles_its_heap_and_still_collects_cycles():
     # In a process of its own: settle_heap changes the whole interpreter's collector.
     script = """
 import gc, weakref
-from kiln.serve.heap import YOUNG_THRESHOLD, settle_heap
+from kiln.serving.heap import YOUNG_THRESHOLD, settle_heap
 loaded = [[i] for i in range(50_000)]  # what a loaded server holds
 settle_heap()
 assert gc.get_freeze_count() >= 50_000, gc.get_freeze_count()

@@ -16,8 +16,8 @@ import pytest
 
 import kiln
 from kiln.data.texts import builtin_sentences, joined
-from kiln.serve import process
-from kiln.serve.app import ServeConfig, create_app
+from kiln.serving import process
+from kiln.serving.app import ServeConfig, create_app
 from kiln.tasks import TaskName
 
 TEXTS = [builtin_sentences()[3], "Anna Schmidt works for Acme Corporation in Berlin.", joined(5, 6)]

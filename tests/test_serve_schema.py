@@ -13,8 +13,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from kiln.artifact.directory import Artifact
-from kiln.serve import process
-from kiln.serve.app import ServeConfig, create_app
+from kiln.serving import process
+from kiln.serving.app import ServeConfig, create_app
 from kiln.tasks import TaskName
 
 # 413 is this API's documented answer for too many inputs (maxItems) and over-long inputs. "chunking" on /embed and

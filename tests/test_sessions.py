@@ -1,4 +1,4 @@
-"""kiln.serve.sessions: batches reach the engine sessions on the sessions' own threads."""
+"""kiln.serving.sessions: batches reach the engine sessions on the sessions' own threads."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from kiln.serve.sessions import Job, Sessions
+from kiln.serving.sessions import Job, Sessions
 
 
 def job(work) -> Job:
@@ -81,7 +81,7 @@ def test_the_lowest_idle_session_runs_first_and_a_solo_job_needs_every_session_i
 
 
 def test_small_jobs_queued_together_share_one_pool_turn_and_fail_alone():
-    from kiln.serve.coalesce import CoalescingPool
+    from kiln.serving.coalesce import CoalescingPool
 
     class Counting(CoalescingPool):
         turns = 0
@@ -112,7 +112,7 @@ def test_small_jobs_queued_together_share_one_pool_turn_and_fail_alone():
 
 
 def test_jobs_queued_for_a_turn_of_a_pool_shut_down_meanwhile_fail_instead_of_hanging():
-    from kiln.serve.coalesce import CoalescingPool
+    from kiln.serving.coalesce import CoalescingPool
 
     async def scenario():
         pool = CoalescingPool(max_workers=1)

@@ -17,10 +17,10 @@ from kiln.artifact.plan import ServingPlan
 from kiln.data.texts import builtin_sentences
 from kiln.engines import EngineOptions
 from kiln.errors import UsageError
-from kiln.optimize.job import OptimizeConfig, OptimizeJob
+from kiln.optimizing.job import OptimizeConfig, OptimizeJob
 from kiln.scoring import cosine
-from kiln.serve.app import ServeConfig, create_app
-from kiln.serve.shadow import ShadowConfig
+from kiln.serving.app import ServeConfig, create_app
+from kiln.serving.shadow import ShadowConfig
 from kiln.tasks import TaskName
 from tests.waiting import wait_until
 
@@ -82,9 +82,9 @@ def test_below_the_gate_is_logged_and_unready_until_it_recovers(int8_artifact, c
 
 
 def test_sampled_inputs_are_bounded_and_bad_flags_refused(int8_artifact, tiny_model, tmp_path):
-    with pytest.raises(UsageError, match=r"--shadow-rate must be in \(0, 1\] \(got 0\)"):
+    with pytest.raises(UsageError, match=r"shadow_rate must be in \(0, 1\] \(got 0\)"):
         ShadowConfig(rate=0)
-    with pytest.raises(UsageError, match=r"--shadow-max-share must be in \(0, 1\]"):
+    with pytest.raises(UsageError, match=r"shadow_max_share must be in \(0, 1\]"):
         ShadowConfig(rate=0.5, max_share=2)
     app = create_app(ServeConfig(models={"m": int8_artifact / "best"},
                                  shadow=ShadowConfig(rate=1.0, max_share=1.0, queue=4)))

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from kiln.artifact.directory import Artifact
-from kiln.serve import process
+from kiln.serving import process
 
 SLIM = Path(__file__).resolve().parents[1] / ".venv-slim" / "bin"
 pytestmark = pytest.mark.skipif(not (SLIM / "kiln").is_file(), reason="no serving-only venv (run `make slim`)")

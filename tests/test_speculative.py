@@ -15,7 +15,7 @@ from kiln.compress.distill import distill
 from kiln.data.docstrings import docstring_sentences
 from kiln.decoder.speculative import Speculation, speculative_greedy
 from kiln.errors import UsageError
-from kiln.export.job import ExportConfig, run_export
+from kiln.exporting.job import ExportConfig, run_export
 from kiln.runtime.tokenization import TextEncoder
 from kiln.tasks import TaskName
 from kiln.testing.factory import build_tiny_model
@@ -87,12 +87,12 @@ def test_output_is_the_targets_greedy_decoding(models, draft, draft_tokens):
 
 
 def test_fused_graphs_speculate_with_their_caches_cut_in_place(models, tmp_path):
-    """Target and draft as fused step graphs (kiln.export.fused_decoder): each round's rejected guesses are cut from
+    """Target and draft as fused step graphs (kiln.exporting.fused_decoder): each round's rejected guesses are cut from
     their cache buffers in place, and the text is still the target's greedy decoding."""
     from kiln.decoder.graph import CacheShape
     from kiln.decoder.steps import BufferSteps, stepper
     from kiln.engines.onnxruntime import OnnxRuntimeEngine
-    from kiln.export.fused_decoder import build_fused_decoder
+    from kiln.exporting.fused_decoder import build_fused_decoder
 
     steps = {}
     for name in ("target", "student"):
@@ -170,8 +170,8 @@ def test_continuations_are_refused_where_they_cannot_apply(tiny_model, tmp_path)
     texts.write_text("\n".join(docstring_sentences()[:20]))
     for model, task, count, message in (
         (tiny_model("bert", TaskName.FEATURE_EXTRACTION), TaskName.FEATURE_EXTRACTION, 5,
-         "--continuations adds a decoder.s own continuations .*use it with --task text-generation"),
-        (tiny_model("gpt2", TaskName.TEXT_GENERATION), TaskName.TEXT_GENERATION, -1, "--continuations must be 0"),
+         "continuations adds a decoder.s own continuations .*use it with --task text-generation"),
+        (tiny_model("gpt2", TaskName.TEXT_GENERATION), TaskName.TEXT_GENERATION, -1, "continuations must be 0"),
     ):
         with pytest.raises(UsageError, match=message):
             distill(model, task=task, output=tmp_path / "s", layers=1, texts=texts, continuations=count)

@@ -70,8 +70,8 @@ def test_the_static_artifact_serves_what_sentence_transformers_computes(tiny_mod
     from sentence_transformers import SentenceTransformer
 
     import kiln
-    from kiln.serve import process
-    from kiln.serve.app import ServeConfig, create_app
+    from kiln.serving import process
+    from kiln.serving.app import ServeConfig, create_app
 
     out = tmp_path / "static"
     assert _distill(str(tiny_model("bert")), "--static", "--dims", "16", "-o", str(out)).returncode == 0
@@ -157,7 +157,7 @@ def test_kiln_optimize_judges_a_static_student_against_its_teacher(tiny_model, s
 
 def test_judging_a_static_model_refuses_what_it_cannot_do(tiny_model, static_dir, tmp_path):
     from kiln.errors import UsageError
-    from kiln.optimize.run import optimize
+    from kiln.optimizing.run import optimize
 
     teacher = tiny_model("bert")
     no_reference = _optimize(str(static_dir), "-o", str(tmp_path / "a"))

@@ -10,18 +10,18 @@ import pytest
 
 from kiln.data import corpus
 from kiln.errors import UsageError
-from kiln.optimize.students import parse_students
+from kiln.optimizing.students import parse_students
 
 
 def test_student_requests_and_their_errors():
     three, pruned = parse_students("3", ["ffn=0.5,heads=0.25"])
     assert (three.name, three.slug, three.layers) == ("3 layers", "3-layers", 3)
     assert pruned.prune.ffn == 0.5 and pruned.prune.heads == 0.25 and pruned.slug == "pruned-ffn0.5-heads0.25"
-    for args, message in ((("3,x", []), "--distill-layers takes comma-separated layer counts"),
+    for args, message in ((("3,x", []), "distill_layers takes comma-separated layer counts"),
                           (("0", []), "at least 1 layer"),
-                          ((None, ["ffn:0.5"]), "--prune takes key=value pairs with keys ffn, heads, scope"),
-                          ((None, ["ffn=half"]), "--prune ffn must be a number"),
-                          ((None, ["ffn=1.5"]), "--ffn is the share to remove"),
+                          ((None, ["ffn:0.5"]), "prune takes key=value pairs with keys ffn, heads, scope"),
+                          ((None, ["ffn=half"]), "prune ffn must be a number"),
+                          ((None, ["ffn=1.5"]), "ffn is the share to remove"),
                           (("2,2", []), "the same student is asked for twice")):
         with pytest.raises(UsageError, match=message):
             parse_students(*args)

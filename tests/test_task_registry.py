@@ -59,8 +59,8 @@ def dummy_task(monkeypatch):
 
 def test_a_new_task_is_one_module_and_one_registry_line(dummy_task, tiny_model, tmp_path):
     from kiln.choices import ExportFormat
-    from kiln.export.job import ExportConfig, run_export
-    from kiln.optimize.job import OptimizeConfig, OptimizeJob
+    from kiln.exporting.job import ExportConfig, run_export
+    from kiln.optimizing.job import OptimizeConfig, OptimizeJob
 
     model = str(tiny_model("bert"))
     exported = run_export(ExportConfig(model=model, task=dummy_task.name, format=ExportFormat.ONNX,
@@ -95,11 +95,11 @@ def test_choices_are_named_once_and_the_registries_follow_them():
     from kiln.cli.app import app
     from kiln.engines.base import EngineOptions
     from kiln.errors import UsageError
-    from kiln.optimize.variants import VARIANTS
+    from kiln.optimizing.variants import VARIANTS
 
     assert set(VARIANTS) == set(VariantName)
     assert f"{Target.CUDA}" == "cuda" and Device.TENSORRT == "tensorrt"
-    with pytest.raises(UsageError, match="--device must be one of: cpu, cuda, tensorrt .got 'gpu'."):
+    with pytest.raises(UsageError, match="device must be one of: cpu, cuda, tensorrt .got 'gpu'."):
         EngineOptions(device="gpu")
     assert EngineOptions(device="cuda").device is Device.CUDA
     import typer

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from fastapi.testclient import TestClient
 
-from kiln.serve.app import ServeConfig, create_app
+from kiln.serving.app import ServeConfig, create_app
 
 pytest.importorskip("opentelemetry.sdk", reason="kiln[otel] is not installed")
 
@@ -54,7 +54,7 @@ def test_otlp_endpoint_without_the_extra_names_the_install(monkeypatch):
     import builtins
 
     from kiln.errors import MissingDependencyError
-    from kiln.serve.tracing import tracer_provider
+    from kiln.serving.tracing import tracer_provider
 
     real = builtins.__import__
 
@@ -97,7 +97,7 @@ def test_a_global_provider_gets_kilns_spans_and_only_those(tiny_artifact, monkey
 
 def test_a_generation_request_is_a_span_too(tiny_model, tmp_path):
     from kiln.choices import ExportFormat
-    from kiln.export.job import ExportConfig, run_export
+    from kiln.exporting.job import ExportConfig, run_export
     from kiln.tasks import TaskName
 
     art = tmp_path / "gpt2"

@@ -225,8 +225,8 @@ def test_triton_scores_query_text_pairs_like_kiln_rerank(served, task_artifacts)
 @pytest.mark.parametrize("task", [TaskName.FEATURE_EXTRACTION, TaskName.TEXT_RANKING])
 def test_kiln_audit_asks_triton_over_v2(served, tiny_model, task, tmp_path):
     """kiln audit's v2 adapter against a real tritonserver: TEXT -> EMBEDDING, and (QUERY, TEXT) -> SCORE."""
-    from kiln.audit.job import AuditConfig, run_audit
-    from kiln.audit.protocols import Endpoint
+    from kiln.auditing.job import AuditConfig, run_audit
+    from kiln.auditing.protocols import Endpoint
 
     running, names = served
     result = run_audit(AuditConfig(Endpoint(f"http://127.0.0.1:{running.http_port}", "v2", names[task]),

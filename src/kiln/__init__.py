@@ -30,13 +30,11 @@ _LAZY = {
     "hf_model": ("kiln.integrations.transformers", "hf_model"),
     "hf_tokenizer": ("kiln.integrations.transformers", "hf_tokenizer"),
     "pipeline": ("kiln.integrations.transformers", "pipeline"),
-    # Building artifacts: the functions the CLI's commands are made of. optimize, export and bench are packages
-    # made callable (kiln.system.modules): the package is returned, and calling it runs the function.
-    "optimize": ("kiln", "optimize"),
-    "export": ("kiln", "export"),
-    "bench": ("kiln", "bench"),
-    "distill": ("kiln.compress.distill", "distill"),
-    "prune": ("kiln.compress.prune", "prune"),
+    # The functions the CLI's commands are made of (kiln.api), one per command.
+    **{name: ("kiln.api.build", name) for name in ("optimize", "export", "distill", "prune")},
+    **{name: ("kiln.api.measure", name) for name in ("bench", "audit")},
+    **{name: ("kiln.api.deploy", name) for name in ("serve", "embed", "triton")},
+    **{name: ("kiln.api.inspection", name) for name in ("info", "doctor")},
 }
 
 
@@ -45,11 +43,8 @@ def __getattr__(name: str):
         import importlib
 
         module, attribute = _LAZY[name]
-        if module == "kiln":  # a callable package: importing it binds it on this module
-            return importlib.import_module(f"kiln.{attribute}")
         value = getattr(importlib.import_module(module), attribute)
-        if module != "kiln":
-            globals()[name] = value  # looked up once
+        globals()[name] = value  # looked up once
         return value
     raise AttributeError(f"module 'kiln' has no attribute {name!r}")
 
@@ -86,14 +81,20 @@ __all__ = [
     "TextPair",
     "UnsupportedModelError",
     "UsageError",
+    "audit",
     "bench",
     "create_engine",
     "distill",
+    "doctor",
+    "embed",
     "export",
     "hf_model",
     "hf_tokenizer",
+    "info",
     "load",
     "optimize",
     "pipeline",
     "prune",
+    "serve",
+    "triton",
 ]

@@ -36,7 +36,7 @@ def names(enum: type[Enum]) -> str:
 class ExportFormat(Choice):
     ONNX = "onnx"
     TORCHSCRIPT = "torchscript"
-    ONNX_FUSED = "onnx-fused"  # a decoder's step graph written by kiln (kiln.export.fused_decoder)
+    ONNX_FUSED = "onnx-fused"  # a decoder's step graph written by kiln (kiln.exporting.fused_decoder)
 
 
 class ExternalData(Choice):
@@ -101,7 +101,7 @@ class PruneScope(Choice):
 
 
 class VariantName(Choice):
-    """Every variant kiln optimize can build; kiln.optimize.variants.VARIANTS has a builder for each."""
+    """Every variant kiln optimize can build; kiln.optimizing.variants.VARIANTS has a builder for each."""
 
     ONNX_FP32 = "onnx-fp32"
     ONNX_FUSED = "onnx-fused"

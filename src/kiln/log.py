@@ -92,7 +92,7 @@ FORMATTERS: dict[LogFormatName, type[logging.Formatter]] = {LogFormatName.TEXT: 
 
 
 def formatter(log_format: str) -> logging.Formatter:
-    return FORMATTERS[parse_choice(LogFormatName, log_format, "--log-format")]()
+    return FORMATTERS[parse_choice(LogFormatName, log_format, "log_format")]()
 
 
 def configure(log_format: str = "text", level: int | str = logging.INFO, stream: Any = None) -> logging.Handler:

@@ -48,7 +48,7 @@ class Artifact:
         if name is None:
             name = self.cpu_pick().variant if variants else None
         if name not in variants:
-            raise UsageError(f"--variant must be one of: {', '.join(variants) or '(none)'} (got {name!r})")
+            raise UsageError(f"variant must be one of: {', '.join(variants) or '(none)'} (got {name!r})")
         return name
 
     def cpu_pick(self) -> CpuPick:

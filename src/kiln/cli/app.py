@@ -23,6 +23,7 @@ from kiln.cli.audit import audit
 from kiln.cli.bench import bench
 from kiln.cli.compress import distill, prune
 from kiln.cli.embed import embed
+from kiln.cli.flags import flags_of, for_command_line, running_command
 from kiln.cli.options import DEFAULT_TASK_OPT, ForceOpt, ModelArg, PickleOpt, TaskOpt, int_list, name_list
 from kiln.cli.serve import serve
 from kiln.errors import KilnError
@@ -77,15 +78,11 @@ def export(
     Parity is measured at batch size 1 and in padded batches of 8 on sentences of 1 to ~600 words;
     the command exits with status 3 and the measured difference when it is over tolerance.
     """
-    from kiln.export.job import ExportConfig, run_export
-    from kiln.records.parity import ParityTolerance
+    from kiln.api.build import export as export_model
 
-    config = ExportConfig(
-        model=model, task=task.value, format=format, output=output, opset=opset, int32_inputs=int32_inputs,
-        external_data=external_data, allow_pickle=allow_pickle, overwrite=force,
-        tolerance=ParityTolerance(max_abs_diff=atol, min_cosine=min_cosine),
-    )
-    result = run_export(config, console.progress)
+    result = export_model(model, task=task.value, format=format, output=output, opset=opset,
+                          int32_inputs=int32_inputs, external_data=external_data, atol=atol, min_cosine=min_cosine,
+                          allow_pickle=allow_pickle, overwrite=force, progress=console.progress)
     variant = next(iter(result.manifest.variants))
     console.out.print(f"exported {variant} to {result.path}")
     console.out.print(f"parity vs PyTorch: {result.parity.summary()}")
@@ -178,25 +175,17 @@ def optimize(
 
     Exits 4 when no variant passes the gate; rejected variants carry their measured reason.
     """
-    from kiln.optimize.job import OptimizeConfig
-    from kiln.optimize.run import StudentPlan, run_optimize
-    from kiln.optimize.students import STUDENTS_DIR, parse_students
+    from kiln.api.build import optimize as optimize_model
+    from kiln.optimizing.students import STUDENTS_DIR
 
-    config = OptimizeConfig(
-        model=model, task=task.value, output=output, tolerance=tolerance, eval_file=eval_file,
-        calibration_file=calibration, calibration_method=calibration_method, target=target,
-        variants=name_list(variants) or None,
-        threads=threads, batch_size=batch_size, allow_pickle=allow_pickle, overwrite=force,
-        sensitivity=sensitivity, reference=reference,
-        matryoshka_dims=int_list(matryoshka_dims, "--matryoshka-dims") or (),
-        precisions=name_list(precisions),
-        retrieval_tolerance=retrieval_tolerance,
-        for_classes=name_list(for_classes),
-    )
-    students = StudentPlan(parse_students(distill_layers, prune or (),  # before the long run: a typo fails at once
-                                          int_list(static_dims, "--static-dims") or ()),
-                           student_texts, student_epochs)
-    run = run_optimize(config, students, console.progress)
+    run = optimize_model(
+        model, task=task.value, output=output, calibration=calibration, tolerance=tolerance, eval_file=eval_file,
+        calibration_method=calibration_method, target=target, variants=name_list(variants) or None, threads=threads,
+        batch_size=batch_size, sensitivity=sensitivity, reference=reference, distill_layers=distill_layers or (),
+        prune=prune or (), static_dims=int_list(static_dims, "--static-dims") or (), student_texts=student_texts,
+        student_epochs=student_epochs, matryoshka_dims=int_list(matryoshka_dims, "--matryoshka-dims") or (),
+        precisions=name_list(precisions), retrieval_tolerance=retrieval_tolerance,
+        for_classes=name_list(for_classes), allow_pickle=allow_pickle, overwrite=force, progress=console.progress)
     console.print_table(run.summary)
     console.out.print(f"best variant: {run.summary.best} -> {output.expanduser().resolve() / 'best'}")
     console.out.print(f"summary: {output.expanduser().resolve() / 'summary.md'}")
@@ -239,12 +228,11 @@ def triton(
     force: ForceOpt = False,
 ) -> None:
     """Write a Triton model repository (ensemble: tokenizer -> model -> post-processing) and check its wiring."""
-    from kiln.integrations.triton.repository import TritonConfig, write_repository
+    from kiln.api.deploy import triton as write_repository
 
-    path = write_repository(TritonConfig(
-        artifact=artifact, output=output, device=device, python_model=python_model,
-        buckets=int_list(buckets, "--buckets"), max_batch_size=max_batch_size,
-        max_queue_delay_us=max_queue_delay_us, instances=instances, overwrite=force))
+    path = write_repository(artifact, output=output, device=device, python_model=python_model,
+                            buckets=int_list(buckets, "--buckets"), max_batch_size=max_batch_size,
+                            max_queue_delay_us=max_queue_delay_us, instances=instances, overwrite=force)
     console.out.print(f"Triton repository: {path} (checked: every config parses and the ensemble is wired)")
     console.out.print(f"start it: tritonserver --model-repository={path}  (see {path / 'README.md'})")
 
@@ -254,12 +242,12 @@ def info(
     artifact: Annotated[Path, typer.Argument(help="Artifact directory written by kiln.", show_default=False)],
 ) -> None:
     """Print an artifact's manifest summary and verify the sha256 of every file (exit 1 on a mismatch)."""
-    from kiln.artifact.directory import Artifact
+    from kiln.api.inspection import info as artifact_info
     from kiln.artifact.emulation import describe
 
-    art = Artifact.open(artifact)
-    m = art.manifest
-    console.out.print(f"artifact   {art.path.resolve()}")
+    found = artifact_info(artifact)
+    m = found.manifest
+    console.out.print(f"artifact   {found.path.resolve()}")
     console.out.print(f"created    {m.created} by kiln {m.versions.get('kiln', '?')}")
     console.out.print(f"source     {m.source.model} ({m.source.model_type}, {m.source.parameters:,} parameters)")
     console.out.print(f"source sha {m.source.content_sha256}")
@@ -268,8 +256,8 @@ def info(
         mark = " (best)" if m.build.best == name else ""
         console.out.print(f"variant    {name}{mark}: {record.engine} {record.path}; {record.summary()}",
                           highlight=False, markup=False)
-    if m.variants:
-        pick = art.cpu_pick()  # may re-validate once on a CPU class the artifact was not validated on
+    if found.pick is not None:  # kiln.info may have re-validated once on a CPU class not validated on before
+        pick = found.pick
         console.out.print(f"runs here  {pick.variant}: {pick.reason}")
         for name, check in pick.checked.items():
             speed = f", {check['ms_per_input']:.2f} ms per input" if check["ms_per_input"] is not None else ""
@@ -289,7 +277,7 @@ def doctor(
 ) -> None:
     """Check this machine: CPU vector features (AVX2, AVX-512, VNNI, BF16, AMX) and the int8 scheme they
     imply, usable cores versus the thread count, execution providers that really work, library versions."""
-    from kiln.system.doctor import diagnose
+    from kiln.api.inspection import doctor as diagnose
 
     report = diagnose(threads)
     for section, values in report.sections.items():
@@ -311,7 +299,9 @@ def main() -> None:
     try:
         app()
     except KilnError as error:
-        console.err.print(f"error: {error.message}", markup=False)
+        command = running_command(typer.main.get_command(app), sys.argv[1:])
+        message = for_command_line(error.message, flags_of(command)) if command is not None else error.message
+        console.err.print(f"error: {message}", markup=False)
         sys.exit(error.exit_code)
     except ModuleNotFoundError as missing:  # a serving install asked to build: name the extra, not a traceback
         from kiln.errors import build_dependency

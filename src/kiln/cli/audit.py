@@ -1,4 +1,4 @@
-"""`kiln audit URL`: score a running embedding or reranker deployment against the original model (kiln/audit)."""
+"""`kiln audit URL`: score a running embedding or reranker deployment against the original model (kiln/auditing)."""
 
 from __future__ import annotations
 
@@ -48,13 +48,12 @@ def audit(
     Exits 4 when the deployment is outside --tolerance, 3 when it cannot be asked (unreachable, timeout, not
     JSON, wrong shapes).
     """
-    from kiln.audit.job import AuditConfig, OutsideTolerance, run_audit
-    from kiln.audit.protocols import Endpoint
+    from kiln.api.measure import audit as run_audit
+    from kiln.auditing.job import OutsideTolerance
 
-    endpoint = Endpoint(url, protocol, model_name, timeout,
-                        (("Authorization", f"Bearer {api_key}"),) if api_key else ())
-    result = run_audit(AuditConfig(endpoint, model, texts, count, tolerance, output, allow_pickle, task.value),
-                       console.progress)
+    result = run_audit(url, model, task=task.value, protocol=protocol, model_name=model_name, texts=texts, count=count,
+                       tolerance=tolerance, timeout=timeout, api_key=api_key, output=output,
+                       allow_pickle=allow_pickle, progress=console.progress)
     for finding in result.findings:
         console.out.print(f"{finding.cause:<14} {'DIFFERS' if finding.differs else 'same   '} {finding.found}",
                           markup=False)

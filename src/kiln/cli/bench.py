@@ -1,5 +1,5 @@
 """`kiln bench`: latency grid, length mix, memory, load time and the serving sweep, each engine in its own process
-(kiln/bench)."""
+(kiln/benchmarking)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 import typer
 
 from kiln.cli import console
-from kiln.cli.options import DEFAULT_TASK_OPT, int_list
+from kiln.cli.options import DEFAULT_TASK_OPT, int_list, name_list
 from kiln.tasks import TaskName
 
 
@@ -53,24 +53,20 @@ def bench(
     """Latency grid (batch sizes x lengths), length-mix throughput, memory, load time and a thread sweep,
     for the chosen variants and the PyTorch fp32 baseline, each in its own process, in one run. For a decoder:
     time to first token and per-token latency (32 new tokens) per batch size x prompt length."""
-    if compare is not None:
-        from kiln.bench.compare import compare as diff
-        from kiln.bench.compare import load
+    from kiln.api.measure import bench as run_bench
+    from kiln.api.measure import compare_results
 
-        changes = diff(load(compare[0]), load(compare[1]))
+    if compare is not None:
+        changes = compare_results(*compare)
         for change in changes:
             console.out.print(change.describe(), markup=False)
         if not changes:
             console.out.print("no change beyond noise")
         return
-    from kiln.bench.job import BenchConfig, BenchJob
-
-    config = BenchConfig(
-        target=target, output=output, variants=tuple(v.strip() for v in variants.split(",")) if variants else None,
-        batch_sizes=int_list(batch_sizes, "--batch-sizes"), seq_lens=int_list(seq_lens, "--seq-lens"),
-        texts_file=texts, lengths_file=lengths, threads=threads, quick=quick, sweep=sweep, task=task.value,
-    )
-    results = BenchJob(config, console.progress, console.progress_bar).run()
+    results = run_bench(target, task=task.value, output=output, variants=name_list(variants) or None,
+                        batch_sizes=int_list(batch_sizes, "--batch-sizes"), seq_lens=int_list(seq_lens, "--seq-lens"),
+                        texts=texts, lengths=lengths, threads=threads, quick=quick, sweep=sweep,
+                        progress=console.progress, progress_bar=console.progress_bar)
     out = output.expanduser().resolve()
     for t in results.targets:
         loaded = f"{t.name:<28} load {t.load_seconds:.2f}s  peak RSS {t.peak_rss_mb:.0f} MB  "

@@ -12,7 +12,6 @@ from kiln.choices import PruneScope
 from kiln.cli import console
 from kiln.cli.options import DEFAULT_TASK_OPT, ForceOpt, ModelArg, PickleOpt, TaskOpt
 from kiln.compress.continuations import BATCH_SIZE
-from kiln.errors import UsageError
 
 # Options kiln distill and kiln prune share: data, the training recipe, the run.
 TextsOpt = Annotated[Optional[Path], typer.Option(  # noqa: UP045
@@ -91,29 +90,24 @@ def distill(
     Then `kiln optimize STUDENT --reference TEACHER` builds its fast variants, judged against the teacher.
     With --static, distil a static-embedding model instead (an embedding teacher; seconds to minutes, no data).
     """
-    from kiln.compress.distill import DistillConfig, run_distill
+    from kiln.api.build import distill as run_distill
+
+    def run(reporter: _Reporter) -> Any:
+        return run_distill(teacher, task=task.value, output=output, layers=layers,
+                           keep_layers=keep_layers, texts=texts, train=train, epochs=epochs,
+                           batch_size=batch_size, lr=lr, max_length=max_length, alpha=alpha, temperature=temperature,
+                           hidden_weight=hidden_weight, held_out=held_out, continuations=continuations,
+                           continuations_past_eos=continuations_past_eos, patience=patience, seed=seed,
+                           threads=threads, resume=resume, static=static, dims=dims, sif=sif,
+                           allow_pickle=allow_pickle, overwrite=force, progress=reporter)
 
     if static:
-        from kiln.compress.static import StaticConfig, distill_static
-        from kiln.tasks import DEFAULT_TASK
-
-        if task.value != DEFAULT_TASK:
-            raise UsageError(f"--static distils a sentence-embedding model (--task {DEFAULT_TASK}); got --task "
-                             f"{task.value}")
-        result = distill_static(StaticConfig(teacher, output, dims=dims, sif=sif, overwrite=force,
-                                             allow_pickle=allow_pickle), console.progress)
+        result = run(_Reporter(log_every))
         console.out.print(f"static model: {result.distilled} of {result.vocabulary} tokens, {result.dims} "
                           f"dimensions ({result.explained_variance:.1%} of the variance), {result.seconds:.0f} s "
                           f"-> {result.output}")
         return
-
-    config = DistillConfig(teacher, task.value, output, layers=layers, keep_layers=keep_layers, texts=texts,
-                           train=train, recipe=_recipe(epochs, batch_size, lr, max_length, seed, patience, alpha,
-                                                       temperature, hidden_weight),
-                           held_out=held_out, continuations=continuations,
-                           continuations_past_eos=continuations_past_eos, threads=threads, resume=resume,
-                           overwrite=force, allow_pickle=allow_pickle)
-    _run(lambda reporter: run_distill(config, reporter), log_every)
+    _run(run, log_every)
 
 
 def prune(
@@ -154,24 +148,15 @@ def prune(
     Importance is measured on --texts/--train through per-head and per-neuron gates; the pruned model is
     distilled from the unpruned one for --recover-epochs. Then `kiln optimize PRUNED --reference MODEL`.
     """
-    from kiln.compress.distill import DistillConfig
-    from kiln.compress.prune import PruneSettings, run_prune
+    from kiln.api.build import prune as run_prune
 
-    settings = PruneSettings(heads=heads, ffn=ffn, scope=scope, samples=importance_samples)
-    config = DistillConfig(model, task.value, output, texts=texts, train=train,
-                           recipe=_recipe(recover_epochs, batch_size, lr, max_length, seed, patience, alpha,
-                                          temperature, hidden_weight),
-                           held_out=held_out, threads=threads, resume=resume, overwrite=force,
-                           allow_pickle=allow_pickle)
-    _run(lambda reporter: run_prune(config, settings, reporter), log_every)
-
-
-def _recipe(epochs: int, batch_size: int, lr: float, max_length: int, seed: int, patience: int, alpha: float,
-            temperature: float, hidden_weight: float) -> dict[str, Any]:
-    from kiln.compress.losses import LossWeights
-
-    return {"epochs": epochs, "batch_size": batch_size, "lr": lr, "max_length": max_length, "seed": seed,
-            "patience": patience, "weights": LossWeights(alpha, temperature, hidden_weight)}
+    _run(lambda reporter: run_prune(model, task=task.value, output=output, heads=heads, ffn=ffn, scope=scope,
+                                    importance_samples=importance_samples, texts=texts, train=train,
+                                    recover_epochs=recover_epochs, batch_size=batch_size, lr=lr,
+                                    max_length=max_length, alpha=alpha, temperature=temperature,
+                                    hidden_weight=hidden_weight, held_out=held_out, patience=patience, seed=seed,
+                                    threads=threads, resume=resume, allow_pickle=allow_pickle, overwrite=force,
+                                    progress=reporter), log_every)
 
 
 def _run(run: Callable[[_Reporter], Any], log_every: int) -> None:
@@ -214,6 +199,8 @@ class _Reporter:
             # A message every `every` batches of the teacher's generation, and at the end.
             if data["done"] == data["total"] or data["done"] % (self.every * BATCH_SIZE) < BATCH_SIZE:
                 console.progress(f"the teacher's continuations: {data['done']}/{data['total']} texts")
+        elif kind == "message":  # a static distillation's progress lines
+            console.progress(data["text"])
         elif kind == "resumed":
             console.progress(f"resumed after epoch {data['epoch']} from {data['path']}")
         elif kind == "step":

@@ -23,7 +23,7 @@ def print_table(summary) -> None:
     """The optimize result table: variant | size MB | agreement | task metric | ms/seq | speed-up | status."""
     from rich.table import Table
 
-    from kiln.optimize.outcome import HEADER
+    from kiln.optimizing.outcome import HEADER
 
     table = Table(title=f"{summary.model} ({summary.task})", title_justify="left")
     for name in HEADER:

@@ -1,4 +1,4 @@
-"""`kiln embed`: a whole corpus through an embedding artifact into Parquet parts (kiln/embed)."""
+"""`kiln embed`: a whole corpus through an embedding artifact into Parquet parts (kiln/bulk)."""
 
 from __future__ import annotations
 
@@ -45,14 +45,13 @@ def embed(
     force: ForceOpt = False,
 ) -> None:
     """Embed every text of INPUT into ordered Parquet parts; --resume finishes a killed run, --ray scales out."""
-    from kiln.embed.job import EmbedConfig, run_embed
+    from kiln.api.deploy import embed as run_embed
 
-    config = EmbedConfig(artifact=artifact, input=input, output=output, text_field=text_field, id_field=id_field,
-                         rows_per_part=rows_per_part, window=window, resume=resume, overwrite=force, variant=variant,
-                         threads=threads, ray=ray, actors=actors, precision=precision)
     report = _Progress()
     try:
-        summary = run_embed(config, report)
+        summary = run_embed(artifact, input, output=output, text_field=text_field, id_field=id_field, resume=resume,
+                            rows_per_part=rows_per_part, window=window, variant=variant, threads=threads, ray=ray,
+                            actors=actors, precision=precision, overwrite=force, progress=report)
     finally:
         report.close()
     kept = f", {summary.parts_kept} kept from the interrupted run" if summary.parts_kept else ""

@@ -1,4 +1,4 @@
-"""`kiln serve`: an artifact over HTTP with dynamic batching, probes, metrics and loud failures (kiln/serve)."""
+"""`kiln serve`: an artifact over HTTP with dynamic batching, probes, metrics and loud failures (kiln/serving)."""
 
 from __future__ import annotations
 
@@ -89,40 +89,14 @@ def serve(
         "batcher and limits. Needs pip install 'kiln[grpc]'.", min=1, max=65535, show_default=False)] = None,
 ) -> None:
     """Serve an artifact over HTTP with dynamic batching, Prometheus metrics and backpressure (uvicorn)."""
-    from kiln.choices import WireProtocol
-    from kiln.errors import UsageError
-    from kiln.serve.app import ServeConfig, create_app
-    from kiln.serve.batcher import BatchLimits
-    from kiln.serve.server import run_server
+    from kiln.api.deploy import serve as run_server
 
-    models: dict[str, Path] = {}
-    for item in model or []:
-        name, sep, path = item.partition("=")
-        if not sep or not name or not path:
-            raise UsageError(f"--model must be NAME=ARTIFACT (got {item!r})")
-        models[name] = Path(path)
-    if artifact is not None:
-        models.setdefault(artifact.name if artifact.name != "best" else artifact.resolve().parent.name, artifact)
-    if not models:
-        raise UsageError("name an artifact to serve: kiln serve kiln-out/best (or --model NAME=ARTIFACT)")
-    from kiln.artifact.directory import Artifact
-    from kiln.serve.inference import served_variant
-    from kiln.serve.shadow import ShadowConfig
-
-    limits = BatchLimits(max_batch_tokens, max_batch_size, max_delay_ms / 1000,
-                         **({"window_requests": batch_window} if batch_window is not None else {}))
-    config = ServeConfig(models=models, limits=limits,
-                         max_concurrent=max_concurrent, api_key=api_key, threads=threads,
-                         sessions=sessions, max_inputs_per_request=max_inputs_per_request,
-                         restart_loops=restart_loops, otlp_endpoint=otlp_endpoint, deterministic=deterministic,
-                         shadow=ShadowConfig(shadow_rate, shadow_max_share, shadow_policy)
-                         if shadow_rate is not None else None,
-                         protocols=WireProtocol.parse_list(protocols, "--protocols"), grpc_port=grpc_port,
-                         device=device)
-    from kiln.engines import check_device
-
-    for path in models.values():  # a clear error before the server starts
-        opened = Artifact.open(path)
-        check_device(opened.variant(served_variant(opened, deterministic=deterministic)).engine, device)
-    if not run_server(create_app(config), host, port, access_log=access_log, log_format=log_format.value):
+    started = run_server(artifact, host=host, port=port, model=model or (), max_batch_tokens=max_batch_tokens,
+                         max_batch_size=max_batch_size, max_delay_ms=max_delay_ms, batch_window=batch_window,
+                         max_concurrent=max_concurrent, api_key=api_key, threads=threads, device=device,
+                         sessions=sessions, max_inputs_per_request=max_inputs_per_request, access_log=access_log,
+                         log_format=log_format, restart_loops=restart_loops, deterministic=deterministic,
+                         shadow_rate=shadow_rate, shadow_max_share=shadow_max_share, shadow_policy=shadow_policy,
+                         otlp_endpoint=otlp_endpoint, protocols=protocols, grpc_port=grpc_port)
+    if not started:
         raise typer.Exit(1)  # uvicorn has logged why (port in use, a model that failed to load)

@@ -22,7 +22,7 @@ BATCH_SIZE = 16
 
 def check_count(count: int) -> None:
     if count < 0:
-        raise UsageError(f"--continuations must be 0 or more (got {count})")
+        raise UsageError(f"continuations must be 0 or more (got {count})")
 
 
 def opening(ids: Sequence[int]) -> list[int]:

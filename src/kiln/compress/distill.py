@@ -13,7 +13,7 @@ import hashlib
 import json
 import shutil
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,7 +26,6 @@ from kiln.compress.trainer import Distiller, Epoch, Features, Recipe
 from kiln.errors import UsageError
 from kiln.records import write_json
 from kiln.system.hashing import sha256_file
-from kiln.tasks import DEFAULT_TASK
 
 LINEAGE_FILE = "kiln-distill.json"  # kiln prune writes kiln-prune.json
 LINEAGE_SCHEMA = "kiln.compress/1"
@@ -86,7 +85,7 @@ def _data(config: DistillConfig) -> tuple[list[Any], list[Any] | None, dict[str,
     labels: list[Any] = []
     described: dict[str, Any] = {}
     if config.texts is not None:
-        texts = read_inputs(config.texts, config.task, "--texts")
+        texts = read_inputs(config.texts, config.task, "texts")
         inputs += texts
         labels += [None] * len(texts)
         described["texts"] = {"path": str(config.texts), "sha256": sha256_file(config.texts.expanduser()),
@@ -105,7 +104,7 @@ def _data(config: DistillConfig) -> tuple[list[Any], list[Any] | None, dict[str,
 def split(count: int, share: float, cap: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """(train indices, held-out indices): a seeded share of the data, at least 1 and at most ``cap``, held out."""
     if not 0 < share < 1:
-        raise UsageError(f"--held-out must be between 0 and 1 (got {share})")
+        raise UsageError(f"held_out must be between 0 and 1 (got {share})")
     order = np.random.default_rng(seed).permutation(count)
     held = max(1, min(cap, int(round(count * share))))
     return np.sort(order[held:]), np.sort(order[:held])
@@ -246,7 +245,7 @@ def _check_continuations(config: DistillConfig) -> None:
     check_count(config.continuations)
     if config.continuations and task_spec(config.task).scheduling is not Scheduling.DECODE:
         generating = ", ".join(t for t in TASKS if task_spec(t).scheduling is Scheduling.DECODE)
-        raise UsageError(f"--continuations adds a decoder's own continuations of its training texts; --task "
+        raise UsageError(f"continuations adds a decoder's own continuations of its training texts; --task "
                          f"{config.task} generates none (use it with --task {generating})")
 
 
@@ -334,26 +333,3 @@ def _copy_sentence_transformers_files(teacher_dir: Path, stage: Path) -> None:
         path = module.get("path") or ""
         if path and (teacher_dir / path).is_dir():
             shutil.copytree(teacher_dir / path, stage / path)
-
-
-def distill(teacher: str | Path | None = None, *, task: str = DEFAULT_TASK, output: str | Path = "kiln-student",
-            layers: int | None = None, keep_layers: Sequence[int] | None = None, texts: str | Path | None = None,
-            train: str | Path | None = None, recipe: Mapping[str, Any] | None = None, held_out: float = 0.05,
-            continuations: int = 0, continuations_past_eos: bool = False, threads: int | None = None,
-            resume: bool = False, overwrite: bool = False, allow_pickle: bool = False,
-            progress: Callable[[str, dict[str, Any]], None] = lambda kind, data: None) -> DistillResult:
-    """``kiln distill`` from Python: train a student keeping ``layers`` evenly spaced layers of ``teacher`` (or exactly
-    ``keep_layers``) to reproduce it on ``texts`` (default: Python's own docstrings), with ``train``'s labels
-    beside the teacher's outputs when given; ``recipe`` sets kiln.compress.trainer.Recipe fields (epochs,
-    batch_size, lr, ...); ``continuations`` (decoders) adds the teacher's greedy continuations of that many training
-    texts, for a draft model (kiln.compress.continuations; ``continuations_past_eos`` decodes them through EOS, for a
-    target that decodes past it). Writes a model directory (safetensors, tokenizer, sentence-transformers files,
-    kiln-distill.json) and returns what it measured; then ``kiln.optimize(student, reference=teacher)``."""
-    task = getattr(task, "value", task)  # a TaskName or its string
-    config = DistillConfig(str(teacher) if teacher is not None else None, str(task), Path(output), layers=layers,
-                           keep_layers=",".join(map(str, keep_layers)) if keep_layers else None,
-                           texts=Path(texts) if texts else None, train=Path(train) if train else None,
-                           recipe=dict(recipe or {}), held_out=held_out, continuations=continuations,
-                           continuations_past_eos=continuations_past_eos, threads=threads, resume=resume,
-                           overwrite=overwrite, allow_pickle=allow_pickle)
-    return run_distill(config, progress)

@@ -11,9 +11,8 @@ rest (data, held-out agreement, checkpoints, resume, the written directory) is k
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -24,7 +23,6 @@ from kiln.compress.importance import choose, measure
 from kiln.compress.trainer import Features, Recipe, model_inputs
 from kiln.errors import UsageError
 from kiln.model import layout as shapes
-from kiln.tasks import DEFAULT_TASK
 
 # Recovery starts next to the unpruned model, so it takes smaller steps than a student built from layers
 # (kiln distill's 5e-4). Not swept; see benchmarks/RESULTS.md for what it reached.
@@ -40,14 +38,14 @@ class PruneSettings:
     batch_size: int = 16
 
     def __post_init__(self) -> None:
-        for flag, value in (("--heads", self.heads), ("--ffn", self.ffn)):
+        for flag, value in (("heads", self.heads), ("ffn", self.ffn)):
             if not 0 <= value < 1:
                 raise UsageError(f"{flag} is the share to remove, at least 0 and below 1 (got {value})")
         if self.heads == 0 and self.ffn == 0:
             raise UsageError("nothing to prune: give --heads and/or --ffn (shares to remove, e.g. --ffn 0.25)")
-        object.__setattr__(self, "scope", parse_choice(PruneScope, self.scope, "--scope"))
+        object.__setattr__(self, "scope", parse_choice(PruneScope, self.scope, "scope"))
         if self.samples < 1:
-            raise UsageError(f"--importance-samples must be at least 1 (got {self.samples})")
+            raise UsageError(f"importance_samples must be at least 1 (got {self.samples})")
 
 
 def pruned_student(settings: PruneSettings, seed: int) -> StudentMaker:
@@ -106,18 +104,3 @@ def run_prune(config: DistillConfig, settings: PruneSettings,
               progress: Callable[[str, dict[str, Any]], None] = lambda kind, data: None) -> DistillResult:
     seed = Recipe(keep=(), **config.recipe).seed  # the recipe's own default when none is given
     return run_compression(config, pruned_student(settings, seed), progress)
-
-
-def prune(model: str | Path | None = None, *, task: str = DEFAULT_TASK, output: str | Path = "kiln-pruned",
-          heads: float = 0.0, ffn: float = 0.0, scope: PruneScope | str = PruneScope.GLOBAL,
-          texts: str | Path | None = None, train: str | Path | None = None, recipe: Mapping[str, Any] | None = None,
-          threads: int | None = None, overwrite: bool = False, allow_pickle: bool = False,
-          progress: Callable[[str, dict[str, Any]], None] = lambda kind, data: None) -> DistillResult:
-    """``kiln prune`` from Python: remove the ``heads`` and ``ffn`` shares of least importance (across layers, or
-    the same share per layer with ``scope="layer"``), recover with distillation from the unpruned model, write a
-    model directory (kiln-prune.json holds its lineage) and return what it measured."""
-    config = DistillConfig(str(model) if model is not None else None, str(getattr(task, "value", task)), Path(output),
-                           texts=Path(texts) if texts else None, train=Path(train) if train else None,
-                           recipe={"lr": RECOVERY_LR, **(recipe or {})}, threads=threads, overwrite=overwrite,
-                           allow_pickle=allow_pickle)
-    return run_prune(config, PruneSettings(heads=heads, ffn=ffn, scope=scope), progress)

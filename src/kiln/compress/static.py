@@ -58,11 +58,11 @@ class StaticConfig:
 
     def __post_init__(self) -> None:
         if self.dims is not None and self.dims < 1:
-            raise UsageError(f"--dims must be at least 1 (got {self.dims})")
+            raise UsageError(f"dims must be at least 1 (got {self.dims})")
         if not self.sif > 0:
-            raise UsageError(f"--sif must be above 0 (got {self.sif:g})")
+            raise UsageError(f"sif must be above 0 (got {self.sif:g})")
         if self.batch_size < 1:
-            raise UsageError(f"--batch-size must be at least 1 (got {self.batch_size})")
+            raise UsageError(f"batch_size must be at least 1 (got {self.batch_size})")
 
 
 @dataclass(frozen=True)

@@ -42,7 +42,7 @@ def evenly_spaced(teacher_depth: int, count: int) -> tuple[int, ...]:
     """``count`` layer indices spread over the teacher's depth, the first and the last always among them (the
     last layer's output is what the head and pooling were trained on)."""
     if not 1 <= count <= teacher_depth:
-        raise UsageError(f"--layers must be between 1 and the teacher's depth {teacher_depth} (got {count})")
+        raise UsageError(f"layers must be between 1 and the teacher's depth {teacher_depth} (got {count})")
     if count == 1:
         return (teacher_depth - 1,)
     return tuple(round(i * (teacher_depth - 1) / (count - 1)) for i in range(count))
@@ -53,12 +53,12 @@ def parse_keep_layers(text: str, teacher_depth: int) -> tuple[int, ...]:
     try:
         keep = tuple(int(x) for x in text.split(",") if x.strip())
     except ValueError as err:
-        raise UsageError(f"--keep-layers takes comma-separated layer indices, e.g. 0,2,5 (got {text!r})") from err
+        raise UsageError(f"keep_layers takes comma-separated layer indices, e.g. 0,2,5 (got {text!r})") from err
     if not keep or any(not 0 <= i < teacher_depth for i in keep):
-        raise UsageError(f"--keep-layers: indices must be between 0 and {teacher_depth - 1} (the teacher has "
+        raise UsageError(f"keep_layers: indices must be between 0 and {teacher_depth - 1} (the teacher has "
                          f"{teacher_depth} layers; got {text!r})")
     if len(set(keep)) != len(keep) or list(keep) != sorted(keep):
-        raise UsageError(f"--keep-layers: indices must be distinct and increasing (got {text!r})")
+        raise UsageError(f"keep_layers: indices must be distinct and increasing (got {text!r})")
     return keep
 
 

@@ -45,16 +45,16 @@ class Recipe:
     weights: LossWeights = field(default_factory=LossWeights)
 
     def __post_init__(self) -> None:
-        for flag, value, low in (("--epochs", self.epochs, 0), ("--batch-size", self.batch_size, 1),
-                                 ("--max-length", self.max_length, 8), ("--patience", self.patience, 1)):
+        for flag, value, low in (("epochs", self.epochs, 0), ("batch_size", self.batch_size, 1),
+                                 ("max_length", self.max_length, 8), ("patience", self.patience, 1)):
             if value < low:
                 raise UsageError(f"{flag} must be at least {low} (got {value})")
         if not self.lr > 0:
-            raise UsageError(f"--lr must be positive (got {self.lr})")
+            raise UsageError(f"lr must be positive (got {self.lr})")
         if not 0 <= self.weights.alpha <= 1:
-            raise UsageError(f"--alpha must be between 0 and 1 (got {self.weights.alpha})")
+            raise UsageError(f"alpha must be between 0 and 1 (got {self.weights.alpha})")
         if not self.weights.temperature > 0:
-            raise UsageError(f"--temperature must be positive (got {self.weights.temperature})")
+            raise UsageError(f"temperature must be positive (got {self.weights.temperature})")
 
 
 @dataclass(frozen=True)
@@ -198,10 +198,10 @@ class Distiller:
     def _restore(self, optimizer, scheduler, fingerprint: str):
         path = self.checkpoints / CHECKPOINT
         if not path.is_file():
-            raise UsageError(f"--resume: no checkpoint at {path} (a run writes one after each epoch)")
+            raise UsageError(f"resume: no checkpoint at {path} (a run writes one after each epoch)")
         state = torch.load(path, weights_only=False)  # kiln's own file, written by _save above
         if state["fingerprint"] != fingerprint:
-            raise UsageError(f"--resume: the checkpoint at {path} was made with another recipe or other data; "
+            raise UsageError(f"resume: the checkpoint at {path} was made with another recipe or other data; "
                              "run without --resume to start over")
         self.student.load_state_dict(state["student"])
         optimizer.load_state_dict(state["optimizer"])

@@ -16,7 +16,7 @@ import numpy as np
 
 INPUT_IDS, ATTENTION_MASK, POSITION_IDS = "input_ids", "attention_mask", "position_ids"
 LOGITS = "logits"
-# The fused step graph's (kiln.export.fused_decoder) instead of a mask: each row's tokens - 1, and the longest row's;
+# The fused step graph's (kiln.exporting.fused_decoder) instead of a mask: each row's tokens - 1, and the longest row's;
 # and which of each row's new positions get logits (a prefill for generation needs only the last one's).
 SEQLENS_K, TOTAL_LENGTH, LOGITS_AT = "seqlens_k", "total_sequence_length", "logits_positions"
 PAST_PREFIX = "past_key_values."  # + layer + ".key" or ".value": one input per layer and kind

@@ -175,7 +175,7 @@ class _Rows:
 
 
 class BufferSteps:
-    """ONNX Runtime on the fused step graph (kiln.export.fused_decoder): the cache is one buffer per layer and kind,
+    """ONNX Runtime on the fused step graph (kiln.exporting.fused_decoder): the cache is one buffer per layer and kind,
     bound as both the past input and the present output, so a step writes only the new tokens' keys and values.
 
     Callers see the same ``Stepper`` as everywhere: an attention mask over their columns (left padding, rows that

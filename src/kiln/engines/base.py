@@ -59,10 +59,10 @@ class EngineOptions:
     memory_arena: bool = True
 
     def __post_init__(self) -> None:
-        for flag, value in (("--threads", self.intra_op_threads), ("--inter-op-threads", self.inter_op_threads)):
+        for flag, value in (("threads", self.intra_op_threads), ("inter_op_threads", self.inter_op_threads)):
             if value is not None and not 1 <= value <= (os.cpu_count() or 1) * 4:
                 raise UsageError(f"{flag} must be between 1 and {(os.cpu_count() or 1) * 4} (got {value})")
-        object.__setattr__(self, "device", parse_choice(Device, self.device, "--device"))
+        object.__setattr__(self, "device", parse_choice(Device, self.device, "device"))
 
 
     @classmethod
@@ -78,7 +78,7 @@ class EngineOptions:
 def require_cpu(device: str, runtime: str) -> None:
     """A UsageError for a GPU ``device`` on a runtime kiln runs on the CPU only."""
     if device != "cpu":
-        raise UsageError(f"--device {device}: kiln runs {runtime} on the cpu device only")
+        raise UsageError(f"device {device}: kiln runs {runtime} on the cpu device only")
 
 
 def warm_every_length(engine: Engine, max_length: int, multiple: int | None = None) -> int:
@@ -108,7 +108,7 @@ def warmup_inputs(input_names: tuple[str, ...], length: int = 8,
         "attention_mask": np.ones((1, length), dtype=np.int64),
         "token_type_ids": np.zeros((1, length), dtype=np.int64),
         "position_ids": np.arange(length, dtype=np.int64)[None],
-        # the fused decoder step graph's (kiln.export.fused_decoder): the row's tokens - 1, the longest row's
+        # the fused decoder step graph's (kiln.exporting.fused_decoder): the row's tokens - 1, the longest row's
         SEQLENS_K: np.array([length - 1], dtype=np.int32),
         TOTAL_LENGTH: np.array(length, dtype=np.int32),
         LOGITS_AT: np.arange(length, dtype=np.int64)[None],

@@ -52,7 +52,7 @@ def require_provider(device: str) -> tuple[str, ...]:
     available = ort.get_available_providers()
     if wanted[0] not in available:
         raise UsageError(
-            f"--device {device} needs {wanted[0]}, which this onnxruntime build lacks "
+            f"device {device} needs {wanted[0]}, which this onnxruntime build lacks "
             f"(available: {', '.join(available)}); install onnxruntime-gpu on a CUDA machine"
         )
     return wanted

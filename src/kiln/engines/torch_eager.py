@@ -20,9 +20,9 @@ def require_torch_device(device: str, runtime: str = "torch") -> None:
     import torch
 
     if device == "tensorrt":
-        raise UsageError(f"--device tensorrt is an ONNX Runtime provider; {runtime} runs on cpu or cuda")
+        raise UsageError(f"device tensorrt is an ONNX Runtime provider; {runtime} runs on cpu or cuda")
     if device == "cuda" and not torch.cuda.is_available():
-        raise UsageError(f"--device cuda: this torch {torch.__version__} sees no CUDA GPU; {runtime} variants run on "
+        raise UsageError(f"device cuda: this torch {torch.__version__} sees no CUDA GPU; {runtime} variants run on "
                          "cpu here, or install a CUDA build of torch on a GPU machine")
 
 

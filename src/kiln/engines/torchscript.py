@@ -45,7 +45,7 @@ class TorchScriptEngine:
             raise ArtifactError(f"{path} was not written by kiln (no {IO_FILE} inside)")
         traced_on = io.get("device", "cpu")  # archives from before kiln recorded it were traced on the CPU
         if traced_on != torch.device(options.device).type:
-            raise UsageError(f"--device {options.device}: this TorchScript was traced on {traced_on}, and a trace "
+            raise UsageError(f"device {options.device}: this TorchScript was traced on {traced_on}, and a trace "
                              f"keeps some constants on its device; run it on {traced_on}, or re-run kiln optimize "
                              f"--target {options.device} for a {options.device} one")
         self._torch = torch

@@ -72,7 +72,7 @@ class Sensitivity:
     excluded: tuple[str, ...]  # layers kept in fp32 in the final variant
     accepted: bool
     speed_cost: float | None = None  # time with the exclusions / time fully quantized (> 1: slower)
-    bound: str = ""  # how many layers the search could keep in fp32 and why (kiln.optimize.sensitivity.paying_limit)
+    bound: str = ""  # how many layers the search could keep in fp32 and why (kiln.optimizing.sensitivity.paying_limit)
 
 
 @dataclass(frozen=True)

@@ -22,11 +22,11 @@ from kiln.records.timing import GenerationCell, LatencyStats, MixResult, Timing
 SCHEMA = "kiln.bench/2"  # 2: typed records; 1 still read
 READABLE_SCHEMAS = ("kiln.bench/1", SCHEMA)
 RESULTS_FILE = "results.json"
-INT8, FP32, BF16 = "int8", "fp32", "bf16"  # the precisions a weight GEMM is timed in (kiln.bench.gemm)
+INT8, FP32, BF16 = "int8", "fp32", "bf16"  # the precisions a weight GEMM is timed in (kiln.benchmarking.gemm)
 
 if TYPE_CHECKING:  # read by the constructors below, whose callers hold them already
     from kiln.artifact.manifest import Manifest
-    from kiln.bench.worker import BenchSettings
+    from kiln.benchmarking.worker import BenchSettings
 
 
 @dataclass(frozen=True)
@@ -115,7 +115,7 @@ class BenchResults:
     model: str | None
     task: str
     command: str
-    environment: Mapping[str, Any]  # kiln.bench.environment.fingerprint(): CPU, libraries, int8 kernels
+    environment: Mapping[str, Any]  # kiln.benchmarking.environment.fingerprint(): CPU, libraries, int8 kernels
     created: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
     artifact: str | None = None
     settings: SettingsRecord | None = None

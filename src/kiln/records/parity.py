@@ -15,9 +15,9 @@ class ParityTolerance:
 
     def __post_init__(self) -> None:
         if not self.max_abs_diff > 0:
-            raise UsageError(f"--atol must be greater than 0 (got {self.max_abs_diff})")
+            raise UsageError(f"atol must be greater than 0 (got {self.max_abs_diff})")
         if not 0 < self.min_cosine <= 1:
-            raise UsageError(f"--min-cosine must be between 0 and 1 (got {self.min_cosine})")
+            raise UsageError(f"min_cosine must be between 0 and 1 (got {self.min_cosine})")
 
 
 @dataclass(frozen=True)

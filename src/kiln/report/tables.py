@@ -121,7 +121,7 @@ def sweep_table(data: BenchResults) -> Table | None:
 
 
 def gemm_table(data: BenchResults) -> Table | None:
-    """Each variant at 32 x 128 tokens against its weight GEMMs timed alone (kiln/bench/gemm.py)."""
+    """Each variant at 32 x 128 tokens against its weight GEMMs timed alone (kiln/benchmarking/gemm.py)."""
     gemms = [(t.name, g) for t in data.targets if (g := t.gemm)]
     if not gemms:
         return None

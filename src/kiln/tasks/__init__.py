@@ -38,7 +38,7 @@ def task_spec(name: str | Enum) -> type[TaskSpec]:
     """The spec registered for ``name``, or a UsageError listing the tasks there are."""
     key = name.value if isinstance(name, Enum) else str(name)
     if key not in TASKS:
-        raise UsageError(f"--task must be one of: {', '.join(TASKS)} (got {key!r})")
+        raise UsageError(f"task must be one of: {', '.join(TASKS)} (got {key!r})")
     return TASKS[key]
 
 

@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 NO_LABEL = -100  # a training target's "no label here" (padding, special tokens, a word's later sub-tokens)
 
 
-# TaskSpec.fusion of the tasks whose onnx-fused graph is kiln's own decoder step graph (kiln.export.fused_decoder).
+# TaskSpec.fusion of the tasks whose onnx-fused graph is kiln's own decoder step graph (kiln.exporting.fused_decoder).
 DECODER_FUSION = "decoder"
 
 
@@ -61,7 +61,7 @@ class TaskSpec:
     # little compute (decoding); an encoder's batches are compute-bound.
     weight_only_int8_pays: ClassVar[bool] = False
     # The variants kiln optimize builds for this task (None: every variant of the target); ``fusion``: how its
-    # onnx-fused graph is made (kiln.optimize.variants.FUSIONS), the graph dynamic int8 quantizes.
+    # onnx-fused graph is made (kiln.optimizing.variants.FUSIONS), the graph dynamic int8 quantizes.
     variants: ClassVar[tuple[str, ...] | None] = None
     fusion: ClassVar[str] = "bert"
     # What the exported graph computes from the model's outputs (kiln.model.heads): the model's own outputs by
@@ -102,7 +102,7 @@ class TaskSpec:
         ``decoder_families``: the decoder-only model types kiln supports, for the message."""
         if decoder and not cls.decoders:
             tasks = ", ".join(t.name for t in task_classes() if t.decoders)
-            raise UnsupportedModelError(f"--task {cls.name} is not verified for the decoder {model_type!r}; it "
+            raise UnsupportedModelError(f"task {cls.name} is not verified for the decoder {model_type!r}; it "
                                         f"does: {tasks}")
 
     @classmethod
@@ -212,7 +212,7 @@ class TaskSpec:
 
     # True where finalize is a few array operations per feature, no per-token Python (a pooled vector, a row of
     # logits): kiln serve then runs it on the event loop for small requests, where handing it to a worker thread
-    # would cost more than the work (kiln.serve.inference).
+    # would cost more than the work (kiln.serving.inference).
     light_finalize: ClassVar[bool] = False
 
     def comparable(self, reduced: Any) -> np.ndarray:
@@ -318,7 +318,7 @@ class TaskSpec:
         """An eval file of this task: JSONL or CSV rows with ``eval_fields``."""
         suffix = path.suffix.lower()
         if suffix not in (".jsonl", ".csv"):
-            raise UsageError(f"--eval file {path}: unsupported format {suffix or '(none)'} for {cls.name} "
+            raise UsageError(f"eval_file file {path}: unsupported format {suffix or '(none)'} for {cls.name} "
                              f"(use {', '.join(cls.eval_formats)} with fields {', '.join(cls.eval_fields)})")
         rows = rows_jsonl(path) if suffix == ".jsonl" else rows_csv(path)
         parsed = [cls.parse_row(row, f"{path} line {number}") for number, row in rows]

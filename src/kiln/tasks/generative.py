@@ -30,7 +30,7 @@ class GenerativeTask(TaskSpec):
     @classmethod
     def check_architecture(cls, model_type: str, decoder: bool, decoder_families: Sequence[str]) -> None:
         if not decoder:
-            raise UnsupportedModelError(f"--task {cls.name} needs a decoder-only language model "
+            raise UnsupportedModelError(f"task {cls.name} needs a decoder-only language model "
                                         f"({', '.join(decoder_families)}); {model_type!r} is a bidirectional encoder")
 
     @classmethod

@@ -87,7 +87,7 @@ class Route:
     # The playground's form for this route (empty: not offered there). With one field filled the page sends its
     # text as the input; with more, an object of the filled fields (a text pair, a question and its context).
     form: tuple[FormField, ...] = ()
-    # How the server answers it (kiln.serve.app's MOUNTS): "infer" runs the batcher and ``render``; "generate" is a
+    # How the server answers it (kiln.serving.app's MOUNTS): "infer" runs the batcher and ``render``; "generate" is a
     # decoder's step loop, with streaming.
     kind: str = "infer"
     # Whose API this route is (kiln serve --protocols): kiln's own, OpenAI's, or TEI's. Its errors take that

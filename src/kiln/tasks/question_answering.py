@@ -241,7 +241,7 @@ class QuestionAnswering(TaskSpec):
                     context = prepared.inputs[owner].context
                     begin = context.find(answers[0])
                     if begin < 0:
-                        raise UsageError(f"--train row {owner + 1}: answer {answers[0]!r} is not in its context")
+                        raise UsageError(f"train row {owner + 1}: answer {answers[0]!r} is not in its context")
                     tokens = [t for t, seq in enumerate(encoding.sequence_ids) if seq == 1]
                     first = [t for t in tokens if encoding.offsets[t][0] <= begin < encoding.offsets[t][1]]
                     last = [t for t in tokens if encoding.offsets[t][0] < begin + len(answers[0])

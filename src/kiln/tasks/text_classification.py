@@ -210,7 +210,7 @@ class TextClassification(TaskSpec):
                 return by_name[text]
             if text.isdigit() and int(text) in config.id2label:
                 return int(text)
-            raise UsageError(f"--train row {row + 1}: label {text!r} is not one of the model's labels: "
+            raise UsageError(f"train row {row + 1}: label {text!r} is not one of the model's labels: "
                              f"{', '.join(by_name)}")
 
         return {"logits": [np.array(index(labels[owner], owner)) for owner in prepared.owners]}

@@ -6,7 +6,7 @@ keys/values in, logits and the grown keys/values out. Validation runs real text 
 original's plain forward pass. Agreement: next-token (argmax) agreement (gate >= 1 - t) and logit cosine (mean
 gate >= 1 - t/2); task metric: perplexity on held-out text (lower is better: the gate allows a relative rise
 of t). Routes: POST /generate and the OpenAI-compatible POST /v1/completions, both with optional streaming,
-served by a continuous-batching step loop (:mod:`kiln.serve.generation`).
+served by a continuous-batching step loop (:mod:`kiln.serving.generation`).
 """
 
 from __future__ import annotations
@@ -204,7 +204,7 @@ class CompletionResponse(ResponseModel):
 
 
 def _no_render(body: Any, model: str, prepared: Any, results: list[Any]) -> dict[str, Any]:
-    raise NotImplementedError("generation routes are answered by kiln.serve.generation")
+    raise NotImplementedError("generation routes are answered by kiln.serving.generation")
 
 
 class TextGenerationPipeline:
@@ -256,7 +256,7 @@ class TextGeneration(GenerativeTask):
                       "held-out text, and perplexity at most (1 + t) x the original's")
     # Dynamic int8 (ONNX Runtime, per channel) and weight-only int8 (NNCF): static activation ranges of a KV cache
     # that grows step by step are not what calibration on whole texts sees. onnx-fused is kiln's own step graph with
-    # fused attention and the cache updated in place (kiln.export.fused_decoder); it replaces onnx-fp32 by default,
+    # fused attention and the cache updated in place (kiln.exporting.fused_decoder); it replaces onnx-fp32 by default,
     # whose export stays as the artifact's reference and OpenVINO's source.
     variants = ("onnx-fp32", "onnx-fused", "onnx-int8-dynamic", "openvino-fp32", "openvino-int8-weights")
     fusion = DECODER_FUSION
@@ -480,7 +480,7 @@ class TextGeneration(GenerativeTask):
         if path.suffix.lower() == ".txt":  # plain text: one passage per non-blank line
             lines = [ln.strip() for ln in path.read_text(encoding="utf-8").splitlines() if ln.strip()]
             if not lines:
-                raise UsageError(f"--eval file {path} holds no text")
+                raise UsageError(f"eval_file file {path} holds no text")
             return EvalSet(cls.name, str(path), tuple(lines), (None,) * len(lines))
         return super().read_eval(path)
 

@@ -148,7 +148,7 @@ class TokenClassification(TaskSpec):
                     if not special and start in first:
                         tag = tags[first.pop(start)]
                         if tag not in by_name:
-                            raise UsageError(f"--train row {owner + 1}: tag {tag!r} is not one of the model's "
+                            raise UsageError(f"train row {owner + 1}: tag {tag!r} is not one of the model's "
                                              f"labels: {', '.join(by_name)}")
                         row[t] = by_name[tag]
             rows.append(row)

@@ -11,7 +11,7 @@ from kiln.tasks import task_spec
 from kiln.validation.evalsets import load_eval_set
 
 
-def read_inputs(path: Path, task: str, flag: str = "--calibration") -> list[Any]:
+def read_inputs(path: Path, task: str, flag: str = "calibration") -> list[Any]:
     """Model inputs from a file: .txt one per line, or an eval-style .jsonl/.csv of the task."""
     path = path.expanduser()
     if not path.is_file():

@@ -13,8 +13,8 @@ def load_eval_set(path: Path, task: str) -> EvalSet:
     """Read ``path`` for ``task``: JSONL and CSV with the task's fields, or the task's own formats."""
     path = Path(path).expanduser()
     if not path.is_file():
-        raise UsageError(f"--eval file {path} does not exist")
+        raise UsageError(f"eval_file file {path} does not exist")
     data = task_spec(task).read_eval(path)
     if not len(data):
-        raise UsageError(f"--eval file {path} has no examples")
+        raise UsageError(f"eval_file file {path} has no examples")
     return data

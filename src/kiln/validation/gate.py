@@ -22,7 +22,7 @@ def tolerance_for(task: str, tolerance: float | None) -> float:
     if tolerance is None:
         return task_spec(task).default_tolerance
     if not 0 < tolerance < 1:
-        raise UsageError(f"--tolerance must be between 0 and 1 (got {tolerance:g})")
+        raise UsageError(f"tolerance must be between 0 and 1 (got {tolerance:g})")
     return tolerance
 
 

@@ -44,12 +44,12 @@ class TritonConfig:
     overwrite: bool = False
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "device", parse_choice(Device, self.device, "--device"))
+        object.__setattr__(self, "device", parse_choice(Device, self.device, "device"))
         if self.max_batch_size < 1:
-            raise UsageError(f"--max-batch-size must be at least 1 (got {self.max_batch_size}); 0 would turn "
+            raise UsageError(f"max_batch_size must be at least 1 (got {self.max_batch_size}); 0 would turn "
                              "Triton's dynamic batching off")
         if self.buckets is not None and (not self.buckets or min(self.buckets) < 2):
-            raise UsageError(f"--buckets must be token lengths of at least 2 (got {self.buckets})")
+            raise UsageError(f"buckets must be token lengths of at least 2 (got {self.buckets})")
 
 
 def _pb():
@@ -110,10 +110,10 @@ def write_repository(config: TritonConfig) -> Path:
     if config.device != Device.CPU and python_model and not config.python_model:
         why = ("runs each row of a batch alone to stay batch-invariant, which the backend's batched call would undo"
                if record.options.rows_alone else f"runs on {record.engine}")
-        raise UsageError(f"--device {config.device} needs an ONNX variant on Triton's onnxruntime backend; {variant} "
+        raise UsageError(f"device {config.device} needs an ONNX variant on Triton's onnxruntime backend; {variant} "
                          f"{why} (use --device cpu, or another ONNX variant with kiln optimize --variants)")
     if config.device != Device.CPU and python_model:
-        raise UsageError(f"--device {config.device} runs the model on Triton's onnxruntime backend; --python-model "
+        raise UsageError(f"device {config.device} runs the model on Triton's onnxruntime backend; --python-model "
                          "runs kiln's engine on the CPU (drop one of them)")
     name = config.name or (artifact.path.resolve().parent.name if artifact.path.name == "best"
                            else artifact.path.resolve().name)

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from kiln.serve.process import free_port
+from kiln.serving.process import free_port
 
 TRITON_VENV_ENV = "KILN_TRITON_VENV"  # where `make triton-server` built the environment (default .venv-triton)
 

@@ -1,0 +1,256 @@
+"""A decoder's step graph written from its weights, with ONNX Runtime's fused attention and a cache updated in place.
+
+The exported step graph (``kiln.decoder.graph``) concatenates each layer's past keys and values with the new ones
+every step: on GPT-2 small at batch 4 after a 512-token prompt, that copy of 24 tensors of ~6.4 MB was 25% of a
+step (ONNX Runtime's profiler, benchmarks/RESULTS.md). Here each layer's attention is one ``GroupQueryAttention``
+(com.microsoft; GPT-2's multi-head attention is the case kv_num_heads == num_heads), whose past and present may be
+one buffer: bound to the same memory as input and output, the kernel writes only the new tokens' keys and values
+(``kiln.decoder.steps.BufferSteps`` does the binding). The buffer holds each row's tokens from position 0 with no
+padding (the op's layout), so the graph takes each row's length (``seqlens_k``: total - 1) and the batch's longest
+(``total_sequence_length``) instead of an attention mask.
+
+The graph is written node by node from the PyTorch weights, per architecture (``BUILDERS``): the whole of GPT-2 or
+GPT-Neo is a few dozen lines of ONNX, and this avoids tracing transformers' attention, whose shape arithmetic was
+~570 nodes a step in the export. Each build is checked like any variant: against the original on held-out text.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kiln.decoder.graph import INPUT_IDS, LOGITS, LOGITS_AT, POSITION_IDS, SEQLENS_K, TOTAL_LENGTH, CacheShape
+from kiln.exporting.onnx import EXTERNAL_DATA_SUFFIX
+
+OPSET = 17
+MS_DOMAIN = "com.microsoft"
+# transformers' activation names -> (op, domain) over x + bias; FastGelu is gelu_new's tanh formula exactly.
+ACTIVATIONS: dict[str, tuple[str, str]] = {
+    "gelu_new": ("FastGelu", MS_DOMAIN), "gelu_pytorch_tanh": ("FastGelu", MS_DOMAIN),
+    "gelu_fast": ("FastGelu", MS_DOMAIN), "gelu": ("BiasGelu", MS_DOMAIN),
+}
+
+
+@dataclass
+class _Graph:
+    """Nodes as they are added, and weights written to the side file as they come (the graph keeps only where each
+    one is): GPT-2 small's build peaked at 4.7 GB holding them in the protobuf and serializing it, and a 2.7B
+    model's weights would pass protobuf's 2 GB limit."""
+
+    path: Path  # the graph's file; its weights go to this name + EXTERNAL_DATA_SUFFIX
+    nodes: list = field(default_factory=list)
+    initializers: list = field(default_factory=list)
+    _data: Any = None
+
+    def weight(self, name: str, array: np.ndarray) -> str:
+        from onnx import TensorProto, helper
+
+        array = np.ascontiguousarray(array)
+        if self._data is None:
+            self._data = open(self.side_file, "wb")
+        offset = self._data.tell()
+        self._data.write(array.data)
+        self._data.write(b"\0" * (-array.nbytes % 4096))  # page-aligned, as in kiln.exporting.onnx
+        tensor = TensorProto(name=name, data_type=helper.np_dtype_to_tensor_dtype(array.dtype), dims=array.shape)
+        for key, value in (("location", self.side_file.name), ("offset", str(offset)),
+                           ("length", str(array.nbytes))):
+            entry = tensor.external_data.add()
+            entry.key, entry.value = key, value
+        tensor.data_location = TensorProto.EXTERNAL
+        self.initializers.append(tensor)
+        return name
+
+    def constant(self, name: str, array: np.ndarray) -> str:
+        """A small tensor kept in the graph: ONNX Runtime's shape inference reads shape arguments only there."""
+        from onnx import numpy_helper
+
+        self.initializers.append(numpy_helper.from_array(array, name))
+        return name
+
+    @property
+    def side_file(self) -> Path:
+        return self.path.parent / (self.path.name + EXTERNAL_DATA_SUFFIX)
+
+    def node(self, op: str, inputs: list[str], output: str | list[str], domain: str = "", **attributes) -> Any:
+        from onnx import helper
+
+        outputs = [output] if isinstance(output, str) else output
+        # Named after its first output: the int8 passes rank, keep and report layers by node name (unnamed, every
+        # node was "" and keeping one layer in fp32 kept them all).
+        self.nodes.append(helper.make_node(op, inputs, outputs, name=outputs[0], domain=domain, **attributes))
+        return output
+
+    def linear(self, x: str, name: str, weight: np.ndarray, bias: np.ndarray | None) -> str:
+        """x @ weight (+ bias); ``weight`` is [in, out]."""
+        y = self.node("MatMul", [x, self.weight(f"{name}.weight", weight)], f"{name}.matmul")
+        return y if bias is None else self.node("Add", [y, self.weight(f"{name}.bias", bias)], f"{name}.out")
+
+    def layer_norm(self, x: str, name: str, module: Any) -> str:
+        return self.node("LayerNormalization", [x, self.weight(f"{name}.weight", _np(module.weight)),
+                                                self.weight(f"{name}.bias", _np(module.bias))],
+                         f"{name}.out", axis=-1, epsilon=float(module.eps))
+
+    def close(self) -> None:
+        if self._data is not None:
+            self._data.close()
+
+
+@dataclass(frozen=True)
+class _Layer:
+    """What one transformer block contributes, in GPT-2's order: q, k, v packed as one [in, 3 x hidden] projection."""
+
+    ln_1: Any
+    qkv_weight: np.ndarray
+    qkv_bias: np.ndarray | None
+    out_weight: np.ndarray
+    out_bias: np.ndarray | None
+    ln_2: Any
+    fc_weight: np.ndarray
+    fc_bias: np.ndarray
+    proj_weight: np.ndarray
+    proj_bias: np.ndarray
+    scale: float  # attention's scale (GroupQueryAttention's ``scale``)
+    window: int  # keys a query sees, its own included; -1: all (GroupQueryAttention's ``local_window_size``)
+
+
+@dataclass(frozen=True)
+class _Decoder:
+    wte: Any
+    wpe: Any
+    layers: Iterator[_Layer]  # made one at a time as the graph is written: a layer's copied weights are dropped
+    ln_f: Any
+    lm_head: np.ndarray  # [vocab, hidden]
+    activation: str
+
+
+def _np(tensor: Any) -> np.ndarray:
+    return tensor.detach().float().cpu().numpy()
+
+
+def _gpt2(model: Any) -> _Decoder:
+    config, body = model.config, model.transformer
+
+    def layers() -> Iterator[_Layer]:
+        for index, block in enumerate(body.h):
+            attention, mlp = block.attn, block.mlp
+            scale = 1.0 / float(config.n_embd // config.n_head) ** 0.5 if config.scale_attn_weights else 1.0
+            if config.scale_attn_by_inverse_layer_idx:
+                scale /= float(index + 1)
+            # transformers' Conv1D keeps weights as [in, out]: MatMul takes them as they are.
+            yield _Layer(block.ln_1, _np(attention.c_attn.weight), _np(attention.c_attn.bias),
+                         _np(attention.c_proj.weight), _np(attention.c_proj.bias), block.ln_2,
+                         _np(mlp.c_fc.weight), _np(mlp.c_fc.bias), _np(mlp.c_proj.weight), _np(mlp.c_proj.bias),
+                         scale, -1)
+    return _Decoder(body.wte, body.wpe, layers(), body.ln_f, _np(model.get_output_embeddings().weight),
+                    config.activation_function)
+
+
+def _gpt_neo(model: Any) -> _Decoder:
+    config, body = model.config, model.transformer
+
+    def layers() -> Iterator[_Layer]:
+        for kind, block in zip(config.attention_layers, body.h):
+            attention, mlp = block.attn.attention, block.mlp
+            # nn.Linear keeps [out, in]; GPT-Neo's q, k and v have no bias and its attention is not scaled.
+            qkv = np.concatenate([_np(attention.q_proj.weight), _np(attention.k_proj.weight),
+                                  _np(attention.v_proj.weight)]).T
+            # A local layer's query sees the last window_size positions, itself included (transformers' mask).
+            # ONNX Runtime 1.32's op keeps local_window_size keys the same way: window_size - 1 was off from the
+            # 8th token on (tests/test_generation.py holds every position to transformers'; the gate rejected it).
+            window = int(config.window_size) if kind == "local" else -1
+            yield _Layer(block.ln_1, qkv, None, _np(attention.out_proj.weight).T, _np(attention.out_proj.bias),
+                         block.ln_2, _np(mlp.c_fc.weight).T, _np(mlp.c_fc.bias), _np(mlp.c_proj.weight).T,
+                         _np(mlp.c_proj.bias), 1.0, window)
+    return _Decoder(body.wte, body.wpe, layers(), body.ln_f, _np(model.get_output_embeddings().weight),
+                    config.activation_function)
+
+
+# transformers model_type -> the weights of its blocks in GPT-2's layout.
+BUILDERS: dict[str, Callable[[Any], _Decoder]] = {"gpt2": _gpt2, "gpt_neo": _gpt_neo}
+
+
+def why_not(config: Any) -> str | None:
+    """Why a model of this transformers ``config`` has no fused step graph, or None."""
+    kind = config.model_type
+    if kind not in BUILDERS:
+        return f"kiln writes fused step graphs for {', '.join(sorted(BUILDERS))}, not {kind}"
+    activation = getattr(config, "activation_function", None)
+    if activation not in ACTIVATIONS:
+        return f"activation {activation!r} is not one of {', '.join(sorted(ACTIVATIONS))}"
+    if CacheShape.of(config).head_size % 8:
+        return "GroupQueryAttention needs a head size that is a multiple of 8"
+    return None
+
+
+def fused_recipe(files: list[Path]) -> list[dict]:
+    """The recipe record of a fused step graph (kiln export --format onnx-fused, kiln optimize's onnx-fused)."""
+    return [{"pass": "fused-decoder", "attention": "GroupQueryAttention", "cache": "one buffer, updated in place",
+             "external_data": len(files) > 1}]
+
+
+def build_fused_decoder(model: Any, path: Path) -> list[Path]:
+    """Write ``model``'s fused step graph to ``path`` and its weights to ``path``.data; returns both files."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    reason = why_not(model.config)
+    if reason:
+        raise ValueError(reason)
+    shape = CacheShape.of(model.config)
+    decoder = BUILDERS[model.config.model_type](model)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    graph = _Graph(path)
+    try:
+        tokens = graph.node("Gather", [graph.weight("wte", _np(decoder.wte.weight)), INPUT_IDS], "tokens")
+        where = graph.node("Gather", [graph.weight("wpe", _np(decoder.wpe.weight)), POSITION_IDS], "positions")
+        x = graph.node("Add", [tokens, where], "embedded")
+        op, domain = ACTIVATIONS[decoder.activation]
+        cache_dims = ["batch", shape.heads, "max_sequence", shape.head_size]
+        cache_inputs, cache_outputs = [], []
+        for i, (layer, past, present) in enumerate(zip(decoder.layers, _pairs(shape.past_names()),
+                                                       _pairs(shape.present_names()))):
+            p = f"layers.{i}"
+            h = graph.layer_norm(x, f"{p}.ln_1", layer.ln_1)
+            qkv = graph.linear(h, f"{p}.attn.qkv", layer.qkv_weight, layer.qkv_bias)
+            attended = graph.node("GroupQueryAttention", [qkv, "", "", *past, SEQLENS_K, TOTAL_LENGTH],
+                                  [f"{p}.attn.context", *present], domain=MS_DOMAIN, num_heads=shape.heads,
+                                  kv_num_heads=shape.heads, scale=layer.scale, local_window_size=layer.window)[0]
+            x = graph.node("Add", [x, graph.linear(attended, f"{p}.attn.out", layer.out_weight, layer.out_bias)],
+                           f"{p}.residual_1")
+            h = graph.layer_norm(x, f"{p}.ln_2", layer.ln_2)
+            h = graph.node(op, [graph.node("MatMul", [h, graph.weight(f"{p}.mlp.fc.weight", layer.fc_weight)],
+                                           f"{p}.mlp.fc"), graph.weight(f"{p}.mlp.fc.bias", layer.fc_bias)],
+                           f"{p}.mlp.act", domain=domain)
+            x = graph.node("Add", [x, graph.linear(h, f"{p}.mlp.proj", layer.proj_weight, layer.proj_bias)],
+                           f"{p}.residual_2")
+            cache_inputs += [helper.make_tensor_value_info(n, TensorProto.FLOAT, cache_dims) for n in past]
+            cache_outputs += [helper.make_tensor_value_info(n, TensorProto.FLOAT, cache_dims) for n in present]
+        h = graph.layer_norm(x, "ln_f", decoder.ln_f)
+        # Only the positions asked for reach the head: a generation's prefill needs each row's last.
+        at = graph.node("Unsqueeze", [LOGITS_AT, graph.constant("axis_2", np.array([2], np.int64))], "logits_at")
+        h = graph.node("GatherND", [h, at], "logits_hidden", batch_dims=1)
+        # A MatMul over [hidden, vocab], as the export has it: the int8 passes quantize it as one more layer.
+        graph.node("MatMul", [h, graph.weight("lm_head.weight", decoder.lm_head.T)], LOGITS)
+        inputs = [helper.make_tensor_value_info(INPUT_IDS, TensorProto.INT64, ["batch", "sequence"]),
+                  helper.make_tensor_value_info(POSITION_IDS, TensorProto.INT64, ["batch", "sequence"]),
+                  helper.make_tensor_value_info(SEQLENS_K, TensorProto.INT32, ["batch"]),
+                  helper.make_tensor_value_info(TOTAL_LENGTH, TensorProto.INT32, []),
+                  helper.make_tensor_value_info(LOGITS_AT, TensorProto.INT64, ["batch", "wanted"]), *cache_inputs]
+        vocab = decoder.lm_head.shape[0]
+        outputs = [helper.make_tensor_value_info(LOGITS, TensorProto.FLOAT, ["batch", "wanted", vocab]),
+                   *cache_outputs]
+    finally:
+        graph.close()
+    model_proto = helper.make_model(helper.make_graph(graph.nodes, "kiln-fused-decoder", inputs, outputs,
+                                                      graph.initializers),
+                                    opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid(MS_DOMAIN, 1)])
+    onnx.save_model(model_proto, str(path))
+    return [path, graph.side_file]
+
+
+def _pairs(names: tuple[str, ...]) -> list[tuple[str, str]]:
+    return [(names[i], names[i + 1]) for i in range(0, len(names), 2)]

@@ -1,0 +1,353 @@
+"""The ASGI app: the served tasks' routes (declared by each task module), probes, metrics, one error table.
+
+Only the routes of the tasks being served are mounted, and the OpenAPI schema is made exact for this server:
+the inputs' ``maxItems`` is --max-inputs-per-request, ``model`` lists the served names, every error is modelled.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import re
+import time
+from contextlib import asynccontextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
+from fastapi.responses import HTMLResponse, PlainTextResponse
+from prometheus_client import generate_latest
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from kiln.artifact.manifest import read_manifest
+from kiln.choices import Device, WireProtocol
+from kiln.errors import KilnError, UsageError
+from kiln.log import get_logger
+from kiln.serving import generation, playground, tei, tracing
+from kiln.serving.batcher import BatchLimits
+from kiln.serving.coalesce import CoalescingPool
+from kiln.serving.endpoints import HTTPError, JSONBody, error_content, not_ready, picked, post_endpoint
+from kiln.serving.fastlane import FastLane
+from kiln.serving.guard import Guard
+from kiln.serving.inference import Served, infer, load_served
+from kiln.serving.metrics import STOPPED, Metrics
+from kiln.serving.request_id import RequestId
+from kiln.serving.schemas import INFERENCE_ERRORS, TEI_ERRORS, ErrorBody, Health, Info, ModelCard, ModelList, Ready
+from kiln.serving.shadow import ShadowConfig
+from kiln.tasks import task_spec
+from kiln.tasks.http import Route
+
+LATENCY_HEADER = "x-kiln-latency-ms"
+log = get_logger("serve")
+# FastAPI 0.165+ records its own OpenTelemetry spans, metrics and logs per request wherever the process has global
+# providers; kiln's request spans (kiln.serving.tracing), Prometheus metrics and logs are the server's own, so FastAPI's
+# are off: no second span per request, and no per-request check of three global providers on the event loop.
+_NATIVE_TELEMETRY_OFF = ({"telemetry": {"tracing": False, "metrics": False, "logs": False}}
+                         if "telemetry" in inspect.signature(FastAPI.__init__).parameters else {})
+PROTOCOLS = tuple(WireProtocol)  # --protocols' default: every API (kiln's wins a path TEI's also has)
+V2_INFER = re.compile(r"^/v2/models/[^/]+(/versions/[^/]+)?/infer$")
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    models: dict[str, Path]  # name -> artifact directory
+    limits: BatchLimits = BatchLimits()
+    max_concurrent: int = 512
+    api_key: str | None = None
+    max_body_bytes: int = 2 * 1024 * 1024
+    threads: int | None = None  # per session; None: the artifact's serving default, else the runtime's
+    sessions: int | None = None  # engine instances running batches side by side; None: serving default, else 1
+    tokenizer_threads: int = 2
+    max_inputs_per_request: int = 64  # like TEI's --max-client-batch-size; 413 above it
+    restart_loops: bool = False  # a batcher/decode loop that dies is restarted (its queued requests still fail)
+    otlp_endpoint: str | None = None  # OpenTelemetry collector (OTLP/HTTP) for request spans; needs kiln[otel]
+    deterministic: bool = False  # serve only batch-invariant variants (kiln optimize measured their drift)
+    shadow: ShadowConfig | None = None  # live agreement against the fp32 reference (--shadow-rate)
+    protocols: tuple[WireProtocol, ...] = PROTOCOLS  # the APIs served (--protocols)
+    grpc_port: int | None = None  # the v2 gRPC service's port (--grpc-port); None: no gRPC
+    device: Device = Device.CPU  # where the engines run (--device): cuda/tensorrt are ONNX Runtime's GPU providers
+    fast_lane: bool = True  # valid inference bodies skip FastAPI's routing (kiln.serving.fastlane); tests compare
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "protocols", tuple(WireProtocol(p) for p in self.protocols))
+        if not self.protocols:
+            raise UsageError(f"protocols needs at least one of {', '.join(p.value for p in WireProtocol)}")
+        if self.grpc_port is not None and WireProtocol.V2 not in self.protocols:
+            raise UsageError("grpc_port serves the v2 protocol over gRPC: add v2 to --protocols")
+
+
+def create_app(config: ServeConfig, tracer_provider: Any = None) -> FastAPI:
+    """The server for ``config.models``: routes of their tasks, probes, metrics, errors as JSON. Request spans go
+    to ``tracer_provider`` when given (tests pass one with an in-memory exporter), else to an OTLP exporter at
+    ``config.otlp_endpoint`` when set."""
+    manifests = {name: read_manifest(Path(path).expanduser()) for name, path in config.models.items()}
+    configs = {name: m.task for name, m in manifests.items()}
+    tasks = {name: c.task for name, c in configs.items()}
+    app = FastAPI(title="kiln", lifespan=_lifespan, description="Dynamic-batching inference for a kiln artifact.",
+                  default_response_class=JSONBody, **_NATIVE_TELEMETRY_OFF)
+    app.state.config, app.state.tasks, app.state.models, app.state.metrics = config, tasks, {}, Metrics()
+    app.state.task_configs = configs
+    # Which models can quantize to int8/uint8 (their artifact stores output calibration): the schema says so.
+    app.state.calibrated = {name: m.build.output_calibration is not None for name, m in manifests.items()}
+    if tracer_provider is None:
+        tracer_provider = (tracing.tracer_provider(config.otlp_endpoint) if config.otlp_endpoint
+                           else tracing.global_provider())
+    app.state.tracing = tracing.Tracing(tracer_provider.get_tracer("kiln.serve") if tracer_provider else None)
+    app.state.pool = CoalescingPool(max_workers=config.tokenizer_threads, thread_name_prefix="kiln-tokenize")
+    app.state.playground = playground.page(tasks)
+    routes = _served_routes(tasks, config.protocols)
+    # Which served models answer each route: fixed once the artifacts are known, read on every request.
+    app.state.route_models = {r.path: [n for n, t in tasks.items() if r in task_spec(t).routes] for r in routes}
+    app.state.path_protocols = {r.path: r.protocol for r in routes}
+    app.state.fast_routes = {}  # path -> (request model, endpoint): what the fast lane may answer itself
+    for route in routes:
+        MOUNTS[route.kind](app, route)
+    _mount_probes(app, kiln_info=not tei.serves_info(config.protocols))
+    if WireProtocol.TEI in config.protocols:
+        tei.mount(app, info=tei.serves_info(config.protocols))
+        app.state.path_protocols.update({path: WireProtocol.TEI for path in tei.SERVER_PATHS})
+    if WireProtocol.V2 in config.protocols:
+        from kiln.serving.v2 import http as v2_http
+
+        v2_http.mount(app)
+    _install_error_handlers(app)
+    task_paths = {r.path for r in routes} | (set(tei.SERVER_PATHS) if WireProtocol.TEI in config.protocols else set())
+    serves_v2 = WireProtocol.V2 in config.protocols
+
+    def route_of(path: str) -> str | None:
+        """The label an inference path is counted under, or None for a path the guard leaves alone."""
+        if path in task_paths:
+            return path
+        return "/v2/models/{name}/infer" if serves_v2 and V2_INFER.match(path) else None
+
+    if config.fast_lane:
+        app.add_middleware(FastLane, fastapi=app)  # inside the guard: admission control and ids stay as they are
+    app.add_middleware(Guard, route_of=route_of, metrics=app.state.metrics, api_key=config.api_key,
+                       max_body_bytes=config.max_body_bytes, max_concurrent=config.max_concurrent,
+                       error=lambda path, kind, message: orjson.dumps(error_content(_protocol_of(app, path), kind,
+                                                                                    message)))
+    if tracer_provider is not None:  # inside the ids, around the fast lane: a request's span joins the caller's trace
+        app.add_middleware(tracing.TraceContext)
+    app.add_middleware(RequestId)  # outermost: the id is set for the guard's refusals and echoed on every answer
+    app.openapi = lambda: _exact_openapi(app, routes)  # type: ignore[method-assign]
+    return app
+
+
+@asynccontextmanager
+async def _lifespan(app: FastAPI):
+    """Load and warm every model, serve, then finish every accepted request and log the final counts."""
+    state, config = app.state, app.state.config
+    for name, path in config.models.items():
+        state.models[name] = load_served(name, Path(path), config.limits, state.metrics, threads=config.threads,
+                                         sessions=config.sessions, deterministic=config.deterministic,
+                                         shadow=config.shadow, device=config.device)
+        state.models[name].set_ready(False, state.metrics)
+    for served in state.models.values():
+        served.start(state.metrics, restart=config.restart_loops)
+        await served.scheduler.warmup()
+        served.set_ready(True, state.metrics)
+    grpc_server = None
+    if config.grpc_port is not None:
+        from kiln.serving.v2 import grpc as v2_grpc
+
+        grpc_server = await v2_grpc.start(app, config.grpc_port)
+    yield
+    if grpc_server is not None:  # drain: new RPCs are refused, those in flight finish
+        await v2_grpc.stop(grpc_server)
+    for served in state.models.values():
+        served.set_ready(False, state.metrics, "the server is shutting down")
+        await served.close()
+    state.pool.shutdown(wait=True)
+    counts = state.metrics.status_counts()  # uvicorn has sent every response by now: these are final
+    log.info(f"{STOPPED} %d inference requests, by status: %s", sum(counts.values()),
+             json.dumps(counts, sort_keys=True))
+
+
+def _served_routes(tasks: dict[str, str], protocols: tuple[WireProtocol, ...]) -> list[Route]:
+    """Each route of the served tasks in the served protocols, once (several models of one task share its routes).
+    Where kiln's own route and TEI's share a path (/embed, /rerank, /embed_sparse) their answers differ and a
+    request cannot say which it wants: kiln's is served, unless kiln is left out of --protocols (TEI mode)."""
+    routes: dict[str, Route] = {}
+    for task in dict.fromkeys(tasks.values()):
+        for route in task_spec(task).routes:
+            if route.protocol not in protocols:
+                continue
+            held = routes.get(route.path)
+            if held is None or (held.protocol is WireProtocol.TEI and route.protocol is WireProtocol.KILN):
+                routes[route.path] = route
+    return list(routes.values())
+
+
+def _protocol_of(app: FastAPI, path: str) -> WireProtocol:
+    """The API a path belongs to, for its errors' shape."""
+    if path == "/v2" or path.startswith("/v2/"):
+        return WireProtocol.V2
+    protocols = app.state.config.protocols
+    # Elsewhere (an unknown path, the probes): kiln's shape, or TEI's in TEI mode, where a TEI client expects it.
+    fallback = WireProtocol.TEI if WireProtocol.TEI in protocols and WireProtocol.KILN not in protocols \
+        else WireProtocol.KILN
+    return app.state.path_protocols.get(path, fallback)
+
+
+def _mount_route(app: FastAPI, route: Route) -> None:
+    async def endpoint(body: Any) -> JSONBody:
+        start = time.perf_counter()
+        with picked(app, body.model, route) as (served, trace):
+            prepared, results = await infer(served, body, app.state.pool, app.state.metrics,
+                                            app.state.config.max_inputs_per_request, trace)
+            answer = route.render(body, served.name, prepared, results)
+        # Server-side time (tokenize, queue, run, post-process), for clients and the playground page.
+        latency = {LATENCY_HEADER: f"{1000 * (time.perf_counter() - start):.2f}"}
+        return JSONBody(answer, headers=latency)
+
+    post_endpoint(app, route, endpoint, TEI_ERRORS if route.protocol is WireProtocol.TEI else INFERENCE_ERRORS)
+    app.state.fast_routes[route.path] = (route.request, endpoint)
+
+
+# Route kind (tasks.http.Route.kind) -> how it is mounted.
+MOUNTS = {"infer": _mount_route, "generate": generation.mount_route}
+
+
+def _mount_probes(app: FastAPI, *, kiln_info: bool = True) -> None:
+    unready_doc = {503: {"model": ErrorBody, "description": "The model is still loading, is shutting down, or its "
+                       "batching loop died (the message says which)."}}
+
+    @app.get("/", response_class=HTMLResponse, include_in_schema=False)
+    async def playground():
+        return HTMLResponse(app.state.playground)
+
+    @app.get("/health", response_model=Health)
+    async def health():
+        return {"status": "ok"}
+
+    @app.get("/ready", response_model=Ready, responses=unready_doc)
+    async def ready():
+        models: dict[str, Served] = app.state.models
+        error = not_ready(models, probe=True)
+        if error is not None:
+            raise error
+        return {"ready": True, "models": list(models)}
+
+    if kiln_info:
+        @app.get("/info", response_model=Info)
+        async def info():
+            config: ServeConfig = app.state.config
+            return {"models": [m.describe() for m in app.state.models.values()],
+                    "limits": {**asdict(config.limits), "max_concurrent": config.max_concurrent,
+                               "max_body_bytes": config.max_body_bytes,
+                               "max_inputs_per_request": config.max_inputs_per_request}}
+
+    @app.get("/v1/models", response_model=ModelList)
+    async def openai_models():
+        return {"object": "list", "data": [ModelCard(id=n, object="model", created=0, owned_by="kiln").model_dump()
+                                           for n in app.state.models]}
+
+    @app.get("/metrics", response_class=PlainTextResponse,
+             responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}})
+    async def prometheus():
+        return PlainTextResponse(generate_latest(app.state.metrics.registry).decode(),
+                                 media_type="text/plain; version=0.0.4")
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    """One table from exceptions to statuses; every error body is in the shape of the path's protocol (kiln's
+    ErrorBody, TEI's ErrorResponse, v2's {"error": message}), never a traceback."""
+
+    def _error(request: Request, status: int, kind: str, message: str,
+               headers: dict[str, str] | None = None) -> JSONBody:
+        protocol = _protocol_of(app, request.url.path)
+        if protocol is WireProtocol.V2 and status == 422:
+            status = 400  # the protocol's answer to a bad request
+        return JSONBody(error_content(protocol, kind, message), status_code=status, headers=headers)
+
+    @app.exception_handler(HTTPError)
+    async def _http_error(request: Request, exc: HTTPError):
+        return _error(request, exc.status, exc.kind, exc.message, exc.headers)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _starlette(request: Request, exc: StarletteHTTPException):  # unknown path, wrong method, bad JSON
+        if exc.status_code == 400:  # FastAPI's "error parsing the body": the body is not JSON
+            return _error(request, 422, "validation_error", f"body: not valid JSON ({exc.detail})")
+        paths = sorted({r.path for r in app.routes if hasattr(r, "methods")})
+        message = f"{request.method} {request.url.path}: {exc.detail}"
+        if exc.status_code == 404:
+            message += f" (this server has: {', '.join(paths)})"
+        return _error(request, exc.status_code, "not_found" if exc.status_code == 404 else "http_error", message,
+                      dict(exc.headers or {}))
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(request: Request, exc: RequestValidationError):
+        return _error(request, 422, "validation_error", "; ".join(dict.fromkeys(_problem(e) for e in exc.errors())))
+
+    @app.exception_handler(KilnError)
+    async def _kiln_error(request: Request, exc: KilnError):
+        return _error(request, 422 if isinstance(exc, UsageError) else 500, "invalid_request", exc.message)
+
+    @app.exception_handler(Exception)
+    async def _internal(request: Request, exc: Exception):
+        log.error("unhandled %s on %s %s", type(exc).__name__, request.method, request.url.path, exc_info=exc)
+        return _error(request, 500, "internal_error", f"{type(exc).__name__}: the server failed to handle this request")
+
+
+def _problem(error: dict[str, Any]) -> str:
+    """One validation error as 'field.path: message', without pydantic's union-branch tags in the path."""
+    path = [str(p) for p in error["loc"] if p != "body" and not (isinstance(p, str) and ("[" in p or "-" in p))]
+    message = error["msg"]
+    if error.get("type") == "string_pattern_mismatch":
+        message = "must hold a non-blank character"
+    return f"{'.'.join(path) or 'body'}: {message}"
+
+
+def _v2_names(schema: dict[str, Any], names: list[str]) -> None:
+    """The v2 paths' {name} can only be a served model's name, and {version} only 1."""
+    for path, item in schema.get("paths", {}).items():
+        if path.startswith("/v2/models/"):
+            for operation in item.values():
+                for parameter in operation.get("parameters", []):
+                    if parameter.get("in") == "path":
+                        parameter["schema"] = {"type": "string", "enum": names if parameter["name"] == "name"
+                                               else ["1"]}
+
+
+def _exact_openapi(app: FastAPI, routes: list[Route]) -> dict[str, Any]:
+    """FastAPI's schema, with this server's limits and model names filled in."""
+    if app.openapi_schema:
+        return app.openapi_schema
+    schema = get_openapi(title=app.title, version="1", description=app.description, routes=app.routes)
+    components = schema.setdefault("components", {}).setdefault("schemas", {})
+    if WireProtocol.V2 in app.state.config.protocols:
+        from kiln.serving.v2 import http as v2_http
+
+        components.update(v2_http.schemas())
+        _v2_names(schema, list(app.state.tasks))
+    if WireProtocol.TEI in app.state.config.protocols and app.state.models:
+        tei.exact_schema(schema, next(iter(app.state.models.values())))
+    limit = app.state.config.max_inputs_per_request
+    for route in routes:
+        model = components.get(route.request.__name__, {})
+        properties = model.get("properties", {})
+        inputs = properties.get(route.inputs_field, {})
+        for variant in inputs.get("anyOf", [inputs]):
+            if variant.get("type") == "array":  # a pair keeps its own maxItems (TEI's [a, b])
+                variant["maxItems"] = min(limit, variant.get("maxItems", limit))
+        doing = app.state.route_models[route.path]
+        sizes = [app.state.task_configs[n].dimension for n in doing]
+        if "dimensions" in properties and sizes and None not in sizes:  # Matryoshka: at most the served size
+            for variant in properties["dimensions"].get("anyOf", []):
+                if variant.get("type") == "integer":
+                    variant["maximum"] = max(sizes)
+        if "precision" in properties and not all(app.state.calibrated[n] for n in doing):
+            # int8/uint8 need the artifact's output calibration: offered only where every model has it
+            properties["precision"]["enum"] = [p for p in properties["precision"].get("enum", [])
+                                               if not p.endswith("int8")]
+        if "model" in properties and not (route.any_model_name and len(app.state.tasks) == 1):
+            named = {"type": "string", "enum": doing}
+            optional = "model" not in model.get("required", [])
+            properties["model"] = {**({"anyOf": [named, {"type": "null"}]} if optional else named),
+                                   "description": properties["model"].get("description", "Which served model.")}
+    app.openapi_schema = schema
+    return schema
