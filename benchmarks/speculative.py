@@ -101,8 +101,8 @@ def main() -> None:
     from decoder_fidelity import train, training_text
 
     import kiln
+    from kiln.api.build import distill
     from kiln.choices import ExportFormat
-    from kiln.compress.distill import distill
     from kiln.decoder.speculative import Speculation
     from kiln.exporting.job import ExportConfig, run_export
     from kiln.optimizing.job import OptimizeConfig, OptimizeJob
@@ -123,7 +123,7 @@ def main() -> None:
         if not (student_dir / "model.safetensors").is_file():
             begin = time.perf_counter()
             result = distill(target_dir, task="text-generation", output=student_dir, layers=args.draft_layers,
-                             texts=texts, recipe={"epochs": args.distill_epochs, "max_length": 128},
+                             texts=texts, epochs=args.distill_epochs, max_length=128,
                              continuations=args.continuations, continuations_past_eos=True, overwrite=True)
             distilled = {"seconds": round(time.perf_counter() - begin, 1), "agreement": result.agreement,
                          "continuations": args.continuations, "epochs": args.distill_epochs,

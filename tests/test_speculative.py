@@ -10,8 +10,8 @@ import pytest
 import transformers
 
 import kiln
+from kiln.api.build import distill
 from kiln.choices import ExportFormat
-from kiln.compress.distill import distill
 from kiln.data.docstrings import docstring_sentences
 from kiln.decoder.speculative import Speculation, speculative_greedy
 from kiln.errors import UsageError
@@ -44,7 +44,7 @@ def models(tmp_path_factory) -> dict[str, object]:
     texts = root / "texts.txt"
     texts.write_text("\n".join(docstring_sentences()[:300]))
     student = distill(target, task=TaskName.TEXT_GENERATION, output=root / "student", layers=1, texts=texts,
-                      recipe={"epochs": 2})
+                      epochs=2)
     other = build_tiny_model("gpt2", TaskName.TEXT_GENERATION, root / "other", seed=7)
     return {"target": _export(target, root / "target-art"), "student": _export(student.path, root / "student-art"),
             "other": _export(other, root / "other-art"), "student-art": root / "student-art",
@@ -145,9 +145,9 @@ def test_a_draft_distilled_on_the_targets_own_text_is_accepted_more(models, tmp_
     events = []
     recipe = {"epochs": 6, "lr": 2e-3, "patience": 6}
     plain = distill(models["target-dir"], task=TaskName.TEXT_GENERATION, output=tmp_path / "plain", layers=1,
-                    texts=texts, recipe=recipe)
+                    texts=texts, **recipe)
     result = distill(models["target-dir"], task=TaskName.TEXT_GENERATION, output=tmp_path / "student", layers=1,
-                     texts=texts, recipe=recipe, continuations=150,
+                     texts=texts, **recipe, continuations=150,
                      progress=lambda kind, data: events.append((kind, data)))
     lineage = json.loads((result.path / LINEAGE_FILE).read_text())
     assert lineage["data"]["continuations"]["count"] == 150 and lineage["data"]["train"] == 285 + 150
@@ -205,7 +205,7 @@ def test_gpt_neo_students_keep_their_attention_kinds(tiny_model, tmp_path):
     texts = tmp_path / "texts.txt"
     texts.write_text("\n".join(docstring_sentences()[:20]))
     result = distill(tiny_model("gpt_neo", TaskName.TEXT_GENERATION), task=TaskName.TEXT_GENERATION,
-                     output=tmp_path / "student", keep_layers=[1], texts=texts, recipe={"epochs": 0})
+                     output=tmp_path / "student", keep_layers=[1], texts=texts, epochs=0)
     config = transformers.AutoConfig.from_pretrained(result.path)
     assert config.num_layers == 1 and config.attention_layers == ["local"]
     assert _export(result.path, tmp_path / "art").generate("A", max_new_tokens=3).token_ids

@@ -156,16 +156,16 @@ def test_kiln_optimize_judges_a_static_student_against_its_teacher(tiny_model, s
 
 
 def test_judging_a_static_model_refuses_what_it_cannot_do(tiny_model, static_dir, tmp_path):
+    from kiln.api.build import optimize
     from kiln.errors import UsageError
-    from kiln.optimizing.run import optimize
 
     teacher = tiny_model("bert")
     no_reference = _optimize(str(static_dir), "-o", str(tmp_path / "a"))
     assert no_reference.returncode == 2 and "pass --reference TEACHER" in no_reference.stderr
     for kwargs, message in (
             ({"task": TaskName.TEXT_CLASSIFICATION.value}, "a static model embeds text"),
-            ({"variants": ["onnx-fp32"]}, "--variants: a static model has one variant"),
-            ({"matryoshka_dims": [8]}, "--matryoshka-dims: a static table's size is chosen"),
+            ({"variants": ["onnx-fp32"]}, "variants: a static model has one variant"),
+            ({"matryoshka_dims": [8]}, "matryoshka_dims: a static table's size is chosen"),
             ({"distill_layers": [1]}, "a static model has no students")):
         with pytest.raises(UsageError, match=message):
             optimize(static_dir, reference=teacher, output=tmp_path / "b", **kwargs)
