@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.kiln-installed
 DEMO_OUT ?= kiln-out
 
-.PHONY: demo test install browser triton-server slim infinity-server kserve-client pylate colbert-ai lint clean
+.PHONY: demo test install docs browser triton-server slim infinity-server kserve-client pylate colbert-ai lint clean
 
 install: $(STAMP)
 
@@ -16,7 +16,7 @@ $(PY):
 # kiln's `torch>=2.4` is already satisfied and pip installs nothing more for it.
 $(STAMP): pyproject.toml constraints.txt | $(PY)
 	$(PY) -m pip install -q --disable-pip-version-check torch==2.13.0
-	$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[build,test,openvino,serve,triton,grpc,embed,ray,otel]'
+	$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[build,test,docs,openvino,serve,triton,grpc,embed,ray,otel]'
 	touch $(STAMP)
 
 demo: install
@@ -76,8 +76,12 @@ test:
 	$(PY) -m pytest -q --durations=25  # the slowest tests, for keeping CI under its 30 minutes
 
 lint: install
-	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/ruff check src tests benchmarks docs
 	$(VENV)/bin/lint-imports
+
+# The documentation site, built into site/ (open site/index.html); `mkdocs serve` for a live preview.
+docs: install
+	$(VENV)/bin/mkdocs build --strict
 
 clean:
 	rm -rf $(VENV) $(TRITON_VENV) $(SLIM_VENV) $(INFINITY_VENV) $(KSERVE_VENV) $(PYLATE_VENV) $(COLBERT_VENV) $(DEMO_OUT) .pytest_cache
