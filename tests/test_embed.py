@@ -90,14 +90,14 @@ def test_a_killed_job_resumes_to_the_uninterrupted_output(tiny_artifact, tmp_pat
     np.testing.assert_array_equal(got, want)
 
 
-def test_resume_refuses_parts_of_another_job_and_errors_name_the_flag(tiny_artifact, task_artifacts, tmp_path):
+def test_resume_refuses_parts_of_another_job_and_errors_name_the_parameter(tiny_artifact, task_artifacts, tmp_path):
     source = write_corpus(tmp_path / "corpus.jsonl", corpus_texts(20))
     run_embed(EmbedConfig(tiny_artifact, source, tmp_path / "out", rows_per_part=10))
     with pytest.raises(UsageError, match=r"holds parts of another job \(rows_per_part differ"):
         run_embed(EmbedConfig(tiny_artifact, source, tmp_path / "out", rows_per_part=5, resume=True))
     record = json.loads((tmp_path / "out" / JOB_FILE).read_text())
     assert record["rows"] == 20 and record["dimension"] == 32
-    with pytest.raises(UsageError, match=r"has no column 'body' \(--text-field\); it has: doc, text"):
+    with pytest.raises(UsageError, match=r"has no column 'body' \(text_field\); it has: doc, text"):
         run_embed(EmbedConfig(tiny_artifact, source, tmp_path / "o2", text_field="body"))
     with pytest.raises(UsageError, match="kiln embed needs an artifact of feature-extraction.*multi-vector"):
         run_embed(EmbedConfig(task_artifacts[TaskName.TEXT_CLASSIFICATION], source, tmp_path / "o3"))

@@ -117,7 +117,7 @@ def test_each_engine_says_up_front_where_it_cannot_run():
     for engine in ENGINES:
         check_device(engine, "cpu")
     for engine, runtime in (("openvino", "OpenVINO"), ("static", "static embeddings")):
-        with pytest.raises(UsageError, match=f"--device cuda: kiln runs {runtime}.* on the cpu device only"):
+        with pytest.raises(UsageError, match=f"device cuda: kiln runs {runtime}.* on the cpu device only"):
             check_device(engine, "cuda")
     with pytest.raises(UsageError, match="device tensorrt is an ONNX Runtime provider; TorchScript runs on cpu"):
         check_device("torchscript", "tensorrt")
@@ -176,7 +176,7 @@ def test_torchscript_runs_on_the_device_it_was_traced_on(tiny_model, tmp_path):
         np.testing.assert_allclose(TorchScriptEngine(path, EngineOptions(device=device)).run(batch)[
             "last_hidden_state"], cpu, atol=1e-4)
         other = "cpu" if device == "cuda" else "cuda"
-        with pytest.raises(UsageError, match=f"--device {other}: this TorchScript was traced on {device}"):
+        with pytest.raises(UsageError, match=f"device {other}: this TorchScript was traced on {device}"):
             TorchScriptEngine(path, EngineOptions(device=other))
 
 
