@@ -16,8 +16,8 @@ $(PY):
 # kiln's `torch>=2.4` is already satisfied and pip installs nothing more for it.
 $(STAMP): pyproject.toml constraints.txt | $(PY)
 	$(PY) -m pip install -q --disable-pip-version-check torch==2.13.0
-	$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[build,test,docs,openvino,serve,triton,grpc,embed,ray,otel]'
-	touch $(STAMP)
+	$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt -e
+	'.[build,test,docs,openvino,serve,triton,grpc,embed,ray,otel]' touch $(STAMP)
 
 demo: install
 	$(VENV)/bin/kiln optimize --task feature-extraction --force -o $(DEMO_OUT)
@@ -53,7 +53,7 @@ $(TRITON_STAMP): pyproject.toml
 	fi
 
 # A serving-only install (pip install 'kiln[serve,embed]': no torch, transformers, scipy or scikit-learn), the way a
-# container serving an ONNX artifact installs kiln; tests/test_slim_install.py serves from it.
+# container serving an ONNX artifact installs kiln; tests/e2e/test_slim_install.py serves from it.
 SLIM_VENV ?= .venv-slim
 SLIM_STAMP := $(SLIM_VENV)/.kiln-slim
 slim: $(SLIM_STAMP)
@@ -84,7 +84,8 @@ docs: install
 	$(VENV)/bin/mkdocs build --strict
 
 clean:
-	rm -rf $(VENV) $(TRITON_VENV) $(SLIM_VENV) $(INFINITY_VENV) $(KSERVE_VENV) $(PYLATE_VENV) $(COLBERT_VENV) $(DEMO_OUT) .pytest_cache
+	rm -rf $(VENV) $(TRITON_VENV) $(SLIM_VENV) $(INFINITY_VENV) $(KSERVE_VENV) $(PYLATE_VENV) $(COLBERT_VENV) $(DEMO_OUT)
+	.pytest_cache
 
 # A real deployment nobody here wrote, for kiln audit's test: Infinity (infinity-emb 0.0.78) in its own venv. It pins
 # transformers 4.57 and numpy < 2; torch 2.13.0 first, as everywhere (any other version pulls CUDA wheels).
@@ -100,7 +101,7 @@ $(INFINITY_STAMP):
 	  || { echo "make: infinity-emb could not be installed; the Infinity audit test will be skipped"; exit 0; }
 	touch $(INFINITY_STAMP)
 
-# KServe's own Python clients (REST v2 and gRPC), for tests/test_serve_protocols.py: a peer in its own venv, as
+# KServe's own Python clients (REST v2 and gRPC), for tests/e2e/test_serve_protocols.py: a peer in its own venv, as
 # KServe's users install it (kserve pulls its own fastapi, grpcio-tools and numpy 2).
 KSERVE_VENV ?= .venv-kserve
 KSERVE_STAMP := $(KSERVE_VENV)/.kiln-kserve
@@ -111,7 +112,7 @@ $(KSERVE_STAMP):
 	$(KSERVE_VENV)/bin/pip install -q --disable-pip-version-check 'kserve==0.21.0'
 	touch $(KSERVE_STAMP)
 
-# PyLate (pylate 1.6.0), the ColBERT implementation tests/test_multi_vector.py compares kiln with, in its own venv:
+# PyLate (pylate 1.6.0), the ColBERT implementation tests/e2e/test_multi_vector.py compares kiln with, in its own venv:
 # it pins sentence-transformers 5.3.0 and transformers <= 5.3.0 (kiln's venv has newer), and its fast-plaid index
 # dependency pins torch 2.11 with CUDA wheels (5 GB). kiln needs only pylate.models, which imports neither
 # fast-plaid nor fastkmeans, so pylate goes in without its dependencies and the ones models needs are named here.

@@ -50,7 +50,7 @@ def task_artifacts(tiny_model, tiny_artifact, tmp_path_factory) -> dict:
     from kiln.tasks.generative import GenerativeTask
 
     for task in TaskName:
-        # BERT does not generate (decoders: tests/test_generation.py)
+        # BERT does not generate (decoders: tests/integration/test_generation.py)
         if task not in out and not issubclass(task_spec(task), GenerativeTask):
             path = tmp_path_factory.mktemp(task.value) / "art"
             run_export(ExportConfig(model=str(tiny_model("bert", task)), task=task, format=ExportFormat.ONNX,

@@ -27,7 +27,7 @@ def staged_directory(target: Path, *, overwrite: bool) -> Iterator[Path]:
     target.parent.mkdir(parents=True, exist_ok=True)
     # The name is chosen before the directory exists and the directory is made inside the try: a signal turned
     # into an exception (SIGTERM, Ctrl-C) between mkdtemp's mkdir and the try left the .partial behind (seen in
-    # tests/test_cli.py's terminated export on a loaded machine).
+    # tests/e2e/test_cli.py's terminated export on a loaded machine).
     staging = _unused_name(target)
     try:
         staging.mkdir(mode=0o700)

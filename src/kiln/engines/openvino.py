@@ -25,7 +25,7 @@ def prime_numpy_views(request: Any) -> None:
     Common::type_helpers::ov_type_to_dtype) by calling into numpy. Two sessions making their first calls at once
     deadlocked on it (kiln.load's split plan, MiniLM, 2026-11-27; py-spy: one thread in __cxa_guard_acquire holding
     the GIL, the other inside the initializer waiting for the GIL). Built once per process, on one thread, it leaves
-    no first call to race (tests/test_engines.py: eight sessions' first calls at once hung 9 of 10 processes
+    no first call to race (tests/integration/test_engines.py: eight sessions' first calls at once hung 9 of 10 processes
     without it)."""
     _ = request.get_input_tensor(0).data, request.get_output_tensor(0).data
 
@@ -49,7 +49,7 @@ def _call(request: Any, inputs: dict[str, np.ndarray], input_names: tuple[str, .
     us a call served, 343 against 425 offline, the same command): on OpenVINO 2026.4 a call that fails that way
     (ids and mask of different widths) leaves the stream unable to run that shape again: every later call of it
     fails, on any request of the model, until another shape has run. The synchronous call recovers
-    (tests/test_engines.py).
+    (tests/integration/test_engines.py).
     """
     for k, name in enumerate(input_names):
         array = np.asarray(inputs[name])

@@ -160,7 +160,8 @@ def _gpt_neo(model: Any) -> _Decoder:
                                   _np(attention.v_proj.weight)]).T
             # A local layer's query sees the last window_size positions, itself included (transformers' mask).
             # ONNX Runtime 1.32's op keeps local_window_size keys the same way: window_size - 1 was off from the
-            # 8th token on (tests/test_generation.py holds every position to transformers'; the gate rejected it).
+            # 8th token on (tests/integration/test_generation.py holds every position to transformers'; the gate
+            # rejected it).
             window = int(config.window_size) if kind == "local" else -1
             yield _Layer(block.ln_1, qkv, None, _np(attention.out_proj.weight).T, _np(attention.out_proj.bias),
                          block.ln_2, _np(mlp.c_fc.weight).T, _np(mlp.c_fc.bias), _np(mlp.c_proj.weight).T,

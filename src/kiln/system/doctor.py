@@ -40,7 +40,7 @@ def _providers(report: Report) -> None:
 
 
 # A one-node ONNX graph (y = Relu(x)), shipped as a file so that a serving install (no onnx package) can probe its
-# providers too; tests/test_doctor.py checks it is exactly what probe_model() builds with onnx.
+# providers too; tests/unit/test_doctor.py checks it is exactly what probe_model() builds with onnx.
 PROBE_FILE = Path(__file__).resolve().parents[1] / "data" / "probe-relu.onnx"
 
 

@@ -101,7 +101,7 @@ def test_question_answering_needs_the_python_model_step(task_artifacts, tmp_path
 
 @pytest.fixture(scope="module")
 def triton_install():
-    install = find_install(Path(__file__).resolve().parents[1] / ".venv-triton")
+    install = find_install(Path(__file__).resolve().parents[2] / ".venv-triton")
     if isinstance(install, str):
         pytest.skip(install)
     return install
@@ -155,7 +155,7 @@ def test_triton_answers_questions_over_several_windows(served, task_artifacts):
 
 def check_answers_like_kiln(module, port: int, names: dict, task_artifacts: dict) -> None:
     """Triton client code for the repository's models (embeddings, classification, tagging) against the offline
-    predictor; tests/test_serve_protocols.py runs the same code against kiln serve."""
+    predictor; tests/e2e/test_serve_protocols.py runs the same code against kiln serve."""
     import json
 
     embeddings = _infer(module, port, names[TaskName.FEATURE_EXTRACTION], TEXTS, "EMBEDDING")

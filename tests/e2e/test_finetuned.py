@@ -4,8 +4,8 @@ The runs here judge each variant once (``sensitivity=False``): what is tested is
 and the int8 searches have tests of their own. On an AMX Xeon openvino-int8-static missed the gate on the sentiment
 head and its four SmoothQuant alternatives and a layer search took this test from ~1 to 6-8 minutes of the suite.
 The classification run builds onnx-fp32 only: onnx-int8-dynamic was rejected there on label agreement (0.984 in
-mixed batches) after ~30 s of checks, and that a rejected variant gets no metric is tested in tests/test_optimize.py;
-the question-answering run keeps both."""
+mixed batches) after ~30 s of checks, and that a rejected variant gets no metric is tested in
+tests/integration/test_optimize.py; the question-answering run keeps both."""
 
 from __future__ import annotations
 

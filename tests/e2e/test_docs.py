@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from kiln.tasks import TASKS
-from tests.test_report import CHROMIUM, _png_pixels_vary
+from tests.integration.test_report import CHROMIUM, _png_pixels_vary
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MKDOCS = Path(sys.executable).with_name("mkdocs")
 
 

@@ -30,7 +30,7 @@ from kiln.source.loading import load_source
 from kiln.source.reference import reference_predictor
 from kiln.tasks import TaskName
 from kiln.tasks.text_generation import TextGeneration
-from tests.test_serve_process import start_server
+from tests.e2e.test_serve_process import start_server
 from tests.waiting import concurrently, wait_until
 
 DECODERS = ("gpt2", "gpt_neo")

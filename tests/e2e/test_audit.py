@@ -181,7 +181,7 @@ def test_bad_urls_and_nothing_listening(tiny_model, tmp_path):
         embed(Endpoint(f"http://127.0.0.1:{port}", "tei"), ["x"])
 
 
-INFINITY = Path(__file__).resolve().parents[1] / ".venv-infinity" / "bin" / "infinity_emb"
+INFINITY = Path(__file__).resolve().parents[2] / ".venv-infinity" / "bin" / "infinity_emb"
 
 
 @pytest.fixture(scope="module")

@@ -34,7 +34,7 @@ def test_every_architecture_exports_with_parity(tiny_model, tmp_path, arch, fmt)
     Artifact.open(result.path)  # checksums verify
 
 
-@pytest.mark.parametrize("task", [t for t in TaskName  # decoders: tests/test_generation.py
+@pytest.mark.parametrize("task", [t for t in TaskName  # decoders: tests/integration/test_generation.py
                                   if not issubclass(task_spec(t), GenerativeTask)])
 def test_every_task_exports_with_parity(tiny_model, tmp_path, task):
     result = _export(tiny_model("bert", task), tmp_path, task=task)

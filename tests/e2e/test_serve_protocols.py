@@ -21,7 +21,7 @@ from kiln.serving.app import ServeConfig, create_app
 from kiln.tasks import TaskName
 
 TEXTS = [builtin_sentences()[3], "Anna Schmidt works for Acme Corporation in Berlin.", joined(5, 6)]
-TEI_SPEC = json.loads((Path(__file__).parent / "data" / "tei-openapi.json").read_text())
+TEI_SPEC = json.loads((Path(__file__).parents[1] / "data" / "tei-openapi.json").read_text())
 
 
 def _json_schema(node):
@@ -103,7 +103,7 @@ def test_tritonclient_code_for_the_triton_repository_runs_against_kiln_serve(ser
     import tritonclient.grpc as grpc
     import tritonclient.http as http
 
-    from tests.test_triton import check_answers_like_kiln, check_rerank_like_kiln
+    from tests.e2e.test_triton import check_answers_like_kiln, check_rerank_like_kiln
 
     base, grpc_port = server
     module, port = (http, int(base.rsplit(":", 1)[1])) if protocol == "http" else (grpc, grpc_port)
@@ -219,14 +219,14 @@ def test_overload_answers_429_in_each_protocols_shape(task_artifacts):
     assert own.json()["error"]["type"] == "overloaded"
 
 
-KSERVE = Path(__file__).resolve().parents[1] / ".venv-kserve" / "bin" / "python"
+KSERVE = Path(__file__).resolve().parents[2] / ".venv-kserve" / "bin" / "python"
 
 
 @pytest.mark.skipif(not KSERVE.is_file(), reason="no KServe client venv (run `make kserve-client`)")
 def test_kserves_own_clients_get_the_same_numbers(server, task_artifacts):
     """KServe's InferenceRESTClient (v2) and InferenceGRPCClient, in KServe's own venv, against kiln serve."""
     base, grpc_port = server
-    run = subprocess.run([str(KSERVE), str(Path(__file__).parent / "peers" / "kserve_client.py"), base,
+    run = subprocess.run([str(KSERVE), str(Path(__file__).parents[1] / "peers" / "kserve_client.py"), base,
                           f"127.0.0.1:{grpc_port}", "feature_extraction", *TEXTS], capture_output=True, text=True,
                          timeout=180)
     assert run.returncode == 0, run.stderr[-3000:]

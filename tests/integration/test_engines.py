@@ -21,7 +21,7 @@ from kiln.tasks import TaskName
 SHORT = "A short sentence."
 LONG = [builtin_sentences()[-1], builtin_sentences()[-2], builtin_sentences()[-5]]
 
-# The formats an encoder exports to (onnx-fused is a decoder's step graph: tests/test_generation.py).
+# The formats an encoder exports to (onnx-fused is a decoder's step graph: tests/integration/test_generation.py).
 ENCODER_FORMATS = (ExportFormat.ONNX, ExportFormat.TORCHSCRIPT)
 # Stated invariance tolerances: fp32 engines agree to float rounding; autocast engines to their precision.
 TOLERANCE = {Precision.FP32: 1e-5, Precision.BF16: 5e-2, Precision.FP16: 5e-3}

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_bench import benched  # noqa: F401  (module fixture: a benchmarked tiny artifact)
+from tests.integration.test_bench import benched  # noqa: F401  (module fixture: a benchmarked tiny artifact)
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 

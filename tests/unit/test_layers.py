@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 LINT = Path(sys.executable).with_name("lint-imports")
 
 pytestmark = pytest.mark.skipif(not LINT.exists(), reason="import-linter is installed by make (the [test] extra)")

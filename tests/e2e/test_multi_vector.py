@@ -19,8 +19,8 @@ from kiln.serving.app import ServeConfig, create_app
 from kiln.tasks import TaskName
 from kiln.tasks.multi_vector import maxsim
 
-PYLATE = Path(__file__).resolve().parents[1] / ".venv-pylate" / "bin" / "python"
-COLBERT_AI = Path(__file__).resolve().parents[1] / ".venv-colbert" / "bin" / "python"
+PYLATE = Path(__file__).resolve().parents[2] / ".venv-pylate" / "bin" / "python"
+COLBERT_AI = Path(__file__).resolve().parents[2] / ".venv-colbert" / "bin" / "python"
 QUERIES = ["How do I reset my password?", "a train to Lisbon",
            "what is the capital of the country whose largest river flows north into the sea near the old port"]
 DOCUMENTS = ["Please reset my password, it stopped working!", "The train to Lisbon was delayed by two hours.",
@@ -40,7 +40,7 @@ def pylate(colbert, tmp_path_factory) -> dict[str, np.ndarray]:
         pytest.skip("no PyLate venv (run `make pylate`)")
     scratch = tmp_path_factory.mktemp("pylate")
     (scratch / "in.json").write_text(json.dumps({"queries": QUERIES, "documents": DOCUMENTS}))
-    run = subprocess.run([str(PYLATE), str(Path(__file__).parent / "peers" / "pylate_encode.py"), str(colbert),
+    run = subprocess.run([str(PYLATE), str(Path(__file__).parents[1] / "peers" / "pylate_encode.py"), str(colbert),
                           str(scratch / "in.json"), str(scratch / "out.npz")], capture_output=True, text=True,
                          timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
@@ -87,7 +87,7 @@ def test_kiln_reads_colbert_ai_checkpoints_and_encodes_like_colbert_ai(tmp_path_
     scratch = tmp_path_factory.mktemp("colbert-ai")
     checkpoint = build_tiny_colbert_ai(scratch / "checkpoint")
     (scratch / "in.json").write_text(json.dumps({"queries": QUERIES, "documents": DOCUMENTS}))
-    run = subprocess.run([str(COLBERT_AI), str(Path(__file__).parent / "peers" / "colbert_ai_encode.py"),
+    run = subprocess.run([str(COLBERT_AI), str(Path(__file__).parents[1] / "peers" / "colbert_ai_encode.py"),
                           str(checkpoint), str(scratch / "in.json"), str(scratch / "out.npz")], capture_output=True,
                          text=True, timeout=600, cwd=scratch)
     assert run.returncode == 0, run.stderr[-2000:]

@@ -14,7 +14,7 @@ import pytest
 from kiln.artifact.directory import Artifact
 from kiln.serving import process
 
-SLIM = Path(__file__).resolve().parents[1] / ".venv-slim" / "bin"
+SLIM = Path(__file__).resolve().parents[2] / ".venv-slim" / "bin"
 pytestmark = pytest.mark.skipif(not (SLIM / "kiln").is_file(), reason="no serving-only venv (run `make slim`)")
 TEXTS = ["A serving install answers like the full one.", "short", "Python's documentation ships with Python."]
 

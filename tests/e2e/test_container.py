@@ -24,7 +24,7 @@ import yaml
 
 from kiln.serving import process
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "Dockerfile"
 DEPLOYMENT = ROOT / "deploy" / "kubernetes" / "deployment.yaml"
 INFERENCE_SERVICE = ROOT / "deploy" / "kserve" / "inferenceservice.yaml"
