@@ -3,6 +3,9 @@
 The CLI's commands of the same names are made of these functions: every option a command has is a parameter here,
 with the same name and default (``--force`` is ``overwrite``; a comma-separated list is a sequence), and errors name
 the parameter (``batch_size must be at least 1``) where the CLI names the flag. Each returns a typed record.
+
+Each function imports its job when called, so that `import kiln` stays free of torch, transformers and the server's
+packages (a serving install has no torch).
 """
 
 from __future__ import annotations

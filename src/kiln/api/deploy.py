@@ -1,6 +1,10 @@
 """Running artifacts where users are, from Python: ``kiln.serve`` (HTTP and gRPC with dynamic batching),
 ``kiln.embed`` (a corpus into Parquet parts, on Ray too) and ``kiln.triton`` (a Triton model repository). The CLI's
-commands of the same names are made of these functions, with the same parameters as their options."""
+commands of the same names are made of these functions, with the same parameters as their options.
+
+Each function imports its job when called, so that `import kiln` stays free of torch, transformers and the server's
+packages (a serving install has no torch).
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,9 @@
 """Looking at an artifact and at this machine, from Python: ``kiln.info`` and ``kiln.doctor``. The CLI's
-``kiln info`` and ``kiln doctor`` print what these return."""
+``kiln info`` and ``kiln doctor`` print what these return.
+
+Each function imports its job when called, so that `import kiln` stays free of torch, transformers and the server's
+packages (a serving install has no torch).
+"""
 
 from __future__ import annotations
 

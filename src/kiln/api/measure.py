@@ -1,6 +1,10 @@
 """Measuring from Python: ``kiln.bench`` (an artifact's speed against PyTorch on this machine) and ``kiln.audit``
 (any running deployment's answers against the original model). The CLI's ``kiln bench`` and ``kiln audit`` are made
-of these functions, with the same parameters as their options."""
+of these functions, with the same parameters as their options.
+
+Each function imports its job when called, so that `import kiln` stays free of torch, transformers and the server's
+packages (a serving install has no torch).
+"""
 
 from __future__ import annotations
 

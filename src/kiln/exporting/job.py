@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+from kiln.artifact.directory import Artifact
 from kiln.artifact.manifest import Manifest, seal
 from kiln.choices import ExportFormat, ExternalData
 from kiln.engines import EngineOptions, create_engine
@@ -21,9 +21,6 @@ from kiln.source.reference import example_inputs, reference_predictor, task_modu
 from kiln.system.memory import release_freed
 from kiln.tasks import FUSED_DECODER_TASKS, task_handler, task_spec
 from kiln.validation.parity import compare_parity, expected_outputs
-
-if TYPE_CHECKING:
-    from kiln.artifact.directory import Artifact
 
 TOKENIZER_DIR = "tokenizer"
 # Variant name, engine and file name for each export format.
@@ -60,8 +57,6 @@ class ExportResult:
     @property
     def artifact(self) -> Artifact:
         """The artifact, opened (its checksums verified)."""
-        from kiln.artifact.directory import Artifact
-
         return Artifact.open(self.path)
 
 

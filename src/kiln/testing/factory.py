@@ -15,7 +15,7 @@ import transformers
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
 from kiln.data.texts import builtin_sentences
-from kiln.tasks import TaskName
+from kiln.tasks import TaskName, task_spec
 
 LABELS = {
     TaskName.TEXT_CLASSIFICATION: ["negative", "neutral", "positive"],
@@ -184,15 +184,7 @@ def build_tiny_model(arch: str, task: TaskName, directory: Path, seed: int = 0) 
                           **({"id2label": dict(enumerate(labels)), "label2id": {v: i for i, v in enumerate(labels)}}
                              if labels else {}))
     torch.manual_seed(seed)
-    auto = {
-        TaskName.FEATURE_EXTRACTION: transformers.AutoModel,
-        TaskName.TEXT_CLASSIFICATION: transformers.AutoModelForSequenceClassification,
-        TaskName.TOKEN_CLASSIFICATION: transformers.AutoModelForTokenClassification,
-        TaskName.QUESTION_ANSWERING: transformers.AutoModelForQuestionAnswering,
-        TaskName.TEXT_RANKING: transformers.AutoModelForSequenceClassification,  # one logit: a cross-encoder
-        TaskName.SPARSE_EMBEDDING: transformers.AutoModelForMaskedLM,  # SPLADE: the MLM head's logits are terms
-        TaskName.TEXT_GENERATION: transformers.AutoModelForCausalLM,
-    }[task]
+    auto = getattr(transformers, task_spec(task).auto_class)  # the class the task itself loads with
     model = auto.from_config(config).eval()
     with torch.no_grad():  # larger random weights so outputs are not all near-uniform
         for param in model.parameters():
