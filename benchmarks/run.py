@@ -202,7 +202,7 @@ PARTS = {p.name: p for p in (
 # directly: python benchmarks/decoder_peers.py MODEL ARTIFACT --json benchmarks/out/decoder-peers.json
 
 
-def stamp(part: Part, argv: list[str]) -> dict[str, str]:
+def stamp(part: Part, argv: list[str], artifact: Path) -> dict[str, str]:
     """Where a figure came from: the commit (``-dirty`` with uncommitted changes), the CPU class, the date, the
     command."""
     from kiln.system.cpu import cpu_class, cpu_info
@@ -215,7 +215,17 @@ def stamp(part: Part, argv: list[str]) -> dict[str, str]:
     info = cpu_info()
     shown = ["python", *[str(Path(a).relative_to(ROOT)) if a.startswith(str(ROOT)) else a for a in argv]]
     return {"part": part.name, "commit": commit, "cpu_class": cpu_class(info.features), "cpu": info.model,
-            "date": date.today().isoformat(), "command": shlex.join(shown)}
+            "date": date.today().isoformat(), "command": shlex.join(shown), "artifact": _artifact(artifact)}
+
+
+def _artifact(path: Path) -> str:
+    """What the measured artifact holds, as its manifest says (its best variant, the variants built), or ""."""
+    manifest = path / "manifest.json"
+    if not manifest.is_file():
+        return ""
+    body = json.loads(manifest.read_text())
+    built = ", ".join(body.get("variants", {}))
+    return f"artifact: best {body.get('build', {}).get('best')} of {built}" if built else ""
 
 
 def run_part(part: Part, options: argparse.Namespace) -> bool:
@@ -231,7 +241,7 @@ def run_part(part: Part, options: argparse.Namespace) -> bool:
     if code != 0:
         print(f"== {part.name} FAILED (exit {code}); its section of RESULTS.md is left as it was", file=sys.stderr)
         return False
-    (OUT / f"{part.name}.meta.json").write_text(json.dumps(stamp(part, argv), indent=1) + "\n")
+    (OUT / f"{part.name}.meta.json").write_text(json.dumps(stamp(part, argv, options.artifact), indent=1) + "\n")
     return True
 
 
@@ -241,7 +251,8 @@ def section(part: Part) -> tuple[str, list[str]]:
     data = json.loads((OUT / f"{part.name}.json").read_text())
     return f"{part.name} {meta['cpu_class']}", [
         f"### {part.title}: {meta['cpu_class']}", "",
-        f"`{meta['command']}` ({meta['cpu']}; commit {meta['commit']}, {meta['date']})", "", *part.render(data)]
+        f"`{meta['command']}` ({meta['cpu']}; commit {meta['commit']}, {meta['date']}"
+        f"{'; ' + meta['artifact'] if meta.get('artifact') else ''})", "", *part.render(data)]
 
 
 def write_results(parts: list[Part]) -> None:
@@ -252,8 +263,12 @@ def write_results(parts: list[Part]) -> None:
         key, lines = section(part)
         body = "\n".join([f"<!-- part: {key} -->", *lines, "<!-- /part -->"])
         pattern = re.compile(rf"<!-- part: {re.escape(key)} -->.*?<!-- /part -->", re.S)
+        same_part = list(re.finditer(rf"<!-- part: {re.escape(part.name)} [^>]*-->.*?<!-- /part -->\n", text, re.S))
         if pattern.search(text):
             text = pattern.sub(lambda _match, new=body: new, text)
+        elif same_part:  # beside the part's figures on other CPU classes
+            end = same_part[-1].end()
+            text = text[:end] + "\n" + body + "\n" + text[end:]
         else:
             anchor = text.find("\n## What was tried and closed")
             text = (text[:anchor] + "\n" + body + "\n" + text[anchor:]) if anchor >= 0 else text + "\n" + body + "\n"
