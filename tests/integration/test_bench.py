@@ -27,7 +27,6 @@ from kiln.choices import ExportFormat
 from kiln.errors import UsageError
 from kiln.exporting.job import ExportConfig, run_export
 from kiln.records.bench import SCHEMA, read_results
-from kiln.runtime.timing import padding_efficiency
 from kiln.system.cpu import cpu_info
 from kiln.tasks import TaskName
 
@@ -134,13 +133,6 @@ def _cores() -> int:
     from kiln.system.cpu import cpu_info
 
     return cpu_info().usable_cores
-
-
-def test_padding_efficiency():
-    assert padding_efficiency([10, 10, 10, 10], 2, sort=True) == 1.0
-    assert padding_efficiency([10, 30, 10, 30], 2, sort=False) == pytest.approx(80 / 120)
-    assert padding_efficiency([10, 30, 10, 30], 2, sort=True) == 1.0
-    assert padding_efficiency([10], 1, sort=True, multiple=16) == pytest.approx(10 / 16)
 
 
 def test_compare_reports_changes_beyond_noise(benched):
