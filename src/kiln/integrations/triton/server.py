@@ -51,8 +51,11 @@ class RunningTriton:
             self.process.kill()
 
 
-def start_triton(install: TritonInstall, repository: Path, log: Path, timeout_s: float = 180) -> RunningTriton:
-    """Run tritonserver on 127.0.0.1 and return once every model is ready (or raise with the log's tail)."""
+def start_triton(install: TritonInstall, repository: Path, log: Path, timeout_s: float = 180,
+                 exit_timeout_s: int = 5) -> RunningTriton:
+    """Run tritonserver on 127.0.0.1 and return once every model is ready (or raise with the log's tail).
+    ``exit_timeout_s``: how long it may wait for in-flight requests once stopped. Its own default, 30 s, was every
+    stop's wall time with nothing in flight (the suite's teardown: 30.06 s, tests/e2e/test_triton.py)."""
     import tritonclient.http as http
 
     http_port, grpc_port, metrics_port = free_port(), free_port(), free_port()
@@ -61,7 +64,8 @@ def start_triton(install: TritonInstall, repository: Path, log: Path, timeout_s:
         process = subprocess.Popen(
             [str(install.binary), f"--model-repository={repository}", f"--backend-directory={install.backends}",
              "--http-address=127.0.0.1", f"--http-port={http_port}", "--grpc-address=127.0.0.1",
-             f"--grpc-port={grpc_port}", f"--metrics-port={metrics_port}", "--allow-metrics=false"],
+             f"--grpc-port={grpc_port}", f"--metrics-port={metrics_port}", "--allow-metrics=false",
+             f"--exit-timeout-secs={exit_timeout_s}"],
             stdout=sink, stderr=subprocess.STDOUT, env=env)
     running = RunningTriton(process, http_port, grpc_port, log)
     deadline = time.monotonic() + timeout_s
