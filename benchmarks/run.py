@@ -142,6 +142,76 @@ def render_bound(data: dict[str, Any]) -> list[str]:
                    "of best bound"], rows)
 
 
+def render_triton(data: dict[str, Any]) -> list[str]:
+    """Triton and kiln serve under the same closed-loop load."""
+    rows = []
+    for name, label in (("triton", f"Triton, buckets {data.get('buckets')}"), ("kiln_serve", "kiln serve")):
+        run = data.get(name)
+        if run:
+            note = f"mean batch {run['model_step_mean_batch']:.2f}" if "model_step_mean_batch" in run else ""
+            rows.append([label, run["throughput_per_s"], run["p50_ms"], run["p99_ms"], note])
+    return _table(["server", "req/s", "p50 ms", "p99 ms", "notes"], rows) + [
+        f"\n{data['clients']} clients, {data['requests']} requests, variant {data['variant']}."]
+
+
+def render_optimize_speed(data: dict[str, Any]) -> list[str]:
+    """The chosen variant against PyTorch, medians of the alternated rounds."""
+    medians, variant = data["median"], data["variant"]
+    engines = sorted({k.rsplit("_", 1)[0] for k in medians if not k.endswith("_ms")})
+    rows = [[e, medians.get(f"{e}_sorted"), medians.get(f"{e}_unsorted"), medians.get(f"{e}_b1_ms")] for e in engines]
+    ratios = ", ".join(f"{k.replace('speedup_', '').replace('_', ' ')} {v:.2f}x" for k, v in data.items()
+                       if k.startswith("speedup_"))
+    return _table(["engine", "sorted seq/s", "unsorted seq/s", "batch-1 ms @128"], rows) + [
+        f"\n{variant}: cosine to PyTorch mean {data['cosine_mean']:.4f} / min {data['cosine_min']:.4f}; {ratios}."]
+
+
+def render_shadow(data: dict[str, Any]) -> list[str]:
+    """A loaded server with and without --shadow-rate, and the live figure against offline."""
+    live = {k.split("figure=")[1].split('"')[1]: v for k, v in data["live"].items() if "figure=" in k}
+    return _table(["server", "req/s (median)", "p99 ms (median)"],
+                  [[name, data["median_throughput_per_s"][name], data["median_p99_ms"][name]]
+                   for name in ("plain", "shadowed")]) + [
+        f"\nshadowed / plain {data['ratio']:.3f} at rate {data['rate']}; live min / mean cosine "
+        f"{live.get('min_cosine', float('nan')):.4f} / {live.get('mean_cosine', float('nan')):.4f} against offline "
+        f"{data['offline_min_cosine']:.4f} / {data['offline_mean_cosine']:.4f}."]
+
+
+def render_static(data: dict[str, Any]) -> list[str]:
+    """A static student against the teacher's best variant: quality and texts/s."""
+    teacher, static = data["teacher"], data["static"]
+    return _table(["model", "STS Spearman", "texts/s", "neighbours' recall@10", "pairwise-cosine Spearman"], [
+        [f"teacher ({teacher['variant']})", teacher["sts_spearman"], teacher["texts_per_s"], "", ""],
+        ["static, as a kiln artifact", static["sts_spearman"], static["artifact_texts_per_s"],
+         static["recall_at_10_of_teacher_neighbours"], static["pairwise_cosine_spearman_vs_teacher"]]]) + [
+        f"\n{data['artifact_speedup']:.1f}x the teacher's best variant end to end ({data['texts']} texts, best of "
+        f"{data['rounds']})."]
+
+
+def render_embed(data: dict[str, Any]) -> list[str]:
+    """kiln embed in one process and on Ray against the offline predictor."""
+    return _table(["run", "figures"], [[name, ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
+                                                        for k, v in run.items() if not isinstance(v, (dict, list)))]
+                                       for name, run in data["runs"].items()]) + [
+        f"\n{data['texts']} texts, variant {data['variant']}, {data['cores']} cores."]
+
+
+def render_speculative(data: dict[str, Any]) -> list[str]:
+    """Speculative decoding against greedy: tokens/s, acceptance, identical output."""
+    rows = [["greedy", "", data["greedy"]["tokens_per_s"], 1.0, "", True]]
+    rows += [[f"draft {s['draft_tokens']} tokens", s["acceptance"], s["tokens_per_s"], s["speedup"],
+              s["tokens_per_target_step"], s["identical_to_greedy"]] for s in data["speculative"]]
+    return _table(["decoding", "acceptance", "tokens/s", "speed-up", "tokens per target step", "same as greedy"],
+                  rows)
+
+
+def render_gpu(data: dict[str, Any]) -> list[str]:
+    """End to end on the GPU against sentence-transformers, with each configuration's min cosine."""
+    rows = [[name, run.get("texts_per_s"), f"{run['min_cosine']:.7f}" if "min_cosine" in run else ""]
+            for name, run in data["end_to_end"].items()]
+    return [f"{data['gpu']}, onnxruntime {data['onnxruntime']}, torch {data['torch']}", "",
+            *_table(["configuration", "texts/s", "min cosine to ST fp32"], rows)]
+
+
 def _script(name: str, *args: str) -> Callable[[argparse.Namespace, Path], list[str]]:
     def command(options: argparse.Namespace, out: Path) -> list[str]:
         filled = [a.format(artifact=options.artifact) for a in args]
@@ -172,22 +242,22 @@ PARTS = {p.name: p for p in (
          _script("serve_load.py", "{artifact}/best", "--paired", "--concurrency", "64", "--rounds", "6"), ARTIFACT, 3,
          render_serve_load),
     Part("triton-load", "Triton against `kiln serve`", _script("triton_load.py", "{artifact}/best"),
-         ARTIFACT + " and `make triton-server`", 5, render_generic),
+         ARTIFACT + " and `make triton-server`", 5, render_triton),
     Part("shadow", "What live agreement costs a loaded server", _script("shadow_cost.py", "{artifact}/best"), ARTIFACT,
-         5, render_generic),
+         5, render_shadow),
     Part("optimize-speed", "The chosen variant against PyTorch, alternated",
-         _script("optimize_speed.py", "{artifact}", "--rounds", "3"), ARTIFACT, 10, render_generic),
+         _script("optimize_speed.py", "{artifact}", "--rounds", "3"), ARTIFACT, 10, render_optimize_speed),
     Part("optimize-profile", "`kiln optimize` on GPT-2 small's shape, by stage", _script("optimize_profile.py"),
          "nothing", 12, render_generic),
     Part("students", "Students of MiniLM (kiln distill, kiln prune)", _script("distill_minilm.py"), "nothing", 70,
          render_generic),
     Part("static", "A static student against the teacher", _script("static_minilm.py", "{artifact}/best"), ARTIFACT,
-         10, render_generic),
+         10, render_static),
     Part("rerank", "A trained reranker's variants", _script("rerank_minilm.py"), "nothing", 20, render_generic),
     Part("colbert", "Late interaction against PyLate", _script("colbert_minilm.py"), "`make pylate`", 11,
          render_generic),
     Part("embed", "Bulk embedding, one process and Ray", _script("embed_corpus.py", "--artifact", "{artifact}"),
-         ARTIFACT, 15, render_generic),
+         ARTIFACT, 15, render_embed),
     Part("slim-install", "The serving install against the full one", _script("slim_install.py"), "`make slim`", 3,
          render_generic),
     Part("decoder-latency", "Decoder latency and continuous batching", _script("decoder_latency.py"), "nothing", 30,
@@ -195,8 +265,8 @@ PARTS = {p.name: p for p in (
     Part("decoder-fidelity", "int8 fidelity of a trained decoder", _script("decoder_fidelity.py"), "nothing", 25,
          render_generic),
     Part("speculative", "Speculative decoding against greedy", _script("speculative.py"), "nothing", 30,
-         render_generic),
-    Part("gpu", "kiln's GPU paths", _script("gpu_check.py"), "a CUDA GPU", 10, render_generic),
+         render_speculative),
+    Part("gpu", "kiln's GPU paths", _script("gpu_check.py"), "a CUDA GPU", 10, render_gpu),
 )}
 # decoder_peers.py needs a decoder and its kiln optimize output (optimize_profile.py --keep DIR makes both); run it
 # directly: python benchmarks/decoder_peers.py MODEL ARTIFACT --json benchmarks/out/decoder-peers.json
