@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from kiln.tasks import TASKS
-from tests.integration.test_report import CHROMIUM, _png_pixels_vary
+from tests.browser import png_pixels_vary, screenshot
 
 ROOT = Path(__file__).resolve().parents[2]
 MKDOCS = Path(sys.executable).with_name("mkdocs")
@@ -45,15 +45,8 @@ def test_the_site_holds_the_pages_made_from_the_code(site):
 @pytest.mark.browser
 @pytest.mark.parametrize("page", ["index.html", "cli.html", "performance.html"])
 def test_pages_render_in_headless_chromium(site, page, tmp_path):
-    if CHROMIUM is None:
-        pytest.skip("chromium is not installed (make test installs Debian's chromium when it runs as root)")
     shot = tmp_path / "page.png"
-    args = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-            "--disable-background-networking", "--disable-component-update", "--disable-sync",
-            f"--user-data-dir={tmp_path / 'profile'}", "--enable-logging=stderr", "--v=0",
-            "--window-size=1280,1600", f"--screenshot={shot}", (site / page).as_uri()]
-    run = subprocess.run(args, capture_output=True, text=True, timeout=120)
-    assert shot.is_file(), run.stderr[-2000:]
-    console = [line for line in run.stderr.splitlines() if "Uncaught" in line]
-    assert console == [], console
-    assert _png_pixels_vary(shot)
+    console = screenshot((site / page).as_uri(), shot, tmp_path / "profile", size="1280,1600")
+    uncaught = [line for line in console if "Uncaught" in line]
+    assert uncaught == [], uncaught
+    assert png_pixels_vary(shot)
