@@ -172,3 +172,28 @@ def test_a_model_over_protobufs_2gb_limit_exports_with_external_data(tmp_path, m
         for path in tmp_path.rglob("*"):
             if path.is_file():
                 path.unlink()
+
+
+@pytest.mark.parametrize("task", [TaskName.FEATURE_EXTRACTION, TaskName.SPARSE_EMBEDDING])
+def test_a_pytorch_variant_saved_before_its_io_file_named_class_and_head_loads_the_same(tiny_model, task, tmp_path):
+    """kiln_io.json used to hold only the task, inputs and outputs: such a variant still loads, its model class read
+    from config.json and its graph head (SPLADE's pooling, the one head there was) from its output name."""
+    import torch
+
+    from kiln.model.module import IO_FILE, load_task_module, save_task_module
+    from kiln.source.loading import load_source
+    from kiln.source.reference import example_inputs, task_module
+
+    source = load_source(str(tiny_model("bert", task)), task.value)
+    module = task_module(source)
+    save_task_module(module, tmp_path, task.value)
+    io = json.loads((tmp_path / IO_FILE).read_text())
+    assert io["head"] == task_spec(task).graph_head and io["model_class"] == type(source.model).__name__
+    (tmp_path / IO_FILE).write_text(json.dumps({k: io[k] for k in ("task", "inputs", "outputs")}))
+    legacy = load_task_module(tmp_path)
+    assert legacy.head_name == task_spec(task).graph_head and type(legacy.model) is type(source.model)
+    inputs = example_inputs(source)
+    with torch.no_grad():
+        for want, got in zip(module(*inputs), legacy(*inputs)):
+            # reloaded weights may run another attention kernel than the loaded model: 1e-6 apart, not bit-equal
+            np.testing.assert_allclose(got.numpy(), want.numpy(), atol=1e-5)
