@@ -18,7 +18,6 @@ import argparse
 import json
 import re
 import shlex
-import statistics
 import subprocess
 import sys
 from collections.abc import Callable
@@ -45,10 +44,9 @@ class Part:
     needs: str  # what must exist first, for --list and the refusal message
     minutes: int  # rough wall time on 2 cores
     render: Render
-
-
-def _median_of(rows: list[float]) -> float:
-    return statistics.median(rows) if rows else float("nan")
+    # Where a kiln command writes its results.json ({artifact}, {work}: the part's own output directory), copied to
+    # the part's JSON after the run; None for a script, which writes its --json itself.
+    results: str | None = None
 
 
 def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
@@ -219,22 +217,21 @@ def _script(name: str, *args: str) -> Callable[[argparse.Namespace, Path], list[
     return command
 
 
-def _kiln(*args: str, results: str) -> Callable[[argparse.Namespace, Path], list[str]]:
-    """A kiln command whose output directory holds ``results`` (copied to the part's JSON after the run)."""
+def _kiln(*args: str) -> Callable[[argparse.Namespace, Path], list[str]]:
+    """A kiln command ({artifact}: the artifact option; {work}: the part's own output directory)."""
     def command(options: argparse.Namespace, out: Path) -> list[str]:
         return ["-m", "kiln", *[a.format(artifact=options.artifact, work=out.with_suffix("")) for a in args]]
-    command.results = results  # type: ignore[attr-defined]
     return command
 
 
 ARTIFACT = "an artifact: `make demo` (kiln-out) or --artifact DIR"
 PARTS = {p.name: p for p in (
     Part("optimize", "`kiln optimize` on the bundled model",
-         _kiln("optimize", "--task", "feature-extraction", "--force", "-o", "{artifact}",
-               results="{artifact}/results.json"), "nothing (it writes --artifact)", 10, render_optimize),
+         _kiln("optimize", "--task", "feature-extraction", "--force", "-o", "{artifact}"),
+         "nothing (it writes --artifact)", 10, render_optimize, results="{artifact}/results.json"),
     Part("bound", "The engine against the hardware: weight-GEMM bound",
-         _kiln("bench", "{artifact}", "--quick", "--no-sweep", "-o", "{work}",
-               results="{work}/results.json"), ARTIFACT, 3, render_bound),
+         _kiln("bench", "{artifact}", "--quick", "--no-sweep", "-o", "{work}"), ARTIFACT, 3, render_bound,
+         results="{work}/results.json"),
     Part("peers", "Encoders: kiln against what a user assembles from existing tools",
          _script("peers.py", "{artifact}", "--rounds", "2"), ARTIFACT + "; creates three peer venvs", 35,
          render_peers),
@@ -304,9 +301,8 @@ def run_part(part: Part, options: argparse.Namespace) -> bool:
     argv = part.command(options, out)
     print(f"== {part.name}: {shlex.join(argv)}", flush=True)
     code = subprocess.run([sys.executable, *argv], cwd=ROOT).returncode
-    results = getattr(part.command, "results", None)
-    if code == 0 and results:  # kiln's own commands write results.json into their output directory
-        source = Path(results.format(artifact=options.artifact, work=out.with_suffix("")))
+    if code == 0 and part.results:  # kiln's own commands write results.json into their output directory
+        source = Path(part.results.format(artifact=options.artifact, work=out.with_suffix("")))
         out.write_text(source.read_text())
     if code != 0:
         print(f"== {part.name} FAILED (exit {code}); its section of RESULTS.md is left as it was", file=sys.stderr)

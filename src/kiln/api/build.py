@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kiln.choices import CalibrationMethod, ExportFormat, ExternalData, PruneScope, Target
-from kiln.tasks import DEFAULT_TASK
+from kiln.tasks import DEFAULT_TASK, task_spec
 
 if TYPE_CHECKING:
     from kiln.artifact.directory import Artifact
@@ -66,7 +66,7 @@ def optimize(model: str | Path | None = None, *, task: str = DEFAULT_TASK, outpu
     from kiln.optimizing.students import parse_students
 
     config = OptimizeConfig(
-        model=str(model) if model is not None else None, task=str(task), output=Path(output),
+        model=str(model) if model is not None else None, task=task_spec(task).name, output=Path(output),
         tolerance=tolerance, eval_file=Path(eval_file) if eval_file else None,
         calibration_file=Path(calibration) if calibration else None, calibration_method=calibration_method,
         target=target, variants=tuple(variants) if variants else None, threads=threads, batch_size=batch_size,
@@ -94,7 +94,7 @@ def export(model: str | Path | None = None, *, task: str = DEFAULT_TASK,
     from kiln.exporting.job import ExportConfig, run_export
     from kiln.records.parity import ParityTolerance
 
-    config = ExportConfig(model=str(model) if model is not None else None, task=str(task),
+    config = ExportConfig(model=str(model) if model is not None else None, task=task_spec(task).name,
                           format=parse_choice(ExportFormat, format, "format"), output=Path(output), opset=opset,
                           int32_inputs=int32_inputs,
                           external_data=parse_choice(ExternalData, external_data, "external_data"),
@@ -129,7 +129,7 @@ def distill(teacher: str | Path | None = None, *, task: str = DEFAULT_TASK, outp
     ``dims`` principal components instead (no training data; returns a StaticResult)."""
     from kiln.errors import UsageError
 
-    task = str(getattr(task, "value", task))  # a TaskName or its string
+    task = task_spec(task).name  # a TaskName or its string; a UsageError lists the tasks
     if static:
         from kiln.compress.static import StaticConfig, distill_static
 
@@ -166,7 +166,7 @@ def prune(model: str | Path | None = None, *, task: str = DEFAULT_TASK, output: 
     from kiln.compress.distill import DistillConfig
     from kiln.compress.prune import PruneSettings, run_prune
 
-    config = DistillConfig(str(model) if model is not None else None, str(getattr(task, "value", task)),
+    config = DistillConfig(str(model) if model is not None else None, task_spec(task).name,
                            Path(output), texts=Path(texts) if texts else None, train=Path(train) if train else None,
                            recipe=_recipe(recover_epochs, batch_size, lr, max_length, seed, patience, alpha,
                                           temperature, hidden_weight),

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kiln.choices import WireProtocol
-from kiln.tasks import DEFAULT_TASK
+from kiln.tasks import DEFAULT_TASK, task_spec
 
 if TYPE_CHECKING:
     from kiln.auditing.result import AuditResult
@@ -40,7 +40,7 @@ def bench(target: str | Path | None = None, *, task: str = DEFAULT_TASK, output:
                          batch_sizes=tuple(batch_sizes) if batch_sizes else None,
                          seq_lens=tuple(seq_lens) if seq_lens else None, texts_file=Path(texts) if texts else None,
                          lengths_file=Path(lengths) if lengths else None, threads=threads, quick=quick,
-                         task=str(getattr(task, "value", task)), sweep=sweep)
+                         task=task_spec(task).name, sweep=sweep)
     return BenchJob(config, progress, progress_bar).run()
 
 
@@ -67,5 +67,5 @@ def audit(url: str, model: str | Path | None = None, *, task: str = DEFAULT_TASK
     endpoint = Endpoint(url, parse_choice(WireProtocol, protocol, "protocol"), model_name, timeout,
                         (("Authorization", f"Bearer {api_key}"),) if api_key else ())
     return run_audit(AuditConfig(endpoint, str(model) if model is not None else None, Path(texts) if texts else None,
-                                 count, tolerance, Path(output), allow_pickle, str(getattr(task, "value", task))),
+                                 count, tolerance, Path(output), allow_pickle, task_spec(task).name),
                      progress)
