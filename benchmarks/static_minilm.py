@@ -54,7 +54,7 @@ def main() -> None:
     from kiln.compress.static import StaticConfig, StaticModel, distill_static
     from kiln.scoring import spearman
     from kiln.system.cpu import cpu_info
-    from kiln.tasks.feature_extraction import FeatureExtraction
+    from kiln.tasks.feature_extraction.task import FeatureExtraction
     from kiln.validation.stored_vectors import _top, retrieval_corpus
 
     distilled = None

@@ -38,11 +38,12 @@ def _cli_reference() -> str:
 
 def _task_table() -> str:
     from kiln.tasks import TASKS
+    from kiln.tasks.wire import task_wire
 
     lines = ["| task | loads | the gate checks (default tolerance t) | task metric | eval-file fields | routes |",
              "| --- | --- | --- | --- | --- | --- |"]
     for name, spec in TASKS.items():
-        routes = ", ".join(sorted({f"`POST {r.path}`" for r in spec.routes}))
+        routes = ", ".join(sorted({f"`POST {r.path}`" for r in task_wire(name).routes}))
         lines.append(f"| `{name}` | `{spec.auto_class}` | {spec.tolerance_help} (t = {spec.default_tolerance:g}) | "
                      f"{spec.metric} | {', '.join(spec.eval_fields)} | {routes} |")
     return "\n".join(lines)

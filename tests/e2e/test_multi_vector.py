@@ -17,7 +17,7 @@ from kiln.errors import UsageError
 from kiln.runtime.precision import Precision, quantize, ranges_of
 from kiln.serving.app import ServeConfig, create_app
 from kiln.tasks import TaskName
-from kiln.tasks.multi_vector import maxsim
+from kiln.tasks.multi_vector.task import maxsim
 
 PYLATE = Path(__file__).resolve().parents[2] / ".venv-pylate" / "bin" / "python"
 COLBERT_AI = Path(__file__).resolve().parents[2] / ".venv-colbert" / "bin" / "python"

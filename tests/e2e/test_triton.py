@@ -16,7 +16,8 @@ from kiln.errors import ArtifactError, UsageError
 from kiln.integrations.triton.check import check_repository, read_configs
 from kiln.integrations.triton.repository import TritonConfig, write_repository
 from kiln.integrations.triton.server import find_install, start_triton
-from kiln.tasks import QAInput, TaskName, task_spec
+from kiln.tasks import QAInput, TaskName
+from kiln.tasks.wire import task_wire
 
 TEXTS = [builtin_sentences()[3], "Anna Schmidt works for Acme Corporation in Berlin.", joined(5, 6)]
 
@@ -113,7 +114,7 @@ def served(triton_install, task_artifacts, tmp_path_factory):
     root = tmp_path_factory.mktemp("triton")
     repo = root / "repo"
     repo.mkdir()
-    tasks = [t for t in task_artifacts if task_spec(t).triton_refusal() is None]
+    tasks = [t for t in task_artifacts if task_wire(t).triton_refusal() is None]
     for task in tasks:
         part = _repo(task_artifacts[task], root / task.value.replace("-", "_"), python_model=True,
                      max_queue_delay_us=20_000)

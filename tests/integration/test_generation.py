@@ -29,7 +29,7 @@ from kiln.records.figures import EvalSet
 from kiln.source.loading import load_source
 from kiln.source.reference import reference_predictor
 from kiln.tasks import TaskName
-from kiln.tasks.text_generation import TextGeneration
+from kiln.tasks.text_generation.task import TextGeneration
 from tests.e2e.test_serve_process import start_server
 from tests.waiting import concurrently, wait_until
 
@@ -257,7 +257,7 @@ def test_optimize_times_a_decoder_by_generating_as_served(decoder_artifacts):
     TIMING_BATCH decoding together, one prefill per group and one single-token step per further token; no call
     of it returns a whole text's logits (what a teacher-forced pass held)."""
     from kiln.runtime.timing import time_predictor
-    from kiln.tasks.text_generation import TIMING_BATCH, TIMING_NEW_TOKENS
+    from kiln.tasks.text_generation.task import TIMING_BATCH, TIMING_NEW_TOKENS
 
     predictor = kiln.load(decoder_artifacts["gpt2"])
     encodings = predictor.prepare(TextGeneration.timing_inputs(predictor.encoder)).encodings

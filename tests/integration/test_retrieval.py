@@ -19,7 +19,7 @@ from kiln.scoring import kendall_tau, ndcg_at_k, reciprocal_rank
 from kiln.serving.app import ServeConfig, create_app
 from kiln.serving.batcher import BatchLimits
 from kiln.tasks import TaskName
-from kiln.tasks.rerank import Rerank
+from kiln.tasks.rerank.task import Rerank
 
 
 def test_matryoshka_sizes_are_validated_gated_and_recorded(tiny_model, tmp_path):

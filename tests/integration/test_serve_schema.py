@@ -110,7 +110,7 @@ def test_only_the_served_tasks_routes_exist(task_artifacts):
 
 
 def test_pooling_and_finalisation_run_off_the_event_loop(task_artifacts, monkeypatch):
-    from kiln.tasks.token_classification import TokenClassification
+    from kiln.tasks.token_classification.task import TokenClassification
 
     threads: dict[str, set[str]] = {"reduce": set(), "finalize": set()}
     for step in threads:

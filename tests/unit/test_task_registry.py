@@ -10,6 +10,7 @@ import pytest
 
 import kiln
 from kiln.tasks import TASKS, TaskName
+from kiln.tasks.wire import task_wire
 
 SRC = Path(kiln.__file__).parent
 
@@ -46,7 +47,8 @@ def test_every_task_declares_what_kiln_needs():
         assert spec.name == name and spec.auto_class.startswith("AutoModel")
         assert set(spec.sequence_outputs) <= set(spec.output_names)
         assert 0 < spec.default_tolerance < 1 and spec.tolerance_help and spec.metric and spec.eval_fields
-        assert spec.routes, name  # every shipped task is served
+        wire = task_wire(name)
+        assert wire.task is spec and wire.routes, name  # every shipped task is served, by its own wire part
 
 
 def test_the_top_level_holds_only_shared_pieces():

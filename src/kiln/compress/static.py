@@ -90,7 +90,7 @@ def token_vectors(source: Any, ids: list[int], batch_size: int,
     before normalisation)."""
     import torch
 
-    from kiln.tasks.feature_extraction import POOLERS
+    from kiln.tasks.feature_extraction.task import POOLERS
 
     tokenizer, model = source.tokenizer, source.model
     pool = POOLERS[source.task_config.pooling]

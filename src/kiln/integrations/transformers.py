@@ -27,6 +27,7 @@ from kiln.artifact.directory import Artifact, load
 from kiln.errors import UsageError
 from kiln.runtime.predictor import Predictor
 from kiln.tasks import task_spec
+from kiln.tasks.wire import task_wire
 
 MODEL_TYPE = "kiln"
 
@@ -139,8 +140,9 @@ def pipeline(task: str, path: str | Path, variant: str | None = None, *, threads
     spec = task_spec(task)
     if spec.name != artifact_task:
         raise UsageError(f"{path} is a {artifact_task} artifact; asked for a {task} pipeline")
-    if spec.pipeline is not None:
-        return spec.pipeline(load(path, variant, threads=threads), **kwargs)
+    pipeline = task_wire(spec.name).pipeline
+    if pipeline is not None:
+        return pipeline(load(path, variant, threads=threads), **kwargs)
     if task in transformers.pipelines.SUPPORTED_TASKS:
         return transformers.pipeline(task, model=hf_model(path, variant, threads=threads),
                                      tokenizer=hf_tokenizer(path), **kwargs)

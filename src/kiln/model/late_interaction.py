@@ -1,4 +1,4 @@
-"""A ColBERT checkpoint as one torch module: the encoder, then its Dense projections (kiln.tasks.multi_vector).
+"""A ColBERT checkpoint as one torch module: the encoder, then its Dense projections (kiln.tasks.multi_vector.task).
 
 Exported, traced and run like any transformers model: keyword inputs in, a mapping out, with the projected token
 states as ``token_embeddings`` ([batch, tokens, dim], before normalisation, as PyLate's Dense returns them).

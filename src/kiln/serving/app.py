@@ -1,4 +1,4 @@
-"""The ASGI app: the served tasks' routes (declared by each task module), probes, metrics, one error table.
+"""The ASGI app: the served tasks' routes (declared by each task's wire part), probes, metrics, one error table.
 
 Only the routes of the tasks being served are mounted, and the OpenAPI schema is made exact for this server:
 the inputs' ``maxItems`` is --max-inputs-per-request, ``model`` lists the served names, every error is modelled.
@@ -38,8 +38,8 @@ from kiln.serving.metrics import STOPPED, Metrics
 from kiln.serving.request_id import RequestId
 from kiln.serving.schemas import INFERENCE_ERRORS, TEI_ERRORS, ErrorBody, Health, Info, ModelCard, ModelList, Ready
 from kiln.serving.shadow import ShadowConfig
-from kiln.tasks import task_spec
-from kiln.tasks.http import Route
+from kiln.tasks.wire import task_wire
+from kiln.tasks.wire.http import Route
 
 LATENCY_HEADER = "x-kiln-latency-ms"
 log = get_logger("serve")
@@ -101,7 +101,7 @@ def create_app(config: ServeConfig, tracer_provider: Any = None) -> FastAPI:
     app.state.playground = playground.page(tasks)
     routes = _served_routes(tasks, config.protocols)
     # Which served models answer each route: fixed once the artifacts are known, read on every request.
-    app.state.route_models = {r.path: [n for n, t in tasks.items() if r in task_spec(t).routes] for r in routes}
+    app.state.route_models = {r.path: [n for n, t in tasks.items() if r in task_wire(t).routes] for r in routes}
     app.state.path_protocols = {r.path: r.protocol for r in routes}
     app.state.fast_routes = {}  # path -> (request model, endpoint): what the fast lane may answer itself
     for route in routes:
@@ -173,7 +173,7 @@ def _served_routes(tasks: dict[str, str], protocols: tuple[WireProtocol, ...]) -
     request cannot say which it wants: kiln's is served, unless kiln is left out of --protocols (TEI mode)."""
     routes: dict[str, Route] = {}
     for task in dict.fromkeys(tasks.values()):
-        for route in task_spec(task).routes:
+        for route in task_wire(task).routes:
             if route.protocol not in protocols:
                 continue
             held = routes.get(route.path)

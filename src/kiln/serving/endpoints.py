@@ -16,8 +16,8 @@ from fastapi.responses import JSONResponse
 
 from kiln.choices import WireProtocol
 from kiln.log import request_id
-from kiln.tasks import task_spec
-from kiln.tasks.http import Route
+from kiln.tasks.wire import task_wire
+from kiln.tasks.wire.http import Route
 
 if TYPE_CHECKING:
     from kiln.serving.inference import Served
@@ -82,7 +82,7 @@ def pick(app: FastAPI, name: str | None, route: Route) -> Served:
         raise HTTPError(404, "model_not_found", f"model {name!r} is not served (served: {', '.join(models)})")
     served = models[name]
     if name not in doing:
-        paths = ", ".join(r.path for r in task_spec(served.task).routes)
+        paths = ", ".join(r.path for r in task_wire(served.task).routes)
         raise HTTPError(404, "wrong_route", f"model {name!r} does {served.task}; use {paths}")
     return served
 

@@ -34,7 +34,7 @@ from kiln.serving.batcher import BatchLimits
 from kiln.serving.endpoints import HTTPError, JSONBody, picked, post_endpoint
 from kiln.serving.schemas import INFERENCE_ERRORS
 from kiln.serving.supervision import OwnedLoop
-from kiln.tasks.http import Route
+from kiln.tasks.wire.http import Route
 
 log = get_logger("serve.generation")
 DEFAULT_SLOTS = 32  # sequences decoding together when --max-batch-size is not given

@@ -31,7 +31,7 @@ from kiln.serving.shadow import BATCH, Shadow, ShadowConfig
 from kiln.serving.supervision import LoopDied, OwnedLoop
 from kiln.serving.tracing import NO_TRACE
 from kiln.tasks import task_spec
-from kiln.tasks.http import RequestBody
+from kiln.tasks.wire.http import RequestBody
 
 log = get_logger("serve.inference")
 # A task with a light finalize (TaskSpec.light_finalize: a few array operations per feature) finalizes a request of

@@ -11,8 +11,8 @@ from __future__ import annotations
 import json
 from html import escape
 
-from kiln.tasks import task_spec
-from kiln.tasks.http import Route
+from kiln.tasks.wire import task_wire
+from kiln.tasks.wire.http import Route
 
 _STYLE = """
 body{font:15px/1.45 system-ui,sans-serif;margin:24px auto;max-width:1100px;color:#1d2430;padding:0 16px}
@@ -114,7 +114,7 @@ def page(tasks: dict[str, str]) -> str:
         by_task.setdefault(task, []).append(name)
     forms = []
     for task, models in by_task.items():
-        route = next((r for r in task_spec(task).routes if r.form), None)
+        route = next((r for r in task_wire(task).routes if r.form), None)
         if route is not None:
             forms.append(_form(task, route, models))
     return ("<!doctype html><html lang=en><head><meta charset=utf-8><title>kiln playground</title>"

@@ -1,7 +1,7 @@
 """TEI's server-level routes on kiln serve: /tokenize, /decode, and (in TEI mode, without kiln's own /info) /info.
 
 The task routes TEI clients call (/embed, /embed_sparse, /rerank, /predict) are declared by the tasks
-(kiln.tasks.tei); these belong to the server. They use the first served model's tokenizer, as TEI serves one.
+(kiln.tasks.wire.tei); these belong to the server. They use the first served model's tokenizer, as TEI serves one.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 from kiln.choices import WireProtocol
 from kiln.serving.endpoints import HTTPError, not_ready
 from kiln.tasks import task_spec
-from kiln.tasks.http import NonBlank
+from kiln.tasks.wire.http import NonBlank
 
 SERVER_PATHS = ("/tokenize", "/decode")  # POST routes of the server itself (guarded like inference routes)
 IDS_MAX = 2**31 - 1  # until the schema is made exact for the served tokenizer (exact_schema)

@@ -1,4 +1,6 @@
-"""The task registry: a task name -> its spec (one module each). Adding a task is one module + one line here."""
+"""The task registry: a task name -> its spec. A task is one folder, ``kiln/tasks/<name>/``: ``task.py`` holds its
+compute (a :class:`TaskSpec`) and ``wire.py`` its wire part (found by kiln.tasks.wire by that name). Adding a task is
+that folder and one line here."""
 
 from __future__ import annotations
 
@@ -8,15 +10,15 @@ from kiln.errors import UsageError
 from kiln.records.task import TaskConfig
 from kiln.runtime.features import Prepared
 from kiln.tasks.base import DECODER_FUSION, TaskSpec
-from kiln.tasks.feature_extraction import FeatureExtraction
+from kiln.tasks.feature_extraction.task import FeatureExtraction
 from kiln.tasks.inputs import QAInput, RerankQuery, TextPair
-from kiln.tasks.multi_vector import MultiVector
-from kiln.tasks.question_answering import Answer, QuestionAnswering
-from kiln.tasks.rerank import Ranked, Rerank
-from kiln.tasks.sparse_embedding import SparseEmbedding, SparseVector
-from kiln.tasks.text_classification import LabelScore, TextClassification
-from kiln.tasks.text_generation import TextGeneration
-from kiln.tasks.token_classification import Entity, TokenClassification
+from kiln.tasks.multi_vector.task import MultiVector
+from kiln.tasks.question_answering.task import Answer, QuestionAnswering
+from kiln.tasks.rerank.task import Ranked, Rerank
+from kiln.tasks.sparse_embedding.task import SparseEmbedding, SparseVector
+from kiln.tasks.text_classification.task import LabelScore, TextClassification
+from kiln.tasks.text_generation.task import TextGeneration
+from kiln.tasks.token_classification.task import Entity, TokenClassification
 
 TASKS: dict[str, type[TaskSpec]] = {spec.name: spec for spec in (
     FeatureExtraction,

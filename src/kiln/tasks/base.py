@@ -1,10 +1,12 @@
-"""The task spec: everything kiln knows about one task, owned by that task's module.
+"""The task spec: what kiln's compute knows about one task, owned by that task's ``task`` module.
 
 A spec class says how the task's model is loaded (auto class, settings read from the model directory),
 exported (output names and which have a sequence axis), fed (pre-processing, parity, agreement,
-calibration and timing inputs), judged (agreement with the original, the gate's floors, the task metric,
-the eval-file fields) and served (routes). An instance, built from a :class:`TaskConfig`, does the
-per-call work: ``options`` -> ``prepare`` (tokenize) -> engine -> ``reduce`` (per batch) -> ``finalize``.
+calibration and timing inputs) and judged (agreement with the original, the gate's floors, the task metric,
+the eval-file fields). How it is served (routes, request models, Triton tensors) is its wire part
+(kiln.tasks.wire.base.TaskWire), which nothing below the servers imports. An instance, built from a
+:class:`TaskConfig`, does the per-call work: ``options`` -> ``prepare`` (tokenize) -> engine -> ``reduce`` (per
+batch) -> ``finalize``.
 Nothing outside ``kiln.tasks`` branches on a task's name; it asks the spec.
 """
 
@@ -32,7 +34,6 @@ if TYPE_CHECKING:
     from kiln.records.timing import Timing
     from kiln.runtime.predictor import Predictor
     from kiln.runtime.tokenization import TextEncoder
-    from kiln.tasks.http import Route
 
 
 NO_LABEL = -100  # a training target's "no label here" (padding, special tokens, a word's later sub-tokens)
@@ -77,15 +78,6 @@ class TaskSpec:
     needs_offsets: ClassVar[bool] = True
     eval_formats: ClassVar[tuple[str, ...]] = (".jsonl", ".csv")
     has_builtin_eval: ClassVar[bool] = False  # whether builtin_eval() returns data (read only when used)
-    routes: ClassVar[tuple[Route, ...]] = ()
-    # kiln.pipeline's adapter (predictor, **kwargs) -> callable, for a task transformers does not ship a pipeline for.
-    pipeline: ClassVar[Any] = None
-    # `kiln triton`: the ensemble's string inputs (one per request row), its outputs (name, Triton data type, dims
-    # without the batch axis), and whether one input becomes several windows (then every token tensor carries a
-    # windows axis after the batch axis, and the model step flattens it into its engine batch).
-    triton_inputs: ClassVar[tuple[str, ...]] = ("TEXT",)
-    triton_outputs: ClassVar[tuple[tuple[str, str, tuple[int, ...]], ...]] = (("RESULT", "TYPE_STRING", (1,)),)
-    triton_windows: ClassVar[bool] = False
 
     def __init__(self, config: TaskConfig) -> None:
         self.config = config
@@ -118,11 +110,6 @@ class TaskSpec:
         """The module the task runs and exports: the transformers model itself, or with modules stored beside it
         (a ColBERT checkpoint's Dense projections)."""
         return hf_model
-
-    @classmethod
-    def triton_refusal(cls) -> str | None:
-        """Why kiln triton cannot write this task's ensemble, or None when it can."""
-        return None
 
     @classmethod
     def settings(cls, model_dir: Path, hf_config: Any) -> dict[str, Any]:
@@ -230,17 +217,6 @@ class TaskSpec:
         from kiln.scoring import cosine
 
         return cosine(self.comparable(served), self.comparable(reference))
-
-    @classmethod
-    def triton_items(cls, columns: Mapping[str, list[str]]) -> list[Any]:
-        """The task's inputs from the ensemble's string inputs (one list per name in ``triton_inputs``)."""
-        return list(columns["TEXT"])
-
-    def triton_arrays(self, results: Sequence[Any]) -> dict[str, np.ndarray]:
-        """One request's results as the arrays of ``triton_outputs`` (batch axis first): JSON per input here."""
-        from kiln.records import to_jsonable
-
-        return {"RESULT": np.array([[json.dumps(to_jsonable(r)).encode()] for r in results], dtype=object)}
 
     # -- inputs -------------------------------------------------------------------------------------------
     @classmethod

@@ -12,7 +12,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
 from tokenizers import Encoding
 
 from kiln.errors import UsageError
@@ -26,22 +25,12 @@ class Chunking:
     mode: str | None = None  # how the windows' results combine (the task's modes; None: its default)
 
 
-class ChunkingModel(BaseModel):
-    """The ``chunking`` field of a request: split over-long inputs into windows instead of truncating them."""
-
-    model_config = ConfigDict(extra="forbid", strict=True)
-    size: int = Field(ge=1, le=1_000_000, description="Tokens of text per window; at most the model's maximum "
-                      "minus its special tokens.")
-    overlap: int = Field(0, ge=0, le=1_000_000, description="Tokens each window repeats from the previous one; "
-                         "less than size.")
-
-
 def as_chunking(value: Any, modes: Sequence[str]) -> Chunking | None:
     """A checked Chunking from a Chunking, a request's ChunkingModel or a dict with size, overlap and mode;
     ``modes`` are the task's ways of combining windows, the first the default."""
     if value is None:
         return None
-    if isinstance(value, BaseModel):
+    if hasattr(value, "model_dump"):  # a request's ChunkingModel (kiln.tasks.wire.http)
         value = value.model_dump()
     if isinstance(value, dict) and "size" in value and set(value) <= {"size", "overlap", "mode"}:
         value = Chunking(**value)

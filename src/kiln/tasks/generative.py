@@ -37,11 +37,6 @@ class GenerativeTask(TaskSpec):
     def prepare_loaded(cls, hf_model: Any, decoder: bool) -> None:
         """Nothing: generation left-pads each batch itself and stops on the model's own end-of-text ids."""
 
-    @classmethod
-    def triton_refusal(cls) -> str | None:
-        return (f"kiln triton writes one-pass ensembles; {cls.name} decodes step by step with a KV cache: serve it "
-                "with kiln serve (continuous batching, /v1/completions)")
-
     def predict(self, predictor: Predictor, inputs: Sequence[Any], **options: Any) -> list[Any]:
         return self.generate(predictor, inputs, **options)
 

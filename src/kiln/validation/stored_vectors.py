@@ -179,7 +179,7 @@ def measure_token_vectors(queries: Sequence[np.ndarray], documents: Sequence[np.
     """Every output precision of a late-interaction model's document token vectors: recall@10 of the float32
     MaxSim neighbours of ``queries`` (their token vectors) among ``documents``, memory per token vector and exact
     MaxSim search speed; with ``judged`` (lists of token vectors), NDCG@10 on the user's judgements too."""
-    from kiln.tasks.multi_vector import maxsim_stacked, stacked
+    from kiln.tasks.multi_vector.task import maxsim_stacked, stacked
 
     all_ranges = ranges_of(calibration)
     corpus = stacked(documents)  # stacked once: each precision stores the same tokens

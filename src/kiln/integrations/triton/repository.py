@@ -26,6 +26,7 @@ from kiln.errors import MissingDependencyError, UsageError
 from kiln.integrations.triton.steps import STEP_FILE
 from kiln.records.artifact import ServingDefault, VariantRecord
 from kiln.tasks import task_spec
+from kiln.tasks.wire import TaskWire, task_wire
 
 STEP_MODULE = "kiln.integrations.triton.steps"
 
@@ -96,7 +97,8 @@ def write_repository(config: TritonConfig) -> Path:
     pb, text_format = _pb()
     artifact = Artifact.open(config.artifact)
     spec = task_spec(artifact.task_config.task)
-    refusal = spec.triton_refusal()
+    wire = task_wire(spec.name)
+    refusal = wire.triton_refusal()
     if refusal:
         raise UsageError(refusal)
     variant = artifact.variant_name()
@@ -104,7 +106,7 @@ def write_repository(config: TritonConfig) -> Path:
     # Triton's onnxruntime backend runs a whole batch in one call: a variant that must run each row alone to stay
     # batch-invariant (dynamic int8 with per-row scales) keeps that only in kiln's own engine, the Python step.
     python_model = config.python_model or record.engine != "onnxruntime" or record.options.rows_alone
-    if not python_model and spec.triton_windows:
+    if not python_model and wire.triton_windows:
         raise UsageError(f"{spec.name} inputs become several windows each, an axis Triton's onnxruntime backend "
                          "cannot take: use --device cpu --python-model (the model step flattens the windows)")
     if config.device != Device.CPU and python_model and not config.python_model:
@@ -125,7 +127,7 @@ def write_repository(config: TritonConfig) -> Path:
     # Each output's rank without the batch axis, from one small run (sequence outputs may have 1 or 2 more axes).
     output_ranks = {n: a.ndim - 1 for n, a in engine.run(warmup_inputs(input_names)).items()}
     with staged_directory(config.output, overwrite=config.overwrite) as stage:
-        configs = _configs(pb, config, spec, name, input_names, output_ranks, python_model, instances, serving)
+        configs = _configs(pb, config, wire, name, input_names, output_ranks, python_model, instances, serving)
         for model, message in configs.items():
             (stage / model / "1").mkdir(parents=True)
             header = f"# kiln triton: {model} for {artifact.path} ({variant})\n"
@@ -140,17 +142,17 @@ def write_repository(config: TritonConfig) -> Path:
     return config.output.expanduser().resolve()
 
 
-def _configs(pb, config: TritonConfig, spec, name: str, input_names, output_ranks: dict[str, int],
+def _configs(pb, config: TritonConfig, wire: type[TaskWire], name: str, input_names, output_ranks: dict[str, int],
              python_model: bool, instances: int, serving: ServingDefault | None) -> dict[str, Any]:
     output_names = list(output_ranks)
     mbs = config.max_batch_size
-    windows = (-1,) if spec.triton_windows else ()  # QA: a windows axis after the batch axis
+    windows = (-1,) if wire.triton_windows else ()  # QA: a windows axis after the batch axis
     token = (*windows, -1)
     token_inputs = [_tensor(pb, n, "TYPE_INT64", token) for n in input_names]
     token_outputs = [_output(pb, n, "TYPE_INT64", token) for n in input_names]
     model_outputs = [_output(pb, n, "TYPE_FP32", (*windows, *(-1,) * rank)) for n, rank in output_ranks.items()]
-    strings = [_tensor(pb, n, "TYPE_STRING", (1,)) for n in spec.triton_inputs]
-    results = [_output(pb, n, dtype, dims) for n, dtype, dims in spec.triton_outputs]
+    strings = [_tensor(pb, n, "TYPE_STRING", (1,)) for n in wire.triton_inputs]
+    results = [_output(pb, n, dtype, dims) for n, dtype, dims in wire.triton_outputs]
     tokenizer = _python_step(pb, f"{name}_tokenizer", strings, token_outputs, mbs, batching=False)
     post = _python_step(pb, f"{name}_post", [*strings, _tensor(pb, "attention_mask", "TYPE_INT64", token),
                                              *[pb.ModelInput(name=o.name, data_type=o.data_type, dims=o.dims)
@@ -171,14 +173,14 @@ def _configs(pb, config: TritonConfig, spec, name: str, input_names, output_rank
         preferred_batch_size=sorted({min(8, mbs), mbs}), max_queue_delay_microseconds=config.max_queue_delay_us))
     ensemble = pb.ModelConfig(name=name, platform="ensemble", max_batch_size=mbs, input=strings, output=results)
     steps = ensemble.ensemble_scheduling.step
-    steps.add(model_name=tokenizer.name, model_version=-1, input_map={n: n for n in spec.triton_inputs},
+    steps.add(model_name=tokenizer.name, model_version=-1, input_map={n: n for n in wire.triton_inputs},
               output_map={n: n for n in input_names})
     steps.add(model_name=model.name, model_version=-1, input_map={n: n for n in input_names},
               output_map={n: n for n in output_names})
     steps.add(model_name=post.name, model_version=-1,
-              input_map={**{n: n for n in spec.triton_inputs}, "attention_mask": "attention_mask",
+              input_map={**{n: n for n in wire.triton_inputs}, "attention_mask": "attention_mask",
                          **{n: n for n in output_names}},
-              output_map={n: n for n, _, _ in spec.triton_outputs})
+              output_map={n: n for n, _, _ in wire.triton_outputs})
     return {name: ensemble, tokenizer.name: tokenizer, model.name: model, post.name: post}
 
 

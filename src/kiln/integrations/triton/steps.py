@@ -24,12 +24,14 @@ class _Step:
     def _open(self, args: dict[str, Any]) -> tuple[dict[str, Any], Any]:
         from kiln.artifact.directory import Artifact
         from kiln.tasks import task_handler, task_spec
+        from kiln.tasks.wire import task_wire
 
         version_dir = Path(args["model_repository"]) / args["model_version"]
         settings = json.loads((version_dir / STEP_FILE).read_text())
         artifact = Artifact.open(version_dir / settings["artifact"], check=False)
         self.spec = task_spec(artifact.task_config.task)
         self.handler = task_handler(artifact.task_config)
+        self.wire = task_wire(artifact.task_config.task)
         return settings, artifact
 
     def finalize(self) -> None:
@@ -43,9 +45,9 @@ def _strings(request: Any, name: str) -> list[str]:
     return [x.decode("utf-8") if isinstance(x, bytes) else str(x) for x in raw]
 
 
-def _items(spec: Any, request: Any) -> list[Any]:
+def _items(wire: Any, request: Any) -> list[Any]:
     """The task's inputs of one request (one per batch row), from its string tensors."""
-    return spec.triton_items({name: _strings(request, name) for name in spec.triton_inputs})
+    return wire.triton_items({name: _strings(request, name) for name in wire.triton_inputs})
 
 
 def bucket(length: int, buckets: list[int]) -> int:
@@ -69,12 +71,12 @@ class TokenizeStep(_Step):
 
         responses = []
         for request in requests:
-            items = _items(self.spec, request)
+            items = _items(self.wire, request)
             prepared = self.handler.features(items, self.encoder)
             width = bucket(max(len(e.ids) for e in prepared.encodings), self.buckets)
             arrays = self.encoder.collate(prepared.encodings, multiple=width)  # every row exactly the bucket
             arrays = {name: a[:, :width] for name, a in arrays.items()}
-            if self.spec.triton_windows:
+            if self.wire.triton_windows:
                 arrays = _by_owner(arrays, prepared.owners, len(items))
             responses.append(pb_utils.InferenceResponse(
                 [pb_utils.Tensor(name, np.ascontiguousarray(a, dtype=np.int64)) for name, a in arrays.items()]))
@@ -108,7 +110,7 @@ class ModelStep(_Step):
         feeds = [{name: pb_utils.get_input_tensor_by_name(r, name).as_numpy() for name in self.engine.input_names}
                  for r in requests]
         shapes = [f["input_ids"].shape for f in feeds]
-        if self.spec.triton_windows:  # [rows, windows, L] -> [rows * windows, L]: windows run as one engine batch
+        if self.wire.triton_windows:  # [rows, windows, L] -> [rows * windows, L]: windows run as one engine batch
             feeds = [{n: a.reshape(-1, a.shape[-1]) for n, a in f.items()} for f in feeds]
         rows = [f["input_ids"].shape[0] for f in feeds]
         width = max(f["input_ids"].shape[1] for f in feeds)
@@ -123,7 +125,7 @@ class ModelStep(_Step):
                 part = outputs[name][start : start + count]
                 if name in self.per_token:  # back to this request's own (bucket) length
                     part = part[:, :length]
-                if self.spec.triton_windows:
+                if self.wire.triton_windows:
                     part = part.reshape(*shape[:2], *part.shape[1:])
                 tensors.append(pb_utils.Tensor(name, np.ascontiguousarray(part, dtype=np.float32)))
             responses.append(pb_utils.InferenceResponse(tensors))
@@ -146,14 +148,14 @@ class PostStep(_Step):
         for request in requests:
             outputs = {n: pb_utils.get_input_tensor_by_name(request, n).as_numpy() for n in self.output_names}
             mask = pb_utils.get_input_tensor_by_name(request, "attention_mask").as_numpy()
-            if self.spec.triton_windows:  # drop the empty windows; the rest are in the order prepare makes them
+            if self.wire.triton_windows:  # drop the empty windows; the rest are in the order prepare makes them
                 real = mask.reshape(-1, mask.shape[-1]).any(axis=1)
                 mask = mask.reshape(-1, mask.shape[-1])[real]
                 outputs = {n: a.reshape(-1, *a.shape[2:])[real] for n, a in outputs.items()}
             options = self.handler.options()
-            prepared = self.handler.features(_items(self.spec, request), self.encoder, options)
+            prepared = self.handler.features(_items(self.wire, request), self.encoder, options)
             reduced = self.handler.reduce(outputs, mask)
             results = self.handler.finalize(prepared, reduced, options, self.encoder)
             responses.append(pb_utils.InferenceResponse(
-                [pb_utils.Tensor(name, array) for name, array in self.handler.triton_arrays(results).items()]))
+                [pb_utils.Tensor(name, array) for name, array in self.wire.triton_arrays(results).items()]))
         return responses

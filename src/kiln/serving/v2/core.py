@@ -14,10 +14,10 @@ import numpy as np
 
 from kiln.serving.endpoints import HTTPError, not_ready
 from kiln.serving.inference import Served, infer
-from kiln.tasks import task_spec
+from kiln.tasks.wire import task_wire
 
 VERSION = "1"  # kiln serves one version of each model; v2 clients may name it or leave it out
-# Triton config data types (the task specs' triton_outputs) -> v2 data types, and v2 -> numpy.
+# Triton config data types (the wire parts' triton_outputs) -> v2 data types, and v2 -> numpy.
 DATATYPES = {"TYPE_FP32": "FP32", "TYPE_STRING": "BYTES", "TYPE_INT64": "INT64", "TYPE_INT32": "INT32"}
 NUMPY = {"FP32": np.float32, "FP64": np.float64, "INT64": np.int64, "INT32": np.int32, "BYTES": np.object_}
 
@@ -64,15 +64,15 @@ class _Body:
 
 def tensors(task: str) -> tuple[tuple[TensorMeta, ...], tuple[TensorMeta, ...]]:
     """The model's (inputs, outputs): BYTES [-1, 1] per string input, the task's outputs with a batch axis."""
-    spec = task_spec(task)
-    inputs = tuple(TensorMeta(name, "BYTES", (-1, 1)) for name in spec.triton_inputs)
-    outputs = tuple(TensorMeta(name, DATATYPES[kind], (-1, *dims)) for name, kind, dims in spec.triton_outputs)
+    wire = task_wire(task)
+    inputs = tuple(TensorMeta(name, "BYTES", (-1, 1)) for name in wire.triton_inputs)
+    outputs = tuple(TensorMeta(name, DATATYPES[kind], (-1, *dims)) for name, kind, dims in wire.triton_outputs)
     return inputs, outputs
 
 
 def v2_refusal(task: str) -> str | None:
     """Why a model of ``task`` has no v2 tensors (a decoder), or None."""
-    return task_spec(task).triton_refusal()
+    return task_wire(task).triton_refusal()
 
 
 def served_model(models: Mapping[str, Served], name: str, version: str | None, *, ready: bool = True) -> Served:
@@ -109,7 +109,7 @@ def server_metadata(extensions: Sequence[str]) -> dict[str, Any]:
 async def run_infer(app_state: Any, call: InferCall, trace: Any) -> dict[str, np.ndarray]:
     """The call's output arrays (batch axis first), through the model's batcher; HTTPError on a bad call."""
     served = served_model(app_state.models, call.model, call.version)
-    spec = task_spec(served.task)
+    wire = task_wire(served.task)
     inputs, outputs = tensors(served.task)
     wanted = [t.name for t in inputs]
     if sorted(call.columns) != sorted(wanted):
@@ -123,11 +123,11 @@ async def run_infer(app_state: Any, call: InferCall, trace: Any) -> dict[str, np
     if unknown:
         raise HTTPError(400, "invalid_request", f"model {call.model!r} has no output {', '.join(unknown)} (outputs: "
                         f"{', '.join(t.name for t in outputs)})")
-    items = spec.triton_items(call.columns)
+    items = wire.triton_items(call.columns)
     trace.set(model=served.name, task=served.task, variant=served.variant)
     _, results = await infer(served, _Body(items), app_state.pool, app_state.metrics,
                              app_state.config.max_inputs_per_request, trace)
-    arrays = served.predictor.handler.triton_arrays(results)
+    arrays = wire.triton_arrays(results)
     return {name: array for name, array in arrays.items() if not call.outputs or name in call.outputs}
 
 

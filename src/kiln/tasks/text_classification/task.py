@@ -11,19 +11,16 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
 
-import kiln.tasks.tei as tei
 from kiln.data.texts import builtin_pairs, parity_texts
 from kiln.errors import UsageError
 from kiln.records.figures import Agreement, AgreementInputs, EvalSet, Run
 from kiln.runtime.features import Prepared, one_per_input
 from kiln.tasks.base import NO_LABEL, TaskSpec, field, sigmoid, softmax
-from kiln.tasks.chunking import Chunking, ChunkingModel, as_chunking, by_owner, chunked
-from kiln.tasks.http import Count, FormField, NonBlank, RequestBody, ResponseModel, Route, listify, render_results
+from kiln.tasks.chunking import Chunking, as_chunking, by_owner, chunked
 from kiln.tasks.inputs import TextPair
 
 
@@ -66,46 +63,6 @@ def score_function(config, num_labels: int):
     return softmax
 
 
-class PairItem(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
-    text: NonBlank
-    text_pair: NonBlank
-
-
-ClassifyItem = NonBlank | PairItem
-
-
-class ClassifyChunking(ChunkingModel):
-    mode: Literal["max", "mean"] = Field("max", description="How the windows' logits combine: max (a label "
-                                         "anywhere in the text counts) or mean.")
-
-
-class ClassifyRequest(RequestBody):
-    inputs: ClassifyItem | Annotated[list[ClassifyItem], Field(min_length=1)] = Field(
-        description="A text, a {text, text_pair} pair, or a list of them.")
-    top_k: Count | None = Field(1, description="Labels per input; null for every label.")
-    chunking: ClassifyChunking | None = Field(None, description="Classify texts longer than a window as "
-                                              "overlapping token windows instead of truncating them (single texts "
-                                              "only).")
-
-    def items(self) -> list[Any]:
-        return [x if isinstance(x, str) else TextPair(x.text, x.text_pair) for x in listify(self.inputs)]
-
-    def options(self) -> dict[str, Any]:
-        return {"top_k": self.top_k, "chunking": self.chunking}
-
-
-class LabelScoreModel(ResponseModel):
-    label: str
-    score: float
-
-
-class ClassifyResponse(ResponseModel):
-    model: str
-    results: list[list[LabelScoreModel]]
-    truncated: list[bool]
-
-
 class TextClassification(TaskSpec):
     decoders = True  # GPT-2 and GPT-Neo verified (sequence classification pools the last non-pad token)
     name = "text-classification"
@@ -116,10 +73,6 @@ class TextClassification(TaskSpec):
     tolerance_help = "top label agreement >= 1-t"
     metric = "accuracy"
     eval_fields = ("text", "label")
-    routes = (Route("/classify", "Classify texts or text pairs", ClassifyRequest, ClassifyResponse, render_results,
-                    form=(FormField("text", "Text", multiline=True),
-                          FormField("text_pair", "Second text (optional: classifies the pair)", required=False,
-                                    multiline=True))), tei.route("/predict"))
 
     @classmethod
     def settings(cls, model_dir: Path, hf_config: Any) -> dict[str, Any]:

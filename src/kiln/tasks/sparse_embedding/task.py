@@ -19,16 +19,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from pydantic import Field
 
-import kiln.tasks.tei as tei
 from kiln.errors import UsageError
 from kiln.records.figures import Agreement, AgreementInputs, EvalSet, Floor, Run
 from kiln.runtime.features import Prepared
 from kiln.scoring import spearman
 from kiln.tasks.base import TaskSpec
-from kiln.tasks.feature_extraction import FeatureExtraction
-from kiln.tasks.http import Count, FormField, RequestBody, ResponseModel, Route, Texts, listify
+from kiln.tasks.feature_extraction.task import FeatureExtraction
 
 TOP_TERMS = 10  # agreement's term overlap
 
@@ -53,34 +50,6 @@ class SparseOptions:
     truncate: bool = True
 
 
-class SparseRequest(RequestBody):
-    inputs: Texts = Field(description="A text or a list of texts.")
-    threshold: float = Field(0.0, ge=0.0, le=1e6, description="Return terms whose weight is above this.")
-    top_k: Count | None = Field(None, description="Then only the `top_k` heaviest terms; null for all.")
-
-    def items(self) -> list[Any]:
-        return listify(self.inputs)
-
-    def options(self) -> dict[str, Any]:
-        return {"threshold": self.threshold, "top_k": self.top_k}
-
-
-class TermModel(ResponseModel):
-    index: int = Field(description="The term's id in the model's vocabulary.")
-    value: float
-
-
-class SparseResponse(ResponseModel):
-    model: str
-    embeddings: list[list[TermModel]] = Field(description="Per input: its terms, by vocabulary index.")
-    truncated: list[bool]
-
-
-def _render(body: SparseRequest, model: str, prepared: Prepared, results: list[SparseVector]) -> dict[str, Any]:
-    return {"model": model, "truncated": list(prepared.truncated),
-            "embeddings": [[{"index": i, "value": v} for i, v in zip(r.indices, r.values)] for r in results]}
-
-
 class SparseEmbedding(TaskSpec):
     name = "sparse-embedding"
     auto_class = "AutoModelForMaskedLM"
@@ -92,8 +61,6 @@ class SparseEmbedding(TaskSpec):
     metric = "spearman"
     eval_fields = FeatureExtraction.eval_fields
     has_builtin_eval = True
-    routes = (Route("/embed_sparse", "Sparse (SPLADE) embeddings", SparseRequest, SparseResponse, _render,
-                    form=(FormField("text", "Text", multiline=True),)), tei.route("/embed_sparse"))
 
     @classmethod
     def settings(cls, model_dir: Path, hf_config: Any) -> dict[str, Any]:

@@ -17,7 +17,7 @@ import numpy as np
 from pydantic import BeforeValidator, Field, RootModel
 
 from kiln.choices import WireProtocol
-from kiln.tasks.http import Count, NonBlank, NonBlankList, RequestBody, ResponseModel, Route, Texts, listify
+from kiln.tasks.wire.http import Count, NonBlank, NonBlankList, RequestBody, ResponseModel, Route, Texts, listify
 
 TRUNCATE_HELP = "Cut inputs longer than the model's maximum; false (TEI's default): a 413 instead."
 

@@ -9,10 +9,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
-from pydantic import Field
 from tokenizers import Encoding, Tokenizer
 
 from kiln.choices import Aggregation, parse_choice
@@ -20,7 +19,6 @@ from kiln.errors import UsageError
 from kiln.records.figures import Agreement, AgreementInputs, EvalSet, Run
 from kiln.runtime.features import Prepared
 from kiln.tasks.base import NO_LABEL, TaskSpec, field, softmax, valid_rows
-from kiln.tasks.http import FormField, RequestBody, ResponseModel, Route, Texts, listify, render_results
 
 
 @dataclass(frozen=True)
@@ -52,32 +50,6 @@ class _Token:
     is_subword: bool
 
 
-class TokensRequest(RequestBody):
-    inputs: Texts = Field(description="A text or a list of texts.")
-    aggregation: Literal["none", "simple", "first", "average", "max"] = "simple"
-
-    def items(self) -> list[Any]:
-        return listify(self.inputs)
-
-    def options(self) -> dict[str, Any]:
-        return {"aggregation": self.aggregation}
-
-
-class EntityModel(ResponseModel):
-    label: str
-    score: float
-    word: str
-    start: int
-    end: int
-    index: int | None
-
-
-class TokensResponse(ResponseModel):
-    model: str
-    results: list[list[EntityModel]]
-    truncated: list[bool]
-
-
 class TokenClassification(TaskSpec):
     name = "token-classification"
     auto_class = "AutoModelForTokenClassification"
@@ -87,8 +59,6 @@ class TokenClassification(TaskSpec):
     tolerance_help = "tag agreement per token >= 1-t"
     metric = "f1"
     eval_fields = ("tokens", "tags")
-    routes = (Route("/tokens", "Tag tokens and group entities", TokensRequest, TokensResponse, render_results,
-                    form=(FormField("text", "Text", multiline=True),)),)
 
     def __init__(self, config) -> None:
         super().__init__(config)

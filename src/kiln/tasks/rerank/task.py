@@ -15,12 +15,10 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
 import numpy as np
-from pydantic import Field
 
-import kiln.tasks.tei as tei
 from kiln.data import corpus
 from kiln.data.texts import builtin_pairs, builtin_sentences, length_mix
 from kiln.errors import UnsupportedModelError, UsageError
@@ -28,9 +26,8 @@ from kiln.records.figures import Agreement, AgreementInputs, EvalSet, Floor, Run
 from kiln.runtime.features import Prepared
 from kiln.scoring import kendall_tau, ndcg_at_k, ranking, reciprocal_rank
 from kiln.tasks.base import TaskSpec, field, sigmoid, softmax
-from kiln.tasks.http import Count, NonBlank, RequestBody, ResponseModel, Route
 from kiln.tasks.inputs import RerankQuery
-from kiln.tasks.text_classification import TextClassification
+from kiln.tasks.text_classification.task import TextClassification
 
 TOP = 3  # agreement's top-k overlap
 RELEVANT_NAMES = ("relevant", "positive", "entailment", "yes", "true", "label_1", "1")
@@ -65,47 +62,6 @@ def as_rerank_query(item: Any, index: int = 0) -> RerankQuery:
     if not texts:
         raise UsageError(f"rerank input {index}: texts must hold at least one text")
     return RerankQuery(query, tuple(texts))
-
-
-class RankingRequest(RequestBody):
-    """A query and the texts to rank for it (a late-interaction model's /rerank: MaxSim scores have no 0-1 form)."""
-
-    query: NonBlank
-    texts: Annotated[list[NonBlank], Field(min_length=1)] = Field(description="The texts to rank for the query.")
-    top_n: Count | None = Field(None, description="Return the best `top_n` texts; null for all of them.")
-    return_documents: bool = Field(False, description="Include each text in its result.")
-
-    def items(self) -> list[Any]:
-        return [RerankQuery(self.query, tuple(self.texts))]
-
-    def input_count(self) -> int:
-        return len(self.texts)
-
-    def options(self) -> dict[str, Any]:
-        return {"top_n": self.top_n, "return_documents": self.return_documents}
-
-
-class RerankRequest(RankingRequest):
-    raw_scores: bool = Field(False, description="The model's logit instead of a 0-1 relevance score.")
-
-    def options(self) -> dict[str, Any]:
-        return super().options() | {"raw_scores": self.raw_scores}
-
-
-class RankedModel(ResponseModel):
-    index: int = Field(description="The text's position in the request's texts.")
-    score: float
-    text: str | None = None
-
-
-class RerankResponse(ResponseModel):
-    model: str
-    results: list[RankedModel] = Field(description="Best first.")
-    truncated: bool = Field(description="Whether any (query, text) pair was cut to the model's maximum length.")
-
-
-def _render(body: RerankRequest, model: str, prepared: Prepared, results: list[Any]) -> dict[str, Any]:
-    return {"model": model, "results": results[0], "truncated": any(prepared.truncated)}
 
 
 def _queries_over(texts: list[str], per_query: int = 8) -> list[RerankQuery]:
@@ -150,10 +106,6 @@ class Rerank(TaskSpec):
     tolerance_help = f"mean Kendall tau per query >= 1-t and mean top-{TOP} overlap >= 1-t"
     metric = "ndcg@10"
     eval_fields = ("query", "text", "relevance")
-    routes = (Route("/rerank", "Rank texts by relevance to a query", RerankRequest, RerankResponse, _render,
-                    inputs_field="texts"), tei.route("/rerank"))
-    triton_inputs = ("QUERY", "TEXT")  # one (query, text) pair per row
-    triton_outputs = (("SCORE", "TYPE_FP32", (1,)),)
 
     @classmethod
     def settings(cls, model_dir: Path, hf_config: Any) -> dict[str, Any]:
@@ -210,13 +162,6 @@ class Rerank(TaskSpec):
             results.append([Ranked(j, per_query[i][j], query.texts[j] if options.return_documents else None)
                             for j in order])
         return results
-
-    @classmethod
-    def triton_items(cls, columns: Mapping[str, list[str]]) -> list[Any]:
-        return [RerankQuery(q, (t,)) for q, t in zip(columns["QUERY"], columns["TEXT"])]
-
-    def triton_arrays(self, results: Sequence[Any]) -> dict[str, np.ndarray]:
-        return {"SCORE": np.array([[r[0].score] for r in results], dtype=np.float32)}
 
     # -- inputs -------------------------------------------------------------------------------------------
     @classmethod

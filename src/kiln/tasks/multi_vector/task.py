@@ -15,7 +15,7 @@ PyLate's encoding, in kiln:
   position is a vector (without expansion: the real tokens only);
 - a document is ``[CLS] [D] text [SEP]`` cut to ``document_length``; its vectors leave out skiplist tokens.
 
-Inputs: texts (documents, or queries with ``is_query=True``), or :class:`~kiln.tasks.rerank.RerankQuery` (a query
+Inputs: texts (documents, or queries with ``is_query=True``), or :class:`~kiln.tasks.rerank.task.RerankQuery` (a query
 and texts to rank by MaxSim: what ``rerank()`` and ``POST /rerank`` send). Agreement: per query, Kendall's tau and
 top-3 overlap of the variant's MaxSim scores against the original's (the gate), with every token vector's cosine
 to the original's beside them. Task metric: NDCG@10 and MRR from (query, text, relevance) rows, as a reranker's.
@@ -28,10 +28,9 @@ import string
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
 import numpy as np
-from pydantic import Field, model_validator
 
 from kiln.errors import ModelLoadError, UnsupportedModelError, UsageError
 from kiln.records.figures import Agreement, AgreementInputs, EvalSet, Judgements, Run
@@ -40,23 +39,8 @@ from kiln.runtime.precision import Precision, parse_precision, quantize, ranges_
 from kiln.runtime.tokenization import Features
 from kiln.scoring import ranking
 from kiln.tasks.base import TaskSpec, read_json
-from kiln.tasks.feature_extraction import PrecisionName
-from kiln.tasks.http import NonBlank, RequestBody, ResponseModel, Route
-from kiln.tasks.rerank import (
-    TOP,
-    Ranked,
-    RankingRequest,
-    Rerank,
-    RerankResponse,
-    as_rerank_query,
-    rank_agreement,
-)
+from kiln.tasks.rerank.task import TOP, Ranked, Rerank, as_rerank_query, rank_agreement
 
-# /embed's fields that /embed_multi refuses, and why (the schema does not list them: they are not accepted).
-REFUSED_FIELDS = {
-    "dimensions": "a ColBERT model's token vectors keep the size of its trained projection; they cannot be cut "
-                  "(it is not Matryoshka-trained)",
-}
 # Token vectors kept for the output calibration (int8/uint8 ranges): a seeded sample, so the artifact stays small
 # (16k x 128 float32 = 8 MiB) while every dimension's extremes come from tens of thousands of candidates.
 CALIBRATION_VECTORS = 16384
@@ -96,47 +80,6 @@ class MultiVectorOptions:
     ranges: np.ndarray | None = None  # int8/uint8: from the artifact's output calibration
 
 
-class EmbedMultiRequest(RequestBody):
-    inputs: Annotated[list[NonBlank], Field(min_length=1)] | NonBlank = Field(
-        description="One text or a list of texts.")
-    is_query: bool = Field(description="Queries (marker [Q], expanded with [MASK] to the query length) or "
-                           "documents (marker [D], punctuation left out): ColBERT encodes them differently.")
-    precision: PrecisionName = Field("float32", description="Of every token vector, as sentence-transformers' "
-                                     "quantize_embeddings makes it: int8/uint8 per-dimension buckets from the "
-                                     "artifact's calibration (422 when it has none), binary/ubinary one bit per "
-                                     "dimension packed 8 to a byte (int8 minus 128 / uint8).")
-
-    @model_validator(mode="before")
-    @classmethod
-    def _refused_with_reason(cls, body: Any) -> Any:
-        """Fields a single-vector /embed takes that token vectors cannot honour: said why, not just "extra"."""
-        for name, reason in REFUSED_FIELDS.items():
-            if isinstance(body, dict) and name in body:
-                raise ValueError(f"{name}: {reason}")
-        return body
-
-    def items(self) -> list[Any]:
-        return [self.inputs] if isinstance(self.inputs, str) else list(self.inputs)
-
-    def options(self) -> dict[str, Any]:
-        return {"is_query": self.is_query, "precision": self.precision}
-
-
-class EmbedMultiResponse(ResponseModel):
-    model: str
-    embeddings: list[list[list[float]]] = Field(description="Per input, one L2-normalised vector per kept token "
-                                                "(at ``precision``: integers for int8/uint8/binary/ubinary).")
-    truncated: bool = Field(description="Whether any input was cut to the query or document length.")
-
-
-def _embed_multi(body: EmbedMultiRequest, model: str, prepared: Prepared, results: list[Any]) -> dict[str, Any]:
-    return {"model": model, "embeddings": [r.tolist() for r in results], "truncated": any(prepared.truncated)}
-
-
-def _rerank(body: RankingRequest, model: str, prepared: Prepared, results: list[Any]) -> dict[str, Any]:
-    return {"model": model, "results": results[0], "truncated": any(prepared.truncated)}
-
-
 class MultiVector(TaskSpec):
     name = "multi-vector"
     auto_class = "AutoModel"
@@ -155,10 +98,6 @@ class MultiVector(TaskSpec):
     tolerance_help = f"MaxSim ranks per query: mean Kendall tau >= 1-t and mean top-{TOP} overlap >= 1-t"
     metric = Rerank.metric
     eval_fields = Rerank.eval_fields
-    routes = (Route("/embed_multi", "Token vectors of queries or documents (late interaction)", EmbedMultiRequest,
-                    EmbedMultiResponse, _embed_multi),
-              Route("/rerank", "Rank texts for a query by MaxSim", RankingRequest, RerankResponse, _rerank,
-                    inputs_field="texts"))
 
     def __init__(self, config: Any) -> None:
         super().__init__(config)
@@ -199,10 +138,6 @@ class MultiVector(TaskSpec):
         from kiln.model.late_interaction import LateInteractionModel
 
         return LateInteractionModel(hf_model, _layout(model_dir).projections(model_dir))
-
-    @classmethod
-    def triton_refusal(cls) -> str | None:
-        return "kiln triton does not write a multi-vector ensemble yet (ragged token vectors per input)"
 
     # -- per call -----------------------------------------------------------------------------------------
     def options(self, is_query: bool = False, top_n: int | None = None, return_documents: bool = False,

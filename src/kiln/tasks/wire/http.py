@@ -93,3 +93,13 @@ class Route:
     # Whose API this route is (kiln serve --protocols): kiln's own, OpenAI's, or TEI's. Its errors take that
     # protocol's shape.
     protocol: WireProtocol = WireProtocol.KILN
+
+
+class ChunkingModel(BaseModel):
+    """The ``chunking`` field of a request: split over-long inputs into windows instead of truncating them."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    size: int = Field(ge=1, le=1_000_000, description="Tokens of text per window; at most the model's maximum "
+                      "minus its special tokens.")
+    overlap: int = Field(0, ge=0, le=1_000_000, description="Tokens each window repeats from the previous one; "
+                         "less than size.")
