@@ -12,7 +12,9 @@ from typing import Any
 import numpy as np
 
 from kiln.records.figures import Agreement, AgreementInputs, EvalSet, Run
-from kiln.tasks.base import TaskSpec, field, valid_rows
+from kiln.tasks.base import TaskSpec, valid_rows
+from kiln.tasks.export import TaskExport
+from kiln.tasks.files import field
 
 
 @dataclass(frozen=True)
@@ -20,12 +22,16 @@ class NormOptions:
     truncate: bool = True
 
 
-class TokenNorms(TaskSpec):
-    name = "token-norms"
+class TokenNormsExport(TaskExport):
     auto_class = "AutoModel"
     output_names = ("last_hidden_state",)
     sequence_outputs = frozenset(output_names)
     needs_trained_head = False
+
+
+class TokenNorms(TaskSpec):
+    name = "token-norms"
+    export = TokenNormsExport
     default_tolerance = 0.01
     tolerance_help = "min cosine of the norm vectors >= 1-t"
     metric = "neg_mae"

@@ -188,10 +188,10 @@ def test_a_pytorch_variant_saved_before_its_io_file_named_class_and_head_loads_t
     module = task_module(source)
     save_task_module(module, tmp_path, task.value)
     io = json.loads((tmp_path / IO_FILE).read_text())
-    assert io["head"] == task_spec(task).graph_head and io["model_class"] == type(source.model).__name__
+    assert io["head"] == task_spec(task).export.graph_head and io["model_class"] == type(source.model).__name__
     (tmp_path / IO_FILE).write_text(json.dumps({k: io[k] for k in ("task", "inputs", "outputs")}))
     legacy = load_task_module(tmp_path)
-    assert legacy.head_name == task_spec(task).graph_head and type(legacy.model) is type(source.model)
+    assert legacy.head_name == task_spec(task).export.graph_head and type(legacy.model) is type(source.model)
     inputs = example_inputs(source)
     with torch.no_grad():
         for want, got in zip(module(*inputs), legacy(*inputs)):

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from kiln.errors import UsageError
-from kiln.tasks.base import rows_csv, rows_jsonl
+from kiln.tasks.files import rows_csv, rows_jsonl
 
 FORMATS = (".jsonl", ".csv", ".parquet")
 

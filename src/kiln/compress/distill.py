@@ -297,8 +297,8 @@ def _evaluator(source, spec, encoder, held_out, threads: int | None
     from kiln.validation.agreement import measure_agreement
 
     def evaluate(student) -> tuple[float, dict[str, float]]:
-        engine = TorchEngine(TaskModule(student, source.input_names, spec.output_names, head=spec.graph_head),
-                             EngineOptions(intra_op_threads=threads))
+        module = TaskModule(student, source.input_names, spec.export.output_names, head=spec.export.graph_head)
+        engine = TorchEngine(module, EngineOptions(intra_op_threads=threads))
         agreement = measure_agreement(held_out, Predictor(task_handler(source.task_config), encoder, engine))
         student.eval()  # TorchEngine keeps the module in eval mode; training does too (no dropout)
         return agreement.value, dict(agreement.figures)

@@ -82,8 +82,8 @@ def prune_in_place(model: Any, source, features: Features, encoder, settings: Pr
     chosen = chosen[np.argsort([len(encodings[i].ids) for i in chosen], kind="stable")]  # cheap batches
     batches = [chosen[i : i + settings.batch_size] for i in range(0, len(chosen), settings.batch_size)]
     tensors = (model_inputs(encoder, [encodings[i] for i in index], source.input_names)[0] for index in batches)
-    importance = measure(model, tensors, output_names=spec.output_names, embeds=spec.embeds,
-                         config=source.task_config, seed=seed, sequence_outputs=spec.sequence_outputs,
+    importance = measure(model, tensors, output_names=spec.export.output_names, embeds=spec.embeds,
+                         config=source.task_config, seed=seed, sequence_outputs=spec.export.sequence_outputs,
                          progress=lambda done: progress("importance", {"done": done, "total": len(batches)}))
     keep_heads = choose(importance.heads, settings.heads, scope=settings.scope)
     keep_ffn = choose(importance.ffn, settings.ffn, scope=settings.scope)

@@ -122,14 +122,14 @@ class Distiller:
         return inputs, labels
 
     def _step_loss(self, inputs: dict[str, torch.Tensor], labels: dict[str, torch.Tensor]) -> torch.Tensor:
-        names = self.spec.output_names
+        names = self.spec.export.output_names
         with torch.no_grad():  # not inference_mode: its tensors may not be saved for the student's backward
             teacher = self.teacher(**inputs, output_hidden_states=True, return_dict=True)
             t_states, t_out = teacher.hidden_states, {n: teacher[n] for n in names}
         student = self.student(**inputs, output_hidden_states=True, return_dict=True)
         mask = inputs["attention_mask"]
         loss = task_loss({n: student[n] for n in names}, t_out, mask, embeds=self.spec.embeds,
-                         sequence_outputs=self.spec.sequence_outputs, config=self.config,
+                         sequence_outputs=self.spec.export.sequence_outputs, config=self.config,
                          weights=self.recipe.weights, labels=labels or None)
         if self.recipe.weights.hidden > 0:
             loss = loss + self.recipe.weights.hidden * hidden_states_loss(student.hidden_states, t_states,

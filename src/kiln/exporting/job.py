@@ -80,13 +80,13 @@ def _onnx(source: SourceModel, config: ExportConfig, path: Path) -> tuple[list[P
     """The traced export: the task's own graph (a decoder's KV-cache step) or the task module."""
     spec = task_spec(source.task_config.task)
     example = example_inputs(source, int32=config.int32_inputs)
-    graph = spec.graph(source, example)
+    graph = spec.export.graph(source, example)
     if graph is not None and config.int32_inputs:
         raise UsageError(f"{spec.name} exports to ONNX with int64 inputs only (its KV-cache step graph)")
     module = graph.module if graph else task_module(source, cast_inputs=config.int32_inputs)
     fold = graph.fold_constants if graph else True
     files = export_onnx(module, graph.example if graph else example, path,
-                        sequence_outputs=spec.sequence_outputs, opset=config.opset,
+                        sequence_outputs=spec.export.sequence_outputs, opset=config.opset,
                         external_data=config.external_data, axes=graph.axes if graph else None, fold_constants=fold)
     return files, [{"pass": "export-onnx", "opset": config.opset, "int32_inputs": config.int32_inputs,
                     "external_data": len(files) > 1, "exporter": "torch.onnx (dynamo=False)",
@@ -96,7 +96,7 @@ def _onnx(source: SourceModel, config: ExportConfig, path: Path) -> tuple[list[P
 def _torchscript(source: SourceModel, config: ExportConfig, path: Path) -> tuple[list[Path], list[dict]]:
     spec = task_spec(source.task_config.task)
     example = example_inputs(source, int32=config.int32_inputs)
-    if spec.graph(source, example) is not None:
+    if spec.export.graph(source, example) is not None:
         raise UsageError(f"{spec.name} exports to ONNX only (its KV-cache step graph): --format onnx or "
                          f"{ExportFormat.ONNX_FUSED.value}")
     return (export_torchscript(task_module(source, cast_inputs=config.int32_inputs), example, path),
@@ -141,7 +141,7 @@ def run_export(config: ExportConfig, progress: Progress = lambda _: None) -> Exp
         progress("checking parity against PyTorch")
         reference = reference_predictor(source)
         encoder = reference.encoder
-        expected = expected_outputs(reference, task_spec(config.task).parity_inputs())
+        expected = expected_outputs(reference, task_spec(config.task).export.parity_inputs())
         # The PyTorch original is done with: free its weights before the candidate loads its own copy.
         del source, reference
         release_freed()

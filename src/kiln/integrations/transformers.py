@@ -113,14 +113,14 @@ def hf_model(path: str | Path, variant: str | None = None, *, threads: int | Non
     _register()
     predictor = load(path, variant, threads=threads)
     spec = task_spec(predictor.config.task)
-    if spec.auto_class not in MODEL_CLASSES:
+    if spec.export.auto_class not in MODEL_CLASSES:
         raise UsageError(f"{spec.name} artifacts have no transformers model class; use kiln.pipeline(task, path), "
                          "predict() or generate()")
     id2label = {int(k): v for k, v in predictor.config.id2label.items()}
     config = KilnConfig(id2label=id2label or None, label2id={v: k for k, v in id2label.items()} or None,
                         problem_type=predictor.config.problem_type,
                         max_position_embeddings=predictor.config.max_length)
-    return MODEL_CLASSES[spec.auto_class](config, predictor).eval()
+    return MODEL_CLASSES[spec.export.auto_class](config, predictor).eval()
 
 
 def hf_tokenizer(path: str | Path) -> Any:

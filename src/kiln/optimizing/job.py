@@ -113,7 +113,7 @@ class OptimizeConfig:
         object.__setattr__(self, "target", parse_choice(Target, self.target, "target"))
         object.__setattr__(self, "calibration_method",
                            parse_choice(CalibrationMethod, self.calibration_method, "calibration_method"))
-        allowed = task_spec(self.task).variants or tuple(VARIANTS)
+        allowed = task_spec(self.task).export.variants or tuple(VARIANTS)
         unknown = [v for v in self.variants or () if v not in allowed]
         if unknown:
             raise UsageError(f"variants must be from: {', '.join(allowed)} for --task {self.task} "

@@ -83,7 +83,7 @@ FUSIONS: dict[str, Callable[[BuildContext, Path, bool], list[dict]]] = {
 
 
 def _fusion_why_not(ctx: BuildContext) -> str | None:
-    if ctx.spec.fusion == DECODER_FUSION:
+    if ctx.spec.export.fusion == DECODER_FUSION:
         from kiln.exporting.fused_decoder import why_not
 
         return why_not(ctx.source.model.config)
@@ -95,7 +95,7 @@ def _fused_path(ctx: BuildContext, gelu_approximation: bool = False) -> tuple[Pa
 
     def build() -> tuple[Path, list[dict]]:
         path = ctx.variant_dir(name) / "model.onnx"
-        return path, FUSIONS[ctx.spec.fusion](ctx, path, gelu_approximation)
+        return path, FUSIONS[ctx.spec.export.fusion](ctx, path, gelu_approximation)
     return ctx.once(name, build)
 
 
@@ -120,7 +120,7 @@ def _int8_source_name(ctx: BuildContext) -> str:
 def _fp32_superseded(ctx: BuildContext) -> str | None:
     """A decoder's onnx-fp32 is left out of the defaults where onnx-fused can be built: the same fp32 weights, with
     the cache updated in place. Its export is still made, as the artifact's reference and OpenVINO's source."""
-    if ctx.spec.fusion == DECODER_FUSION and _fusion_why_not(ctx) is None:
+    if ctx.spec.export.fusion == DECODER_FUSION and _fusion_why_not(ctx) is None:
         return "onnx-fused runs the same fp32 weights with the cache updated in place; the export is kept as the " \
                "reference"
     return None
@@ -204,7 +204,7 @@ def _openvino_int8_weights(ctx: BuildContext, exclude: Sequence[str] = ()) -> Bu
 
 
 def _weights_only_pays(ctx: BuildContext) -> str | None:
-    if ctx.spec.weight_only_int8_pays:
+    if ctx.spec.export.weight_only_int8_pays:
         return None
     return ("weight-only int8 pays where decoding reads every weight per token; an encoder's batches are "
             "compute-bound (openvino-int8-static quantizes activations too); name it in --variants to build it")
@@ -334,7 +334,7 @@ VARIANTS: dict[VariantName, VariantSpec] = {VariantName(spec.name): spec for spe
 def default_variants(target: str, task: str | None = None) -> list[str]:
     from kiln.tasks import task_spec
 
-    allowed = task_spec(task).variants if task else None
+    allowed = task_spec(task).export.variants if task else None
     return [name for name, spec in VARIANTS.items() if target in spec.targets and (allowed is None or name in allowed)]
 
 

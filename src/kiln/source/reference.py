@@ -27,8 +27,8 @@ def source_encoder(source: SourceModel) -> TextEncoder:
 
 def task_module(source: SourceModel, *, cast_inputs: bool = False) -> TaskModule:
     spec = task_spec(source.task_config.task)
-    return TaskModule(source.model, source.input_names, spec.output_names, cast_inputs=cast_inputs,
-                      head=spec.graph_head)
+    return TaskModule(source.model, source.input_names, spec.export.output_names, cast_inputs=cast_inputs,
+                      head=spec.export.graph_head)
 
 
 def reference_predictor(
@@ -47,7 +47,7 @@ def timing_predictor(source: SourceModel, *, batch_size: int = 32, threads: int 
     """The original as speed-ups are quoted against: its own forward pass, or for a task with its own graph (a
     decoder's step with a KV cache) that graph run eagerly in PyTorch, so both sides do the same work; on the
     ``device`` the variants are timed on."""
-    graph = task_spec(source.task_config.task).graph(source, example_inputs(source))
+    graph = task_spec(source.task_config.task).export.graph(source, example_inputs(source))
     if graph is None:
         return reference_predictor(source, batch_size=batch_size, threads=threads, device=device)
     engine = TorchEngine(graph.module, EngineOptions(intra_op_threads=threads, device=device))

@@ -9,7 +9,8 @@ from enum import Enum
 from kiln.errors import UsageError
 from kiln.records.task import TaskConfig
 from kiln.runtime.features import Prepared
-from kiln.tasks.base import DECODER_FUSION, TaskSpec
+from kiln.tasks.base import TaskSpec
+from kiln.tasks.export import DECODER_FUSION, TaskExport
 from kiln.tasks.feature_extraction.task import FeatureExtraction
 from kiln.tasks.inputs import QAInput, RerankQuery, TextPair
 from kiln.tasks.multi_vector.task import MultiVector
@@ -45,7 +46,7 @@ def task_spec(name: str | Enum) -> type[TaskSpec]:
 
 
 # The tasks whose onnx-fused graph is kiln's own decoder step graph (for --format onnx-fused's help and errors).
-FUSED_DECODER_TASKS = tuple(name for name, spec in TASKS.items() if spec.fusion == DECODER_FUSION)
+FUSED_DECODER_TASKS = tuple(name for name, spec in TASKS.items() if spec.export.fusion == DECODER_FUSION)
 
 
 def task_handler(config: TaskConfig) -> TaskSpec:
@@ -54,5 +55,5 @@ def task_handler(config: TaskConfig) -> TaskSpec:
 
 
 __all__ = ["DECODER_FUSION", "DEFAULT_TASK", "FUSED_DECODER_TASKS", "TASKS", "Answer", "Entity", "LabelScore",
-           "Prepared", "QAInput", "Ranked", "RerankQuery", "SparseVector", "TaskConfig", "TaskName", "TaskSpec",
-           "TextPair", "task_handler", "task_spec"]
+           "Prepared", "QAInput", "Ranked", "RerankQuery", "SparseVector", "TaskConfig", "TaskExport", "TaskName",
+           "TaskSpec", "TextPair", "task_handler", "task_spec"]

@@ -12,9 +12,7 @@ Nothing outside ``kiln.tasks`` branches on a task's name; it asks the spec.
 
 from __future__ import annotations
 
-import csv
-import json
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -23,11 +21,13 @@ from tokenizers import Encoding
 
 from kiln.choices import Scheduling
 from kiln.data import corpus
-from kiln.data.texts import builtin_sentences, length_mix, parity_texts
+from kiln.data.texts import builtin_sentences, length_mix
 from kiln.errors import UnsupportedModelError, UsageError
 from kiln.records.figures import Agreement, AgreementInputs, EvalSet, Floor, Run
 from kiln.records.task import TaskConfig
 from kiln.runtime.features import Prepared, one_per_input
+from kiln.tasks.export import TaskExport
+from kiln.tasks.files import rows_csv, rows_jsonl
 from kiln.tasks.inputs import RerankQuery
 
 if TYPE_CHECKING:
@@ -39,18 +39,11 @@ if TYPE_CHECKING:
 NO_LABEL = -100  # a training target's "no label here" (padding, special tokens, a word's later sub-tokens)
 
 
-# TaskSpec.fusion of the tasks whose onnx-fused graph is kiln's own decoder step graph (kiln.exporting.fused_decoder).
-DECODER_FUSION = "decoder"
-
-
 class TaskSpec:
     """Base class of every task. Class attributes and class methods describe the task; instances run it."""
 
     name: ClassVar[str]
-    auto_class: ClassVar[str]  # the transformers Auto class that loads a model with this task's head
-    output_names: ClassVar[tuple[str, ...]]
-    sequence_outputs: ClassVar[frozenset[str]]  # outputs with a sequence axis (dynamic axes for export)
-    needs_trained_head: ClassVar[bool] = True  # refuse a checkpoint whose head weights are missing
+    export: ClassVar[type[TaskExport]]  # how the model is loaded and becomes a graph (kiln.tasks.export)
     embeds: ClassVar[bool] = False  # results are one vector per input (Predictor.encode works)
     ranks: ClassVar[bool] = False  # inputs are a query and texts, results the texts best first (Predictor.rerank)
     multi_vectors: ClassVar[bool] = False  # a text's result is one vector per kept token (late interaction)
@@ -58,17 +51,6 @@ class TaskSpec:
     # scheduler and timing up by it in their own registries; nothing outside tasks/ asks what kind a task is.
     scheduling: ClassVar[Scheduling] = Scheduling.BATCH
     decoders: ClassVar[bool] = False  # decoder-only families (GPT-2, GPT-Neo) are verified for this task
-    # Weight-only int8 (openvino-int8-weights) built by default: it pays where each step reads every weight for
-    # little compute (decoding); an encoder's batches are compute-bound.
-    weight_only_int8_pays: ClassVar[bool] = False
-    # The variants kiln optimize builds for this task (None: every variant of the target); ``fusion``: how its
-    # onnx-fused graph is made (kiln.optimizing.variants.FUSIONS), the graph dynamic int8 quantizes.
-    variants: ClassVar[tuple[str, ...] | None] = None
-    fusion: ClassVar[str] = "bert"
-    # What the exported graph computes from the model's outputs (kiln.model.heads): the model's own outputs by
-    # default; a task that pools inside the graph names its head (sparse embeddings: one vocabulary-sized vector
-    # per text instead of one per token).
-    graph_head: ClassVar[str] = "outputs"
     default_tolerance: ClassVar[float]
     tolerance_help: ClassVar[str]  # what the tolerance bounds, for `kiln optimize --help`
     metric: ClassVar[str]  # the task metric's primary score
@@ -96,31 +78,6 @@ class TaskSpec:
             tasks = ", ".join(t.name for t in task_classes() if t.decoders)
             raise UnsupportedModelError(f"task {cls.name} is not verified for the decoder {model_type!r}; it "
                                         f"does: {tasks}")
-
-    @classmethod
-    def prepare_loaded(cls, hf_model: Any, decoder: bool) -> None:
-        """Settle the loaded transformers model before export (in place)."""
-        if decoder and hf_model.config.pad_token_id is None:
-            # GPT-2 has no padding token; its sequence classifier finds each row's last token by the pad id, so
-            # batches are padded with end-of-text, as transformers' documentation does it.
-            hf_model.config.pad_token_id = hf_model.config.eos_token_id
-
-    @classmethod
-    def attach_head(cls, hf_model: Any, model_dir: Path) -> Any:
-        """The module the task runs and exports: the transformers model itself, or with modules stored beside it
-        (a ColBERT checkpoint's Dense projections)."""
-        return hf_model
-
-    @classmethod
-    def settings(cls, model_dir: Path, hf_config: Any) -> dict[str, Any]:
-        """Extra TaskConfig fields read from the model directory (pooling, labels)."""
-        return {}
-
-    @classmethod
-    def graph(cls, source: Any, example: tuple[Any, ...]) -> Any:
-        """The export graph when it is not the model's forward pass (a decoder's step with a KV cache): an object
-        with ``module``, ``example`` and ``axes``; None exports the task module over ``example`` (the default)."""
-        return None
 
     @classmethod
     def time(cls, predictor: Predictor, encodings: Sequence[Encoding], *, rounds: int = 2) -> Timing:
@@ -217,12 +174,6 @@ class TaskSpec:
         from kiln.scoring import cosine
 
         return cosine(self.comparable(served), self.comparable(reference))
-
-    # -- inputs -------------------------------------------------------------------------------------------
-    @classmethod
-    def parity_inputs(cls) -> list[Any]:
-        """Real inputs from one word to past the model's maximum, for export parity."""
-        return parity_texts()
 
     @classmethod
     def agreement_inputs(cls, encoder: TextEncoder, count: int = 128) -> list[Any]:
@@ -342,52 +293,6 @@ def task_classes() -> list[type[TaskSpec]]:
         if "name" in vars(cls):
             found.append(cls)
     return found
-
-
-def field(row: Mapping[str, Any], name: str, where: str, parse: Any = str, *, optional_empty: bool = False) -> Any:
-    """``parse(row[name])``, or a UsageError naming the line, the field and what the row holds."""
-    if name not in row or (row[name] in (None, "") and not optional_empty):
-        raise UsageError(f"{where}: missing field {name!r} (the row has: {', '.join(sorted(row)) or 'nothing'})")
-    try:
-        return parse(row[name])
-    except (TypeError, ValueError) as err:
-        raise UsageError(f"{where}: field {name!r} has a bad value {row[name]!r} ({err})") from err
-
-
-def read_json(path: Path) -> Any:
-    """A model directory's JSON file, or a ModelLoadError naming it."""
-    from kiln.errors import ModelLoadError
-
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError as err:
-        raise ModelLoadError(f"{path} is missing") from err
-    except json.JSONDecodeError as err:
-        raise ModelLoadError(f"{path} is not valid JSON: {err}") from err
-
-
-def rows_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    """(line number, object) per non-blank line of a JSONL file; a UsageError names a bad line."""
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise UsageError(f"{path} line {number}: not valid JSON ({err.msg})") from err
-        if not isinstance(row, dict):
-            raise UsageError(f"{path} line {number}: expected a JSON object, got {type(row).__name__}")
-        yield number, row
-
-
-def rows_csv(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    """(line number, row by header) per row of a CSV file; a UsageError names a row with more values than columns."""
-    with path.open(newline="", encoding="utf-8") as fh:
-        reader = csv.DictReader(fh)
-        for row in reader:
-            if None in row:
-                raise UsageError(f"{path} line {reader.line_num}: more values than columns {reader.fieldnames}")
-            yield reader.line_num, row
 
 
 def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:

@@ -25,17 +25,12 @@ if TYPE_CHECKING:
 class GenerativeTask(TaskSpec):
     scheduling = Scheduling.DECODE
     decoders = True
-    weight_only_int8_pays = True
 
     @classmethod
     def check_architecture(cls, model_type: str, decoder: bool, decoder_families: Sequence[str]) -> None:
         if not decoder:
             raise UnsupportedModelError(f"task {cls.name} needs a decoder-only language model "
                                         f"({', '.join(decoder_families)}); {model_type!r} is a bidirectional encoder")
-
-    @classmethod
-    def prepare_loaded(cls, hf_model: Any, decoder: bool) -> None:
-        """Nothing: generation left-pads each batch itself and stops on the model's own end-of-text ids."""
 
     def predict(self, predictor: Predictor, inputs: Sequence[Any], **options: Any) -> list[Any]:
         return self.generate(predictor, inputs, **options)

@@ -184,7 +184,7 @@ def build_tiny_model(arch: str, task: TaskName, directory: Path, seed: int = 0) 
                           **({"id2label": dict(enumerate(labels)), "label2id": {v: i for i, v in enumerate(labels)}}
                              if labels else {}))
     torch.manual_seed(seed)
-    auto = getattr(transformers, task_spec(task).auto_class)  # the class the task itself loads with
+    auto = getattr(transformers, task_spec(task).export.auto_class)  # the class the task itself loads with
     model = auto.from_config(config).eval()
     with torch.no_grad():  # larger random weights so outputs are not all near-uniform
         for param in model.parameters():

@@ -102,7 +102,7 @@ class ModelStep(_Step):
         settings, artifact = self._open(args)
         self.engine = artifact.engine(options=artifact.serving_plan(threads=settings.get("threads")).options)
         self.engine.warmup()
-        self.per_token = self.spec.sequence_outputs
+        self.per_token = self.spec.export.sequence_outputs
 
     def execute(self, requests: list[Any]) -> list[Any]:
         import triton_python_backend_utils as pb_utils

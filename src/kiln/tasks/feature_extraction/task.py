@@ -14,19 +14,20 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from dataclasses import field as dataclass_field
 from importlib import resources
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from kiln.choices import Pooling
-from kiln.errors import UnsupportedModelError, UsageError
+from kiln.errors import UsageError
 from kiln.records.figures import Agreement, AgreementInputs, EvalSet, Floor, Judgements, Run
 from kiln.runtime.features import Prepared
 from kiln.runtime.precision import Precision, parse_precision, quantize, ranges_for, refuse_rejected
 from kiln.scoring import spearman
-from kiln.tasks.base import TaskSpec, field, read_json
+from kiln.tasks.base import TaskSpec
 from kiln.tasks.chunking import Chunking, as_chunking, by_owner, chunked, span
+from kiln.tasks.feature_extraction.export import FeatureExtractionExport
+from kiln.tasks.files import field
 
 
 @dataclass(frozen=True)
@@ -70,17 +71,12 @@ def _pool_max(hidden: np.ndarray, mask: np.ndarray) -> np.ndarray:
 
 
 POOLERS = {Pooling.MEAN: _pool_mean, Pooling.CLS: _pool_cls, Pooling.MAX: _pool_max}
-# sentence-transformers modules kiln reproduces in its own post-processing.
-ST_MODULES = {"Transformer", "Pooling", "Normalize"}
 
 
 class FeatureExtraction(TaskSpec):
+    export = FeatureExtractionExport
     decoders = True
     name = "feature-extraction"
-    auto_class = "AutoModel"
-    output_names = ("last_hidden_state",)
-    sequence_outputs = frozenset(output_names)
-    needs_trained_head = False
     embeds = True
     default_tolerance = 0.01
     tolerance_help = "min cosine >= 1-t and mean cosine >= 1-t/2"
@@ -94,29 +90,6 @@ class FeatureExtraction(TaskSpec):
         self._pool = POOLERS[config.pooling]
         # int8/uint8 ranges per output size, from output_calibration (which the predictor sets once, before use)
         self._ranges_by_size: dict[int | None, np.ndarray] = {}
-
-    @staticmethod
-    def _pooling_settings(model_dir: Path) -> dict[str, Any]:
-        """Pooling and normalization from modules.json / 1_Pooling/config.json; mean without them."""
-        modules_file = model_dir / "modules.json"
-        if not modules_file.is_file():
-            return {"pooling": Pooling.MEAN, "normalize": False}
-        kinds = {str(m.get("type", "")).rsplit(".", 1)[-1]: m for m in read_json(modules_file)}
-        unknown = sorted(set(kinds) - ST_MODULES)
-        if unknown:
-            raise UnsupportedModelError(
-                f"{model_dir} uses sentence-transformers modules kiln does not reproduce: {', '.join(unknown)} "
-                f"(supported: {', '.join(sorted(ST_MODULES))})"
-            )
-        pooling = Pooling.MEAN
-        if "Pooling" in kinds:
-            pool_config = read_json(model_dir / kinds["Pooling"].get("path", "1_Pooling") / "config.json")
-            pooling = _pooling_mode(pool_config, model_dir)
-        return {"pooling": pooling, "normalize": "Normalize" in kinds}
-
-    @classmethod
-    def settings(cls, model_dir: Path, hf_config: Any) -> dict[str, Any]:
-        return {**cls._pooling_settings(model_dir), "dimension": int(hf_config.hidden_size)}
 
     def options(self, truncate: bool = True, dimensions: int | None = None, chunking: Any = None,
                 precision: str | Precision = Precision.FLOAT32) -> EmbedOptions:
@@ -271,16 +244,3 @@ def _unit(x: np.ndarray) -> np.ndarray:
     return x / np.clip(np.linalg.norm(x, axis=1, keepdims=True), 1e-12, None)
 
 
-def _pooling_mode(pool_config: dict[str, Any], model_dir: Path) -> Pooling:
-    if isinstance(mode := pool_config.get("pooling_mode"), str):
-        names = {mode}
-    else:
-        names = {k.removeprefix("pooling_mode_") for k, v in pool_config.items()
-                 if k.startswith("pooling_mode_") and v}
-    by_flag = {"mean_tokens": Pooling.MEAN, "mean": Pooling.MEAN, "cls_token": Pooling.CLS, "cls": Pooling.CLS,
-               "max_tokens": Pooling.MAX, "max": Pooling.MAX}
-    if len(names) != 1 or (name := names.pop()) not in by_flag:
-        raise UnsupportedModelError(
-            f"{model_dir} pools with {sorted(names) or 'nothing'}; kiln supports exactly one of mean, cls, max"
-        )
-    return by_flag[name]

@@ -19,8 +19,10 @@ from kiln.errors import UsageError
 from kiln.records.figures import Agreement, AgreementInputs, EvalSet, Run
 from kiln.runtime.features import Prepared
 from kiln.scoring import squad_scores
-from kiln.tasks.base import NO_LABEL, TaskSpec, field, softmax, valid_rows
+from kiln.tasks.base import NO_LABEL, TaskSpec, softmax, valid_rows
+from kiln.tasks.files import field
 from kiln.tasks.inputs import QAInput
+from kiln.tasks.question_answering.export import QuestionAnsweringExport
 
 
 @dataclass(frozen=True)
@@ -62,10 +64,8 @@ def builtin_questions(count: int, seed: int = 0) -> list[QAInput]:
 
 
 class QuestionAnswering(TaskSpec):
+    export = QuestionAnsweringExport
     name = "question-answering"
-    auto_class = "AutoModelForQuestionAnswering"
-    output_names = ("start_logits", "end_logits")
-    sequence_outputs = frozenset(output_names)
     default_tolerance = 0.02
     tolerance_help = "answer F1 against the original's answers >= 1-t"
     metric = "f1"
@@ -106,12 +106,6 @@ class QuestionAnswering(TaskSpec):
 
     def comparable(self, reduced: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
         return np.concatenate(reduced)
-
-    @classmethod
-    def parity_inputs(cls) -> list[Any]:
-        """Question/context pairs; the longer contexts need several doc-stride windows."""
-        sentences = builtin_sentences()
-        return [QAInput(sentences[i], joined(i * 3, 1 + i)) for i in range(2, 14, 2)]
 
     @classmethod
     def agreement_inputs(cls, encoder, count: int = 128) -> list[Any]:

@@ -21,16 +21,16 @@ import numpy as np
 
 from kiln.data import corpus
 from kiln.data.texts import builtin_pairs, builtin_sentences, length_mix
-from kiln.errors import UnsupportedModelError, UsageError
+from kiln.errors import UsageError
 from kiln.records.figures import Agreement, AgreementInputs, EvalSet, Floor, Run
 from kiln.runtime.features import Prepared
 from kiln.scoring import kendall_tau, ndcg_at_k, ranking, reciprocal_rank
-from kiln.tasks.base import TaskSpec, field, sigmoid, softmax
+from kiln.tasks.base import TaskSpec, sigmoid, softmax
+from kiln.tasks.files import field
 from kiln.tasks.inputs import RerankQuery
-from kiln.tasks.text_classification.task import TextClassification
+from kiln.tasks.rerank.export import RerankExport, relevant_index
 
 TOP = 3  # agreement's top-k overlap
-RELEVANT_NAMES = ("relevant", "positive", "entailment", "yes", "true", "label_1", "1")
 
 
 @dataclass(frozen=True)
@@ -85,33 +85,14 @@ def rank_agreement(per_query: Iterable[tuple[np.ndarray, np.ndarray]]) -> tuple[
                  f"top{TOP}_overlap": float(np.mean(overlaps)), "top1_agreement": float(np.mean(top1))}
 
 
-def relevant_index(id2label: Mapping[int, str]) -> int:
-    """Which logit means "relevant": the only one, or the label with a relevant name, else the second."""
-    if len(id2label) <= 1:
-        return 0
-    if len(id2label) > 2:
-        raise UnsupportedModelError(f"a reranker has one logit or two (relevant or not); this model has "
-                                    f"{len(id2label)} labels: {', '.join(id2label.values())}")
-    named = [i for i, name in id2label.items() if str(name).lower() in RELEVANT_NAMES]
-    return named[0] if len(named) == 1 else 1
-
-
 class Rerank(TaskSpec):
+    export = RerankExport
     name = "text-ranking"
-    auto_class = TextClassification.auto_class
-    output_names = ("logits",)
-    sequence_outputs = frozenset()
     ranks = True
     default_tolerance = 0.05
     tolerance_help = f"mean Kendall tau per query >= 1-t and mean top-{TOP} overlap >= 1-t"
     metric = "ndcg@10"
     eval_fields = ("query", "text", "relevance")
-
-    @classmethod
-    def settings(cls, model_dir: Path, hf_config: Any) -> dict[str, Any]:
-        found = TextClassification.settings(model_dir, hf_config)
-        relevant_index(found["id2label"])  # refuse a many-label classifier at load time
-        return found
 
     def options(self, top_n: int | None = None, return_documents: bool = False, raw_scores: bool = False,
                 truncate: bool = True) -> RerankOptions:
@@ -162,11 +143,6 @@ class Rerank(TaskSpec):
             results.append([Ranked(j, per_query[i][j], query.texts[j] if options.return_documents else None)
                             for j in order])
         return results
-
-    # -- inputs -------------------------------------------------------------------------------------------
-    @classmethod
-    def parity_inputs(cls) -> list[Any]:
-        return [RerankQuery(a, (b, a, *builtin_sentences()[i : i + 2])) for i, (a, b) in enumerate(builtin_pairs(8))]
 
     @classmethod
     def agreement_inputs(cls, encoder, count: int = 128) -> list[Any]:

@@ -12,10 +12,8 @@ Route: POST /embed_sparse.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -26,6 +24,7 @@ from kiln.runtime.features import Prepared
 from kiln.scoring import spearman
 from kiln.tasks.base import TaskSpec
 from kiln.tasks.feature_extraction.task import FeatureExtraction
+from kiln.tasks.sparse_embedding.export import SparseEmbeddingExport
 
 TOP_TERMS = 10  # agreement's term overlap
 
@@ -51,24 +50,13 @@ class SparseOptions:
 
 
 class SparseEmbedding(TaskSpec):
+    export = SparseEmbeddingExport
     name = "sparse-embedding"
-    auto_class = "AutoModelForMaskedLM"
-    graph_head = "sparse-max-pool"  # kiln.model.heads: SPLADE pooling inside the graph
-    output_names = ("sparse_embedding",)
-    sequence_outputs = frozenset()
     default_tolerance = 0.02
     tolerance_help = f"min cosine >= 1-t and mean cosine >= 1-t/2 (top-{TOP_TERMS} term overlap reported)"
     metric = "spearman"
     eval_fields = FeatureExtraction.eval_fields
     has_builtin_eval = True
-
-    @classmethod
-    def settings(cls, model_dir: Path, hf_config: Any) -> dict[str, Any]:
-        """The special tokens' ids, from tokenizer.json (their terms are zeroed)."""
-        path = model_dir / "tokenizer.json"
-        added = json.loads(path.read_text()).get("added_tokens", []) if path.is_file() else []
-        return {"special_ids": tuple(sorted(int(t["id"]) for t in added if t.get("special"))),
-                "dimension": int(hf_config.vocab_size)}
 
     def options(self, threshold: float = 0.0, top_k: int | None = None, truncate: bool = True) -> SparseOptions:
         if threshold < 0:

@@ -10,18 +10,19 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from kiln.data.texts import builtin_pairs, parity_texts
+from kiln.data.texts import builtin_pairs
 from kiln.errors import UsageError
 from kiln.records.figures import Agreement, AgreementInputs, EvalSet, Run
 from kiln.runtime.features import Prepared, one_per_input
-from kiln.tasks.base import NO_LABEL, TaskSpec, field, sigmoid, softmax
+from kiln.tasks.base import NO_LABEL, TaskSpec, sigmoid, softmax
 from kiln.tasks.chunking import Chunking, as_chunking, by_owner, chunked
+from kiln.tasks.files import field
 from kiln.tasks.inputs import TextPair
+from kiln.tasks.text_classification.export import TextClassificationExport
 
 
 @dataclass(frozen=True)
@@ -64,20 +65,13 @@ def score_function(config, num_labels: int):
 
 
 class TextClassification(TaskSpec):
+    export = TextClassificationExport
     decoders = True  # GPT-2 and GPT-Neo verified (sequence classification pools the last non-pad token)
     name = "text-classification"
-    auto_class = "AutoModelForSequenceClassification"
-    output_names = ("logits",)
-    sequence_outputs = frozenset()
     default_tolerance = 0.01
     tolerance_help = "top label agreement >= 1-t"
     metric = "accuracy"
     eval_fields = ("text", "label")
-
-    @classmethod
-    def settings(cls, model_dir: Path, hf_config: Any) -> dict[str, Any]:
-        return {"id2label": {int(k): str(v) for k, v in (hf_config.id2label or {}).items()},
-                "problem_type": getattr(hf_config, "problem_type", None)}
 
     live_figure = "label_agreement"  # the gate's figure, per input: the top label kept (1) or not (0)
     live_judged = "mean"
@@ -119,10 +113,6 @@ class TextClassification(TaskSpec):
             order = np.argsort(-scores, kind="stable")[: options.top_k]
             results.append([LabelScore(id2label.get(int(i), f"LABEL_{i}"), float(scores[i])) for i in order])
         return results
-
-    @classmethod
-    def parity_inputs(cls) -> list[Any]:
-        return [*parity_texts(), *(TextPair(a, b) for a, b in builtin_pairs(8))]
 
     @classmethod
     def agreement_inputs(cls, encoder, count: int = 128) -> list[Any]:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -18,7 +17,9 @@ from kiln.choices import Aggregation, parse_choice
 from kiln.errors import UsageError
 from kiln.records.figures import Agreement, AgreementInputs, EvalSet, Run
 from kiln.runtime.features import Prepared
-from kiln.tasks.base import NO_LABEL, TaskSpec, field, softmax, valid_rows
+from kiln.tasks.base import NO_LABEL, TaskSpec, softmax, valid_rows
+from kiln.tasks.files import field
+from kiln.tasks.token_classification.export import TokenClassificationExport
 
 
 @dataclass(frozen=True)
@@ -51,10 +52,8 @@ class _Token:
 
 
 class TokenClassification(TaskSpec):
+    export = TokenClassificationExport
     name = "token-classification"
-    auto_class = "AutoModelForTokenClassification"
-    output_names = ("logits",)
-    sequence_outputs = frozenset(output_names)
     default_tolerance = 0.01
     tolerance_help = "tag agreement per token >= 1-t"
     metric = "f1"
@@ -63,10 +62,6 @@ class TokenClassification(TaskSpec):
     def __init__(self, config) -> None:
         super().__init__(config)
         self._id2label = config.id2label
-
-    @classmethod
-    def settings(cls, model_dir: Path, hf_config: Any) -> dict[str, Any]:
-        return {"id2label": {int(k): str(v) for k, v in (hf_config.id2label or {}).items()}}
 
     def options(
         self, aggregation: Aggregation | str = Aggregation.SIMPLE, ignore_labels: Sequence[str] = ("O",),

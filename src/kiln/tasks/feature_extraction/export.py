@@ -1,0 +1,60 @@
+"""feature-extraction's export part: the encoder's hidden states, pooling and normalization read from its
+sentence-transformers config."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from kiln.choices import Pooling
+from kiln.errors import UnsupportedModelError
+from kiln.tasks.export import TaskExport
+from kiln.tasks.files import read_json
+
+# sentence-transformers modules kiln reproduces in its own post-processing.
+ST_MODULES = {"Transformer", "Pooling", "Normalize"}
+
+
+def _pooling_mode(pool_config: dict[str, Any], model_dir: Path) -> Pooling:
+    if isinstance(mode := pool_config.get("pooling_mode"), str):
+        names = {mode}
+    else:
+        names = {k.removeprefix("pooling_mode_") for k, v in pool_config.items()
+                 if k.startswith("pooling_mode_") and v}
+    by_flag = {"mean_tokens": Pooling.MEAN, "mean": Pooling.MEAN, "cls_token": Pooling.CLS, "cls": Pooling.CLS,
+               "max_tokens": Pooling.MAX, "max": Pooling.MAX}
+    if len(names) != 1 or (name := names.pop()) not in by_flag:
+        raise UnsupportedModelError(
+            f"{model_dir} pools with {sorted(names) or 'nothing'}; kiln supports exactly one of mean, cls, max"
+        )
+    return by_flag[name]
+
+
+class FeatureExtractionExport(TaskExport):
+    auto_class = "AutoModel"
+    output_names = ("last_hidden_state",)
+    sequence_outputs = frozenset(output_names)
+    needs_trained_head = False
+
+    @staticmethod
+    def _pooling_settings(model_dir: Path) -> dict[str, Any]:
+        """Pooling and normalization from modules.json / 1_Pooling/config.json; mean without them."""
+        modules_file = model_dir / "modules.json"
+        if not modules_file.is_file():
+            return {"pooling": Pooling.MEAN, "normalize": False}
+        kinds = {str(m.get("type", "")).rsplit(".", 1)[-1]: m for m in read_json(modules_file)}
+        unknown = sorted(set(kinds) - ST_MODULES)
+        if unknown:
+            raise UnsupportedModelError(
+                f"{model_dir} uses sentence-transformers modules kiln does not reproduce: {', '.join(unknown)} "
+                f"(supported: {', '.join(sorted(ST_MODULES))})"
+            )
+        pooling = Pooling.MEAN
+        if "Pooling" in kinds:
+            pool_config = read_json(model_dir / kinds["Pooling"].get("path", "1_Pooling") / "config.json")
+            pooling = _pooling_mode(pool_config, model_dir)
+        return {"pooling": pooling, "normalize": "Normalize" in kinds}
+
+    @classmethod
+    def settings(cls, model_dir: Path, hf_config: Any) -> dict[str, Any]:
+        return {**cls._pooling_settings(model_dir), "dimension": int(hf_config.hidden_size)}

@@ -1,0 +1,58 @@
+"""Reading what tasks read: a model directory's JSON files, and eval files' rows (JSONL or CSV) with errors that name
+the line and the field."""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from kiln.errors import UsageError
+
+
+def field(row: Mapping[str, Any], name: str, where: str, parse: Any = str, *, optional_empty: bool = False) -> Any:
+    """``parse(row[name])``, or a UsageError naming the line, the field and what the row holds."""
+    if name not in row or (row[name] in (None, "") and not optional_empty):
+        raise UsageError(f"{where}: missing field {name!r} (the row has: {', '.join(sorted(row)) or 'nothing'})")
+    try:
+        return parse(row[name])
+    except (TypeError, ValueError) as err:
+        raise UsageError(f"{where}: field {name!r} has a bad value {row[name]!r} ({err})") from err
+
+
+def read_json(path: Path) -> Any:
+    """A model directory's JSON file, or a ModelLoadError naming it."""
+    from kiln.errors import ModelLoadError
+
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError as err:
+        raise ModelLoadError(f"{path} is missing") from err
+    except json.JSONDecodeError as err:
+        raise ModelLoadError(f"{path} is not valid JSON: {err}") from err
+
+
+def rows_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line number, object) per non-blank line of a JSONL file; a UsageError names a bad line."""
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise UsageError(f"{path} line {number}: not valid JSON ({err.msg})") from err
+        if not isinstance(row, dict):
+            raise UsageError(f"{path} line {number}: expected a JSON object, got {type(row).__name__}")
+        yield number, row
+
+
+def rows_csv(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line number, row by header) per row of a CSV file; a UsageError names a row with more values than columns."""
+    with path.open(newline="", encoding="utf-8") as fh:
+        reader = csv.DictReader(fh)
+        for row in reader:
+            if None in row:
+                raise UsageError(f"{path} line {reader.line_num}: more values than columns {reader.fieldnames}")
+            yield reader.line_num, row
