@@ -126,7 +126,7 @@ def main() -> None:
         d = predictor.predict(documents)
         vector_diff = max(float(np.abs(a - pylate[f"q{i}"]).max()) for i, a in enumerate(q))
         vector_diff = max(vector_diff, *(float(np.abs(a - pylate[f"d{i}"]).max()) for i, a in enumerate(d)))
-        from kiln.tasks.multi_vector.task import maxsim
+        from kiln.scoring import maxsim
 
         scores = np.stack([maxsim(query, d) for query in q])
         best = float("inf")

@@ -65,10 +65,10 @@ def _fidelity(student: Path, held_out: list[str]) -> dict:
     index = np.array([bucket_index(n) for n in lengths])
     buckets = [{"tokens": bucket_label(i), "count": int((index == i).sum()), "mean": float(cos[index == i].mean()),
                 "min": float(cos[index == i].min())} for i in sorted(set(index.tolist()))]
-    sts = spec.builtin_eval()
+    sts = spec.validation.builtin_eval()
     return {"texts": len(held_out), "mean_cosine": float(cos.mean()), "min_cosine": float(cos.min()),
-            "buckets": buckets, "sts_spearman": spec.evaluate(pupil, sts)["spearman"],
-            "teacher_sts_spearman": spec.evaluate(teacher, sts)["spearman"]}
+            "buckets": buckets, "sts_spearman": spec.validation.evaluate(pupil, sts)["spearman"],
+            "teacher_sts_spearman": spec.validation.evaluate(teacher, sts)["spearman"]}
 
 
 THROUGHPUT = """
@@ -157,7 +157,7 @@ def _classifier(args, train: Path) -> dict:
     same = float(np.mean([a == b for a, b in zip(*labels, strict=True)]))
     lineage = json.loads((out / "kiln-distill.json").read_text())
     result = {"command": "kiln " + " ".join(command), "minutes": lineage["seconds"] / 60,
-              "teacher": spec.evaluate(theirs, data), "student": spec.evaluate(ours, data),
+              "teacher": spec.validation.evaluate(theirs, data), "student": spec.validation.evaluate(ours, data),
               "held_out_label_agreement": same, "held_out_texts": len(sentences),
               "held_out_teacher_labels": {label: labels[1].count(label) for label in sorted(set(labels[1]))}}
     result["accuracy_kept"] = result["student"]["accuracy"] / result["teacher"]["accuracy"]

@@ -85,7 +85,7 @@ def _prepare(artifact: Path, work: Path, count: int) -> dict:
     art = Artifact.open(artifact)
     encoder = art.encoder()
     texts = held_out_mix(count, encoder.token_count)
-    calibration = task_spec(art.task_config.task).calibration_inputs(encoder)  # kiln's default calibration
+    calibration = task_spec(art.task_config.task).validation.calibration_inputs(encoder)  # kiln's default calibration
     encodings = encoder.encode(texts)
     order = sorted(range(len(texts)), key=lambda i: len(encodings[i].ids))
     batches = [encoder.collate([encodings[i] for i in order[b : b + BATCH]]) for b in range(0, len(order), BATCH)]

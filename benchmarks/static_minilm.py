@@ -65,7 +65,7 @@ def main() -> None:
 
     teacher = kiln.load(args.artifact)
     variant = Artifact.open(args.artifact).variant_name()
-    sts = FeatureExtraction.builtin_eval()
+    sts = FeatureExtraction.validation.builtin_eval()
     left, right = [a for a, _ in sts.inputs], [b for _, b in sts.inputs]
 
     def sts_spearman(embed) -> float:

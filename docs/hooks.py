@@ -44,9 +44,9 @@ def _task_table() -> str:
              "| --- | --- | --- | --- | --- | --- |"]
     for name, spec in TASKS.items():
         routes = ", ".join(sorted({f"`POST {r.path}`" for r in task_wire(name).routes}))
-        lines.append(f"| `{name}` | `{spec.export.auto_class}` | {spec.tolerance_help} "
-                     f"(t = {spec.default_tolerance:g}) | "
-                     f"{spec.metric} | {', '.join(spec.eval_fields)} | {routes} |")
+        lines.append(f"| `{name}` | `{spec.export.auto_class}` | {spec.validation.tolerance_help} "
+                     f"(t = {spec.validation.default_tolerance:g}) | "
+                     f"{spec.validation.metric} | {', '.join(spec.validation.eval_fields)} | {routes} |")
     return "\n".join(lines)
 
 

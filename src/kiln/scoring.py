@@ -15,6 +15,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from kiln.errors import UsageError
+
 _PUNCTUATION = set(string.punctuation)
 
 
@@ -100,3 +102,25 @@ def cosine(a: np.ndarray, b: np.ndarray) -> float:
     a64, b64 = a.astype(np.float64), b.astype(np.float64)
     denom = np.linalg.norm(a64) * np.linalg.norm(b64)
     return float(a64 @ b64 / denom) if denom > 0 else float(np.array_equal(a64, b64))
+
+
+def stacked(documents: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Documents' token vectors as one [all tokens, dim] array, and where each document starts in it."""
+    lengths = np.array([len(d) for d in documents])
+    if (lengths == 0).any():
+        raise UsageError("a document with no token vectors cannot be scored (every token was skipped)")
+    return np.concatenate(documents), np.concatenate([[0], np.cumsum(lengths)[:-1]])
+
+
+def maxsim_stacked(query: np.ndarray, tokens: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """MaxSim of one query against stacked documents (:func:`stacked`): one matrix product, a segmented max."""
+    sims = tokens @ query.T  # [all document tokens, query tokens]
+    return np.maximum.reduceat(sims, starts, axis=0).sum(axis=1).astype(np.float32)
+
+
+def maxsim(query: np.ndarray, documents: Sequence[np.ndarray]) -> np.ndarray:
+    """ColBERT's late-interaction score of one query against each document: the sum over the query's vectors of
+    their best dot product with any of the document's vectors."""
+    if not documents:
+        return np.zeros(0, dtype=np.float32)
+    return maxsim_stacked(query, *stacked(documents))

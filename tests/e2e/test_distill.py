@@ -256,15 +256,15 @@ def test_training_targets_of_tagged_words_and_answers(tiny_model):
     from kiln.records.figures import EvalSet
     from kiln.source.reference import source_encoder
     from kiln.tasks import task_spec
-    from kiln.tasks.base import NO_LABEL
+    from kiln.tasks.validation import NO_LABEL
 
     source = load_source(str(tiny_model("bert", TaskName.TOKEN_CLASSIFICATION)), TaskName.TOKEN_CLASSIFICATION)
     spec, encoder = task_spec(TaskName.TOKEN_CLASSIFICATION), source_encoder(source)
     rows = EvalSet(spec.name, "test", (("Anna", "Schmidt", "visited", "antidisestablishmentarianism"),),
                    (("B-PER", "I-PER", "O", "B-ORG"),))
-    inputs, labels = spec.training_rows(rows)
+    inputs, labels = spec.validation.training_rows(rows)
     prepared = spec(source.task_config).features(inputs, encoder)
-    targets = spec.training_labels(prepared, labels, source.task_config, encoder)["logits"][0]
+    targets = spec.validation.training_labels(prepared, labels, source.task_config, encoder)["logits"][0]
     encoding, names = prepared.encodings[0], source.task_config.id2label
     labelled = [(t, names[int(v)]) for t, v in enumerate(targets) if v != NO_LABEL]
     assert [name for _, name in labelled] == ["B-PER", "I-PER", "O", "B-ORG"]  # one per word, on its first piece
@@ -278,13 +278,13 @@ def test_training_targets_of_tagged_words_and_answers(tiny_model):
 
     context = "Jean Dupont visited Paris and Lyon in the spring."
     prepared = spec(source.task_config).features([QAInput("Where did he go?", context)] * 2, encoder)
-    targets = spec.training_labels(prepared, [("Paris and Lyon",), ()], source.task_config, encoder)
+    targets = spec.validation.training_labels(prepared, [("Paris and Lyon",), ()], source.task_config, encoder)
     first, second = prepared.encodings
     start, end = int(targets["start_logits"][0]), int(targets["end_logits"][0])
     assert context[first.offsets[start][0]:first.offsets[end][1]] == "Paris and Lyon"
     assert int(targets["start_logits"][1]) == int(targets["end_logits"][1]) == 0  # no answer: the first token
     with pytest.raises(UsageError, match="answer 'Berlin' is not in its context"):
-        spec.training_labels(prepared, [("Berlin",), ()], source.task_config, encoder)
+        spec.validation.training_labels(prepared, [("Berlin",), ()], source.task_config, encoder)
 
 
 @pytest.mark.parametrize("task", [TaskName.TOKEN_CLASSIFICATION, TaskName.QUESTION_ANSWERING])

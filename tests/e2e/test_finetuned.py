@@ -24,7 +24,7 @@ pytestmark = pytest.mark.slow
 def test_classification_metric_through_optimize(tmp_path):
     model = finetune.sentiment_model()
     eval_file = finetune.write_jsonl(finetune.sentiment_examples(200, seed=99), tmp_path / "eval.jsonl")
-    reference = task_spec("text-classification").evaluate(
+    reference = task_spec("text-classification").validation.evaluate(
         reference_predictor(load_source(str(model), TaskName.TEXT_CLASSIFICATION)),
                          load_eval_set(eval_file, TaskName.TEXT_CLASSIFICATION))
     assert reference["accuracy"] > 0.9  # the head really learned the task
@@ -45,7 +45,7 @@ def test_question_answering_metric_with_squad2_file(tmp_path):
     assert any(not r["answers"] for r in rows)
     eval_file = finetune.write_squad(rows, tmp_path / "dev-v2.json")
     data = load_eval_set(eval_file, TaskName.QUESTION_ANSWERING)
-    reference = task_spec("question-answering").evaluate(
+    reference = task_spec("question-answering").validation.evaluate(
         reference_predictor(load_source(str(model), TaskName.QUESTION_ANSWERING)), data)
     assert reference["f1"] > 0.8 and reference["exact_match"] > 0.7
     summary = OptimizeJob(OptimizeConfig(model=str(model), task=TaskName.QUESTION_ANSWERING,

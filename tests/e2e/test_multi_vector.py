@@ -15,9 +15,9 @@ from fastapi.testclient import TestClient
 import kiln
 from kiln.errors import UsageError
 from kiln.runtime.precision import Precision, quantize, ranges_of
+from kiln.scoring import maxsim
 from kiln.serving.app import ServeConfig, create_app
 from kiln.tasks import TaskName
-from kiln.tasks.multi_vector.task import maxsim
 
 PYLATE = Path(__file__).resolve().parents[2] / ".venv-pylate" / "bin" / "python"
 COLBERT_AI = Path(__file__).resolve().parents[2] / ".venv-colbert" / "bin" / "python"

@@ -136,7 +136,7 @@ def test_kiln_optimize_judges_a_static_student_against_its_teacher(tiny_model, s
     assert record.batched.drift.invariant  # a gather and a mean: the same bits in any batch
 
     reference = reference_predictor(load_source(str(teacher), TaskName.FEATURE_EXTRACTION.value))
-    texts = task_spec(TaskName.FEATURE_EXTRACTION.value).agreement_inputs(reference.encoder)
+    texts = task_spec(TaskName.FEATURE_EXTRACTION.value).validation.agreement_inputs(reference.encoder)
     theirs = np.stack(reference.predict(texts)).astype(np.float64)
     mine = SentenceTransformer(str(static_dir), device="cpu").encode(texts).astype(np.float64)
     upper = np.triu_indices(len(texts), k=1)

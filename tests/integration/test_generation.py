@@ -260,7 +260,7 @@ def test_optimize_times_a_decoder_by_generating_as_served(decoder_artifacts):
     from kiln.tasks.text_generation.task import TIMING_BATCH, TIMING_NEW_TOKENS
 
     predictor = kiln.load(decoder_artifacts["gpt2"])
-    encodings = predictor.prepare(TextGeneration.timing_inputs(predictor.encoder)).encodings
+    encodings = predictor.prepare(TextGeneration.validation.timing_inputs(predictor.encoder)).encodings
     calls: list[tuple[int, int, int]] = []  # (rows, new positions, logits positions) per step call
     new_stepper = predictor.engine.new_stepper
 
@@ -540,12 +540,12 @@ def test_optimize_builds_validates_and_picks_a_decoder_variant(optimized_gpt2, t
     assert openvino.metric["perplexity"] == pytest.approx(summary.reference_metric["perplexity"], rel=1e-4)
     # The built-in perplexity comes from the agreement run's logits: the same figure a pass of its own gives.
     reference = reference_predictor(load_source(str(tiny_model("gpt2", TaskName.TEXT_GENERATION)), "text-generation"))
-    texts = TextGeneration.agreement_inputs(reference.encoder)
-    own_pass = TextGeneration.evaluate(reference, EvalSet("text-generation", "agreement", tuple(texts),
+    texts = TextGeneration.validation.agreement_inputs(reference.encoder)
+    own_pass = TextGeneration.validation.evaluate(reference, EvalSet("text-generation", "agreement", tuple(texts),
                                                           (None,) * len(texts)))
     assert summary.reference_metric == pytest.approx(own_pass, rel=1e-6)
     with pytest.raises(UsageError, match="no texts to measure perplexity on"):
-        TextGeneration.evaluate(reference, TextGeneration.builtin_eval())
+        TextGeneration.validation.evaluate(reference, TextGeneration.validation.builtin_eval())
     assert kiln.load(artifact, "openvino-fp32").generate(PROMPTS, max_new_tokens=8) == \
         kiln.load(artifact, "onnx-fp32").generate(PROMPTS, max_new_tokens=8) == \
         kiln.load(artifact, "onnx-fused").generate(PROMPTS, max_new_tokens=8)

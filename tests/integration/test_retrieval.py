@@ -155,9 +155,9 @@ def test_optimize_a_reranker_reports_rank_agreement_and_ndcg(tiny_model, tmp_pat
     assert int8.agreement.figures["mean_kendall_tau"] <= 1.0 and "top1_agreement" in int8.agreement.figures
     assert {"ndcg@10", "mrr"} <= fp32.metric.keys() and 0 < fp32.metric["mrr"] <= 1
     predictor = kiln.load(tmp_path / "o")
-    data = Rerank.read_eval(eval_file)
+    data = Rerank.validation.read_eval(eval_file)
     assert len(data) == 3 and data.labels[0] == (1, 0, 0, 0, 0)
-    assert Rerank.evaluate(predictor, data) == pytest.approx(fp32.metric)
+    assert Rerank.validation.evaluate(predictor, data) == pytest.approx(fp32.metric)
 
 
 # -- sparse embeddings ---------------------------------------------------------------------------------------------

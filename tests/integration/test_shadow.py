@@ -127,11 +127,11 @@ def test_each_task_is_shadowed_by_the_figure_its_gate_checks(tiny_model, tmp_pat
     assert metric(scraped, 'kiln_shadow_agreement{figure="mean_label_agreement",model="c"}') == pytest.approx(
         np.mean(kept))
     clf = task_handler(TaskConfig(task=TaskName.TEXT_CLASSIFICATION.value, max_length=32, id2label={0: "a", 1: "b"}))
-    assert clf.live_agreement(np.array([0.1, 2.0]), np.array([0.3, 1.0])) == 1.0
-    assert clf.live_agreement(np.array([2.0, 0.1]), np.array([0.3, 1.0])) == 0.0
+    assert clf.validation.live_agreement(clf, np.array([0.1, 2.0]), np.array([0.3, 1.0])) == 1.0
+    assert clf.validation.live_agreement(clf, np.array([2.0, 0.1]), np.array([0.3, 1.0])) == 0.0
     tags = task_handler(TaskConfig(task=TaskName.TOKEN_CLASSIFICATION.value, max_length=32, id2label={0: "O", 1: "X"}))
-    assert tags.live_agreement(np.array([[1, 0], [0, 1], [1, 0]]), np.array([[1, 0], [1, 0], [1, 0]])) == \
-        pytest.approx(2 / 3)
+    served, reference = np.array([[1, 0], [0, 1], [1, 0]]), np.array([[1, 0], [1, 0], [1, 0]])
+    assert tags.validation.live_agreement(tags, served, reference) == pytest.approx(2 / 3)
     ranker = task_handler(TaskConfig(task=TaskName.TEXT_RANKING.value, max_length=32, id2label={0: "LABEL_0"}))
-    assert ranker.live_agreement(np.array([0.0]), np.array([0.0])) == 1.0
-    assert ranker.live_agreement(np.array([0.0]), np.array([100.0])) == pytest.approx(0.5)
+    assert ranker.validation.live_agreement(ranker, np.array([0.0]), np.array([0.0])) == 1.0
+    assert ranker.validation.live_agreement(ranker, np.array([0.0]), np.array([100.0])) == pytest.approx(0.5)

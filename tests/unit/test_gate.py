@@ -31,7 +31,8 @@ def test_task_metric_drop():
 
 
 def test_tolerance_validation():
-    assert tolerance_for(TaskName.QUESTION_ANSWERING, None) == task_spec("question-answering").default_tolerance == 0.02
+    qa = task_spec("question-answering").validation
+    assert tolerance_for(TaskName.QUESTION_ANSWERING, None) == qa.default_tolerance == 0.02
     with pytest.raises(UsageError, match=r"tolerance must be between 0 and 1 \(got 3\)"):
         tolerance_for(TaskName.FEATURE_EXTRACTION, 3)
 

@@ -102,7 +102,7 @@ def test_entity_f1_is_seqeval():
     gold = (("B-PER", "I-PER", "O", "B-LOC"), ("B-ORG", "I-ORG", "I-ORG", "O"), ("I-PER", "I-PER", "O", "O"))
     pred = [["B-PER", "I-PER", "O", "B-ORG"], ["B-ORG", "I-ORG", "O", "O"], ["B-PER", "I-PER", "O", "O"]]
     data = EvalSet("token-classification", "test", tuple(("w",) * 4 for _ in gold), gold)
-    scores = task_spec("token-classification").evaluate(_TaggingPredictor(pred), data)
+    scores = task_spec("token-classification").validation.evaluate(_TaggingPredictor(pred), data)
     assert scores["f1"] == pytest.approx(f1_score([list(g) for g in gold], pred))
     # An I- without a B- opens an entity (seqeval's default, conlleval rules): the third sentence matches.
     assert scores["f1"] == pytest.approx(2 / 4)
@@ -124,7 +124,7 @@ def test_classification_accuracy_and_mrpc_f1():
     gold = ("1", "1", "0", "0", "1")  # numeric labels are read through id2label, as MRPC files hold them
     predicted = ["equivalent", "not_equivalent", "not_equivalent", "equivalent", "equivalent"]
     data = EvalSet("text-classification", "test", tuple("x" for _ in gold), gold)
-    scores = task_spec("text-classification").evaluate(_LabelPredictor(predicted, id2label), data)
+    scores = task_spec("text-classification").validation.evaluate(_LabelPredictor(predicted, id2label), data)
     assert scores["accuracy"] == pytest.approx(0.6)
     assert scores["f1"] == pytest.approx(2 / 3)  # positive = label 1 ("equivalent"): tp 2, fp 1, fn 1
     assert scores["f1_macro"] == pytest.approx((2 / 3 + 1 / 2) / 2)

@@ -46,7 +46,9 @@ def test_every_task_declares_what_kiln_needs():
     for name, spec in TASKS.items():
         assert spec.name == name and spec.export.auto_class.startswith("AutoModel")
         assert set(spec.export.sequence_outputs) <= set(spec.export.output_names)
-        assert 0 < spec.default_tolerance < 1 and spec.tolerance_help and spec.metric and spec.eval_fields
+        judge = spec.validation
+        assert judge.name == name and 0 < judge.default_tolerance < 1 and judge.tolerance_help and judge.metric
+        assert judge.eval_fields
         wire = task_wire(name)
         assert wire.task is spec and wire.routes, name  # every shipped task is served, by its own wire part
 

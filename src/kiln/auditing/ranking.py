@@ -25,7 +25,7 @@ from kiln.auditing.reference import TRUNCATIONS, position_limit, truncations
 from kiln.auditing.result import AuditResult, Finding, buckets
 from kiln.tasks.inputs import RerankQuery
 from kiln.tasks.rerank.export import relevant_index
-from kiln.tasks.rerank.task import TOP, rank_agreement
+from kiln.tasks.rerank.validation import TOP, rank_agreement
 
 ACTIVATIONS = ("sigmoid", "softmax", "raw")
 ORDERS = ("query, text", "text, query")

@@ -39,12 +39,13 @@ app = typer.Typer(
 )
 
 # Help text generated from the task specs, so a new task documents itself.
-_TOLERANCES = "; ".join(f"{name} {spec.tolerance_help} (default t={spec.default_tolerance:g})"
-                        for name, spec in TASKS.items())
-_EVAL_FORMATS = "; ".join(f"{name}: {', '.join(spec.eval_formats)} with {', '.join(spec.eval_fields)} "
-                          f"(metric: {spec.metric})" for name, spec in TASKS.items())
+_JUDGED = {name: spec.validation for name, spec in TASKS.items()}
+_TOLERANCES = "; ".join(f"{name} {judge.tolerance_help} (default t={judge.default_tolerance:g})"
+                        for name, judge in _JUDGED.items())
+_EVAL_FORMATS = "; ".join(f"{name}: {', '.join(judge.eval_formats)} with {', '.join(judge.eval_fields)} "
+                          f"(metric: {judge.metric})" for name, judge in _JUDGED.items())
 _BUILTIN_EVAL = ", ".join(f"{name} is scored on kiln's built-in data" for name, spec in TASKS.items()
-                          if spec.has_builtin_eval) or "no task metric"
+                          if spec.validation.has_builtin_eval) or "no task metric"
 
 
 @app.command()

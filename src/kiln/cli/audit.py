@@ -32,8 +32,8 @@ def audit(
                                        min=8)] = 96,
     tolerance: Annotated[Optional[float], typer.Option(  # noqa: UP045
         help="Largest drop allowed: embeddings, min cosine >= 1 - t and mean >= 1 - t/2 (default "
-        f"{task_spec(DEFAULT_TASK).default_tolerance:g}); rerankers, the task's own rule (--task's tolerance, as "
-        "kiln optimize judges it).", show_default=False)] = None,
+        f"{task_spec(DEFAULT_TASK).validation.default_tolerance:g}); rerankers, the task's own rule (--task's "
+        "tolerance, as kiln optimize judges it).", show_default=False)] = None,
     timeout: Annotated[float, typer.Option(help="Seconds to wait for each answer.", min=0.1)] = 30.0,
     api_key: Annotated[Optional[str], typer.Option(  # noqa: UP045
         help="Sent as Authorization: Bearer KEY.", show_default=False)] = None,

@@ -91,7 +91,7 @@ def _data(config: DistillConfig) -> tuple[list[Any], list[Any] | None, dict[str,
         described["texts"] = {"path": str(config.texts), "sha256": sha256_file(config.texts.expanduser()),
                               "count": len(texts)}
     if config.train is not None:
-        rows, row_labels = task_spec(config.task).training_rows(load_eval_set(config.train, config.task))
+        rows, row_labels = task_spec(config.task).validation.training_rows(load_eval_set(config.train, config.task))
         inputs += rows
         labels += row_labels
         described["train"] = {"path": str(config.train), "sha256": sha256_file(config.train.expanduser()),
@@ -282,7 +282,8 @@ def _training_features(source, spec, max_length: int, encoder, inputs: list[Any]
     train_encoder = TextEncoder(encoder.tokenizer, max_length=min(max_length, encoder.max_length),
                                 pad_id=encoder.pad_id, input_names=encoder.input_names)
     prepared = spec(source.task_config).features(inputs, train_encoder)
-    targets = {} if labels is None else spec.training_labels(prepared, labels, source.task_config, train_encoder)
+    targets = {} if labels is None else \
+        spec.validation.training_labels(prepared, labels, source.task_config, train_encoder)
     return Features(prepared, targets), train_encoder
 
 

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from kiln.choices import Pooling
 from kiln.records.task import TaskConfig
-from kiln.tasks.base import NO_LABEL as IGNORE
+from kiln.tasks.validation import NO_LABEL as IGNORE
 
 
 @dataclass(frozen=True)

@@ -268,14 +268,15 @@ class OptimizeJob:
         cfg, encoder = self.config, self.reference.encoder
         eval_set = datasets.eval_set(cfg.task, cfg.eval_file)
         self.progress("running the PyTorch fp32 reference on the agreement set")
-        data = agreement_inputs(self.reference, self.spec.agreement_inputs(encoder))
-        reference_metric = self._metric(self.reference, eval_set, lambda: self.spec.agreement(data, data.reference)) \
+        data = agreement_inputs(self.reference, self.spec.validation.agreement_inputs(encoder))
+        judge = self.spec.validation
+        reference_metric = self._metric(self.reference, eval_set, lambda: judge.agreement(data, data.reference)) \
             if eval_set is not None else None
         user = datasets.read_inputs(cfg.calibration_file, cfg.task) if cfg.calibration_file else None
-        calibration = user or self.spec.calibration_inputs(encoder)
+        calibration = user or self.spec.validation.calibration_inputs(encoder)
         source = f"{cfg.calibration_file} ({len(calibration)} inputs)" if user else datasets.builtin_calibration(
             len(calibration))
-        timing = datasets.user_inputs(cfg.task, user, eval_set) or self.spec.timing_inputs(encoder)
+        timing = datasets.user_inputs(cfg.task, user, eval_set) or self.spec.validation.timing_inputs(encoder)
         return Workload(data, eval_set, reference_metric, calibration, source,
                         tuple(self.reference.prepare(timing).encodings))
 
@@ -362,8 +363,8 @@ class OptimizeJob:
         """The task metric on ``data``: from the agreement run where it already holds it (a decoder's built-in
         perplexity, of the batching the gate judges), else a pass of its own. ``agreement`` is asked for only on
         the built-in set (the reference's, against itself, is computed for that alone)."""
-        carried = self.spec.builtin_metric_of(agreement()) if data.builtin else None
-        return carried if carried is not None else self.spec.evaluate(predictor, data)
+        carried = self.spec.validation.builtin_metric_of(agreement()) if data.builtin else None
+        return carried if carried is not None else self.spec.validation.evaluate(predictor, data)
 
     def _alternatives(self, spec: VariantSpec, default: Checked) -> Checked:
         """Try the variant's alternative parameters in order; keep the first that passes, else the best."""
@@ -407,7 +408,7 @@ class OptimizeJob:
 
         names = [layer.name for layer in ranking]
         # Where the primary figure must reach: the search aims its guesses at it (exclusion_search).
-        floor = next((f.floor for f in self.spec.floors(full.agreement, self.tolerance)
+        floor = next((f.floor for f in self.spec.validation.floors(full.agreement, self.tolerance)
                       if f.figure == full.agreement.primary), None)
         search = exclusion_search(names, attempt, limit=limit, start=full.agreement.value, floor=floor)
         top = tuple((layer.name, layer.error) for layer in ranking[:10])
@@ -547,7 +548,7 @@ class OptimizeJob:
                  attention: str) -> RunSummary:
         return RunSummary(
             model=self.source.name, task=self.spec.name, tolerance=self.tolerance,
-            primary_metric=self.spec.metric if self.work.eval_set is not None else None,
+            primary_metric=self.spec.validation.metric if self.work.eval_set is not None else None,
             reference_metric=self.work.reference_metric, reference_timing=reference_timing,
             outcomes=tuple(outcomes), best=best.name if best else None, command=invocation(),
             baseline_attention=attention, calibration=self.work.calibration_source,
@@ -579,7 +580,7 @@ class OptimizeJob:
         # The user's calibration texts when given (their traffic); else more built-in ones than int8 variants
         # calibrate on: 128 texts left the MiniLM's int8 ranges narrow (recall@10 0.970), 512 give 0.98 (same split).
         texts = self.work.calibration if self.config.calibration_file else \
-            self.spec.calibration_inputs(self.reference.encoder, OUTPUT_CALIBRATION_TEXTS)
+            self.spec.validation.calibration_inputs(self.reference.encoder, OUTPUT_CALIBRATION_TEXTS)
         return write_output_calibration(self.ctx.stage, self._predictor(kept), texts)
 
     def _stored_vectors(self, best: Outcome | None, calibration: str | None) -> tuple[StoredVectors, ...]:
@@ -612,7 +613,7 @@ def gate_verdict(task: str, batched: BatchedAgreement, metric: dict[str, float] 
                  reference_metric: dict[str, float] | None, tolerance: float) -> Verdict:
     """The gate on a variant's agreement under its worst batching (named when not the sorted one), its task
     metric against the original's, and its drift between batchings."""
-    worst, key = batched.worst, task_spec(task).metric
+    worst, key = batched.worst, task_spec(task).validation.metric
     verdict = judge(task, batched.agreements[worst], tolerance, metric[key] if metric else None,
                     reference_metric[key] if reference_metric else None)
     if worst is not Batching.SORTED:
@@ -659,7 +660,7 @@ def measure_stored_vectors(config: OptimizeConfig, predictor: Predictor, calibra
         found = predictor.predict(inputs, **options)
         return found if spec.multi_vectors else np.stack(found).astype(np.float32)
 
-    judgements = spec.retrieval_judgements(eval_set) if eval_set is not None else None
+    judgements = spec.validation.retrieval_judgements(eval_set) if eval_set is not None else None
     judged = None
     if judgements is not None:
         progress(f"and NDCG@10 of {len(judgements.queries)} queries over {len(judgements.documents)} texts of "

@@ -82,10 +82,11 @@ def judge_static(config: OptimizeConfig, directory: Path, progress: Progress = l
     _check_teacher(student, teacher)
     reference = reference_predictor(teacher, batch_size=config.batch_size, threads=threads)
     progress("running the teacher (PyTorch fp32) on the agreement set")
-    data = dataclasses.replace(agreement_inputs(reference, spec.agreement_inputs(reference.encoder)), own_space=True)
+    texts = spec.validation.agreement_inputs(reference.encoder)
+    data = dataclasses.replace(agreement_inputs(reference, texts), own_space=True)
     eval_set = datasets.eval_set(config.task, config.eval_file)
-    reference_metric = spec.evaluate(reference, eval_set) if eval_set else None
-    timing_texts = spec.timing_inputs(reference.encoder)
+    reference_metric = spec.validation.evaluate(reference, eval_set) if eval_set else None
+    timing_texts = spec.validation.timing_inputs(reference.encoder)
 
     with staged_directory(config.output, overwrite=config.overwrite) as stage:
         record = student.variant()
@@ -94,7 +95,7 @@ def judge_static(config: OptimizeConfig, directory: Path, progress: Progress = l
         progress("judging the static table under every batching, in its own space")
         start = time.perf_counter()
         batched = measure_batchings(data, candidate, sessions)
-        metric = spec.evaluate(candidate, eval_set) if eval_set else None
+        metric = spec.validation.evaluate(candidate, eval_set) if eval_set else None
         verdict = gate_verdict(config.task, batched, metric, reference_metric, tolerance)
         status = Status.ACCEPTED if verdict.accepted else Status.REJECTED
         progress(f"static: {status.value} ({verdict.reason})")
@@ -108,7 +109,7 @@ def judge_static(config: OptimizeConfig, directory: Path, progress: Progress = l
                           build_seconds=time.perf_counter() - start)
         summary = RunSummary(
             model=student.manifest.source.model, task=spec.name, tolerance=tolerance,
-            primary_metric=spec.metric if eval_set else None, reference_metric=reference_metric,
+            primary_metric=spec.validation.metric if eval_set else None, reference_metric=reference_metric,
             reference_timing=reference_timing, outcomes=(outcome,), best=record.name if verdict.accepted else None,
             command=invocation(), baseline_attention=attention, calibration="none: a static table is not quantized",
             reference=teacher.name,
@@ -119,7 +120,7 @@ def judge_static(config: OptimizeConfig, directory: Path, progress: Progress = l
                                 f"{verdict.reason}. Raise --tolerance (a static table trades fidelity for speed) "
                                 "or distil with more --dims", summary)
         texts = datasets.read_inputs(config.calibration_file, config.task) if config.calibration_file else \
-            spec.calibration_inputs(reference.encoder, OUTPUT_CALIBRATION_TEXTS)
+            spec.validation.calibration_inputs(reference.encoder, OUTPUT_CALIBRATION_TEXTS)
         calibration = write_output_calibration(stage, candidate, texts)
         stored = measure_stored_vectors(config, candidate, np.load(stage / calibration), progress, eval_set) \
             if config.precisions else ()

@@ -7,6 +7,7 @@ small worker pool, and the forward pass with pooling (``reduce``) on the engine 
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -214,11 +215,12 @@ def _shadow(served: Served, config: ShadowConfig, metrics: Metrics) -> Shadow:
                          "one beside the variants, best/ included)")
     predictor = artifact.predictor_of(reference, ServingPlan(EngineOptions(intra_op_threads=1), 1, BATCH))
     tolerance = artifact.manifest.build.tolerance
-    floor = 1 - (tolerance if tolerance is not None else task_spec(served.task).default_tolerance)
-    handler = served.predictor.handler
-    shadow = Shadow(served.name, predictor, handler.live_agreement, config, metrics, floor, scheduler.idle,
+    judge = task_spec(served.task).validation
+    floor = 1 - (tolerance if tolerance is not None else judge.default_tolerance)
+    live_agreement = functools.partial(judge.live_agreement, served.predictor.handler)
+    shadow = Shadow(served.name, predictor, live_agreement, config, metrics, floor, scheduler.idle,
                     lambda healthy, reason: _shadow_health(served, config, metrics, healthy, reason),
-                    figure=handler.live_figure, judged=handler.live_judged)
+                    figure=judge.live_figure, judged=judge.live_judged)
     scheduler.shadow = shadow
     served.info["shadow_reference"] = reference.name
     return shadow

@@ -5,7 +5,7 @@ answered, the batcher hands the request's encodings and the served outputs to :c
 ``queue`` of them (older ones are dropped and counted: memory stays bounded). Its loop takes a few at a time only
 while the batcher has nothing queued or running, runs them through the fp32 reference on its own single thread,
 and compares each input's served output with the reference's by the task's own per-input figure
-(``TaskSpec.live_agreement``: cosine for embeddings, the top label kept for classifiers, the share of tags kept
+(``TaskValidation.live_agreement``: cosine for embeddings, the top label kept for classifiers, the share of tags kept
 for token classification, how close a pair's relevance score stays for rerankers). It keeps to ``max_share`` of
 wall time: past it, it waits.
 

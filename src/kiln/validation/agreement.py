@@ -26,4 +26,4 @@ def agreement_inputs(reference: Predictor, inputs: Sequence[Any]) -> AgreementIn
 
 
 def measure_agreement(data: AgreementInputs, candidate: Predictor) -> Agreement:
-    return task_spec(candidate.config.task).agreement(data, run(candidate, data.prepared_for(candidate)))
+    return task_spec(candidate.config.task).validation.agreement(data, run(candidate, data.prepared_for(candidate)))

@@ -70,7 +70,8 @@ class _DriftMeter:
         # The task's own agreement, with the alone run as the reference: the share of labels, ranks or next
         # tokens that stay the same, or the cosine, between batchings.
         # (The candidate against itself: one space, whatever the original's.)
-        against_alone = self.spec.agreement(AgreementInputs(self.prepared, self.alone, self.data.config), run)
+        alone = AgreementInputs(self.prepared, self.alone, self.data.config)
+        against_alone = self.spec.validation.agreement(alone, run)
         if against_alone.value <= self.consistency:
             self.consistency, self.figure = against_alone.value, against_alone.primary
 
@@ -95,7 +96,7 @@ def measure_batchings(data: AgreementInputs, candidate: Predictor,
     for batching, plan in plans.items():
         reduced = plan(prepared)
         run = Run(tuple(reduced), tuple(handler.finalize(prepared, reduced, options, candidate.encoder)))
-        agreements[batching] = spec.agreement(data, run)
+        agreements[batching] = spec.validation.agreement(data, run)
         if batching is Batching.SORTED:
             sorted_run = spilled(run)  # a decoder's logits wait on disk for the alone run
         elif batching is Batching.ALONE:

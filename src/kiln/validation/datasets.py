@@ -21,7 +21,7 @@ def read_inputs(path: Path, task: str, flag: str = "calibration") -> list[Any]:
         inputs = spec.inputs_from_lines([line.strip() for line in path.read_text(encoding="utf-8").splitlines()
                                          if line.strip()], flag)
     else:
-        inputs = spec.eval_inputs(load_eval_set(path, task))
+        inputs = spec.validation.eval_inputs(load_eval_set(path, task))
     if not inputs:
         raise UsageError(f"{flag} file {path} has no texts")
     return inputs
@@ -29,7 +29,7 @@ def read_inputs(path: Path, task: str, flag: str = "calibration") -> list[Any]:
 
 def eval_set(task: str, path: Path | None) -> EvalSet | None:
     """The labelled data of the task metric: --eval, else what kiln ships for the task (if anything)."""
-    return load_eval_set(path, task) if path is not None else task_spec(task).builtin_eval()
+    return load_eval_set(path, task) if path is not None else task_spec(task).validation.builtin_eval()
 
 
 def user_inputs(task: str, calibration: list[Any] | None, data: EvalSet | None) -> list[Any] | None:
@@ -38,7 +38,7 @@ def user_inputs(task: str, calibration: list[Any] | None, data: EvalSet | None) 
         return calibration
     if data is None or data.builtin:
         return None
-    return task_spec(task).eval_inputs(data)
+    return task_spec(task).validation.eval_inputs(data)
 
 
 def builtin_calibration(count: int) -> str:

@@ -14,7 +14,7 @@ def load_eval_set(path: Path, task: str) -> EvalSet:
     path = Path(path).expanduser()
     if not path.is_file():
         raise UsageError(f"eval_file file {path} does not exist")
-    data = task_spec(task).read_eval(path)
+    data = task_spec(task).validation.read_eval(path)
     if not len(data):
         raise UsageError(f"eval_file file {path} has no examples")
     return data

@@ -20,7 +20,7 @@ class Verdict:
 def tolerance_for(task: str, tolerance: float | None) -> float:
     """The user's --tolerance, checked, or the task's default."""
     if tolerance is None:
-        return task_spec(task).default_tolerance
+        return task_spec(task).validation.default_tolerance
     if not 0 < tolerance < 1:
         raise UsageError(f"tolerance must be between 0 and 1 (got {tolerance:g})")
     return tolerance
@@ -46,16 +46,16 @@ def judge(task: str, agreement: Agreement, tolerance: float,
     def f(x: float) -> str:
         return f"{x:.{digits}f}"
 
-    floors = task_spec(task).floors(agreement, tolerance)
+    floors = task_spec(task).validation.floors(agreement, tolerance)
     for floor in floors:
         if not floor.met:
             return Verdict(False, f"{floor.figure} {f(floor.value)} < {f(floor.floor)}")
-    spec = task_spec(task)
-    loss = spec.metric_loss(metric, reference_metric) if metric is not None and reference_metric is not None else 0.0
+    judge = task_spec(task).validation
+    loss = judge.metric_loss(metric, reference_metric) if metric is not None and reference_metric is not None else 0.0
     if loss > tolerance:
-        if spec.metric_higher_is_better:
+        if judge.metric_higher_is_better:
             return Verdict(False, f"task metric {f(metric)} is {f(loss)} below the original's "
                            f"{f(reference_metric)} (allowed {tolerance:g})")
-        return Verdict(False, f"{spec.metric} {f(metric)} is {loss:.2%} above the original's {f(reference_metric)} "
+        return Verdict(False, f"{judge.metric} {f(metric)} is {loss:.2%} above the original's {f(reference_metric)} "
                        f"(allowed {tolerance:.0%})")
     return Verdict(True, f"{floors[0].figure} {f(floors[0].value)} >= {f(floors[0].floor)}")

@@ -26,7 +26,7 @@ import numpy as np
 
 from kiln.records.artifact import StoredVectors
 from kiln.runtime.precision import Precision, dequantize, quantize, ranges_of
-from kiln.scoring import ndcg_of_ranking
+from kiln.scoring import maxsim_stacked, ndcg_of_ranking, stacked
 
 TOP = 10
 RESCORES = (4, 10)  # candidates per result for binary + rescoring (4: sentence-transformers' rescore_multiplier)
@@ -179,8 +179,6 @@ def measure_token_vectors(queries: Sequence[np.ndarray], documents: Sequence[np.
     """Every output precision of a late-interaction model's document token vectors: recall@10 of the float32
     MaxSim neighbours of ``queries`` (their token vectors) among ``documents``, memory per token vector and exact
     MaxSim search speed; with ``judged`` (lists of token vectors), NDCG@10 on the user's judgements too."""
-    from kiln.tasks.multi_vector.task import maxsim_stacked, stacked
-
     all_ranges = ranges_of(calibration)
     corpus = stacked(documents)  # stacked once: each precision stores the same tokens
     judged_corpus = stacked(judged.documents) if judged is not None else None

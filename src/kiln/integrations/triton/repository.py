@@ -70,7 +70,7 @@ def default_buckets(artifact: Artifact) -> tuple[int, ...]:
 
     encoder = artifact.encoder()
     handler = task_handler(artifact.task_config)
-    inputs = task_spec(artifact.task_config.task).timing_inputs(encoder, 128)
+    inputs = task_spec(artifact.task_config.task).validation.timing_inputs(encoder, 128)
     lengths = [len(e.ids) for e in handler.features(inputs, encoder).encodings]
     picks = {int(-(-np.percentile(lengths, q) // 16) * 16) for q in (25, 50, 75, 90)}
     return tuple(sorted({min(p, encoder.max_length) for p in picks} | {encoder.max_length}))

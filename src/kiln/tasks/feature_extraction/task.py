@@ -9,25 +9,21 @@ Routes: POST /embed and the OpenAI-compatible POST /v1/embeddings.
 
 from __future__ import annotations
 
-import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from dataclasses import field as dataclass_field
-from importlib import resources
 from typing import Any
 
 import numpy as np
 
 from kiln.choices import Pooling
 from kiln.errors import UsageError
-from kiln.records.figures import Agreement, AgreementInputs, EvalSet, Floor, Judgements, Run
 from kiln.runtime.features import Prepared
 from kiln.runtime.precision import Precision, parse_precision, quantize, ranges_for, refuse_rejected
-from kiln.scoring import spearman
 from kiln.tasks.base import TaskSpec
 from kiln.tasks.chunking import Chunking, as_chunking, by_owner, chunked, span
 from kiln.tasks.feature_extraction.export import FeatureExtractionExport
-from kiln.tasks.files import field
+from kiln.tasks.feature_extraction.validation import FeatureExtractionValidation
 
 
 @dataclass(frozen=True)
@@ -74,16 +70,12 @@ POOLERS = {Pooling.MEAN: _pool_mean, Pooling.CLS: _pool_cls, Pooling.MAX: _pool_
 
 
 class FeatureExtraction(TaskSpec):
+    validation = FeatureExtractionValidation
     export = FeatureExtractionExport
     decoders = True
     name = "feature-extraction"
     embeds = True
-    default_tolerance = 0.01
-    tolerance_help = "min cosine >= 1-t and mean cosine >= 1-t/2"
-    metric = "spearman"
-    eval_fields = ("sentence1", "sentence2", "score (or query, text, relevance)")
     needs_offsets = False  # only chunking reads spans, and it tokenizes on its own (chunking.chunked)
-    has_builtin_eval = True
 
     def __init__(self, config) -> None:
         super().__init__(config)
@@ -155,92 +147,5 @@ class FeatureExtraction(TaskSpec):
             raise UsageError(f"dimensions must be between 1 and the model's size {len(vector)} (got {dimensions})")
         cut = vector[:dimensions]
         return cut / max(float(np.linalg.norm(cut)), 1e-12) if self.config.normalize else cut
-
-    @classmethod
-    def agreement(cls, data: AgreementInputs, variant: Run) -> Agreement:
-        ref = _unit(np.stack(data.reference.results))
-        got = _unit(np.stack(variant.results))
-        sim_ref, sim_got = ref @ ref.T, got @ got.T
-        upper = np.triu_indices(len(ref), k=1)
-        k = min(10, len(ref) - 1)
-        np.fill_diagonal(sim_ref, -np.inf)
-        np.fill_diagonal(sim_got, -np.inf)
-        top_ref = np.argsort(-sim_ref, axis=1)[:, :k]
-        top_got = np.argsort(-sim_got, axis=1)[:, :k]
-        kept = np.array([len(set(a) & set(b)) / k for a, b in zip(top_ref, top_got)]) if k else np.ones(len(ref))
-        figures = {"pairwise_spearman": spearman(sim_ref[upper], sim_got[upper]),
-                   f"top{k}_neighbour_recall": float(kept.mean())}
-        if data.own_space:
-            # No cosine between two spaces (a static student's table is PCA-rotated and smaller): what carries over
-            # is which texts are alike, the similarity structure, judged as a whole and per text's neighbours.
-            return Agreement.of("pairwise_spearman", figures, data.lengths(), kept, f"top{k} neighbours kept")
-        cos = (ref * got).sum(1)
-        figures = {"mean_cosine": float(cos.mean()), "min_cosine": float(cos.min())} | figures
-        for dims in data.config.matryoshka_dims if data.config else ():
-            cut = (_unit(ref[:, :dims]) * _unit(got[:, :dims])).sum(1)
-            figures |= {f"mean_cosine@{dims}": float(cut.mean()), f"min_cosine@{dims}": float(cut.min())}
-        return Agreement.of("min_cosine", figures, data.lengths(), cos, "cosine")
-
-    @classmethod
-    def floors(cls, agreement: Agreement, tolerance: float) -> list[Floor]:
-        """Min and mean cosine, at the full size and at every declared Matryoshka size (all are served); for a
-        student in its own space, the pairwise similarity Spearman (the ranking of every pair's similarity)."""
-        if "min_cosine" not in agreement.figures:
-            return [Floor("pairwise_spearman", agreement.figures["pairwise_spearman"], 1.0 - tolerance)]
-        suffixes = ["", *sorted({n[n.index("@"):] for n in agreement.figures if "@" in n},
-                                key=lambda s: -int(s[1:]))]  # the full size first, then 256, 128, …
-        return [Floor(name + suffix, agreement.figures[name + suffix], floor) for suffix in suffixes
-                for name, floor in (("min_cosine", 1.0 - tolerance), ("mean_cosine", 1.0 - tolerance / 2))]
-
-    @classmethod
-    def parse_row(cls, row: Mapping[str, Any], where: str) -> tuple[Any, Any]:
-        """STS's ``sentence1``/``sentence2``/``score``, or a reranker's retrieval rows ``query``/``text``/
-        ``relevance`` (graded, 0 or more): the task metric is then the Spearman of cosine and relevance, and
-        kiln optimize --precisions also ranks every text for each query (NDCG@10 per stored size and precision)."""
-        if "query" in row:
-            relevance = field(row, "relevance", where, float)
-            if not relevance >= 0:
-                raise UsageError(f"{where}: field 'relevance' must be 0 or more (got {relevance:g})")
-            return (field(row, "query", where), field(row, "text", where)), relevance
-        pair = (field(row, "sentence1", where), field(row, "sentence2", where))
-        return pair, field(row, "score", where, float)
-
-    @classmethod
-    def retrieval_judgements(cls, data: EvalSet) -> Judgements | None:
-        """The user's labelled pairs as retrieval judgements: each distinct first text a query, each distinct
-        second text a document, the label its graded relevance (unlisted pairs 0). None for kiln's own STS pairs
-        (too few to rank)."""
-        return None if data.builtin else Judgements.of_pairs(data.source, data.inputs, data.labels)
-
-    @classmethod
-    def builtin_eval(cls) -> EvalSet:
-        """kiln's own STS pairs (0-5 similarity, written for kiln)."""
-        text = resources.files("kiln.data").joinpath("sts.jsonl").read_text(encoding="utf-8")
-        rows = [cls.parse_row(json.loads(line), f"built-in sts.jsonl line {i}")
-                for i, line in enumerate(text.splitlines(), start=1)]
-        return EvalSet(cls.name, "built-in STS pairs", tuple(r[0] for r in rows), tuple(r[1] for r in rows),
-                       builtin=True)
-
-    @classmethod
-    def training_rows(cls, data: EvalSet) -> tuple[list[Any], list[Any]]:
-        """Both sentences of every pair, unlabelled: a similarity score is no target for one sentence; the
-        teacher's embeddings are."""
-        texts = cls.eval_inputs(data)
-        return texts, [None] * len(texts)
-
-    @classmethod
-    def evaluate(cls, predictor, data: EvalSet) -> dict[str, float]:
-        left = _unit(np.stack(predictor.predict([a for a, _ in data.inputs])))
-        right = _unit(np.stack(predictor.predict([b for _, b in data.inputs])))
-        return {"spearman": spearman((left * right).sum(1), data.labels)}
-
-    @classmethod
-    def eval_inputs(cls, data: EvalSet) -> list[Any]:
-        return [text for pair in data.inputs for text in pair]
-
-
-def _unit(x: np.ndarray) -> np.ndarray:
-    x = x.astype(np.float64)
-    return x / np.clip(np.linalg.norm(x, axis=1, keepdims=True), 1e-12, None)
 
 

@@ -30,40 +30,18 @@ from typing import Any
 import numpy as np
 
 from kiln.errors import UsageError
-from kiln.records.figures import Agreement, AgreementInputs, EvalSet, Judgements, Run
 from kiln.runtime.features import Prepared
 from kiln.runtime.precision import Precision, parse_precision, quantize, ranges_for, refuse_rejected
 from kiln.runtime.tokenization import Features
-from kiln.scoring import ranking
+from kiln.scoring import maxsim, ranking
 from kiln.tasks.base import TaskSpec
 from kiln.tasks.multi_vector.export import MultiVectorExport
-from kiln.tasks.rerank.task import TOP, Ranked, Rerank, as_rerank_query, rank_agreement
+from kiln.tasks.multi_vector.validation import MultiVectorValidation
+from kiln.tasks.rerank.task import Ranked, Rerank, as_rerank_query
 
 # Token vectors kept for the output calibration (int8/uint8 ranges): a seeded sample, so the artifact stays small
 # (16k x 128 float32 = 8 MiB) while every dimension's extremes come from tens of thousands of candidates.
 CALIBRATION_VECTORS = 16384
-
-
-def stacked(documents: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    """Documents' token vectors as one [all tokens, dim] array, and where each document starts in it."""
-    lengths = np.array([len(d) for d in documents])
-    if (lengths == 0).any():
-        raise UsageError("a document with no token vectors cannot be scored (every token was skipped)")
-    return np.concatenate(documents), np.concatenate([[0], np.cumsum(lengths)[:-1]])
-
-
-def maxsim_stacked(query: np.ndarray, tokens: np.ndarray, starts: np.ndarray) -> np.ndarray:
-    """MaxSim of one query against stacked documents (:func:`stacked`): one matrix product, a segmented max."""
-    sims = tokens @ query.T  # [all document tokens, query tokens]
-    return np.maximum.reduceat(sims, starts, axis=0).sum(axis=1).astype(np.float32)
-
-
-def maxsim(query: np.ndarray, documents: Sequence[np.ndarray]) -> np.ndarray:
-    """ColBERT's late-interaction score of one query against each document: the sum over the query's vectors of
-    their best dot product with any of the document's vectors."""
-    if not documents:
-        return np.zeros(0, dtype=np.float32)
-    return maxsim_stacked(query, *stacked(documents))
 
 
 @dataclass(frozen=True)
@@ -77,15 +55,12 @@ class MultiVectorOptions:
 
 
 class MultiVector(TaskSpec):
+    validation = MultiVectorValidation
     export = MultiVectorExport
     name = "multi-vector"
     needs_offsets = False
     ranks = True  # RerankQuery inputs are ranked by MaxSim (rerank(), POST /rerank)
     multi_vectors = True  # a text's result: its token vectors (kiln embed writes a list of vectors per row)
-    default_tolerance = Rerank.default_tolerance
-    tolerance_help = f"MaxSim ranks per query: mean Kendall tau >= 1-t and mean top-{TOP} overlap >= 1-t"
-    metric = Rerank.metric
-    eval_fields = Rerank.eval_fields
 
     def __init__(self, config: Any) -> None:
         super().__init__(config)
@@ -202,43 +177,10 @@ class MultiVector(TaskSpec):
             vectors = vectors[np.sort(keep)]
         return vectors
 
-    @classmethod
-    def retrieval_judgements(cls, data: EvalSet) -> Judgements | None:
-        """The --eval rows (query, text, relevance) as retrieval judgements: every query searches every text."""
-        return Judgements.of_pairs(data.source, ((item.query, t) for item in data.inputs for t in item.texts),
-                                   (label for labels in data.labels for label in labels))
-
     def comparable(self, reduced: Any) -> np.ndarray:
         return np.asarray(reduced, dtype=np.float32).reshape(-1)
 
-    # -- inputs: a reranker's (queries over texts), so agreement and timing exercise both encodings ---------
-    agreement_inputs = Rerank.agreement_inputs
-    calibration_inputs = Rerank.calibration_inputs
-    timing_inputs = Rerank.timing_inputs
     inputs_from_lines = Rerank.inputs_from_lines
     sample_input = Rerank.sample_input
-    parse_row = Rerank.parse_row
-    read_eval = Rerank.read_eval
-    evaluate = Rerank.evaluate
-    eval_inputs = Rerank.eval_inputs
-    floors = Rerank.floors
-
-    # -- validation ---------------------------------------------------------------------------------------
-    @classmethod
-    def agreement(cls, data: AgreementInputs, variant: Run) -> Agreement:
-        handler = cls(data.config)
-        kept = [[handler.kept(f, r) for f, r in zip(data.prepared.encodings, run.reduced)]
-                for run in (data.reference, variant)]
-        cosines = np.concatenate([(a * b).sum(axis=1) for a, b in zip(*kept)])
-        owners = np.array(data.prepared.owners)
-
-        def scores(vectors: list[np.ndarray], query: int) -> np.ndarray:  # the query's feature first, then its texts
-            mine = [vectors[j] for j in np.flatnonzero(owners == query)]
-            return maxsim(mine[0], mine[1:])
-
-        queries = range(len(data.prepared.inputs))
-        tau, figures = rank_agreement((scores(kept[0], q), scores(kept[1], q)) for q in queries)
-        figures |= {"mean_token_cosine": float(cosines.mean()), "min_token_cosine": float(cosines.min())}
-        return Agreement.of("mean_kendall_tau", figures, data.lengths(), tau, "kendall tau")
 
 

@@ -1,0 +1,155 @@
+"""A task's validation part: how kiln judges a variant of its model against the original.
+
+Each task folder's ``validation`` module subclasses :class:`TaskValidation`, and the task's spec names it
+(``TaskSpec.validation``). It says which inputs the variants are compared, calibrated and timed on, how closely a
+variant agrees with the original (and which floors the gate holds), the task metric and the eval file it reads, the
+labels a student trains on, and the per-input figure ``kiln serve --shadow-rate`` keeps. It runs nothing itself:
+the predictor or the runtime that makes the results is passed in, so this part imports no runtime of its task.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import numpy as np
+
+from kiln.data import corpus
+from kiln.data.texts import builtin_sentences, length_mix
+from kiln.errors import UsageError
+from kiln.records.figures import Agreement, AgreementInputs, EvalSet, Floor, Run
+from kiln.records.task import TaskConfig
+from kiln.tasks.files import rows_csv, rows_jsonl
+
+if TYPE_CHECKING:
+    from kiln.runtime.features import Prepared
+    from kiln.runtime.predictor import Predictor
+    from kiln.runtime.tokenization import TextEncoder
+    from kiln.tasks.base import TaskSpec
+
+NO_LABEL = -100  # a training target's "no label here" (padding, special tokens, a word's later sub-tokens)
+
+
+class TaskValidation:
+    """Base of every task's validation part: class attributes and class methods only."""
+
+    name: ClassVar[str]  # the task's name (TaskSpec.name), for messages and eval sets
+    default_tolerance: ClassVar[float]
+    tolerance_help: ClassVar[str]  # what the tolerance bounds, for `kiln optimize --help`
+    metric: ClassVar[str]  # the task metric's primary score
+    metric_higher_is_better: ClassVar[bool] = True
+    eval_fields: ClassVar[tuple[str, ...]]  # JSONL keys / CSV columns of an eval file
+    eval_formats: ClassVar[tuple[str, ...]] = (".jsonl", ".csv")
+    has_builtin_eval: ClassVar[bool] = False  # whether builtin_eval() returns data (read only when used)
+
+    # -- live agreement (kiln serve --shadow-rate) ---------------------------------------------------------
+    # The figure one served input gets against the fp32 reference, and which statistic of the rolling window the
+    # gate floor holds: the least (a cosine) or the mean (a share of labels kept: one flipped label makes the
+    # least 0). Cosine of the comparable outputs unless the task says what its gate measures per input.
+    live_figure: ClassVar[str] = "cosine"
+    live_judged: ClassVar[str] = "min"
+
+    @classmethod
+    def live_agreement(cls, handler: TaskSpec, served: Any, reference: Any) -> float:
+        """One served result's agreement with the reference's (``handler``: the task's runtime, which makes them
+        comparable)."""
+        from kiln.scoring import cosine
+
+        return cosine(handler.comparable(served), handler.comparable(reference))
+
+    # -- inputs -------------------------------------------------------------------------------------------
+
+    @classmethod
+    def agreement_inputs(cls, encoder: TextEncoder, count: int = 128) -> list[Any]:
+        """Inputs the variants are compared on: every built-in sentence, then lengths up to the maximum cut
+        from the held-out half of Python's documentation (text the default calibration never saw)."""
+        extra = length_mix(max(0, count - len(builtin_sentences())), 10, encoder.max_length, seed=2,
+                           token_count=encoder.token_count, source=corpus.sentences("held-out"))
+        return [*builtin_sentences(), *extra]
+
+    @classmethod
+    def calibration_inputs(cls, encoder: TextEncoder, count: int = 128) -> list[Any]:
+        """Default int8 calibration: the other half of Python's documentation, 10 tokens to the maximum."""
+        return length_mix(count, 10, encoder.max_length, seed=1, token_count=encoder.token_count,
+                          source=corpus.sentences("calibration"))
+
+    @classmethod
+    def timing_inputs(cls, encoder: TextEncoder, count: int = 256) -> list[Any]:
+        """The realistic mix variants are timed on: 10-200 tokens, uniform."""
+        return length_mix(count, 10, min(200, encoder.max_length), seed=3, token_count=encoder.token_count)
+
+    # -- training (kiln distill) ---------------------------------------------------------------------------
+    @classmethod
+    def training_rows(cls, data: EvalSet) -> tuple[list[Any], list[Any]]:
+        """(model inputs, labels) to train on from a labelled file in the eval format (``--train``)."""
+        return list(data.inputs), list(data.labels)
+
+    @classmethod
+    def training_labels(cls, prepared: Prepared, labels: Sequence[Any], config: TaskConfig,
+                        encoder: TextEncoder) -> dict[str, list[np.ndarray]]:
+        """Targets for cross-entropy from labelled rows (``--train``): output name -> one array of class
+        indices per feature (-100 where a position has no label). ``labels[i]`` is None for an unlabelled
+        input (the teacher alone is its target)."""
+        raise UsageError(f"labelled rows (--train) cannot train a {cls.name} student yet: pass the texts with "
+                         "--texts and the teacher labels them")
+
+    # -- validation ---------------------------------------------------------------------------------------
+    @classmethod
+    def agreement(cls, data: AgreementInputs, variant: Run) -> Agreement:
+        """How closely ``variant`` reproduces the original's outputs on the agreement inputs."""
+        raise NotImplementedError
+
+    @classmethod
+    def floors(cls, agreement: Agreement, tolerance: float) -> list[Floor]:
+        """Figures the gate checks: by default the primary agreement figure >= 1 - tolerance."""
+        return [Floor(agreement.primary, agreement.value, 1.0 - tolerance)]
+
+    @classmethod
+    def metric_loss(cls, metric: float, reference: float) -> float:
+        """How much worse a variant's task metric is than the original's (the gate allows up to the tolerance)."""
+        return reference - metric
+
+    @classmethod
+    def parse_row(cls, row: Mapping[str, Any], where: str) -> tuple[Any, Any]:
+        """(model input, gold label) from one eval-file row; errors name ``where`` and the field."""
+        raise NotImplementedError
+
+    @classmethod
+    def read_eval(cls, path: Path) -> EvalSet:
+        """An eval file of this task: JSONL or CSV rows with ``eval_fields``."""
+        suffix = path.suffix.lower()
+        if suffix not in (".jsonl", ".csv"):
+            raise UsageError(f"eval_file file {path}: unsupported format {suffix or '(none)'} for {cls.name} "
+                             f"(use {', '.join(cls.eval_formats)} with fields {', '.join(cls.eval_fields)})")
+        rows = rows_jsonl(path) if suffix == ".jsonl" else rows_csv(path)
+        parsed = [cls.parse_row(row, f"{path} line {number}") for number, row in rows]
+        return EvalSet(cls.name, str(path), tuple(p[0] for p in parsed), tuple(p[1] for p in parsed))
+
+    @classmethod
+    def builtin_eval(cls) -> EvalSet | None:
+        """Labelled data kiln ships for this task (None: the task metric needs --eval)."""
+        return None
+
+    @classmethod
+    def retrieval_judgements(cls, data: EvalSet) -> Any:
+        """Labelled data as retrieval judgements (kiln.validation.stored_vectors.Judgements) for the stored-vector
+        table's NDCG@10; None where the task's labels are not relevance."""
+        return None
+
+    @classmethod
+    def evaluate(cls, predictor: Predictor, data: EvalSet) -> dict[str, float]:
+        """Score ``predictor`` on ``data``; ``metric`` names the primary score."""
+        raise NotImplementedError
+
+    @classmethod
+    def builtin_metric_of(cls, agreement: Agreement) -> dict[str, float] | None:
+        """The built-in task metric where the agreement run already measures it (None: ``evaluate`` the built-in
+        eval set in a pass of its own)."""
+        return None
+
+    @classmethod
+    def eval_inputs(cls, data: EvalSet) -> list[Any]:
+        """Model inputs from labelled data, to calibrate or time on."""
+        return list(data.inputs)
+
