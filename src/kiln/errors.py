@@ -37,6 +37,11 @@ class ParityError(KilnError):
     exit_code = 3
 
 
+class NativeCrashError(KilnError):
+    """A runtime died in native code (a signal, not an exception) loading or running something kiln watched in a
+    child process; the message says which signal and with what settings."""
+
+
 class MissingDependencyError(KilnError):
     """An optional dependency is not installed; the message names the pip extra."""
 

@@ -57,7 +57,7 @@ def test_feature_extraction_pooling_from_sentence_transformers_config(tiny_model
     np.testing.assert_allclose(got, expected, atol=1e-5)
 
 
-@pytest.mark.parametrize("arch", ["bert", "roberta", "modernbert"])
+@pytest.mark.parametrize("arch", ["bert", "roberta", "modernbert", "nomic_bert", "gte", "jina_embeddings_v3"])
 def test_text_classification_matches_pipeline(tiny_model, arch):
     model_dir = tiny_model(arch, TaskName.TEXT_CLASSIFICATION)
     texts = list(builtin_sentences()[:16])

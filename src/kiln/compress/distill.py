@@ -313,9 +313,10 @@ def _write_student(output: Path, source, student, lineage_file: str, lineage: di
     import torch
 
     from kiln.artifact.staging import staged_directory
+    from kiln.model.layout import save_model
 
     with staged_directory(output, overwrite=overwrite) as stage:
-        student.save_pretrained(stage, safe_serialization=True)
+        save_model(student, stage)
         source.tokenizer.save_pretrained(stage)
         _copy_sentence_transformers_files(source.path, stage)
         write_json(stage / lineage_file, LINEAGE_SCHEMA, {**lineage, "torch": torch.__version__})

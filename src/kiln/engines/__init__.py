@@ -51,6 +51,11 @@ ENGINES: dict[str, Callable[[Path, EngineOptions], Engine]] = {
 }
 
 
+# Engines whose loading kiln optimize tries in a child process first (kiln.engines.probe): OpenVINO's CPU plugin
+# died of SIGFPE compiling rotary encoders for bf16 on one thread (2026.4.1). ONNX Runtime sessions load in-process.
+PROBED_ENGINES = frozenset({"openvino"})
+
+
 def create_engine(name: str, path: Path, options: EngineOptions = EngineOptions()) -> Engine:
     if name not in ENGINES:
         raise UsageError(f"engine must be one of: {', '.join(ENGINES)} (got {name!r})")

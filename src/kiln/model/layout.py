@@ -40,6 +40,7 @@ class Layout:
     ffn_out: str  # linear whose input columns are neurons
     fused_qkv: bool = False  # ``projections`` is one linear with [q | k | v] output rows
     gated_ffn: bool = False  # ``ffn_in`` has [input | gate] output rows, one of each per neuron
+    ffn_gate: str | None = None  # a gate linear of its own (SwiGLU as Llama writes it): its output rows are neurons too
     all_head_size: str | None = "all_head_size"  # attribute of ``attention`` = heads x head_dim
     position_bias: bool = False  # MPNet: one relative-position bias for all layers' heads, sliced per layer
 
@@ -47,6 +48,9 @@ class Layout:
 _BERT = Layout("encoder.layer", "attention.self", "attention_head_size", ("num_attention_heads",),
                ("attention.self.query", "attention.self.key", "attention.self.value"),
                "attention.output.dense", "intermediate.dense", "output.dense")
+_LLAMA_QKV = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")
+_ROTARY_GATED = Layout("layers", "self_attn", "head_dim", (), _LLAMA_QKV, "self_attn.o_proj", "mlp.up_proj",
+                       "mlp.down_proj", ffn_gate="mlp.gate_proj", all_head_size=None)
 LAYOUTS: dict[str, Layout] = {
     "bert": _BERT, "roberta": _BERT, "xlm-roberta": _BERT, "camembert": _BERT, "electra": _BERT,
     "distilbert": Layout("transformer.layer", "attention", "attention_head_size", ("n_heads",),
@@ -66,6 +70,10 @@ LAYOUTS: dict[str, Layout] = {
                          "attention.output.dense", "intermediate.dense", "output.dense"),
     "modernbert": Layout("layers", "attn", "head_dim", (), ("attn.Wqkv",), "attn.Wo", "mlp.Wi", "mlp.Wo",
                          fused_qkv=True, gated_ffn=True, all_head_size=None),
+    # The rotary encoders written the Llama way (heads are inferred from the projections' widths).
+    "nomic_bert": _ROTARY_GATED, "gte": _ROTARY_GATED,
+    "jina_embeddings_v3": Layout("layers", "self_attn", "head_dim", (), _LLAMA_QKV, "self_attn.o_proj", "mlp.fc1",
+                                 "mlp.fc2", all_head_size=None),
 }
 
 
@@ -174,6 +182,8 @@ def cut_ffn(model: Any, layer: Any, keep: Sequence[int]) -> None:
     index = torch.tensor(list(keep), dtype=torch.long)
     width = ffn_of(model, layer)
     _cut_linear(module_at(layer, lay.ffn_in), torch.cat([index, index + width]) if lay.gated_ffn else index, 0)
+    if lay.ffn_gate is not None:
+        _cut_linear(module_at(layer, lay.ffn_gate), index, 0)
     _cut_linear(module_at(layer, lay.ffn_out), index, 1)
 
 
@@ -223,6 +233,15 @@ def record(model: Any, shape: Shape) -> None:
             delattr(model.config, CONFIG_KEY)
         return
     setattr(model.config, CONFIG_KEY, shape.to_json())
+
+
+def save_model(model: Any, directory: Path) -> None:
+    """``model.save_pretrained`` as safetensors; a model whose shape only kiln can build (``kiln_pruning`` in its
+    config) keeps its modules' own weight names. transformers 5 renames some families' weights back to their hub
+    checkpoints' layout on save (GTE's q/k/v become one fused ``qkv_proj`` under ``encoder.layer``) and converts
+    them again on load; :func:`load_pruned` builds the modules itself and reads the weights by those names."""
+    pruned = getattr(model.config, CONFIG_KEY, None) is not None
+    model.save_pretrained(directory, safe_serialization=True, save_original_format=not pruned)
 
 
 def load_pruned(directory: Path, auto_class: str, **kwargs: Any) -> Any:

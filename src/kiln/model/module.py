@@ -15,6 +15,7 @@ import torch
 
 from kiln.errors import ArtifactError
 from kiln.model.heads import OUTPUTS, graph_head
+from kiln.model.layout import save_model
 
 # The one spelling of the I/O description file: beside saved weights, and inside TorchScript archives.
 IO_FILE = "kiln_io.json"
@@ -56,7 +57,7 @@ class TaskModule(torch.nn.Module):
 def save_task_module(module: TaskModule, directory: Path, task: str) -> None:
     """Save weights (safetensors) and config so :func:`load_task_module` can rebuild the same module: the model
     class and the graph head are recorded by name, so loading needs no task code."""
-    module.model.save_pretrained(directory, safe_serialization=True)
+    save_model(module.model, directory)
     (directory / IO_FILE).write_text(json.dumps(
         {"task": task, "model_class": type(module.model).__name__, "head": module.head_name,
          "inputs": list(module.input_names), "outputs": list(module.output_names)}

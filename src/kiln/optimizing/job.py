@@ -20,8 +20,9 @@ from kiln.artifact.emulation import emulate
 from kiln.artifact.manifest import Manifest, seal
 from kiln.artifact.staging import staged_directory
 from kiln.choices import Batching, CalibrationMethod, Scheduling, Target, parse_choice
-from kiln.engines import EngineOptions, create_engine
-from kiln.errors import KilnError, UsageError
+from kiln.engines import PROBED_ENGINES, EngineOptions, create_engine
+from kiln.engines.probe import EngineProbe
+from kiln.errors import KilnError, NativeCrashError, UsageError
 from kiln.exporting.job import write_tokenizer
 from kiln.optimizing.context import BuildContext, BuiltVariant
 from kiln.optimizing.outcome import Outcome, RunSummary, write_stored_vectors, write_summaries
@@ -187,11 +188,18 @@ class OptimizeJob:
         self.device = _device_for(config.target, progress)
         self.spec = task_spec(config.task)
         self.tolerance = tolerance_for(config.task, config.tolerance)
+        self.probe = EngineProbe()  # loads a variant's engine in a child first, where a native crash is survivable
         # Why no precision search can help: against --reference, the model itself (PyTorch fp32) already fails
         # the gate, and keeping layers in fp32 cannot recover a student's own loss.
         self.own_loss: str | None = None
 
     def run(self) -> RunSummary:
+        try:
+            return self._run()
+        finally:
+            self.probe.close()
+
+    def _run(self) -> RunSummary:
         cfg = self.config
         self.source, self.reference = self._load()
         # Described while the weights are there (they may be freed before the manifest is written).
@@ -504,7 +512,13 @@ class OptimizeJob:
         options = EngineOptions.for_variant(record, self.threads if sessions == 1 else 1, device)
         if not timed:  # validation: no arena held between its few big batches (EngineOptions.memory_arena)
             options = dataclasses.replace(options, memory_arena=False)
-        engines = [create_engine(record.engine, self.ctx.stage / record.path, options) for _ in range(sessions)]
+        path = self.ctx.stage / record.path
+        if record.engine in PROBED_ENGINES:  # a native crash here would end kiln optimize with nothing written
+            crash = self.probe.crash(record.engine, path, options)
+            if crash is not None:
+                raise NativeCrashError(f"{crash}, with {options.intra_op_threads} thread(s) and the "
+                                       f"{options.precision} inference precision")
+        engines = [create_engine(record.engine, path, options) for _ in range(sessions)]
         return Predictor(task_handler(self.source.task_config), self.reference.encoder, engines[0],
                          batch_size=self.config.batch_size,
                          sessions=engines[1:])

@@ -30,6 +30,10 @@ SUPPORTED: dict[str, ArchSpec] = {
     "deberta-v2": ArchSpec(),
     # Rotary positions, alternating global and sliding-window attention; exported with eager attention.
     "modernbert": ArchSpec(),
+    # Rotary positions (no learned position table), exported with eager attention.
+    "nomic_bert": ArchSpec(),
+    "gte": ArchSpec(),
+    "jina_embeddings_v3": ArchSpec(),
     "gpt2": ArchSpec(decoder=True),
     # Alternating global and local (windowed) attention, as in its transformers implementation.
     "gpt_neo": ArchSpec(decoder=True),

@@ -10,7 +10,7 @@ from typing import Any
 
 # A SIGKILL nobody asked for is, on Linux, almost always the kernel's OOM killer.
 _HINTS = {signal.SIGKILL: " (out of memory?)", signal.SIGSEGV: " (a crash in native code)",
-          signal.SIGABRT: " (a native library aborted)"}
+          signal.SIGABRT: " (a native library aborted)", signal.SIGFPE: " (an arithmetic fault in native code)"}
 
 
 def describe_exit(code: int | None) -> str:

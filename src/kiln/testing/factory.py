@@ -79,6 +79,15 @@ ARCHITECTURES: dict[str, tuple[Family, type, dict]] = {
                    dict(_SMALL, num_hidden_layers=3, global_attn_every_n_layers=2, local_attention=16,
                         max_position_embeddings=MAX_POSITIONS, layer_types=["full_attention", "sliding_attention",
                                                                              "full_attention"])),
+    # Rotary positions and a SwiGLU feed-forward (nomic-embed-text), with BERT's uncased WordPiece.
+    "nomic_bert": (BERT_WORDPIECE, transformers.NomicBertConfig,
+                   dict(_SMALL, head_dim=16, max_position_embeddings=MAX_POSITIONS)),
+    # Alibaba's GTE (gte-multilingual, snowflake-arctic-embed-m-v2.0): rotary positions, XLM-R's tokenizer.
+    "gte": (XLMR_UNIGRAM, transformers.GteConfig, dict(_SMALL, max_position_embeddings=MAX_POSITIONS,
+                                                         type_vocab_size=1)),
+    # Jina v3's encoder: XLM-R with rotary positions (its task LoRA adapters are not part of transformers' class).
+    "jina_embeddings_v3": (XLMR_UNIGRAM, transformers.JinaEmbeddingsV3Config,
+                           dict(_SMALL, max_position_embeddings=MAX_POSITIONS + 2, type_vocab_size=1)),
     "gpt2": (GPT_BPE, transformers.GPT2Config, dict(n_embd=32, n_layer=2, n_head=2, n_positions=MAX_POSITIONS)),
     # global then local attention with an 8-token window: texts past 8 tokens exercise the local mask.
     "gpt_neo": (GPT_BPE, transformers.GPTNeoConfig,
