@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kiln.choices import Pooling
+from kiln.errors import UsageError
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,28 @@ class TaskConfig:
     cache: Mapping[str, int] = field(default_factory=dict)  # a decoder's KV cache: layers, heads, head_size
     # ColBERT (multi-vector): query/document lengths, marker and expansion token ids, expansion, skiplist ids
     late_interaction: Mapping[str, Any] = field(default_factory=dict)
+    # sentence-transformers' prompts (config_sentence_transformers.json): name -> the text put before an input
+    # (nomic-embed's "search_query: "), and the one used when a call names none.
+    prompts: Mapping[str, str] = field(default_factory=dict)
+    default_prompt_name: str | None = None
+
+    def prompt_text(self, prompt_name: str | None = None, prompt: str | None = None) -> str:
+        """The text put before each input, chosen as sentence-transformers chooses it: ``prompt`` itself, else the
+        model's prompt named ``prompt_name``, else its default prompt, else nothing. Both at once are refused
+        (sentence-transformers ignores the name then; kiln never ignores what it was asked)."""
+        if prompt is not None and prompt_name is not None:
+            raise UsageError(f"prompt and prompt_name: pass one of them (got {prompt!r} and {prompt_name!r})")
+        if prompt is not None:
+            return prompt
+        name = prompt_name if prompt_name is not None else self.default_prompt_name
+        if name is None:
+            return ""
+        if name not in self.prompts:
+            known = ", ".join(repr(n) for n in sorted(self.prompts))
+            raise UsageError(f"prompt_name must be one of the model's prompts: {known} (got {name!r})" if known
+                             else f"prompt_name: the model defines no prompts (got {name!r}); pass the text with "
+                             "prompt")
+        return self.prompts[name]
 
     def to_dict(self) -> dict[str, Any]:
         return {"task": self.task, "max_length": self.max_length, "pooling": self.pooling.value,
@@ -32,7 +55,8 @@ class TaskConfig:
                 "problem_type": self.problem_type, "dimension": self.dimension,
                 "matryoshka_dims": list(self.matryoshka_dims), "special_ids": list(self.special_ids),
                 "eos_ids": list(self.eos_ids), "cache": dict(self.cache),
-                "late_interaction": dict(self.late_interaction)}
+                "late_interaction": dict(self.late_interaction), "prompts": dict(self.prompts),
+                "default_prompt_name": self.default_prompt_name}
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> TaskConfig:
@@ -49,4 +73,6 @@ class TaskConfig:
             eos_ids=tuple(int(i) for i in raw.get("eos_ids", ())),
             cache={str(k): int(v) for k, v in raw.get("cache", {}).items()},
             late_interaction=dict(raw.get("late_interaction", {})),
+            prompts={str(k): str(v) for k, v in raw.get("prompts", {}).items()},
+            default_prompt_name=raw.get("default_prompt_name"),
         )

@@ -44,14 +44,15 @@ def encode(
     if not predictor.handler.embeds:
         raise UsageError(f"encode() needs a sentence-embedding artifact; this one does {predictor.config.task}: "
                          "use predict()")
-    _refuse(prompt_name=prompt_name, output_value=output_value, device=device)
+    _refuse(output_value=output_value, device=device)
     precision = parse_precision(precision)
     single = isinstance(sentences, str)
     texts = [sentences] if single else list(sentences)
     if truncate_dim is not None and truncate_dim < 1:
         raise UsageError(f"truncate_dim must be at least 1 (got {truncate_dim})")
-    vectors = _embed(predictor.with_batch_size(batch_size), [prompt + t for t in texts] if prompt else texts,
-                     show_progress_bar)
+    # the model's named prompts and its default one are chosen by the task (TaskConfig.prompt_text)
+    vectors = _embed(predictor.with_batch_size(batch_size), texts, show_progress_bar,
+                     {"prompt_name": prompt_name, "prompt": prompt})
     if truncate_dim is not None:
         if len(vectors) and truncate_dim > vectors.shape[1]:
             raise UsageError(f"truncate_dim must be at most the model's size {vectors.shape[1]} (got {truncate_dim})")
@@ -72,19 +73,20 @@ def _ranges(predictor: Predictor, precision: Precision, truncate_dim: int | None
     return ranges_for(precision, predictor.output_calibration, "precision", truncate_dim, normalize)
 
 
-def _embed(predictor: Predictor, texts: list[str], show_progress_bar: bool | None) -> np.ndarray:
+def _embed(predictor: Predictor, texts: list[str], show_progress_bar: bool | None,
+           options: dict[str, Any]) -> np.ndarray:
     if not texts:
         return np.zeros((0, 0), dtype=np.float32)
     step = predictor.batch_size * PROGRESS_CHUNK
     if not show_progress_bar or len(texts) <= step:
-        return np.stack(predictor.predict(texts))
+        return np.stack(predictor.predict(texts, **options))
     from rich.progress import Progress
 
     parts = []
     with Progress(transient=True) as bar:
         task = bar.add_task("Batches", total=len(texts))
         for start in range(0, len(texts), step):
-            parts.append(np.stack(predictor.predict(texts[start : start + step])))
+            parts.append(np.stack(predictor.predict(texts[start : start + step], **options)))
             bar.advance(task, len(parts[-1]))
     return np.concatenate(parts)
 
@@ -102,10 +104,8 @@ def _convert(vectors: np.ndarray, convert_to_numpy: bool, convert_to_tensor: boo
     return vectors if len(vectors) else np.array([])
 
 
-def _refuse(*, prompt_name: str | None, output_value: str | None, device: str | None) -> None:
+def _refuse(*, output_value: str | None, device: str | None) -> None:
     """sentence-transformers options kiln does not offer: a clear error, not a silent difference."""
-    if prompt_name is not None:
-        raise UsageError("prompt_name: kiln artifacts carry no named prompts; pass the text with prompt=")
     if output_value != "sentence_embedding":
         raise UsageError(f"output_value must be 'sentence_embedding' (got {output_value!r}); token embeddings "
                          "are not returned: kiln's embedding variants pool inside their post-processing")

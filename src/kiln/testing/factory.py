@@ -6,6 +6,7 @@ transformers config (hidden size 32, 2 layers) and saved as safetensors with the
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -284,4 +285,29 @@ def build_tiny_colbert_ai(directory: Path, dims: int = 16, *, query_length: int 
         "dim": dims, "query_maxlen": query_length, "doc_maxlen": document_length, "mask_punctuation": True,
         "attend_to_mask_tokens": False, "similarity": "cosine", "checkpoint": "bert-base-uncased",
         "meta": {"version": "colbert-v0.4"}}, indent=4))
+    return directory
+
+
+def write_sentence_transformers_files(directory: Path, *, pooling: str = "mean", normalize: bool = True,
+                                      prompts: dict[str, str] | None = None, default_prompt_name: str | None = None,
+                                      include_prompt: bool = True) -> Path:
+    """Make ``directory`` (a model from :func:`build_tiny_model`) a sentence-transformers model: Transformer,
+    Pooling (``pooling``: mean, cls, max or lasttoken), Normalize, and its prompts as
+    config_sentence_transformers.json holds them (nomic-embed's ``search_query: `` and the like)."""
+    config = json.loads((directory / "config.json").read_text())
+    width = config.get("hidden_size", config.get("dim"))
+    mode = {"cls": "pooling_mode_cls_token", "lasttoken": "pooling_mode_lasttoken"}.get(pooling,
+                                                                                       f"pooling_mode_{pooling}_tokens")
+    (directory / "1_Pooling").mkdir(exist_ok=True)
+    (directory / "1_Pooling" / "config.json").write_text(json.dumps(
+        {"word_embedding_dimension": width, mode: True, "include_prompt": include_prompt}))
+    modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+               {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]
+    if normalize:
+        modules.append({"idx": 2, "name": "2", "path": "2_Normalize",
+                        "type": "sentence_transformers.models.Normalize"})
+        (directory / "2_Normalize").mkdir(exist_ok=True)
+    (directory / "modules.json").write_text(json.dumps(modules))
+    (directory / "config_sentence_transformers.json").write_text(json.dumps(
+        {"prompts": prompts or {}, "default_prompt_name": default_prompt_name, "similarity_fn_name": "cosine"}))
     return directory

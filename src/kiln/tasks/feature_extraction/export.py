@@ -49,12 +49,31 @@ class FeatureExtractionExport(TaskExport):
                 f"{model_dir} uses sentence-transformers modules kiln does not reproduce: {', '.join(unknown)} "
                 f"(supported: {', '.join(sorted(ST_MODULES))})"
             )
-        pooling = Pooling.MEAN
+        pooling, pool_config = Pooling.MEAN, {}
         if "Pooling" in kinds:
             pool_config = read_json(model_dir / kinds["Pooling"].get("path", "1_Pooling") / "config.json")
             pooling = _pooling_mode(pool_config, model_dir)
-        return {"pooling": pooling, "normalize": "Normalize" in kinds}
+        return {"pooling": pooling, "normalize": "Normalize" in kinds, "pooling_config": pool_config}
+
+    @staticmethod
+    def _prompt_settings(model_dir: Path, pooling_config: dict[str, Any]) -> dict[str, Any]:
+        """The named prompts and the default one from config_sentence_transformers.json (none without it)."""
+        found = model_dir / "config_sentence_transformers.json"
+        raw = read_json(found) if found.is_file() else {}
+        prompts = {str(k): str(v) for k, v in (raw.get("prompts") or {}).items()}
+        default = raw.get("default_prompt_name")
+        if default is not None and default not in prompts:
+            raise UnsupportedModelError(f"{found}: default_prompt_name {default!r} is not one of its prompts "
+                                        f"({', '.join(sorted(prompts)) or 'none'})")
+        if prompts and pooling_config.get("include_prompt") is False:
+            raise UnsupportedModelError(
+                f"{model_dir} pools without its prompt's tokens (include_prompt false in its Pooling config); kiln "
+                "pools every token of the prompted text, so its vectors would differ from sentence-transformers'")
+        return {"prompts": prompts, "default_prompt_name": default}
 
     @classmethod
     def settings(cls, model_dir: Path, hf_config: Any) -> dict[str, Any]:
-        return {**cls._pooling_settings(model_dir), "dimension": int(hf_config.hidden_size)}
+        pooling = cls._pooling_settings(model_dir)
+        return {**{k: v for k, v in pooling.items() if k != "pooling_config"},
+                **cls._prompt_settings(model_dir, pooling.get("pooling_config", {})),
+                "dimension": int(hf_config.hidden_size)}

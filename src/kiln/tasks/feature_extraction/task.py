@@ -32,6 +32,7 @@ class EmbedOptions:
     dimensions: int | None = None  # cut each vector to its first ``dimensions`` values (Matryoshka)
     chunking: Chunking | None = None  # long texts as windows: their mean, or every window
     precision: Precision = Precision.FLOAT32  # then quantized (kiln.runtime.precision)
+    prompt: str = ""  # put before each input (the model's named prompt, or the caller's own text)
     ranges: np.ndarray | None = dataclass_field(default=None, compare=False)  # int8/uint8: per-dimension [min; max]
 
 
@@ -84,7 +85,8 @@ class FeatureExtraction(TaskSpec):
         self._ranges_by_size: dict[int | None, np.ndarray] = {}
 
     def options(self, truncate: bool = True, dimensions: int | None = None, chunking: Any = None,
-                precision: str | Precision = Precision.FLOAT32) -> EmbedOptions:
+                precision: str | Precision = Precision.FLOAT32, prompt_name: str | None = None,
+                prompt: str | None = None) -> EmbedOptions:
         size = self.config.dimension
         if dimensions is not None and (dimensions < 1 or (size is not None and dimensions > size)):
             raise UsageError(f"dimensions must be between 1 and the model's size {size} (got {dimensions})"
@@ -92,8 +94,13 @@ class FeatureExtraction(TaskSpec):
         precision = parse_precision(precision)
         refuse_rejected(self.stored_vectors, dimensions or size, precision)
         ranges = self._ranges(precision, dimensions) if precision.calibrated else None
-        return EmbedOptions(truncate=truncate, dimensions=dimensions, chunking=as_chunking(chunking, CHUNK_MODES),
-                            precision=precision, ranges=ranges)
+        text = self.config.prompt_text(prompt_name, prompt)
+        windows = as_chunking(chunking, CHUNK_MODES)
+        if text and windows is not None:
+            raise UsageError(f"chunking: a prompt ({text!r}) would open the first window only; embed the windows "
+                             "yourself with the prompt before each, or leave the prompt out")
+        return EmbedOptions(truncate=truncate, dimensions=dimensions, chunking=windows, precision=precision,
+                            ranges=ranges, prompt=text)
 
     def _ranges(self, precision: Precision, dimensions: int | None) -> np.ndarray:
         """int8/uint8 ranges for vectors of ``dimensions``, made once per size: every int8 request asks for them.
@@ -106,6 +113,8 @@ class FeatureExtraction(TaskSpec):
     def prepare(self, inputs: Sequence[Any], encoder, options: EmbedOptions) -> Prepared:
         if options.chunking is not None:
             return chunked(inputs, encoder, options.chunking)
+        if options.prompt:  # as sentence-transformers does: the prompt's text, then the input's, tokenized together
+            inputs = [options.prompt + text for text in inputs]
         return super().prepare(inputs, encoder, options)
 
     def reduce(self, outputs: dict[str, np.ndarray], attention_mask: np.ndarray) -> list[np.ndarray]:

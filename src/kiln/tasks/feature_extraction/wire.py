@@ -31,6 +31,9 @@ DIMENSIONS_HELP = ("Keep the first `dimensions` values of each embedding (Matryo
 PRECISION_HELP = ("The vectors' precision, as sentence-transformers' quantize_embeddings makes it (after "
                   "`dimensions`): int8/uint8 per-dimension buckets from the artifact's calibration (422 when it has "
                   "none), binary/ubinary one bit per dimension packed 8 to a byte (int8 minus 128 / uint8).")
+PROMPT_NAME_HELP = ("One of the model's prompts (its config_sentence_transformers.json), put before each input as "
+                    "sentence-transformers does; default: the model's default prompt, if it names one. A name the "
+                    "model does not define is a 422 listing those it has.")
 PrecisionName = Literal["float32", "int8", "uint8", "binary", "ubinary"]
 
 
@@ -46,12 +49,15 @@ class EmbedRequest(RequestBody):
     precision: PrecisionName = Field("float32", description=PRECISION_HELP)
     chunking: EmbedChunking | None = Field(None, description="Embed inputs longer than a window as overlapping "
                                            "token windows instead of truncating them.")
+    prompt_name: NonBlank | None = Field(None, description=PROMPT_NAME_HELP)
+    prompt: str | None = Field(None, description="A text put before each input instead of a named prompt.")
 
     def items(self) -> list[Any]:
         return listify(self.inputs)
 
     def options(self) -> dict[str, Any]:
-        return {"dimensions": self.dimensions, "chunking": self.chunking, "precision": self.precision}
+        return {"dimensions": self.dimensions, "chunking": self.chunking, "precision": self.precision,
+                "prompt_name": self.prompt_name, "prompt": self.prompt}
 
 
 class WindowModel(ResponseModel):

@@ -6,7 +6,8 @@ task module adds its route to ``routes`` with ``protocol=WireProtocol.TEI``; kil
 --protocols tei (kiln's own route wins a path both declare, unless kiln is left out: TEI mode).
 
 What kiln does not do is refused by the schema, not ignored: token-id inputs, truncation from the left, prompts
-by name (kiln artifacts carry no prompt table), raw classification logits.
+for sparse embeddings (SPLADE models define none), raw classification logits. /embed takes the model's named prompts
+(config_sentence_transformers.json) as TEI does.
 """
 
 from __future__ import annotations
@@ -34,13 +35,15 @@ class TEIEmbedRequest(TEIRequest):
     normalize: bool = Field(True, description="Unit-length vectors; false: the vectors as the model makes them "
                             "(a model whose sentence-transformers config normalizes gives unit vectors either way).")
     dimensions: Count | None = Field(None, description="Keep the first `dimensions` values (Matryoshka models).")
-    prompt_name: None = Field(None, description="kiln artifacts carry no prompt table: leave it out.")
+    prompt_name: NonBlank | None = Field(None, description="One of the model's prompts (config_sentence_transformers"
+                                         ".json's `prompts`), put before each input; default: the model's default "
+                                         "prompt. A name it does not define is a 422 listing those it has.")
 
     def items(self) -> list[Any]:
         return listify(self.inputs)
 
     def options(self) -> dict[str, Any]:
-        return {"dimensions": self.dimensions}
+        return {"dimensions": self.dimensions, "prompt_name": self.prompt_name}
 
 
 class TEIEmbedResponse(RootModel[list[list[float]]]):
@@ -56,7 +59,7 @@ def _embed(body: TEIEmbedRequest, model: str, prepared: Any, results: list[Any])
 
 class TEISparseRequest(TEIRequest):
     inputs: Texts = Field(description="A text or a list of texts.")
-    prompt_name: None = Field(None, description="kiln artifacts carry no prompt table: leave it out.")
+    prompt_name: None = Field(None, description="kiln's sparse embeddings take no prompt: leave it out.")
 
     def items(self) -> list[Any]:
         return listify(self.inputs)
