@@ -17,6 +17,14 @@ from kiln.source.reference import example_inputs, task_module
 from kiln.system.cpu import CpuInfo, Int8Scheme
 
 
+class DependencyFailed(Exception):
+    """A variant is built from one that failed (its files are gone): it is skipped, naming that one."""
+
+    def __init__(self, name: str, reason: str) -> None:
+        super().__init__(f"{name} failed ({reason})")
+        self.name, self.reason = name, reason
+
+
 @dataclass
 class BuiltVariant:
     """One variant's files in the staging directory and the recipe that made them."""
@@ -45,12 +53,22 @@ class BuildContext:
     scratch: Path | None = None  # temporary files that never enter the artifact (calibration caches)
     device: str = "cpu"  # where variants are validated and timed (cuda for --target cuda on a CUDA machine)
     _cache: dict[str, Any] = field(default_factory=dict)
+    _failed: dict[str, str] = field(default_factory=dict)  # variant -> why it failed (its files were removed)
 
     def once(self, key: str, build):
-        """Build a shared intermediate (fp32 ONNX, fused graph, OpenVINO IR) at most once."""
+        """Build a shared intermediate (fp32 ONNX, fused graph, OpenVINO IR) at most once; DependencyFailed when
+        the variant of that name failed (a PyLate checkpoint's onnx-fp32 failing its check took every variant
+        built from its files along, each with "No such file" instead of the cause)."""
+        if key in self._failed:
+            raise DependencyFailed(key, self._failed[key])
         if key not in self._cache:
             self._cache[key] = build()
         return self._cache[key]
+
+    def failed(self, key: str, reason: str) -> None:
+        """The variant ``key`` failed and its files are gone: whatever is built from it is skipped from now on."""
+        self._failed[key] = reason
+        self._cache.pop(key, None)
 
     def built(self, key: str) -> bool:
         """Whether the shared intermediate ``key`` has been built (``once``)."""

@@ -24,7 +24,7 @@ from kiln.engines import PROBED_ENGINES, EngineOptions, create_engine
 from kiln.engines.probe import EngineProbe
 from kiln.errors import KilnError, NativeCrashError, UsageError
 from kiln.exporting.job import write_tokenizer
-from kiln.optimizing.context import BuildContext, BuiltVariant
+from kiln.optimizing.context import BuildContext, BuiltVariant, DependencyFailed
 from kiln.optimizing.outcome import Outcome, RunSummary, write_stored_vectors, write_summaries
 from kiln.optimizing.sensitivity import RankedLayer, exclusion_search, paying_limit, share_limit
 from kiln.optimizing.variants import VARIANTS, VariantSpec, default_variants, remove_variant_files
@@ -308,6 +308,10 @@ class OptimizeJob:
             if not checked.verdict.accepted and spec.rank is not None and search:
                 self.progress(f"{spec.name}: {checked.verdict.reason}; ranking layers by int8 sensitivity")
                 checked, sensitivity, timing = self._exclude(spec, checked)
+        except DependencyFailed as err:  # said once, by the variant that failed; this one names it
+            self.progress(f"{spec.name}: skipped ({err.name} failed)")
+            remove_variant_files(self.ctx, spec.name)
+            return Outcome(spec.name, Status.SKIPPED, f"{err.name} failed, and {spec.name} is built from it")
         except KilnError as err:
             if isinstance(err, UsageError):
                 raise  # the user's input is wrong for every variant alike
@@ -329,6 +333,7 @@ class OptimizeJob:
     def _failed(self, spec: VariantSpec, err: Exception, start: float) -> Outcome:
         remove_variant_files(self.ctx, spec.name)
         reason = f"{type(err).__name__}: {err}"
+        self.ctx.failed(spec.name, reason)
         self.progress(f"{spec.name}: FAILED ({reason})")
         return Outcome(spec.name, Status.FAILED, reason, build_seconds=time.perf_counter() - start)
 
@@ -731,7 +736,11 @@ def choose(outcomes: list[Outcome]) -> Outcome | None:
 
 
 def _nothing_passed(outcomes: list[Outcome]) -> str:
+    """The first failure leads (the variants built from it were only skipped for it), then every outcome."""
+    failed = next((o for o in outcomes if o.status is Status.FAILED), None)
     lines = "; ".join(f"{o.name} {o.status.value}: {o.reason}" for o in outcomes)
+    if failed is not None:
+        return f"no variant passed the gate; first, {failed.name} failed: {failed.reason} (all: {lines})"
     return f"no variant passed the gate ({lines}). Raise --tolerance or check the model"
 
 
