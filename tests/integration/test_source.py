@@ -74,6 +74,22 @@ def test_unsupported_architecture_is_named(tmp_path, model_type, reason):
         load_source(str(tmp_path), TaskName.FEATURE_EXTRACTION)
 
 
+def test_a_model_that_needs_its_own_code_is_refused_naming_it(tmp_path, tiny_model):
+    """A config whose auto_map names custom code (trust_remote_code) for a family transformers does not ship; a
+    family it does ship (nomic_bert) loads with transformers' own class, whatever its auto_map says."""
+    custom = "acme/acme-encoder--modeling_acme.AcmeModel"
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "acme_bert", "auto_map": {"AutoModel": custom}}))
+    with pytest.raises(UnsupportedModelError, match=f"'acme_bert' is not supported: it needs its own code "
+                                                    f"\\({custom}, trust_remote_code\\), which kiln does not run"):
+        load_source(str(tmp_path), TaskName.FEATURE_EXTRACTION)
+    nomic = tmp_path / "nomic"  # as nomic-embed-text's hub config: auto_map to its own modeling file
+    shutil.copytree(tiny_model("nomic_bert"), nomic)
+    config = json.loads((nomic / "config.json").read_text())
+    config["auto_map"] = {"AutoModel": "nomic-ai/nomic-bert-2048--modeling_hf_nomic_bert.NomicBertModel"}
+    (nomic / "config.json").write_text(json.dumps(config))
+    assert type(load_source(str(nomic), TaskName.FEATURE_EXTRACTION).model).__name__ == "NomicBertModel"
+
+
 def test_untrained_head_is_refused(tiny_model):
     with pytest.raises(UnsupportedModelError, match="has no trained text-classification head"):
         load_source(str(tiny_model("bert")), TaskName.TEXT_CLASSIFICATION)

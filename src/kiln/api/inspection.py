@@ -39,6 +39,12 @@ def info(artifact: str | Path) -> ArtifactInfo:
 def doctor(threads: int | None = None) -> Report:
     """``kiln doctor``: this machine's CPU vector features and the int8 scheme they imply, usable cores against
     ``threads``, the execution providers that really work, and library versions, with findings to act on."""
+    from kiln.source.architectures import REFUSED, SUPPORTED
     from kiln.system.doctor import diagnose
 
-    return diagnose(threads)
+    report = diagnose(threads)
+    report.sections["models"] = {
+        "encoders": ", ".join(sorted(n for n, a in SUPPORTED.items() if not a.decoder)),
+        "decoders": ", ".join(sorted(n for n, a in SUPPORTED.items() if a.decoder)),
+        **{f"refused {name}": reason for name, reason in sorted(REFUSED.items())}}
+    return report

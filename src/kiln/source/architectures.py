@@ -41,6 +41,14 @@ SUPPORTED: dict[str, ArchSpec] = {
 
 # Families people try that kiln knowingly refuses, with the reason it gives.
 REFUSED: dict[str, str] = {
+    "qwen3": "decoder-based embedders and rerankers (Qwen3-Embedding's last-token pooling, Qwen3-Reranker's yes/no "
+             "score) are not built yet, and its generation is not verified",
+    "qwen2": "decoder-based embedders (gte-Qwen2's last-token pooling) are not built yet, and its generation is not "
+             "verified",
+    "gemma3_text": "EmbeddingGemma's bidirectional Gemma 3 is not built yet",
+    "embedding_gemma2_text": "EmbeddingGemma is not built yet",
+    "mistral": "Mistral-7B-class embedders (E5-Mistral, SFR) are not built: their fp32 weights alone are ~28 GB "
+               "(7.1B parameters x 4 bytes), beyond the machines kiln verifies on",
     "llama": "kiln's decoder support (KV-cache export, generation) is verified for GPT-2 and GPT-Neo only",
     "t5": "it is an encoder-decoder model; kiln exports encoder-only models",
     "bart": "it is an encoder-decoder model; kiln exports encoder-only models",
@@ -56,11 +64,15 @@ def check_task(model_type: str, arch: ArchSpec, task: str) -> None:
     TASKS[task].check_architecture(model_type, arch.decoder, sorted(n for n, a in SUPPORTED.items() if a.decoder))
 
 
-def arch_spec(model_type: str) -> ArchSpec:
-    """Return the spec for ``model_type`` or raise an error naming it, the reason and what works."""
+def arch_spec(model_type: str, custom_code: str | None = None) -> ArchSpec:
+    """Return the spec for ``model_type`` or raise an error naming it, the reason and what works. ``custom_code``:
+    the class a config's ``auto_map`` names (a model that needs ``trust_remote_code``)."""
     if model_type in SUPPORTED:
         return SUPPORTED[model_type]
     reason = REFUSED.get(model_type, "kiln has no export and parity tests for it")
+    if custom_code and model_type not in REFUSED:
+        reason = (f"it needs its own code ({custom_code}, trust_remote_code), which kiln does not run: kiln "
+                  "verifies the classes transformers itself ships")
     supported = ", ".join(sorted(SUPPORTED))
     raise UnsupportedModelError(
         f"architecture {model_type!r} is not supported: {reason}. Supported architectures: {supported}"

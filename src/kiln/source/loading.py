@@ -121,7 +121,9 @@ def load_source(model: str | None, task: str, *, allow_pickle: bool = False) -> 
     if not (model_dir / "config.json").is_file():
         raise ModelLoadError(f"{model_dir} has no config.json; is it a Hugging Face model directory?")
     config = read_json(model_dir / "config.json")
-    arch = arch_spec(str(config.get("model_type", "unknown")))
+    custom = config.get("auto_map") or {}
+    arch = arch_spec(str(config.get("model_type", "unknown")),
+                     custom_code=str(custom.get("AutoModel") or next(iter(custom.values()), "")) or None)
     check_task(str(config.get("model_type")), arch, spec.name)
     check_weights(model_dir, allow_pickle)
 
