@@ -567,7 +567,7 @@ def test_a_decoders_defaults_put_the_fused_graph_in_place_of_the_export(tiny_mod
 
     def ctx(task_fusion, **changes):
         changed = config.__class__(**{**config.to_dict(), **changes})
-        return SimpleNamespace(spec=SimpleNamespace(fusion=task_fusion),
+        return SimpleNamespace(spec=SimpleNamespace(export=SimpleNamespace(fusion=task_fusion)),
                                source=SimpleNamespace(model=SimpleNamespace(config=changed)))
 
     fp32, fused = VARIANTS["onnx-fp32"], VARIANTS["onnx-fused"]
