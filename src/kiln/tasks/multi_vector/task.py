@@ -36,7 +36,7 @@ from kiln.runtime.tokenization import Features
 from kiln.scoring import maxsim, ranking
 from kiln.tasks.base import TaskSpec
 from kiln.tasks.multi_vector.export import MultiVectorExport
-from kiln.tasks.multi_vector.validation import MultiVectorValidation
+from kiln.tasks.multi_vector.validation import MultiVectorValidation, kept_vectors
 from kiln.tasks.rerank.task import Ranked, Rerank, as_rerank_query
 
 # Token vectors kept for the output calibration (int8/uint8 ranges): a seeded sample, so the artifact stays small
@@ -138,14 +138,8 @@ class MultiVector(TaskSpec):
         raise NotImplementedError("multi-vector reduces whole batches (reduce_arrays): it needs the input ids")
 
     def kept(self, feature: Features, vectors: np.ndarray) -> np.ndarray:
-        """A feature's token vectors as PyLate returns them: a query's every position (its real tokens alone
-        without expansion), a document's real tokens less the skiplist."""
-        late = self.config.late_interaction
-        ids = np.asarray(feature.ids)
-        vectors = vectors[: len(ids)]
-        if feature.is_query:
-            return vectors if late["do_query_expansion"] else vectors[np.asarray(feature.attention_mask, bool)]
-        return vectors[~np.isin(ids, late["skiplist_ids"])]
+        """A feature's token vectors as PyLate returns them (kiln.tasks.multi_vector.validation.kept_vectors)."""
+        return kept_vectors(self.config.late_interaction, feature, vectors)
 
     def finalize(self, prepared: Prepared, reduced: Sequence[Any], options: MultiVectorOptions,
                  encoder: Any) -> list[Any]:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import numpy as np
 
 from kiln.records.figures import Agreement, AgreementInputs, EvalSet, Judgements, Run
@@ -9,6 +12,15 @@ from kiln.scoring import maxsim
 from kiln.tasks.rerank.validation import TOP, RerankValidation, rank_agreement
 from kiln.tasks.validation import TaskValidation
 
+
+def kept_vectors(late: Mapping[str, Any], feature: Any, vectors: np.ndarray) -> np.ndarray:
+    """A feature's token vectors as PyLate returns them: a query's every position (its real tokens alone without
+    expansion), a document's real tokens less the skiplist. ``late``: the model's late-interaction settings."""
+    ids = np.asarray(feature.ids)
+    vectors = vectors[: len(ids)]
+    if feature.is_query:
+        return vectors if late["do_query_expansion"] else vectors[np.asarray(feature.attention_mask, bool)]
+    return vectors[~np.isin(ids, late["skiplist_ids"])]
 
 class MultiVectorValidation(TaskValidation):
     name = "multi-vector"
@@ -35,8 +47,8 @@ class MultiVectorValidation(TaskValidation):
     # -- validation ---------------------------------------------------------------------------------------
     @classmethod
     def agreement(cls, data: AgreementInputs, variant: Run) -> Agreement:
-        handler = cls(data.config)
-        kept = [[handler.kept(f, r) for f, r in zip(data.prepared.encodings, run.reduced)]
+        late = data.config.late_interaction
+        kept = [[kept_vectors(late, f, r) for f, r in zip(data.prepared.encodings, run.reduced)]
                 for run in (data.reference, variant)]
         cosines = np.concatenate([(a * b).sum(axis=1) for a, b in zip(*kept)])
         owners = np.array(data.prepared.owners)
