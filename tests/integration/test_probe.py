@@ -34,7 +34,7 @@ def test_a_crash_is_named_and_the_next_probe_starts_a_new_child(tiny_model, tmp_
         assert first is not None and "signal 8 (SIGFPE)" in first and "onnxruntime crashed loading it" in first
         # answered from what it learnt, without a child; other options start a new one (which dies again)
         assert crashing.crash("onnxruntime", model, EngineOptions(intra_op_threads=1)) == first
-        assert "SIGFPE" in crashing.first_crash("onnxruntime", model, [EngineOptions(intra_op_threads=2)])
+        assert "SIGFPE" in crashing.crash("onnxruntime", model, EngineOptions(intra_op_threads=2))
     finally:
         crashing.close()
     real = EngineProbe()

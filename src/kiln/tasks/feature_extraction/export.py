@@ -37,11 +37,12 @@ class FeatureExtractionExport(TaskExport):
     needs_trained_head = False
 
     @staticmethod
-    def _pooling_settings(model_dir: Path) -> dict[str, Any]:
-        """Pooling and normalization from modules.json / 1_Pooling/config.json; mean without them."""
+    def _pooling_settings(model_dir: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Pooling and normalization from modules.json / 1_Pooling/config.json (mean without them), and that
+        Pooling config itself (empty without one)."""
         modules_file = model_dir / "modules.json"
         if not modules_file.is_file():
-            return {"pooling": Pooling.MEAN, "normalize": False}
+            return {"pooling": Pooling.MEAN, "normalize": False}, {}
         kinds = {str(m.get("type", "")).rsplit(".", 1)[-1]: m for m in read_json(modules_file)}
         unknown = sorted(set(kinds) - ST_MODULES)
         if unknown:
@@ -53,7 +54,7 @@ class FeatureExtractionExport(TaskExport):
         if "Pooling" in kinds:
             pool_config = read_json(model_dir / kinds["Pooling"].get("path", "1_Pooling") / "config.json")
             pooling = _pooling_mode(pool_config, model_dir)
-        return {"pooling": pooling, "normalize": "Normalize" in kinds, "pooling_config": pool_config}
+        return {"pooling": pooling, "normalize": "Normalize" in kinds}, pool_config
 
     @staticmethod
     def _prompt_settings(model_dir: Path, pooling_config: dict[str, Any]) -> dict[str, Any]:
@@ -73,7 +74,5 @@ class FeatureExtractionExport(TaskExport):
 
     @classmethod
     def settings(cls, model_dir: Path, hf_config: Any) -> dict[str, Any]:
-        pooling = cls._pooling_settings(model_dir)
-        return {**{k: v for k, v in pooling.items() if k != "pooling_config"},
-                **cls._prompt_settings(model_dir, pooling.get("pooling_config", {})),
-                "dimension": int(hf_config.hidden_size)}
+        pooling, pool_config = cls._pooling_settings(model_dir)
+        return {**pooling, **cls._prompt_settings(model_dir, pool_config), "dimension": int(hf_config.hidden_size)}
