@@ -18,17 +18,15 @@ from kiln.tasks.wire.base import TaskWire
 
 @functools.cache
 def _wire_of(spec: type[TaskSpec]) -> type[TaskWire]:
-    package = spec.__module__.rpartition(".")[0]
-    if not package:  # a task defined in a top-level module has no package to hold a wire part
-        return type(f"{spec.__name__}Wire", (TaskWire,), {"task": spec})
+    package = spec.__module__.rpartition(".")[0]  # "": a task in a top-level module, with no package to hold one
+    wire = f"{package}.wire"
     try:
-        module = importlib.import_module(f"{package}.wire")
+        found: type[TaskWire] | None = importlib.import_module(wire).WIRE if package else None
     except ModuleNotFoundError as e:
-        if e.name != f"{package}.wire":
+        if e.name != wire:
             raise  # the wire module exists and fails to import: a bug to see, not a task without routes
-        return type(f"{spec.__name__}Wire", (TaskWire,), {"task": spec})
-    wire: type[TaskWire] = module.WIRE
-    return wire
+        found = None
+    return found or type(f"{spec.__name__}Wire", (TaskWire,), {"task": spec})
 
 
 def task_wire(name: str | Enum) -> type[TaskWire]:
