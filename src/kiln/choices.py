@@ -51,6 +51,7 @@ class Pooling(Choice):
     MEAN = "mean"
     CLS = "cls"
     MAX = "max"
+    LASTTOKEN = "lasttoken"  # the last real token's state (decoder-style embedders: Qwen3-Embedding, gte-Qwen2)
 
 
 class Aggregation(Choice):

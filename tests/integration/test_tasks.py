@@ -33,7 +33,7 @@ def test_feature_extraction_matches_sentence_transformers(minilm_dir):
     np.testing.assert_allclose(got, expected, atol=2e-5)
 
 
-@pytest.mark.parametrize("pooling", ["cls", "max", "mean"])
+@pytest.mark.parametrize("pooling", ["cls", "max", "mean", "lasttoken"])
 def test_feature_extraction_pooling_from_sentence_transformers_config(tiny_model, tmp_path, pooling):
     import json
     import shutil
@@ -44,8 +44,8 @@ def test_feature_extraction_pooling_from_sentence_transformers_config(tiny_model
     shutil.copytree(tiny_model("bert"), model_dir)
     (model_dir / "1_Pooling").mkdir()
     (model_dir / "1_Pooling" / "config.json").write_text(json.dumps(
-        {"word_embedding_dimension": 32, f"pooling_mode_{'cls_token' if pooling == 'cls' else pooling + '_tokens'}":
-         True}))
+        {"word_embedding_dimension": 32, "pooling_mode_" + {"cls": "cls_token", "lasttoken": "lasttoken"}.get(
+            pooling, pooling + "_tokens"): True}))
     (model_dir / "modules.json").write_text(json.dumps([
         {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
         {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]))

@@ -139,3 +139,14 @@ def test_spearman_is_scipys():
     y[:5] = y[0]  # ties
     assert scoring.spearman(x, y) == pytest.approx(spearmanr(x, y).statistic, abs=1e-12)
     assert scoring.spearman([1, 1, 1], [1, 2, 3]) == 0.0
+
+
+def test_last_token_pooling_takes_each_rows_last_real_token_whichever_side_it_is_padded_on():
+    from kiln.choices import Pooling
+    from kiln.tasks.feature_extraction.task import POOLERS
+
+    hidden = np.arange(2 * 4 * 3, dtype=np.float32).reshape(2, 4, 3)
+    right = np.array([[1, 1, 0, 0], [1, 1, 1, 1]])  # kiln's padding: the last real token is at mask.sum() - 1
+    left = np.array([[0, 0, 1, 1], [1, 1, 1, 1]])  # a decoder's left padding: the last position
+    np.testing.assert_array_equal(POOLERS[Pooling.LASTTOKEN](hidden, right), hidden[[0, 1], [1, 3]])
+    np.testing.assert_array_equal(POOLERS[Pooling.LASTTOKEN](hidden, left), hidden[[0, 1], [3, 3]])

@@ -22,10 +22,11 @@ def _pooling_mode(pool_config: dict[str, Any], model_dir: Path) -> Pooling:
         names = {k.removeprefix("pooling_mode_") for k, v in pool_config.items()
                  if k.startswith("pooling_mode_") and v}
     by_flag = {"mean_tokens": Pooling.MEAN, "mean": Pooling.MEAN, "cls_token": Pooling.CLS, "cls": Pooling.CLS,
-               "max_tokens": Pooling.MAX, "max": Pooling.MAX}
+               "max_tokens": Pooling.MAX, "max": Pooling.MAX, "lasttoken": Pooling.LASTTOKEN}
     if len(names) != 1 or (name := names.pop()) not in by_flag:
         raise UnsupportedModelError(
-            f"{model_dir} pools with {sorted(names) or 'nothing'}; kiln supports exactly one of mean, cls, max"
+            f"{model_dir} pools with {sorted(names) or 'nothing'}; kiln supports exactly one of mean, cls, max, "
+            "lasttoken"
         )
     return by_flag[name]
 

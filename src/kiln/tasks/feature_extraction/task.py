@@ -67,7 +67,13 @@ def _pool_max(hidden: np.ndarray, mask: np.ndarray) -> np.ndarray:
     return np.where(mask[..., None].astype(bool), hidden, -np.inf).max(axis=1)
 
 
-POOLERS = {Pooling.MEAN: _pool_mean, Pooling.CLS: _pool_cls, Pooling.MAX: _pool_max}
+def _pool_last(hidden: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """The state at each row's last attended position, whichever side the row is padded on."""
+    last = mask.shape[1] - 1 - np.argmax(mask[:, ::-1].astype(bool), axis=1)
+    return hidden[np.arange(len(hidden)), last]
+
+
+POOLERS = {Pooling.MEAN: _pool_mean, Pooling.CLS: _pool_cls, Pooling.MAX: _pool_max, Pooling.LASTTOKEN: _pool_last}
 
 
 class FeatureExtraction(TaskSpec):
