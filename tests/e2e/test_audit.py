@@ -74,6 +74,33 @@ def test_kiln_serve_reranks_like_its_original(tiny_model, task_artifacts, tmp_pa
     assert "mean kendall tau" in (tmp_path / "audit.md").read_text()
 
 
+def test_kiln_serve_agrees_with_a_causal_embedder_and_reranker(tiny_model, tmp_path):
+    """Qwen3-Embedding's last-token pooling (the original pads on the left here, kiln on the right) and
+    Qwen3-Reranker's prompt template, rendered by transformers on the original's side, through kiln serve."""
+    import json
+
+    import kiln
+    from kiln.testing.factory import build_tiny_causal_reranker, write_sentence_transformers_files
+
+    embedder = tmp_path / "embedder"
+    shutil.copytree(tiny_model("qwen3"), embedder)
+    write_sentence_transformers_files(embedder, pooling="lasttoken")
+    tokenizer_config = json.loads((embedder / "tokenizer_config.json").read_text())
+    (embedder / "tokenizer_config.json").write_text(json.dumps({**tokenizer_config, "padding_side": "left"}))
+    reranker = build_tiny_causal_reranker(tmp_path / "reranker")
+    served = {"e": kiln.export(str(embedder), task="feature-extraction", output=tmp_path / "e").artifact.path,
+              "r": kiln.export(str(reranker), task=RANKING, output=tmp_path / "r").artifact.path}
+    with process.serve_in_thread(create_app(ServeConfig(models=served))) as base:
+        vectors = run_audit(AuditConfig(Endpoint(base, "openai", "e"), str(embedder), count=24,
+                                        output=tmp_path / "audit-e"))
+        scores = run_audit(AuditConfig(Endpoint(base, "kiln", "r"), str(reranker), count=24,
+                                       output=tmp_path / "audit-r", task=RANKING))
+    assert vectors.within_tolerance and vectors.min_agreement > 0.9999, vectors.verdict()
+    assert not any(f.differs for f in vectors.findings), vectors.findings
+    assert scores.within_tolerance and scores.figures["max_score_diff"] < 1e-4, scores.verdict()
+    assert not any(f.differs for f in scores.findings), scores.findings
+
+
 def test_kiln_serve_in_tei_mode_agrees_over_teis_api(tiny_model, task_artifacts, tmp_path):
     """The TEI adapter against kiln serve speaking TEI's API (--protocols tei): /embed and /rerank."""
     for task, name in ((TaskName.FEATURE_EXTRACTION, "m"), (TaskName.TEXT_RANKING, "r")):

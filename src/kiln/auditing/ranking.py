@@ -60,10 +60,28 @@ class ScoreReference:
         self.activations = ACTIVATIONS if labels > 1 else ("sigmoid", "raw")
         self._torch = torch
         self._cache: dict[tuple[int, str, tuple[tuple[str, str], ...]], np.ndarray] = {}
+        self.pair_prompt = config.pair_prompt  # a causal reranker's: its chat template renders each pair
+
+    def _encode(self, first: Sequence[str], second: Sequence[str], max_length: int | None) -> dict[str, Any]:
+        """Token ids of pairs as the original reads them: the tokenizer's pair encoding, or for a causal reranker
+        its chat template rendered by transformers (not kiln's split of it: the audit checks that too), closing
+        tokens restored over a cut pair's last ones as sentence-transformers does."""
+        cut = {"truncation": True, "max_length": max_length} if max_length else {}
+        if self.pair_prompt is None:
+            return self.tokenizer(list(first), list(second), add_special_tokens=True, **cut)
+        texts = [self.tokenizer.apply_chat_template([{"role": "query", "content": q}, {"role": "document",
+                                                                                         "content": d}],
+                                                    tokenize=False) for q, d in zip(first, second)]
+        encoded = self.tokenizer(texts, add_special_tokens=False, **cut)
+        tail = list(self.pair_prompt.suffix_ids)
+        for ids in encoded["input_ids"]:
+            if max_length and len(ids) == max_length and tail:
+                ids[-len(tail):] = tail[-len(ids):]
+        return encoded
 
     def token_counts(self, pairs: Sequence[tuple[str, str]]) -> list[int]:
         """Tokens per (query, text) pair, special tokens included, untruncated."""
-        encoded = self.tokenizer([q for q, _ in pairs], [t for _, t in pairs], add_special_tokens=True)
+        encoded = self._encode([q for q, _ in pairs], [t for _, t in pairs], None)
         return [len(ids) for ids in encoded["input_ids"]]
 
     def scores(self, pairs: Sequence[tuple[str, str]], recipe: ScoreRecipe) -> np.ndarray:
@@ -84,8 +102,7 @@ class ScoreReference:
             for i in range(0, len(pairs), self.batch_size):
                 chunk = pairs[i : i + self.batch_size]
                 first, second = zip(*(p if order == ORDERS[0] else p[::-1] for p in chunk))
-                enc = self.tokenizer(list(first), list(second), truncation=True, max_length=max_length,
-                                     padding=True, return_tensors="pt")
+                enc = self.tokenizer.pad(self._encode(first, second, max_length), return_tensors="pt")
                 with torch.inference_mode():
                     parts.append(self.model(**enc).logits.float().numpy().reshape(len(chunk), -1))
             self._cache[key] = np.concatenate(parts).astype(np.float64)

@@ -14,7 +14,9 @@ from typing import Any
 
 import numpy as np
 
-POOLINGS = ("mean", "cls", "last", "max")
+from kiln.choices import Pooling
+
+POOLINGS = tuple(p.value for p in Pooling)  # the ones kiln reproduces, named as the artifact names them
 TRUNCATIONS = (16, 32, 64, 128, 256, 384, 512)  # lengths servers commonly cut at
 
 
@@ -79,13 +81,13 @@ class Reference:
         with torch.inference_mode():
             hidden = self.model(**enc).last_hidden_state.float()
         mask = enc["attention_mask"].unsqueeze(-1).float()
-        if recipe.pooling == "mean":
+        if recipe.pooling == Pooling.MEAN.value:
             pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1)
-        elif recipe.pooling == "cls":
+        elif recipe.pooling == Pooling.CLS.value:
             pooled = hidden[:, 0]
-        elif recipe.pooling == "last":
-            last = enc["attention_mask"].sum(1) - 1  # right-padded: each row's last real token
-            pooled = hidden[torch.arange(hidden.shape[0]), last]
+        elif recipe.pooling == Pooling.LASTTOKEN.value:  # each row's last real token, on either padding side
+            positions = torch.arange(hidden.shape[1]) * enc["attention_mask"]
+            pooled = hidden[torch.arange(hidden.shape[0]), positions.argmax(1)]
         else:  # max over real tokens
             pooled = hidden.masked_fill(mask == 0, float("-inf")).max(1).values
         if recipe.normalize:

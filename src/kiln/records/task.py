@@ -11,6 +11,33 @@ from kiln.errors import UsageError
 
 
 @dataclass(frozen=True)
+class PairPrompt:
+    """How a causal reranker (Qwen3-Reranker) reads a (query, document) pair: its chat template rendered with the
+    pair in the ``query`` and ``document`` roles (sentence-transformers' convention), kept as the text around the
+    two contents, so serving renders it without Jinja. ``suffix_ids``: the template's closing tokens, written back
+    over the last ones of a pair cut to the model's maximum (the score is read at the last position)."""
+
+    prefix: str
+    between: str
+    suffix: str
+    suffix_ids: tuple[int, ...]
+    answers: tuple[int, int]  # the "yes" and "no" token ids whose logit difference is the score
+
+    def render(self, query: str, document: str) -> str:
+        return f"{self.prefix}{query}{self.between}{document}{self.suffix}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"prefix": self.prefix, "between": self.between, "suffix": self.suffix,
+                "suffix_ids": list(self.suffix_ids), "answers": list(self.answers)}
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> PairPrompt:
+        yes, no = (int(i) for i in raw["answers"])
+        return cls(str(raw["prefix"]), str(raw["between"]), str(raw["suffix"]),
+                   tuple(int(i) for i in raw["suffix_ids"]), (yes, no))
+
+
+@dataclass(frozen=True)
 class TaskConfig:
     task: str  # a name in kiln.tasks.TASKS
     max_length: int
@@ -30,6 +57,7 @@ class TaskConfig:
     # (nomic-embed's "search_query: "), and the one used when a call names none.
     prompts: Mapping[str, str] = field(default_factory=dict)
     default_prompt_name: str | None = None
+    pair_prompt: PairPrompt | None = None  # a causal reranker's prompt template (None: the tokenizer's pairs)
 
     def prompt_text(self, prompt_name: str | None = None, prompt: str | None = None) -> str:
         """The text put before each input, chosen as sentence-transformers chooses it: ``prompt`` itself, else the
@@ -56,7 +84,8 @@ class TaskConfig:
                 "matryoshka_dims": list(self.matryoshka_dims), "special_ids": list(self.special_ids),
                 "eos_ids": list(self.eos_ids), "cache": dict(self.cache),
                 "late_interaction": dict(self.late_interaction), "prompts": dict(self.prompts),
-                "default_prompt_name": self.default_prompt_name}
+                "default_prompt_name": self.default_prompt_name,
+                "pair_prompt": self.pair_prompt.to_dict() if self.pair_prompt else None}
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> TaskConfig:
@@ -75,4 +104,5 @@ class TaskConfig:
             late_interaction=dict(raw.get("late_interaction", {})),
             prompts={str(k): str(v) for k, v in raw.get("prompts", {}).items()},
             default_prompt_name=raw.get("default_prompt_name"),
+            pair_prompt=PairPrompt.from_dict(raw["pair_prompt"]) if raw.get("pair_prompt") else None,
         )

@@ -61,17 +61,18 @@ class TextEncoder:
         return self._plain
 
     def encode(self, texts: Sequence[str | tuple[str, str]], *, truncate: bool = True,
-               offsets: bool = True) -> list[Encoding]:
+               offsets: bool = True, special_tokens: bool = True) -> list[Encoding]:
         """Encode texts or (text, text pair) tuples with special tokens, as the model's tokenizer does pairs.
 
         Truncated to ``max_length`` unless ``truncate`` is False; an over-long pair loses tokens from its
         longer text first (longest-first, the transformers default). ``offsets=False`` skips the character
         offsets (the same ids, about a fifth faster: what a static table's throughput is bound by) for a caller
-        that never reads them.
+        that never reads them. ``special_tokens=False``: none added (a rendered chat template holds its own, as
+        transformers' ``apply_chat_template`` tokenizes it).
         """
         tokenizer = self._plain if truncate else self._untruncated
         encode = tokenizer.encode_batch if offsets else tokenizer.encode_batch_fast
-        return encode(list(texts), add_special_tokens=True)
+        return encode(list(texts), add_special_tokens=special_tokens)
 
     def encode_limited(self, texts: Sequence[str], max_length: int | None) -> list[Encoding]:
         """Texts with special tokens, cut to ``max_length`` tokens (None: not cut), whatever the model's maximum

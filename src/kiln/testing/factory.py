@@ -39,6 +39,9 @@ class Family:
     pair_separator: str  # RoBERTa-style pairs put two separators between the texts
     type_ids: bool  # whether the tokenizer returns token_type_ids
     template: bool = True  # False: no special tokens around a text (GPT-2's tokenizer adds none)
+    eos_only: bool = False  # the template ends each text with ``sep`` and opens none (Qwen3-Embedding's tokenizer)
+    words: tuple[str, ...] = ()  # trained in often enough to be whole tokens (a reranker's "yes" and "no")
+    max_length: int = MAX_POSITIONS  # the tokenizer's model_max_length
 
 
 BERT_WORDPIECE = Family("wordpiece", ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"), "[CLS]", "[SEP]", "[PAD]",
@@ -59,6 +62,12 @@ DISTIL_WORDPIECE = Family("wordpiece", BERT_WORDPIECE.specials, "[CLS]", "[SEP]"
 # GPT-2's byte-level BPE: one special token, <|endoftext|>, that is its BOS, EOS and unknown token; no padding token.
 GPT_BPE = Family("bpe", ("<|endoftext|>",), "<|endoftext|>", "<|endoftext|>", "<|endoftext|>", "<|endoftext|>",
                  "<|endoftext|>", "", False, template=False)
+
+# Qwen's byte-level BPE: <|endoftext|> pads and, in Qwen3-Embedding's tokenizer, ends every text (its last-token
+# pooling reads that token); the chat markers a reranker's prompt uses are special tokens too.
+QWEN_BPE = Family("bpe", ("<|endoftext|>", "<|im_start|>", "<|im_end|>"), "<|endoftext|>", "<|endoftext|>",
+                  "<|endoftext|>", "<|endoftext|>", "<|endoftext|>", "", False, eos_only=True, words=("yes", "no"),
+                  max_length=512)  # a reranker's prompt template alone is ~150 of its 500-token vocabulary's tokens
 
 _SMALL = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64)
 ARCHITECTURES: dict[str, tuple[Family, type, dict]] = {
@@ -94,20 +103,25 @@ ARCHITECTURES: dict[str, tuple[Family, type, dict]] = {
     "gpt_neo": (GPT_BPE, transformers.GPTNeoConfig,
                 dict(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, window_size=8,
                      attention_types=[[["global", "local"], 1]], max_position_embeddings=MAX_POSITIONS)),
+    # Qwen3 as Qwen3-Embedding and Qwen3-Reranker use it: a causal encoder (rotary positions, grouped-query
+    # attention with 4 query heads over 2 key/value heads, RMSNorm, SwiGLU).
+    "qwen3": (QWEN_BPE, transformers.Qwen3Config,
+              dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                   intermediate_size=64, max_position_embeddings=QWEN_BPE.max_length, tie_word_embeddings=True)),
     "deberta-v2": (SPM_UNIGRAM, transformers.DebertaV2Config,
                    dict(_SMALL, max_position_embeddings=MAX_POSITIONS, relative_attention=True, position_buckets=32,
                         pos_att_type=["p2c", "c2p"], type_vocab_size=0)),
 }
 
 
-# The bidirectional encoders (distillation and pruning apply to them; GPT-2 and GPT-Neo are decoders).
-ENCODERS = tuple(a for a, (family, _, _) in ARCHITECTURES.items() if family.template)
+# The bidirectional encoders (distillation and pruning apply to them; GPT-2, GPT-Neo and Qwen3 are causal).
+ENCODERS = tuple(a for a, (family, _, _) in ARCHITECTURES.items() if family.template and not family.eos_only)
 
 
-def _corpus() -> list[str]:
+def _corpus(words: tuple[str, ...] = ()) -> list[str]:
     extra = ["Anna Schmidt works for Acme Corporation in Berlin.", "Jean Dupont visited Paris and Lyon.",
              "unbelievably tokenization antidisestablishmentarianism"]
-    return list(builtin_sentences()) * 3 + extra * 5
+    return list(builtin_sentences()) * 3 + extra * 5 + list(words) * 500
 
 
 TOKENIZERS = Path(__file__).parent / "tokenizers"
@@ -131,6 +145,10 @@ def train_tokenizer(family: Family) -> Tokenizer:
     if not family.template:
         return tok
     cls, sep = family.cls, family.sep
+    if family.eos_only:
+        tok.post_processor = processors.TemplateProcessing(single=f"$A {sep}", pair=f"$A {sep} $B:1 {sep}:1",
+                                                           special_tokens=[(sep, tok.token_to_id(sep))])
+        return tok
     second = "$B:1" if family.type_ids else "$B"
     sep2 = f"{sep}:1" if family.type_ids else sep
     tok.post_processor = processors.TemplateProcessing(
@@ -158,7 +176,7 @@ def _train(family: Family) -> Tokenizer:
         tok.pre_tokenizer = pre_tokenizers.Metaspace()
         trainer = trainers.UnigramTrainer(vocab_size=500, special_tokens=list(family.specials), unk_token=family.unk)
         tok.decoder = decoders.Metaspace()
-    tok.train_from_iterator(_corpus(), trainer)
+    tok.train_from_iterator(_corpus(family.words), trainer)
     return tok
 
 
@@ -171,7 +189,11 @@ def build_tiny_model(arch: str, task: TaskName, directory: Path, seed: int = 0) 
     family, config_class, kwargs = ARCHITECTURES[arch]
     tok = train_tokenizer(family)
     names = ["input_ids", "token_type_ids", "attention_mask"] if family.type_ids else ["input_ids", "attention_mask"]
-    if family.template:
+    if family.eos_only:  # Qwen's: pads with <|endoftext|>, which also ends every text
+        fast = transformers.PreTrainedTokenizerFast(
+            tokenizer_object=tok, pad_token=family.pad, eos_token=family.sep, unk_token=family.unk,
+            model_input_names=names, model_max_length=family.max_length)
+    elif family.template:
         fast = transformers.PreTrainedTokenizerFast(
             tokenizer_object=tok, pad_token=family.pad, unk_token=family.unk, cls_token=family.cls,
             sep_token=family.sep, mask_token=family.mask, model_input_names=names,
@@ -188,6 +210,8 @@ def build_tiny_model(arch: str, task: TaskName, directory: Path, seed: int = 0) 
     if not family.template:  # a decoder: no padding token; begins and ends texts with <|endoftext|>
         eos = tok.token_to_id(family.sep)
         special_ids = {"bos_token_id": eos, "eos_token_id": eos}
+    elif family.eos_only:
+        special_ids = {"eos_token_id": tok.token_to_id(family.sep)}
     pad = tok.token_to_id(family.pad) if family.template else None
     config = config_class(vocab_size=tok.get_vocab_size(), pad_token_id=pad, **kwargs,
                           **special_ids,
@@ -310,4 +334,34 @@ def write_sentence_transformers_files(directory: Path, *, pooling: str = "mean",
     (directory / "modules.json").write_text(json.dumps(modules))
     (directory / "config_sentence_transformers.json").write_text(json.dumps(
         {"prompts": prompts or {}, "default_prompt_name": default_prompt_name, "similarity_fn_name": "cosine"}))
+    return directory
+
+
+# Qwen3-Reranker's prompt (its model card's format) as a chat template that renders sentence-transformers' "query"
+# and "document" roles, the way CrossEncoder reads a causal reranker; a "system" message replaces the instruction.
+QWEN3_RERANKER_TEMPLATE = """\
+{%- set query = messages | selectattr("role", "eq", "query") | map(attribute="content") | first -%}
+{%- set document = messages | selectattr("role", "eq", "document") | map(attribute="content") | first -%}
+{%- set instruction = messages | selectattr("role", "eq", "system") | map(attribute="content") | first
+    | default("Given a web search query, retrieve relevant passages that answer the query", true) -%}
+<|im_start|>system
+Judge whether the Document meets the requirements based on the Query and the Instruct provided. \
+Note that the answer can only be "yes" or "no".<|im_end|>
+<|im_start|>user
+<Instruct>: {{ instruction }}
+<Query>: {{ query }}
+<Document>: {{ document }}<|im_end|>
+<|im_start|>assistant
+<think>
+
+</think>
+
+{# the line above ends the prompt with two newlines, as the model card's suffix does #}"""
+
+
+def build_tiny_causal_reranker(directory: Path, seed: int = 0) -> Path:
+    """A tiny Qwen3-Reranker: a Qwen3 language model (tied embeddings, "yes" and "no" single tokens) with the
+    reranker's prompt as its chat template (chat_template.jinja)."""
+    build_tiny_model("qwen3", TaskName.TEXT_GENERATION, directory, seed=seed)
+    (directory / "chat_template.jinja").write_text(QWEN3_RERANKER_TEMPLATE)
     return directory

@@ -152,7 +152,7 @@ class MultiVectorExport(TaskExport):
             "attend_to_expansion_tokens": bool(found["attend_to_expansion_tokens"]), "skiplist_ids": skip, **ids}}
 
     @classmethod
-    def attach_head(cls, hf_model: Any, model_dir: Path) -> Any:
+    def attach_head(cls, hf_model: Any, model_dir: Path, tokenizer: Any) -> Any:
         """The encoder followed by its Dense projections: the module every variant is exported from."""
         from kiln.model.late_interaction import LateInteractionModel
 

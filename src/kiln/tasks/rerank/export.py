@@ -8,8 +8,9 @@ from typing import Any
 
 from kiln.data.texts import builtin_pairs, builtin_sentences
 from kiln.errors import UnsupportedModelError
-from kiln.tasks.export import TaskExport
+from kiln.tasks.export import TaskExport, batch_pad_id
 from kiln.tasks.inputs import RerankQuery
+from kiln.tasks.rerank import causal
 from kiln.tasks.text_classification.export import TextClassificationExport
 
 RELEVANT_NAMES = ("relevant", "positive", "entailment", "yes", "true", "label_1", "1")
@@ -32,10 +33,23 @@ class RerankExport(TaskExport):
     sequence_outputs = frozenset()
 
     @classmethod
+    def auto_class_for(cls, config: Mapping[str, Any]) -> str:
+        return "AutoModelForCausalLM" if causal.is_causal(config) else cls.auto_class
+
+    @classmethod
     def settings(cls, model_dir: Path, hf_config: Any) -> dict[str, Any]:
+        if causal.is_causal(hf_config.to_dict()):
+            return causal.settings(model_dir)
         found = TextClassificationExport.settings(model_dir, hf_config)
         relevant_index(found["id2label"])  # refuse a many-label classifier at load time
         return found
+
+    @classmethod
+    def attach_head(cls, hf_model: Any, model_dir: Path, tokenizer: Any) -> Any:
+        if not causal.is_causal(hf_model.config.to_dict()):
+            return hf_model
+        return causal.as_classifier(hf_model, causal.answer_ids(tokenizer, str(model_dir)),
+                                    batch_pad_id(tokenizer, hf_model.config))
 
     @classmethod
     def parity_inputs(cls) -> list[Any]:

@@ -19,7 +19,9 @@ from typing import Any
 import numpy as np
 
 from kiln.errors import UsageError
+from kiln.records.task import PairPrompt
 from kiln.runtime.features import Prepared
+from kiln.runtime.tokenization import Features
 from kiln.scoring import ranking
 from kiln.tasks.arrays import sigmoid, softmax
 from kiln.tasks.base import TaskSpec
@@ -59,11 +61,28 @@ def as_rerank_query(item: Any, index: int = 0) -> RerankQuery:
     return RerankQuery(query, tuple(texts))
 
 
+def prompted_pairs(prompt: PairPrompt, pairs: Sequence[tuple[str, str]], encoder, truncate: bool) -> list[Features]:
+    """A causal reranker's pairs in its prompt template, tokenized as one text each without added special tokens
+    (the template holds its own). A pair cut to the model's maximum gets the template's closing tokens back over
+    its last ones, as sentence-transformers restores them: the score is read at the last position."""
+    encodings = encoder.encode([prompt.render(q, d) for q, d in pairs], truncate=truncate, offsets=False,
+                               special_tokens=False)
+    tail = list(prompt.suffix_ids)
+    features = []
+    for enc in encodings:
+        ids, cut = list(enc.ids), len(enc.overflowing) > 0
+        if cut and tail:
+            ids[-len(tail):] = tail[-len(ids):]
+        features.append(Features(ids, [0] * len(ids), [1] * len(ids), truncated=cut))
+    return features
+
+
 class Rerank(TaskSpec):
     validation = RerankValidation
     export = RerankExport
     name = "text-ranking"
     ranks = True
+    decoders = True  # a causal reranker (Qwen3-Reranker), or a decoder's sequence classifier
 
     def options(self, top_n: int | None = None, return_documents: bool = False, raw_scores: bool = False,
                 truncate: bool = True) -> RerankOptions:
@@ -77,7 +96,9 @@ class Rerank(TaskSpec):
     def prepare(self, inputs: Sequence[Any], encoder, options: RerankOptions) -> Prepared:
         pairs = [(q.query, text) for q in inputs for text in q.texts]
         owners = tuple(i for i, q in enumerate(inputs) for _ in q.texts)
-        encodings = encoder.encode(pairs, truncate=options.truncate)
+        prompt = self.config.pair_prompt
+        encodings = encoder.encode(pairs, truncate=options.truncate) if prompt is None \
+            else prompted_pairs(prompt, pairs, encoder, options.truncate)
         truncated = [False] * len(inputs)
         for owner, enc in zip(owners, encodings):
             truncated[owner] = truncated[owner] or len(enc.overflowing) > 0
