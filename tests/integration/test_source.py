@@ -114,8 +114,8 @@ def test_unknown_sentence_transformers_module(tiny_model, tmp_path):
     shutil.copytree(tiny_model("bert"), model_dir)
     (model_dir / "modules.json").write_text(json.dumps([
         {"idx": 0, "path": "", "type": "sentence_transformers.models.Transformer"},
-        {"idx": 1, "path": "2_Dense", "type": "sentence_transformers.models.Dense"}]))
-    with pytest.raises(UnsupportedModelError, match="modules kiln does not reproduce: Dense"):
+        {"idx": 1, "path": "2_LayerNorm", "type": "sentence_transformers.models.LayerNorm"}]))
+    with pytest.raises(UnsupportedModelError, match="modules kiln does not reproduce: LayerNorm"):
         load_source(str(model_dir), TaskName.FEATURE_EXTRACTION)
 
 

@@ -134,9 +134,17 @@ class StudentMaker:
         from kiln.errors import UnsupportedModelError
         from kiln.source.architectures import arch_spec
 
-        if arch_spec(source.model_type).decoder and not self.decoders:
+        arch = arch_spec(source.model_type)
+        if arch.compress_refused:
+            raise UnsupportedModelError(f"kiln {self.method} is not verified for {source.model_type!r}: "
+                                        f"{arch.compress_refused}")
+        if arch.decoder and not self.decoders:
             raise UnsupportedModelError(f"kiln {self.method} changes encoder layers; {source.model_type!r} is a "
                                         "decoder (kiln distill --layers K makes its student)")
+        if not hasattr(source.model, "save_pretrained"):
+            raise UnsupportedModelError(f"kiln {self.method} writes its student as one transformers model; "
+                                        f"{source.name} carries modules beside it (sentence-transformers Dense "
+                                        "projections) that the student would lose")
 
 
 def layer_student(config: DistillConfig) -> StudentMaker:

@@ -16,6 +16,7 @@ import torch
 from kiln.errors import ArtifactError
 from kiln.model.heads import OUTPUTS, graph_head
 from kiln.model.layout import save_model
+from kiln.model.masks import mask_builder
 
 # The one spelling of the I/O description file: beside saved weights, and inside TorchScript archives.
 IO_FILE = "kiln_io.json"
@@ -44,11 +45,17 @@ class TaskModule(torch.nn.Module):
         self.head = graph_head(head)
         # int32 graph inputs are cast to int64 inside the graph: embeddings and masks then see what they expect.
         self.cast_inputs = cast_inputs
+        # Attention masks kiln builds itself where transformers' own do not trace (kiln.model.masks).
+        self.masks = mask_builder(getattr(model, "config", None))
         self.eval()  # exporters restore the training flag they found; it must be False
 
     def forward(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
         kwargs = {n: (x.long() if self.cast_inputs else x) for n, x in zip(self.input_names, inputs)}
-        outputs = self.model(**kwargs, return_dict=True)
+        given = kwargs
+        if self.masks is not None and "attention_mask" in kwargs:
+            given = {**kwargs, "attention_mask": self.masks(self.model.config, kwargs["attention_mask"],
+                                                            getattr(self.model, "dtype", torch.float32))}
+        outputs = self.model(**given, return_dict=True)
         if self.head is not None:
             return self.head(outputs, kwargs)
         return tuple(outputs[n] for n in self.output_names)

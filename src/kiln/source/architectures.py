@@ -3,7 +3,9 @@ their heads serve), and why others are refused."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from kiln.errors import UnsupportedModelError
 
@@ -18,6 +20,10 @@ class ArchSpec:
     decoder: bool = False
     # Why a causal family does not generate with kiln (empty: it does); its encoder tasks still apply.
     generation_refused: str = ""
+    # A config.json key the family is supported only with set true, and why it is refused without it.
+    requires: tuple[str, str] | None = None
+    # Why kiln distill and prune refuse the family (empty: they do it).
+    compress_refused: str = ""
 
 
 SUPPORTED: dict[str, ArchSpec] = {
@@ -36,6 +42,14 @@ SUPPORTED: dict[str, ArchSpec] = {
     "nomic_bert": ArchSpec(),
     "gte": ArchSpec(),
     "jina_embeddings_v3": ArchSpec(),
+    # EmbeddingGemma: Gemma 3's text model with bidirectional attention (sliding layers see a window on both
+    # sides); kiln builds its masks (kiln.model.masks).
+    "gemma3_text": ArchSpec(requires=("use_bidirectional_attention", "a causal Gemma 3 (the Gemma-3 language models) "
+                                      "is not verified by kiln: its embedder, EmbeddingGemma, sets "
+                                      "use_bidirectional_attention, and kiln's generation is verified for GPT-2 and "
+                                      "GPT-Neo only"),
+                            compress_refused="its per-layer attention types and q/k norms are not handled by kiln's "
+                                             "layer selection or head slicing yet"),
     # Qwen3 as Qwen3-Embedding and Qwen3-Reranker use it: a causal encoder (no KV cache), pooled or scored at each
     # text's last real token.
     "qwen3": ArchSpec(decoder=True, generation_refused="kiln's generation (KV-cache export, step graph) is verified "
@@ -49,8 +63,8 @@ SUPPORTED: dict[str, ArchSpec] = {
 REFUSED: dict[str, str] = {
     "qwen2": "kiln's causal embedders and rerankers are verified on Qwen3 (Qwen3-Embedding, Qwen3-Reranker), not "
              "yet on Qwen2 (gte-Qwen2), and its generation is not verified",
-    "gemma3_text": "EmbeddingGemma's bidirectional Gemma 3 is not built yet",
-    "embedding_gemma2_text": "EmbeddingGemma is not built yet",
+    "embedding_gemma2_text": "EmbeddingGemma 2 (transformers' multimodal embedding_gemma2, text part) is not built "
+                             "yet; EmbeddingGemma (gemma3_text with bidirectional attention) is supported",
     "mistral": "Mistral-7B-class embedders (E5-Mistral, SFR) are not built: their fp32 weights alone are ~28 GB "
                "(7.1B parameters x 4 bytes), beyond the machines kiln verifies on",
     "llama": "kiln's decoder support (KV-cache export, generation) is verified for GPT-2 and GPT-Neo only",
@@ -67,6 +81,13 @@ def check_task(model_type: str, arch: ArchSpec, task: str) -> None:
 
     generating = sorted(n for n, a in SUPPORTED.items() if a.decoder and not a.generation_refused)
     TASKS[task].check_architecture(model_type, arch.decoder, generating, generation_refused=arch.generation_refused)
+
+
+def check_config(model_type: str, arch: ArchSpec, config: Mapping[str, Any]) -> None:
+    """Refuse a supported family's config that lacks what kiln verified it with (a causal Gemma 3)."""
+    if arch.requires is not None and not config.get(arch.requires[0]):
+        key, reason = arch.requires
+        raise UnsupportedModelError(f"architecture {model_type!r} without {key}: {reason}")
 
 
 def arch_spec(model_type: str, custom_code: str | None = None) -> ArchSpec:

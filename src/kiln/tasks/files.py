@@ -56,3 +56,27 @@ def rows_csv(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
             if None in row:
                 raise UsageError(f"{path} line {reader.line_num}: more values than columns {reader.fieldnames}")
             yield reader.line_num, row
+
+
+def load_dense(directory: Path) -> Any:
+    """One sentence-transformers Dense module as a torch Linear: identity activation only (what ColBERT checkpoints
+    and EmbeddingGemma use), its weights from model.safetensors."""
+    import torch
+    from safetensors.torch import load_file
+
+    from kiln.errors import ModelLoadError, UnsupportedModelError
+
+    config = read_json(directory / "config.json")
+    activation = str(config.get("activation_function", "torch.nn.modules.linear.Identity"))
+    if not activation.endswith("Identity"):
+        raise UnsupportedModelError(f"{directory}: kiln reads Dense projections without an activation (got "
+                                    f"{activation})")
+    if config.get("use_residual"):
+        raise UnsupportedModelError(f"{directory}: a residual Dense projection is not supported")
+    weights = directory / "model.safetensors"
+    if not weights.is_file():
+        raise ModelLoadError(f"{directory} holds no model.safetensors (pickled Dense weights are refused)")
+    state = {k.removeprefix("linear."): v for k, v in load_file(str(weights)).items()}
+    linear = torch.nn.Linear(int(config["in_features"]), int(config["out_features"]), bias="bias" in state)
+    linear.load_state_dict(state)
+    return linear.eval()

@@ -23,6 +23,7 @@ LABELS = {
     TaskName.TOKEN_CLASSIFICATION: ["O", "B-PER", "I-PER", "B-LOC", "I-LOC", "B-ORG", "I-ORG"],
 }
 MAX_POSITIONS = 128
+BENCHMARK_LENGTH = 512  # the tokenizer's maximum in a real-shaped model (build_tiny_model's ``shape``)
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,10 @@ QWEN_BPE = Family("bpe", ("<|endoftext|>", "<|im_start|>", "<|im_end|>"), "<|end
                   "<|endoftext|>", "<|endoftext|>", "<|endoftext|>", "", False, eos_only=True, words=("yes", "no"),
                   max_length=512)  # a reranker's prompt template alone is ~150 of its 500-token vocabulary's tokens
 
+# Gemma's specials in their id order (pad 0, eos 1, bos 2, unk 3, mask 4); a text is <bos> ... <eos>.
+GEMMA_BPE = Family("bpe", ("<pad>", "<eos>", "<bos>", "<unk>", "<mask>"), "<bos>", "<eos>", "<pad>", "<unk>", "<mask>",
+                   "<eos>", False)
+
 _SMALL = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64)
 ARCHITECTURES: dict[str, tuple[Family, type, dict]] = {
     "bert": (BERT_WORDPIECE, transformers.BertConfig, dict(_SMALL, max_position_embeddings=MAX_POSITIONS)),
@@ -108,14 +113,23 @@ ARCHITECTURES: dict[str, tuple[Family, type, dict]] = {
     "qwen3": (QWEN_BPE, transformers.Qwen3Config,
               dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
                    intermediate_size=64, max_position_embeddings=QWEN_BPE.max_length, tie_word_embeddings=True)),
+    # EmbeddingGemma: Gemma 3's text model with bidirectional attention; sliding layers see 8 positions on either
+    # side, so texts past 8 tokens exercise the window.
+    "gemma3_text": (GEMMA_BPE, transformers.Gemma3TextConfig,
+                    dict(hidden_size=32, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                         intermediate_size=64, max_position_embeddings=MAX_POSITIONS, sliding_window=8,
+                         layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+                         use_bidirectional_attention=True)),
     "deberta-v2": (SPM_UNIGRAM, transformers.DebertaV2Config,
                    dict(_SMALL, max_position_embeddings=MAX_POSITIONS, relative_attention=True, position_buckets=32,
                         pos_att_type=["p2c", "c2p"], type_vocab_size=0)),
 }
 
 
-# The bidirectional encoders (distillation and pruning apply to them; GPT-2, GPT-Neo and Qwen3 are causal).
-ENCODERS = tuple(a for a, (family, _, _) in ARCHITECTURES.items() if family.template and not family.eos_only)
+# The bidirectional encoders distillation and pruning apply to (GPT-2, GPT-Neo and Qwen3 are causal; EmbeddingGemma's
+# Gemma 3 is not verified for them).
+ENCODERS = tuple(a for a, (family, _, _) in ARCHITECTURES.items()
+                 if family.template and not family.eos_only and a != "gemma3_text")
 
 
 def _corpus(words: tuple[str, ...] = ()) -> list[str]:
@@ -180,29 +194,34 @@ def _train(family: Family) -> Tokenizer:
     return tok
 
 
-def build_tiny_model(arch: str, task: TaskName, directory: Path, seed: int = 0) -> Path:
-    """Write config, safetensors weights and tokenizer files of a tiny ``arch`` model for ``task``."""
+def build_tiny_model(arch: str, task: TaskName, directory: Path, seed: int = 0, *,
+                     shape: dict | None = None) -> Path:
+    """Write config, safetensors weights and tokenizer files of a tiny ``arch`` model for ``task``. ``shape``:
+    config values that replace the tiny ones (a real model's sizes, for benchmarks); such a model keeps
+    transformers' own initialisation, which deep stacks need, and the family's small tokenizer."""
     if task == TaskName.MULTI_VECTOR:  # a ColBERT: the encoder plus a projection, in PyLate's layout
         if arch != "bert":
             raise ValueError(f"a tiny ColBERT is built on bert, not {arch}")
         return build_tiny_colbert(directory, seed=seed)
     family, config_class, kwargs = ARCHITECTURES[arch]
+    kwargs = {**kwargs, **(shape or {})}
+    max_len = BENCHMARK_LENGTH if shape else family.max_length
     tok = train_tokenizer(family)
     names = ["input_ids", "token_type_ids", "attention_mask"] if family.type_ids else ["input_ids", "attention_mask"]
     if family.eos_only:  # Qwen's: pads with <|endoftext|>, which also ends every text
         fast = transformers.PreTrainedTokenizerFast(
             tokenizer_object=tok, pad_token=family.pad, eos_token=family.sep, unk_token=family.unk,
-            model_input_names=names, model_max_length=family.max_length)
+            model_input_names=names, model_max_length=max_len)
     elif family.template:
         fast = transformers.PreTrainedTokenizerFast(
             tokenizer_object=tok, pad_token=family.pad, unk_token=family.unk, cls_token=family.cls,
             sep_token=family.sep, mask_token=family.mask, model_input_names=names,
-            model_max_length=MAX_POSITIONS,
+            model_max_length=max_len,
         )
     else:  # GPT-2's: bos = eos = unk = <|endoftext|>, no padding token
         fast = transformers.PreTrainedTokenizerFast(
             tokenizer_object=tok, bos_token=family.cls, eos_token=family.sep, unk_token=family.unk,
-            model_input_names=names, model_max_length=MAX_POSITIONS)
+            model_input_names=names, model_max_length=max_len)
     labels = LABELS.get(task, ["relevance"] if task == TaskName.TEXT_RANKING else [])
     special_ids = {"cls_token_id": tok.token_to_id(family.cls), "sep_token_id": tok.token_to_id(family.sep),
                    "bos_token_id": tok.token_to_id(family.cls), "eos_token_id": tok.token_to_id(family.sep)} \
@@ -213,7 +232,7 @@ def build_tiny_model(arch: str, task: TaskName, directory: Path, seed: int = 0) 
     elif family.eos_only:
         special_ids = {"eos_token_id": tok.token_to_id(family.sep)}
     pad = tok.token_to_id(family.pad) if family.template else None
-    config = config_class(vocab_size=tok.get_vocab_size(), pad_token_id=pad, **kwargs,
+    config = config_class(**{"vocab_size": tok.get_vocab_size(), **kwargs}, pad_token_id=pad,
                           **special_ids,
                           **({"id2label": dict(enumerate(labels)), "label2id": {v: i for i, v in enumerate(labels)}}
                              if labels else {}))
@@ -222,7 +241,7 @@ def build_tiny_model(arch: str, task: TaskName, directory: Path, seed: int = 0) 
     model = auto.from_config(config).eval()
     with torch.no_grad():  # larger random weights so outputs are not all near-uniform
         for param in model.parameters():
-            if param.dim() > 1:
+            if param.dim() > 1 and shape is None:
                 param.normal_(0, 0.2)
     model.save_pretrained(directory, safe_serialization=True)
     fast.save_pretrained(directory)
@@ -314,10 +333,14 @@ def build_tiny_colbert_ai(directory: Path, dims: int = 16, *, query_length: int 
 
 def write_sentence_transformers_files(directory: Path, *, pooling: str = "mean", normalize: bool = True,
                                       prompts: dict[str, str] | None = None, default_prompt_name: str | None = None,
-                                      include_prompt: bool = True) -> Path:
+                                      include_prompt: bool = True, dense: tuple[int, ...] = (),
+                                      seed: int = 0) -> Path:
     """Make ``directory`` (a model from :func:`build_tiny_model`) a sentence-transformers model: Transformer,
-    Pooling (``pooling``: mean, cls, max or lasttoken), Normalize, and its prompts as
-    config_sentence_transformers.json holds them (nomic-embed's ``search_query: `` and the like)."""
+    Pooling (``pooling``: mean, cls, max or lasttoken), a bias-free Dense projection to each size in ``dense``
+    (EmbeddingGemma's 768 -> 3072 -> 768), Normalize, and its prompts as config_sentence_transformers.json holds
+    them (nomic-embed's ``search_query: `` and the like)."""
+    from safetensors.torch import save_file
+
     config = json.loads((directory / "config.json").read_text())
     width = config.get("hidden_size", config.get("dim"))
     mode = {"cls": "pooling_mode_cls_token", "lasttoken": "pooling_mode_lasttoken"}.get(pooling,
@@ -327,10 +350,23 @@ def write_sentence_transformers_files(directory: Path, *, pooling: str = "mean",
         {"word_embedding_dimension": width, mode: True, "include_prompt": include_prompt}))
     modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
                {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]
+    torch.manual_seed(seed + 2)
+    for size in dense:
+        idx = len(modules)
+        (directory / f"{idx}_Dense").mkdir(exist_ok=True)
+        (directory / f"{idx}_Dense" / "config.json").write_text(json.dumps({
+            "in_features": width, "out_features": size, "bias": False,
+            "activation_function": "torch.nn.modules.linear.Identity"}))
+        save_file({"linear.weight": torch.randn(size, width) / width**0.5},
+                  str(directory / f"{idx}_Dense" / "model.safetensors"))
+        modules.append({"idx": idx, "name": str(idx), "path": f"{idx}_Dense",
+                        "type": "sentence_transformers.models.Dense"})
+        width = size
     if normalize:
-        modules.append({"idx": 2, "name": "2", "path": "2_Normalize",
+        idx = len(modules)
+        modules.append({"idx": idx, "name": str(idx), "path": f"{idx}_Normalize",
                         "type": "sentence_transformers.models.Normalize"})
-        (directory / "2_Normalize").mkdir(exist_ok=True)
+        (directory / f"{idx}_Normalize").mkdir(exist_ok=True)
     (directory / "modules.json").write_text(json.dumps(modules))
     (directory / "config_sentence_transformers.json").write_text(json.dumps(
         {"prompts": prompts or {}, "default_prompt_name": default_prompt_name, "similarity_fn_name": "cosine"}))

@@ -9,10 +9,19 @@ from typing import Any
 from kiln.choices import Pooling
 from kiln.errors import UnsupportedModelError
 from kiln.tasks.export import TaskExport
-from kiln.tasks.files import read_json
+from kiln.tasks.files import load_dense, read_json
 
-# sentence-transformers modules kiln reproduces in its own post-processing.
-ST_MODULES = {"Transformer", "Pooling", "Normalize"}
+# sentence-transformers modules kiln reproduces: Dense projections inside the graph, the rest in its post-processing.
+ST_MODULES = {"Transformer", "Pooling", "Dense", "Normalize"}
+
+
+def _modules(model_dir: Path) -> list[dict[str, Any]]:
+    found = model_dir / "modules.json"
+    return sorted(read_json(found), key=lambda m: m.get("idx", 0)) if found.is_file() else []
+
+
+def _dense_dirs(model_dir: Path) -> list[Path]:
+    return [model_dir / m["path"] for m in _modules(model_dir) if str(m.get("type", "")).endswith(".Dense")]
 
 
 def _pooling_mode(pool_config: dict[str, Any], model_dir: Path) -> Pooling:
@@ -41,10 +50,9 @@ class FeatureExtractionExport(TaskExport):
     def _pooling_settings(model_dir: Path) -> tuple[dict[str, Any], dict[str, Any]]:
         """Pooling and normalization from modules.json / 1_Pooling/config.json (mean without them), and that
         Pooling config itself (empty without one)."""
-        modules_file = model_dir / "modules.json"
-        if not modules_file.is_file():
+        if not (model_dir / "modules.json").is_file():
             return {"pooling": Pooling.MEAN, "normalize": False}, {}
-        kinds = {str(m.get("type", "")).rsplit(".", 1)[-1]: m for m in read_json(modules_file)}
+        kinds = {str(m.get("type", "")).rsplit(".", 1)[-1]: m for m in _modules(model_dir)}
         unknown = sorted(set(kinds) - ST_MODULES)
         if unknown:
             raise UnsupportedModelError(
@@ -76,4 +84,21 @@ class FeatureExtractionExport(TaskExport):
     @classmethod
     def settings(cls, model_dir: Path, hf_config: Any) -> dict[str, Any]:
         pooling, pool_config = cls._pooling_settings(model_dir)
-        return {**pooling, **cls._prompt_settings(model_dir, pool_config), "dimension": int(hf_config.hidden_size)}
+        dense = _dense_dirs(model_dir)
+        if dense and pooling["pooling"] is Pooling.MAX:
+            raise UnsupportedModelError(
+                f"{model_dir} max-pools before its Dense projections; kiln projects every token state inside the "
+                "graph, which equals projecting the pooled vector for mean, CLS and last-token pooling only")
+        size = int(read_json(dense[-1] / "config.json")["out_features"]) if dense else int(hf_config.hidden_size)
+        return {**pooling, **cls._prompt_settings(model_dir, pool_config), "dimension": size}
+
+    @classmethod
+    def attach_head(cls, hf_model: Any, model_dir: Path, tokenizer: Any) -> Any:
+        """The encoder, followed by its Dense projections where it has some (EmbeddingGemma): applied to each
+        token state inside the graph (kiln.model.projected says why that equals projecting the pooled vector)."""
+        dense = _dense_dirs(model_dir)
+        if not dense:
+            return hf_model
+        from kiln.model.projected import ProjectedModel
+
+        return ProjectedModel(hf_model, [load_dense(d) for d in dense], "last_hidden_state")

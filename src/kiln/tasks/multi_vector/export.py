@@ -10,7 +10,7 @@ from typing import Any
 
 from kiln.errors import ModelLoadError, UnsupportedModelError
 from kiln.tasks.export import TaskExport
-from kiln.tasks.files import read_json
+from kiln.tasks.files import load_dense, read_json
 from kiln.tasks.rerank.export import RerankExport
 
 DEFAULTS = {"query_prefix": "[Q] ", "document_prefix": "[D] ", "query_length": 32, "document_length": 180,
@@ -31,7 +31,7 @@ class SentenceTransformersLayout:
     @staticmethod
     def projections(model_dir: Path) -> list[Any]:
         modules = sorted(json.loads((model_dir / "modules.json").read_text()), key=lambda m: m["idx"])
-        return [_load_dense(model_dir / m["path"]) for m in modules if m["type"].rsplit(".", 1)[-1] == "Dense"]
+        return [load_dense(model_dir / m["path"]) for m in modules if m["type"].rsplit(".", 1)[-1] == "Dense"]
 
 
 class ColbertAiLayout:
@@ -91,27 +91,6 @@ def _weights(model_dir: Path) -> dict[str, Any]:
     raise ModelLoadError(f"{model_dir} holds neither model.safetensors nor pytorch_model.bin")
 
 
-def _load_dense(directory: Path) -> Any:
-    """One Dense module as a torch Linear (identity activation only: what ColBERT checkpoints use)."""
-    import torch
-    from safetensors.torch import load_file
-
-    config = read_json(directory / "config.json")
-    activation = str(config.get("activation_function", "torch.nn.modules.linear.Identity"))
-    if not activation.endswith("Identity"):
-        raise UnsupportedModelError(f"{directory}: kiln reads Dense projections without an activation (got "
-                                    f"{activation})")
-    if config.get("use_residual"):
-        raise UnsupportedModelError(f"{directory}: a residual Dense projection is not supported")
-    weights = directory / "model.safetensors"
-    if not weights.is_file():
-        raise ModelLoadError(f"{directory} holds no model.safetensors (pickled Dense weights are refused)")
-    state = {k.removeprefix("linear."): v for k, v in load_file(str(weights)).items()}
-    linear = torch.nn.Linear(int(config["in_features"]), int(config["out_features"]), bias="bias" in state)
-    linear.load_state_dict(state)
-    return linear.eval()
-
-
 class MultiVectorExport(TaskExport):
     auto_class = "AutoModel"
     output_names = ("token_embeddings",)
@@ -154,9 +133,9 @@ class MultiVectorExport(TaskExport):
     @classmethod
     def attach_head(cls, hf_model: Any, model_dir: Path, tokenizer: Any) -> Any:
         """The encoder followed by its Dense projections: the module every variant is exported from."""
-        from kiln.model.late_interaction import LateInteractionModel
+        from kiln.model.projected import ProjectedModel
 
-        return LateInteractionModel(hf_model, _layout(model_dir).projections(model_dir))
+        return ProjectedModel(hf_model, _layout(model_dir).projections(model_dir), "token_embeddings")
 
     # a reranker's inputs (queries over texts), so parity exercises both encodings
     parity_inputs = RerankExport.parity_inputs

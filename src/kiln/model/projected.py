@@ -1,0 +1,36 @@
+"""An encoder followed by sentence-transformers Dense projections, as one torch module: a ColBERT's (PyLate's
+``1_Dense``; kiln.tasks.multi_vector) or an embedder's (EmbeddingGemma's 768 -> 3072 -> 768; kiln.tasks
+.feature_extraction).
+
+Exported, traced and run like any transformers model: keyword inputs in, a mapping out, with the projected token
+states under ``output`` ([batch, tokens, dim], before any normalisation). The projections are applied to every token
+state: for a ColBERT that is the model; for an embedder it equals projecting the pooled vector, as
+sentence-transformers does, because its projections are affine (no activation) and every pooling kiln accepts with
+them (mean, CLS, last token) is a weighted sum of token states or one of them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+
+class ProjectedModel(torch.nn.Module):
+    def __init__(self, encoder: Any, projections: Sequence[torch.nn.Linear], output: str) -> None:
+        super().__init__()
+        self.encoder = encoder
+        self.projections = torch.nn.ModuleList(projections)
+        self.output = output
+        self.config = encoder.config  # what code reading a transformers model's settings asks for
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.encoder.dtype
+
+    def forward(self, return_dict: bool = True, **inputs: torch.Tensor) -> dict[str, torch.Tensor]:
+        states = self.encoder(**inputs, return_dict=True).last_hidden_state
+        for projection in self.projections:
+            states = projection(states)
+        return {self.output: states}

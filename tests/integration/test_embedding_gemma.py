@@ -1,0 +1,57 @@
+"""EmbeddingGemma on a tiny random Gemma 3 with bidirectional attention (sliding layers see 8 positions on either
+side), mean pooling, two Dense projections and its task prompts: kiln's vectors equal sentence-transformers' on
+the same directory, with the window exercised; what kiln does not verify is refused with the reason."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+import kiln
+from kiln.data.texts import builtin_sentences
+from kiln.errors import UnsupportedModelError
+from kiln.source.loading import load_source
+from kiln.tasks import TaskName
+from kiln.testing.factory import write_sentence_transformers_files
+
+PROMPTS = {"query": "task: search result | query: ", "document": "title: none | text: "}  # EmbeddingGemma's own
+TEXTS = [*builtin_sentences()[:6], " ".join(builtin_sentences()[10:16])]  # the last one spans many windows
+
+
+@pytest.fixture(scope="module")
+def embedding_gemma(tiny_model, tmp_path_factory):
+    model = tmp_path_factory.mktemp("embeddinggemma") / "model"
+    shutil.copytree(tiny_model("gemma3_text"), model)
+    write_sentence_transformers_files(model, prompts=PROMPTS, dense=(64, 24))
+    return model, kiln.export(str(model), task="feature-extraction", output=model.parent / "export").artifact.path
+
+
+def test_embedding_gemma_embeds_as_sentence_transformers_does(embedding_gemma):
+    from sentence_transformers import SentenceTransformer
+
+    model, artifact = embedding_gemma
+    theirs = SentenceTransformer(str(model), device="cpu")
+    ours = kiln.load(artifact)
+    assert ours.config.dimension == 24  # the last projection's size, not the hidden size
+    for name in (None, *PROMPTS):
+        np.testing.assert_allclose(ours.encode(TEXTS, prompt_name=name), theirs.encode(TEXTS, prompt_name=name),
+                                   atol=2e-5)
+    np.testing.assert_allclose(ours.encode(TEXTS, truncate_dim=8), theirs.encode(TEXTS, truncate_dim=8), atol=2e-5)
+
+
+def test_what_kiln_does_not_verify_of_gemma3_is_refused(embedding_gemma, tmp_path):
+    causal = tmp_path / "causal"
+    shutil.copytree(embedding_gemma[0], causal)
+    config = json.loads((causal / "config.json").read_text())
+    (causal / "config.json").write_text(json.dumps({**config, "use_bidirectional_attention": False}))
+    with pytest.raises(UnsupportedModelError, match="'gemma3_text' without use_bidirectional_attention: a causal "
+                                                    "Gemma 3"):
+        load_source(str(causal), TaskName.FEATURE_EXTRACTION)
+    max_pooled = tmp_path / "max"
+    shutil.copytree(embedding_gemma[0], max_pooled)
+    write_sentence_transformers_files(max_pooled, pooling="max", dense=(64, 24))
+    with pytest.raises(UnsupportedModelError, match="max-pools before its Dense projections"):
+        load_source(str(max_pooled), TaskName.FEATURE_EXTRACTION)
