@@ -210,6 +210,12 @@ def render_gpu(data: dict[str, Any]) -> list[str]:
             *_table(["configuration", "texts/s", "min cosine to ST fp32"], rows)]
 
 
+def render_families(data: list[dict[str, Any]]) -> list[str]:
+    from families import table  # benchmarks/ is the script's directory, so on its path
+
+    return table(data).splitlines()
+
+
 def _script(name: str, *args: str) -> Callable[[argparse.Namespace, Path], list[str]]:
     def command(options: argparse.Namespace, out: Path) -> list[str]:
         filled = [a.format(artifact=options.artifact) for a in args]
@@ -264,6 +270,8 @@ PARTS = {p.name: p for p in (
     Part("speculative", "Speculative decoding against greedy", _script("speculative.py"), "nothing", 30,
          render_speculative),
     Part("gpu", "kiln's GPU paths", _script("gpu_check.py"), "a CUDA GPU", 10, render_gpu),
+    Part("families", "Embedding families at their real sizes (random weights) against sentence-transformers",
+         _script("families.py"), "nothing", 90, render_families),
 )}
 # decoder_peers.py needs a decoder and its kiln optimize output (optimize_profile.py --keep DIR makes both); run it
 # directly: python benchmarks/decoder_peers.py MODEL ARTIFACT --json benchmarks/out/decoder-peers.json

@@ -54,6 +54,15 @@ class Pooling(Choice):
     LASTTOKEN = "lasttoken"  # the last real token's state (decoder-style embedders: Qwen3-Embedding, gte-Qwen2)
 
 
+class Similarity(Choice):
+    """sentence-transformers' similarity functions (``similarity_fn_name``); kiln.runtime.similarity computes them."""
+
+    COSINE = "cosine"
+    DOT = "dot"
+    EUCLIDEAN = "euclidean"
+    MANHATTAN = "manhattan"
+
+
 class Aggregation(Choice):
     """Token-classification aggregation, as in the transformers pipeline."""
 

@@ -56,6 +56,8 @@ def test_a_causal_embedder_pools_the_real_last_token_as_sentence_transformers_do
                                    atol=2e-5)
     np.testing.assert_allclose(ours.encode(TEXTS, prompt_name="query", truncate_dim=16),
                                theirs.encode(TEXTS, prompt_name="query", truncate_dim=16), atol=2e-5)
+    np.testing.assert_allclose(ours.encode_query(TEXTS), theirs.encode_query(TEXTS), atol=2e-5)  # model cards' way
+    np.testing.assert_allclose(ours.encode_document(TEXTS), theirs.encode_document(TEXTS), atol=2e-5)
     # the instruction matters: a query's vector is not its text's
     assert not np.allclose(ours.encode(TEXTS[:1], prompt_name="query"), ours.encode(TEXTS[:1]), atol=1e-3)
 

@@ -58,6 +58,8 @@ class TaskConfig:
     prompts: Mapping[str, str] = field(default_factory=dict)
     default_prompt_name: str | None = None
     pair_prompt: PairPrompt | None = None  # a causal reranker's prompt template (None: the tokenizer's pairs)
+    # sentence-transformers' similarity_fn_name (cosine, dot, euclidean, manhattan); None: it names none (cosine)
+    similarity_fn_name: str | None = None
 
     def prompt_text(self, prompt_name: str | None = None, prompt: str | None = None) -> str:
         """The text put before each input, chosen as sentence-transformers chooses it: ``prompt`` itself, else the
@@ -85,7 +87,8 @@ class TaskConfig:
                 "eos_ids": list(self.eos_ids), "cache": dict(self.cache),
                 "late_interaction": dict(self.late_interaction), "prompts": dict(self.prompts),
                 "default_prompt_name": self.default_prompt_name,
-                "pair_prompt": self.pair_prompt.to_dict() if self.pair_prompt else None}
+                "pair_prompt": self.pair_prompt.to_dict() if self.pair_prompt else None,
+                "similarity_fn_name": self.similarity_fn_name}
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> TaskConfig:
@@ -105,4 +108,5 @@ class TaskConfig:
             prompts={str(k): str(v) for k, v in raw.get("prompts", {}).items()},
             default_prompt_name=raw.get("default_prompt_name"),
             pair_prompt=PairPrompt.from_dict(raw["pair_prompt"]) if raw.get("pair_prompt") else None,
+            similarity_fn_name=raw.get("similarity_fn_name"),
         )

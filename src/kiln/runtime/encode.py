@@ -112,3 +112,30 @@ def _refuse(*, output_value: str | None, device: str | None) -> None:
     if device not in (None, "cpu"):
         raise UsageError(f"device: the artifact's engine decides where it runs (got {device!r}); load it with "
                          "kiln.load(path, device=...)")
+
+
+# sentence-transformers' encode_query / encode_document: the model's prompt for the role, unless one is given.
+QUERY_PROMPTS = ("query",)
+DOCUMENT_PROMPTS = ("document", "passage", "corpus")
+# sentence-transformers 6 gives every model these two prompts, empty where the model defines none, so a model with
+# only a "passage" prompt encodes documents with none (its "document" comes first).
+ROLE_PROMPTS = {"query": "", "document": ""}
+
+
+def role_prompts(predictor: Predictor) -> dict[str, str]:
+    """The prompts as sentence-transformers 6 holds them: the model's, beside an empty query and document."""
+    return {**ROLE_PROMPTS, **predictor.config.prompts}
+
+
+def encode_role(predictor: Predictor, sentences: str | Sequence[str], candidates: Sequence[str],
+                **kwargs: Any) -> Any:
+    """``encode`` with the first of ``candidates`` among :func:`role_prompts`, where the call gives neither
+    ``prompt_name`` nor ``prompt`` (sentence-transformers' rule)."""
+    if kwargs.get("prompt_name") is None and kwargs.get("prompt") is None:
+        prompts = role_prompts(predictor)
+        found = next((name for name in candidates if name in prompts), None)
+        if found in predictor.config.prompts:
+            kwargs["prompt_name"] = found
+        elif found is not None:
+            kwargs["prompt"] = prompts[found]  # an empty role prompt: none, and not the default one either
+    return encode(predictor, sentences, **kwargs)

@@ -77,6 +77,66 @@ class Predictor:
 
         return encode(self, sentences, **kwargs)
 
+    def encode_query(self, sentences: str | Sequence[str], **kwargs: Any) -> Any:
+        """``encode`` with the model's ``query`` prompt unless one is given (sentence-transformers 5)."""
+        from kiln.runtime.encode import QUERY_PROMPTS, encode_role
+
+        return encode_role(self, sentences, QUERY_PROMPTS, **kwargs)
+
+    def encode_document(self, sentences: str | Sequence[str], **kwargs: Any) -> Any:
+        """``encode`` with the model's ``document`` (or ``passage``, ``corpus``) prompt unless one is given."""
+        from kiln.runtime.encode import DOCUMENT_PROMPTS, encode_role
+
+        return encode_role(self, sentences, DOCUMENT_PROMPTS, **kwargs)
+
+    @property
+    def similarity_fn_name(self) -> str:
+        """The model's similarity function (config_sentence_transformers.json), cosine where it names none."""
+        from kiln.runtime.similarity import COSINE
+
+        return self.config.similarity_fn_name or COSINE
+
+    def similarity(self, embeddings1: Any, embeddings2: Any) -> Any:
+        """[len(embeddings1), len(embeddings2)] scores under ``similarity_fn_name`` (sentence-transformers')."""
+        from kiln.runtime.similarity import similarity
+
+        return similarity(self.similarity_fn_name, embeddings1, embeddings2)
+
+    def similarity_pairwise(self, embeddings1: Any, embeddings2: Any) -> Any:
+        """The score of each embeddings1[i] with embeddings2[i] under ``similarity_fn_name``."""
+        from kiln.runtime.similarity import similarity_pairwise
+
+        return similarity_pairwise(self.similarity_fn_name, embeddings1, embeddings2)
+
+    def get_sentence_embedding_dimension(self) -> int | None:
+        """The size of ``encode``'s vectors (None: not an embedding artifact)."""
+        return self.config.dimension if self.handler.embeds else None
+
+    get_embedding_dimension = get_sentence_embedding_dimension  # sentence-transformers 6's name
+
+    @property
+    def max_seq_length(self) -> int:
+        """Tokens past which a text is cut (special tokens included)."""
+        return self.config.max_length
+
+    @property
+    def tokenizer(self) -> Any:
+        """The model's tokenizer: a ``tokenizers.Tokenizer`` (kiln runs without transformers), cutting at
+        ``max_seq_length``."""
+        return self.encoder.tokenizer
+
+    @property
+    def prompts(self) -> dict[str, str]:
+        """The model's named prompts (config_sentence_transformers.json), beside an empty ``query`` and
+        ``document`` where it defines none, as sentence-transformers 6 holds them."""
+        from kiln.runtime.encode import role_prompts
+
+        return role_prompts(self)
+
+    @property
+    def default_prompt_name(self) -> str | None:
+        return self.config.default_prompt_name
+
     def rerank(self, query: str, texts: Sequence[str], **options: Any) -> list[Any]:
         """The texts ranked for ``query``, best first, as :class:`kiln.Ranked` (index into ``texts``, score, and
         the text with ``return_documents=True``); ``top_n``, ``raw_scores`` as the /rerank route takes them."""

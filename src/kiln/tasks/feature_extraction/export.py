@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from kiln.choices import Pooling
+from kiln.choices import Pooling, Similarity, names
 from kiln.errors import UnsupportedModelError
 from kiln.tasks.export import TaskExport
 from kiln.tasks.files import load_dense, read_json
@@ -67,7 +67,8 @@ class FeatureExtractionExport(TaskExport):
 
     @staticmethod
     def _prompt_settings(model_dir: Path, pooling_config: dict[str, Any]) -> dict[str, Any]:
-        """The named prompts and the default one from config_sentence_transformers.json (none without it)."""
+        """The named prompts, the default one and the similarity function from config_sentence_transformers.json
+        (none without it)."""
         found = model_dir / "config_sentence_transformers.json"
         raw = read_json(found) if found.is_file() else {}
         prompts = {str(k): str(v) for k, v in (raw.get("prompts") or {}).items()}
@@ -79,7 +80,11 @@ class FeatureExtractionExport(TaskExport):
             raise UnsupportedModelError(
                 f"{model_dir} pools without its prompt's tokens (include_prompt false in its Pooling config); kiln "
                 "pools every token of the prompted text, so its vectors would differ from sentence-transformers'")
-        return {"prompts": prompts, "default_prompt_name": default}
+        similarity = raw.get("similarity_fn_name")
+        if similarity is not None and similarity not in {s.value for s in Similarity}:
+            raise UnsupportedModelError(f"{found}: similarity_fn_name {similarity!r} is not one of "
+                                        f"{names(Similarity)}")
+        return {"prompts": prompts, "default_prompt_name": default, "similarity_fn_name": similarity}
 
     @classmethod
     def settings(cls, model_dir: Path, hf_config: Any) -> dict[str, Any]:
