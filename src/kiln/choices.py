@@ -157,6 +157,9 @@ class WireProtocol(Choice):
     KILN = "kiln"  # POST /embed -> {"embeddings": [[...], ...]}; POST /rerank -> {"results": [{"index", "score"}]}
     # POST /v2/models/{M}/infer with BYTES tensors TEXT (and QUERY) -> EMBEDDING / SCORE (KServe, Triton)
     V2 = "v2"
+    # POST /v1/rerank, /v2/rerank {"query", "documents"} -> {"id", "results": [{"index", "relevance_score"}], "meta"}
+    # (Cohere's rerank API, as its SDK's Client and ClientV2 call it)
+    COHERE = "cohere"
 
 
 class LogFormatName(Choice):

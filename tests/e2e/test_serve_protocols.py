@@ -270,3 +270,24 @@ def test_sigterm_drains_grpc_requests_too(tiny_artifact):
     assert code == 0 and answered >= 40 and errors == [], errors
     counts = process.exit_counts(proc)
     assert counts["200"] == answered and set(counts) <= {"200", "503"}, counts  # 503: refused while draining
+
+
+def test_the_cohere_sdk_reranks_unchanged_with_kilns_scores(server, task_artifacts):
+    """cohere's Client (v1) and ClientV2 (v2), as they ship, pointed at kiln serve's default command line."""
+    import cohere
+
+    base, _ = server
+    query, documents = TEXTS[0], [TEXTS[1], TEXTS[2], builtin_sentences()[7]]
+    want = kiln.load(task_artifacts[TaskName.TEXT_RANKING]).rerank(query, documents)
+    v1 = cohere.Client(api_key="unused", base_url=base).rerank(model="text_ranking", query=query,
+                                                                 documents=documents, top_n=2, return_documents=True)
+    v2 = cohere.ClientV2(api_key="unused", base_url=base).rerank(model="text_ranking", query=query,
+                                                                   documents=documents)
+    assert [r.index for r in v1.results] == [r.index for r in want[:2]]
+    assert [r.document.text for r in v1.results] == [documents[r.index] for r in want[:2]]
+    assert [r.index for r in v2.results] == [r.index for r in want]
+    np.testing.assert_allclose([r.relevance_score for r in v2.results], [r.score for r in want], atol=1e-5)
+    with pytest.raises(cohere.core.api_error.ApiError) as refused:
+        cohere.ClientV2(api_key="unused", base_url=base).rerank(model="text_ranking", query=query,
+                                                                documents=documents, max_tokens_per_doc=16)
+    assert refused.value.status_code == 422 and "max_tokens_per_doc" in str(refused.value.body)

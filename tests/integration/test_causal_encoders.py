@@ -148,3 +148,26 @@ def test_a_language_model_without_a_pair_template_is_refused_with_the_fix(rerank
         "{% for m in messages %}<{{ m.role }}>{{ m.content | replace('.', '!') }}{% endfor %}")
     with pytest.raises(UnsupportedModelError, match="changes the text it is given"):
         load_source(str(model), TaskName.TEXT_RANKING)
+
+
+def test_cohere_rerank_routes_score_as_kilns_rerank(reranker):
+    """Cohere's /v1/rerank and /v2/rerank bodies, strings or {"text"} documents, answered in Cohere's shape with
+    kiln's own scores; what kiln does not do is a 422 in Cohere's error shape, naming the field."""
+    query, texts = PAIRS[0][0], [d for _, d in PAIRS[:4]]
+    offline = kiln.load(reranker[1]).rerank(query, texts)
+    with TestClient(create_app(ServeConfig(models={"r": reranker[1]}))) as client:
+        for version, documents in (("v1", [{"text": t} for t in texts]), ("v2", texts)):
+            got = client.post(f"/{version}/rerank", json={"model": "Qwen/Qwen3-Reranker-0.6B", "query": query,
+                                                          "documents": documents, "top_n": 3,
+                                                          "return_documents": True})
+            assert got.status_code == 200, got.text
+            body = got.json()
+            assert body["meta"]["api_version"]["version"] == version[1:] and body["id"]
+            assert [(r["index"], r["document"]["text"]) for r in body["results"]] == \
+                [(r.index, texts[r.index]) for r in offline[:3]]
+            np.testing.assert_allclose([r["relevance_score"] for r in body["results"]],
+                                       [r.score for r in offline[:3]], atol=1e-5)
+        refused = client.post("/v2/rerank", json={"model": "m", "query": query, "documents": texts,
+                                                  "max_tokens_per_doc": 64})
+        assert refused.status_code == 422 and "max_tokens_per_doc" in refused.json()["message"]
+        assert {"/v1/rerank", "/v2/rerank"} <= set(client.get("/openapi.json").json()["paths"])

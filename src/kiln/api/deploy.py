@@ -47,7 +47,7 @@ def serve(artifact: str | Path | None = None, *, host: str = "127.0.0.1", port: 
           access_log: bool = False, log_format: LogFormatName | str = LogFormatName.TEXT, restart_loops: bool = False,
           deterministic: bool = False, shadow_rate: float | None = None, shadow_max_share: float = 0.10,
           shadow_policy: ShadowPolicy | str = ShadowPolicy.LOG, otlp_endpoint: str | None = None,
-          protocols: str | Sequence[str] = "kiln,openai,v2,tei", grpc_port: int | None = None) -> bool:
+          protocols: str | Sequence[str] = "kiln,openai,v2,tei,cohere", grpc_port: int | None = None) -> bool:
     """``kiln serve``: serve ``artifact`` (or several: ``model={"name": path}`` or ``["name=path"]``) over HTTP with
     dynamic batching, Prometheus metrics and backpressure until SIGTERM or SIGINT, then drain. Every served model's
     engine is checked on ``device`` before the server starts (a UsageError names why not). Returns whether the

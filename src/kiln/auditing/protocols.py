@@ -131,6 +131,9 @@ CLIENTS: dict[Protocol, Callable[[Endpoint, Sequence[str]], np.ndarray]] = {
 
 
 def embed(endpoint: Endpoint, texts: Sequence[str]) -> np.ndarray:
+    if endpoint.protocol not in CLIENTS:
+        raise AuditError(f"--protocol {endpoint.protocol}: that API ranks documents and returns no vectors; audit an "
+                         f"embedding deployment over {', '.join(p.value for p in CLIENTS)}")
     return CLIENTS[endpoint.protocol](endpoint, texts)
 
 
@@ -162,13 +165,14 @@ def _kiln_rerank(endpoint: Endpoint, query: str, texts: Sequence[str]) -> np.nda
     return _scores(body["results"], len(texts), f"{endpoint.url}/rerank")
 
 
-def _cohere_rerank(endpoint: Endpoint, query: str, texts: Sequence[str]) -> np.ndarray:
-    # The rerank route OpenAI-compatible servers add (Infinity, vLLM, Jina): Cohere's body and answer.
-    body = _post(endpoint, "/rerank", {"query": query, "documents": list(texts), "model": endpoint.model or "default",
-                                       "return_documents": False})
+def _cohere_rerank(endpoint: Endpoint, query: str, texts: Sequence[str], path: str = "/rerank") -> np.ndarray:
+    # Cohere's body and answer: at /rerank where OpenAI-compatible servers add it (Infinity, vLLM, Jina), at
+    # /v2/rerank where a server speaks Cohere's API itself (kiln serve).
+    body = _post(endpoint, path, {"query": query, "documents": list(texts), "model": endpoint.model or "default",
+                                  "return_documents": False})
     if not isinstance(body, dict) or "results" not in body:
-        raise AuditError(f"{endpoint.url}/rerank: not a Cohere-style rerank answer (no 'results')")
-    return _scores(body["results"], len(texts), f"{endpoint.url}/rerank", key="relevance_score")
+        raise AuditError(f"{endpoint.url}{path}: not a Cohere-style rerank answer (no 'results')")
+    return _scores(body["results"], len(texts), f"{endpoint.url}{path}", key="relevance_score")
 
 
 def _v2_rerank(endpoint: Endpoint, query: str, texts: Sequence[str]) -> np.ndarray:
@@ -180,7 +184,8 @@ def _v2_rerank(endpoint: Endpoint, query: str, texts: Sequence[str]) -> np.ndarr
 
 # Protocol -> how to get one relevance score per text for a query, in the texts' order.
 SCORERS: dict[Protocol, Callable[[Endpoint, str, Sequence[str]], np.ndarray]] = {
-    Protocol.OPENAI: _cohere_rerank, Protocol.TEI: _tei_rerank, Protocol.KILN: _kiln_rerank, Protocol.V2: _v2_rerank}
+    Protocol.OPENAI: _cohere_rerank, Protocol.TEI: _tei_rerank, Protocol.KILN: _kiln_rerank, Protocol.V2: _v2_rerank,
+    Protocol.COHERE: lambda e, q, t: _cohere_rerank(e, q, t, "/v2/rerank")}
 
 
 def rerank(endpoint: Endpoint, query: str, texts: Sequence[str]) -> np.ndarray:

@@ -36,7 +36,16 @@ from kiln.serving.guard import Guard
 from kiln.serving.inference import Served, infer, load_served
 from kiln.serving.metrics import STOPPED, Metrics
 from kiln.serving.request_id import RequestId
-from kiln.serving.schemas import INFERENCE_ERRORS, TEI_ERRORS, ErrorBody, Health, Info, ModelCard, ModelList, Ready
+from kiln.serving.schemas import (
+    ERRORS_BY_PROTOCOL,
+    INFERENCE_ERRORS,
+    ErrorBody,
+    Health,
+    Info,
+    ModelCard,
+    ModelList,
+    Ready,
+)
 from kiln.serving.shadow import ShadowConfig
 from kiln.tasks.wire import task_wire
 from kiln.tasks.wire.http import Route
@@ -183,7 +192,9 @@ def _served_routes(tasks: dict[str, str], protocols: tuple[WireProtocol, ...]) -
 
 
 def _protocol_of(app: FastAPI, path: str) -> WireProtocol:
-    """The API a path belongs to, for its errors' shape."""
+    """The API a path belongs to, for its errors' shape: a mounted route's own, else v2's under /v2/."""
+    if path in app.state.path_protocols:  # Cohere's /v2/rerank is not the v2 protocol's
+        return app.state.path_protocols[path]
     if path == "/v2" or path.startswith("/v2/"):
         return WireProtocol.V2
     protocols = app.state.config.protocols
@@ -204,7 +215,7 @@ def _mount_route(app: FastAPI, route: Route) -> None:
         latency = {LATENCY_HEADER: f"{1000 * (time.perf_counter() - start):.2f}"}
         return JSONBody(answer, headers=latency)
 
-    post_endpoint(app, route, endpoint, TEI_ERRORS if route.protocol is WireProtocol.TEI else INFERENCE_ERRORS)
+    post_endpoint(app, route, endpoint, ERRORS_BY_PROTOCOL.get(route.protocol, INFERENCE_ERRORS))
     app.state.fast_routes[route.path] = (route.request, endpoint)
 
 

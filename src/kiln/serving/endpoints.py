@@ -47,11 +47,13 @@ TEI_ERROR_TYPES = {"overloaded": "Overloaded", "not_ready": "Unhealthy", "infere
 
 def error_content(protocol: WireProtocol, kind: str, message: str) -> dict[str, Any]:
     """An error body in the protocol's own shape: kiln's and OpenAI's {"error": {"type", "message"}}, TEI's
-    {"error", "error_type"}, the v2 protocol's {"error": message}."""
+    {"error", "error_type"}, Cohere's {"message"}, the v2 protocol's {"error": message}."""
     if protocol is WireProtocol.V2:
         return {"error": message}
     if protocol is WireProtocol.TEI:
         return {"error": message, "error_type": TEI_ERROR_TYPES.get(kind, "Validation")}
+    if protocol is WireProtocol.COHERE:
+        return {"message": message}
     return {"error": {"type": kind, "message": message}}
 
 

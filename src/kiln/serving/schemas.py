@@ -6,6 +6,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from kiln.choices import WireProtocol
+
 
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -55,6 +57,12 @@ class TEIError(BaseModel):
     error_type: Literal["Unhealthy", "Backend", "Overloaded", "Validation", "Tokenizer", "Empty"]
 
 
+class CohereError(BaseModel):
+    """Cohere's error body: what its rerank routes answer on kiln serve when they fail."""
+
+    message: str
+
+
 # Responses every inference route may give besides 200 (the guard and the error table produce them).
 INFERENCE_ERRORS: dict[int | str, dict[str, Any]] = {
     status: {"model": ErrorBody, "description": text} for status, text in (
@@ -71,3 +79,9 @@ INFERENCE_ERRORS: dict[int | str, dict[str, Any]] = {
 # The same, for TEI's routes: TEI's error shape.
 TEI_ERRORS: dict[int | str, dict[str, Any]] = {status: {**entry, "model": TEIError}
                                                for status, entry in INFERENCE_ERRORS.items()}
+
+# The same, for Cohere's rerank routes: Cohere's error shape.
+COHERE_ERRORS: dict[int | str, dict[str, Any]] = {status: {**entry, "model": CohereError}
+                                                  for status, entry in INFERENCE_ERRORS.items()}
+# Each protocol's error documentation (kiln's and OpenAI's share kiln's ErrorBody).
+ERRORS_BY_PROTOCOL = {WireProtocol.TEI: TEI_ERRORS, WireProtocol.COHERE: COHERE_ERRORS}

@@ -1,4 +1,5 @@
-"""rerank on the wire: POST /rerank (Cohere's and Jina's body) and TEI's /rerank; Triton's QUERY and TEXT pairs."""
+"""rerank on the wire: POST /rerank (kiln's body), TEI's /rerank, Cohere's /v1/rerank and /v2/rerank; Triton's QUERY
+and TEXT pairs."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Annotated, Any
 import numpy as np
 from pydantic import Field
 
+import kiln.tasks.wire.cohere as cohere
 import kiln.tasks.wire.tei as tei
 from kiln.runtime.features import Prepared
 from kiln.tasks.inputs import RerankQuery
@@ -62,7 +64,7 @@ def _render(body: RerankRequest, model: str, prepared: Prepared, results: list[A
 class RerankWire(TaskWire):
     task = Rerank
     routes = (Route("/rerank", "Rank texts by relevance to a query", RerankRequest, RerankResponse, _render,
-                    inputs_field="texts"), tei.route("/rerank"))
+                    inputs_field="texts"), tei.route("/rerank"), *cohere.routes())
     triton_inputs = ("QUERY", "TEXT")  # one (query, text) pair per row
     triton_outputs = (("SCORE", "TYPE_FP32", (1,)),)
     @classmethod
