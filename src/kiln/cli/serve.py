@@ -83,7 +83,8 @@ def serve(
         help="The APIs to serve, comma-separated: kiln (its own routes), openai (/v1/embeddings, /v1/completions), "
         "v2 (KServe's Open Inference Protocol: /v2/..., and gRPC with --grpc-port), tei (text-embeddings-inference's "
         "routes), cohere (a reranker's /v1/rerank and /v2/rerank). Where kiln's and TEI's share a path (/embed, "
-        "/rerank, /embed_sparse) kiln's is served; leave kiln out for TEI's (TEI mode).")] = "kiln,openai,v2,tei,cohere",
+        "/rerank, /embed_sparse) kiln's is served; leave kiln out for TEI's (TEI mode).")
+    ] = "kiln,openai,v2,tei,cohere",
     grpc_port: Annotated[Optional[int], typer.Option(  # noqa: UP045
         help="Also serve the v2 protocol over gRPC (inference.GRPCInferenceService) on this port, through the same "
         "batcher and limits. Needs pip install 'kiln[grpc]'.", min=1, max=65535, show_default=False)] = None,
