@@ -158,7 +158,7 @@ def load_source(model: str | None, task: str, *, allow_pickle: bool = False) -> 
     )
     task_config = TaskConfig(
         task=spec.name, max_length=_max_length(model_dir, hf_model.config, tokenizer, arch.position_offset),
-        **spec.export.settings(model_dir, hf_model.config),
+        **spec.export.settings(model_dir, hf_model.config, tokenizer),
     )
     hf_model = spec.export.attach_head(hf_model, model_dir, tokenizer)
     files = [p for p in list_files(model_dir) if not p.name.startswith(".") and p.suffix != ".md"]

@@ -67,8 +67,9 @@ class TaskExport:
         return hf_model
 
     @classmethod
-    def settings(cls, model_dir: Path, hf_config: Any) -> dict[str, Any]:
-        """Extra TaskConfig fields read from the model directory (pooling, labels)."""
+    def settings(cls, model_dir: Path, hf_config: Any, tokenizer: Any) -> dict[str, Any]:
+        """Extra TaskConfig fields read from the model directory, its config and its loaded (transformers)
+        tokenizer (pooling, labels, special token ids)."""
         return {}
 
     @classmethod

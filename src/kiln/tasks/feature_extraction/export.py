@@ -87,7 +87,7 @@ class FeatureExtractionExport(TaskExport):
         return {"prompts": prompts, "default_prompt_name": default, "similarity_fn_name": similarity}
 
     @classmethod
-    def settings(cls, model_dir: Path, hf_config: Any) -> dict[str, Any]:
+    def settings(cls, model_dir: Path, hf_config: Any, tokenizer: Any) -> dict[str, Any]:
         pooling, pool_config = cls._pooling_settings(model_dir)
         dense = _dense_dirs(model_dir)
         if dense and pooling["pooling"] is Pooling.MAX:

@@ -96,21 +96,13 @@ class MultiVectorExport(TaskExport):
     output_names = ("token_embeddings",)
     sequence_outputs = frozenset({"token_embeddings"})
     needs_trained_head = False  # the encoder's own outputs; the projection is loaded beside it (attach_head)
-    # Every variant but torch autocast (torch-bf16/fp16 save and reload the transformers model alone, which would
-    # drop the projection).
-    variants = ("onnx-fp32", "onnx-fused", "onnx-fused-gelu-approx", "onnx-int8-dynamic", "onnx-int8-dynamic-rows",
-                "onnx-int8-static", "openvino-fp32", "openvino-bf16", "openvino-int8-static", "openvino-int8-weights",
-                "onnx-fp16", "torchscript", "torch-int8-dynamic")
 
     @classmethod
-    def settings(cls, model_dir: Path, hf_config: Any) -> dict[str, Any]:
-        import transformers
-
+    def settings(cls, model_dir: Path, hf_config: Any, tokenizer: Any) -> dict[str, Any]:
         layout = _layout(model_dir)
         given = layout.given(model_dir)
         found = {key: given.get(key, default) if given.get(key) is not None else default
                  for key, default in DEFAULTS.items()}
-        tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
         ids = {}
         for key in ("query_prefix", "document_prefix"):
             token_id = tokenizer.convert_tokens_to_ids(found[key])

@@ -79,11 +79,8 @@ def pair_prompt(tokenizer: Any, name: str) -> PairPrompt:
     return PairPrompt(prefix, between, suffix, tail, answer_ids(tokenizer, name))
 
 
-def settings(model_dir: Path) -> dict[str, Any]:
+def settings(model_dir: Path, tokenizer: Any) -> dict[str, Any]:
     """TaskConfig fields of a causal reranker: its one logit, and its prompt."""
-    import transformers
-
-    tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
     return {"id2label": {0: "yes"}, "pair_prompt": pair_prompt(tokenizer, str(model_dir))}
 
 

@@ -37,10 +37,10 @@ class RerankExport(TaskExport):
         return "AutoModelForCausalLM" if causal.is_causal(config) else cls.auto_class
 
     @classmethod
-    def settings(cls, model_dir: Path, hf_config: Any) -> dict[str, Any]:
+    def settings(cls, model_dir: Path, hf_config: Any, tokenizer: Any) -> dict[str, Any]:
         if causal.is_causal(hf_config.to_dict()):
-            return causal.settings(model_dir)
-        found = TextClassificationExport.settings(model_dir, hf_config)
+            return causal.settings(model_dir, tokenizer)
+        found = TextClassificationExport.settings(model_dir, hf_config, tokenizer)
         relevant_index(found["id2label"])  # refuse a many-label classifier at load time
         return found
 

@@ -16,7 +16,7 @@ class SparseEmbeddingExport(TaskExport):
     sequence_outputs = frozenset()
 
     @classmethod
-    def settings(cls, model_dir: Path, hf_config: Any) -> dict[str, Any]:
+    def settings(cls, model_dir: Path, hf_config: Any, tokenizer: Any) -> dict[str, Any]:
         """The special tokens' ids, from tokenizer.json (their terms are zeroed)."""
         path = model_dir / "tokenizer.json"
         added = json.loads(path.read_text()).get("added_tokens", []) if path.is_file() else []

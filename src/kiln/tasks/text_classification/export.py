@@ -16,7 +16,7 @@ class TextClassificationExport(TaskExport):
     sequence_outputs = frozenset()
 
     @classmethod
-    def settings(cls, model_dir: Path, hf_config: Any) -> dict[str, Any]:
+    def settings(cls, model_dir: Path, hf_config: Any, tokenizer: Any) -> dict[str, Any]:
         return {"id2label": {int(k): str(v) for k, v in (hf_config.id2label or {}).items()},
                 "problem_type": getattr(hf_config, "problem_type", None)}
 

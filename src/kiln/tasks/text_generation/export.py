@@ -42,7 +42,7 @@ class TextGenerationExport(GenerativeExport):
     fusion = DECODER_FUSION
 
     @classmethod
-    def settings(cls, model_dir: Path, hf_config: Any) -> dict[str, Any]:
+    def settings(cls, model_dir: Path, hf_config: Any, tokenizer: Any) -> dict[str, Any]:
         eos = getattr(hf_config, "eos_token_id", None)
         generation = model_dir / "generation_config.json"
         if generation.is_file():

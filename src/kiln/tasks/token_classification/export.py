@@ -14,5 +14,5 @@ class TokenClassificationExport(TaskExport):
     sequence_outputs = frozenset(output_names)
 
     @classmethod
-    def settings(cls, model_dir: Path, hf_config: Any) -> dict[str, Any]:
+    def settings(cls, model_dir: Path, hf_config: Any, tokenizer: Any) -> dict[str, Any]:
         return {"id2label": {int(k): str(v) for k, v in (hf_config.id2label or {}).items()}}
