@@ -133,6 +133,14 @@ def test_a_causal_reranker_is_served_at_kilns_and_teis_rerank(reranker):
     np.testing.assert_allclose([r["score"] for r in got.json()], [r.score for r in offline], atol=1e-5)
 
 
+def test_transformers_pipelines_are_refused_a_causal_reranker(reranker):
+    """A pipeline would tokenize bare (query, text) pairs without the prompt template: scores silently wrong."""
+    from kiln.errors import UsageError
+
+    with pytest.raises(UsageError, match="causal reranker: it reads each pair through its prompt template"):
+        kiln.hf_model(reranker[1])
+
+
 def test_a_language_model_without_a_pair_template_is_refused_with_the_fix(reranker, tmp_path):
     model = tmp_path / "plain"
     shutil.copytree(reranker[0], model)

@@ -116,6 +116,9 @@ def hf_model(path: str | Path, variant: str | None = None, *, threads: int | Non
     if spec.export.auto_class not in MODEL_CLASSES:
         raise UsageError(f"{spec.name} artifacts have no transformers model class; use kiln.pipeline(task, path), "
                          "predict() or generate()")
+    if predictor.config.pair_prompt is not None:  # a transformers pipeline would tokenize bare pairs: wrong scores
+        raise UsageError(f"{path} is a causal reranker: it reads each pair through its prompt template, which "
+                         "transformers' pipelines do not apply; use kiln.load(path).rerank(query, texts)")
     id2label = {int(k): v for k, v in predictor.config.id2label.items()}
     config = KilnConfig(id2label=id2label or None, label2id={v: k for k, v in id2label.items()} or None,
                         problem_type=predictor.config.problem_type,
