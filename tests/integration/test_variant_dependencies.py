@@ -47,3 +47,24 @@ def test_the_command_ends_on_the_first_cause(tiny_model, tmp_path, first_check_b
     message = str(raised.value)
     assert message.startswith(f"no variant passed the gate; first, onnx-fp32 failed: ValueError: {CAUSE}")
     assert "No such file" not in message and "onnx-fused skipped: onnx-fp32 failed" in message
+
+
+def test_a_failure_on_a_full_disk_names_the_disk(tiny_model, tmp_path, monkeypatch):
+    """A native library reports a full disk in its own words (OpenVINO's save_model: "basic_ios::clear: iostream
+    error"); the failure carries the free space kiln measured. The write error and the full disk are injected."""
+    import collections
+    import shutil
+
+    import openvino
+
+    def save_model(*args, **kwargs):
+        raise RuntimeError("basic_ios::clear: iostream error")
+
+    usage = collections.namedtuple("usage", "total used free")
+    monkeypatch.setattr(openvino, "save_model", save_model)
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(10 * 2**30, 10 * 2**30 - 3 * 2**20, 3 * 2**20))
+    summary = OptimizeJob(OptimizeConfig(model=str(tiny_model("bert")), task=TaskName.FEATURE_EXTRACTION,
+                                         output=tmp_path / "out", variants=("onnx-fp32", "openvino-fp32"))).run()
+    failed = {o.name: o for o in summary.outcomes}["openvino-fp32"]
+    assert failed.status is Status.FAILED
+    assert "iostream error (the disk holding" in failed.reason and "had 3 MiB free when it failed" in failed.reason

@@ -48,6 +48,7 @@ from kiln.runtime.timing import time_predictor
 from kiln.source.loading import SourceModel, load_source
 from kiln.source.reference import reference_predictor, timing_predictor, vanilla_attention
 from kiln.system.cpu import CPU_CLASS_NAMES, cpu_info, int8_scheme
+from kiln.system.disk import low_space_note
 from kiln.system.invocation import invocation
 from kiln.system.memory import release_freed
 from kiln.system.versions import library_versions
@@ -331,8 +332,8 @@ class OptimizeJob:
         return outcome
 
     def _failed(self, spec: VariantSpec, err: Exception, start: float) -> Outcome:
+        reason = f"{type(err).__name__}: {err}{low_space_note(self.ctx.stage)}"  # measured before its files go
         remove_variant_files(self.ctx, spec.name)
-        reason = f"{type(err).__name__}: {err}"
         self.ctx.failed(spec.name, reason)
         self.progress(f"{spec.name}: FAILED ({reason})")
         return Outcome(spec.name, Status.FAILED, reason, build_seconds=time.perf_counter() - start)
