@@ -67,6 +67,9 @@ def test_kiln_serve_reranks_like_its_original(tiny_model, task_artifacts, tmp_pa
     with process.serve_in_thread(create_app(ServeConfig(models={"r": task_artifacts[TaskName.TEXT_RANKING]}))) as base:
         result = run_audit(AuditConfig(Endpoint(base, "kiln", "r"), str(tiny_model("bert", TaskName.TEXT_RANKING)),
                                        count=32, output=tmp_path, task=RANKING))
+        cohere = run_audit(AuditConfig(Endpoint(base, "cohere", "r"), str(tiny_model("bert", TaskName.TEXT_RANKING)),
+                                       count=16, output=tmp_path / "cohere", task=RANKING))  # its /v2/rerank
+    assert cohere.within_tolerance and cohere.figures["max_score_diff"] < 1e-4, cohere.verdict()
     assert result.within_tolerance and result.min_agreement > 0.9999, result.verdict()
     assert result.figures["max_score_diff"] < 1e-4 and result.figures["top1_agreement"] == 1.0
     assert {f.cause for f in result.findings} == {"activation", "pair order", "truncation", "batch drift"}
