@@ -73,10 +73,8 @@ class ScoreReference:
                                                                                          "content": d}],
                                                     tokenize=False) for q, d in zip(first, second)]
         encoded = self.tokenizer(texts, add_special_tokens=False, **cut)
-        tail = list(self.pair_prompt.suffix_ids)
-        for ids in encoded["input_ids"]:
-            if max_length and len(ids) == max_length and tail:
-                ids[-len(tail):] = tail[-len(ids):]
+        encoded["input_ids"] = [self.pair_prompt.closed(ids) if max_length and len(ids) == max_length else ids
+                                for ids in encoded["input_ids"]]
         return encoded
 
     def token_counts(self, pairs: Sequence[tuple[str, str]]) -> list[int]:

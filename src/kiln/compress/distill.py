@@ -141,10 +141,11 @@ class StudentMaker:
         if arch.decoder and not self.decoders:
             raise UnsupportedModelError(f"kiln {self.method} changes encoder layers; {source.model_type!r} is a "
                                         "decoder (kiln distill --layers K makes its student)")
-        if not hasattr(source.model, "save_pretrained"):
+        from kiln.model.projected import CARRIES_PROJECTIONS, is_projected
+
+        if is_projected(source.model):
             raise UnsupportedModelError(f"kiln {self.method} writes its student as one transformers model; "
-                                        f"{source.name} carries modules beside it (sentence-transformers Dense "
-                                        "projections) that the student would lose")
+                                        f"{source.name} {CARRIES_PROJECTIONS}")
 
 
 def layer_student(config: DistillConfig) -> StudentMaker:

@@ -16,6 +16,14 @@ from typing import Any
 
 import torch
 
+# Why a module with projections cannot go where one transformers model is saved and reloaded alone.
+CARRIES_PROJECTIONS = ("carries modules beside its transformers class (sentence-transformers Dense projections) "
+                       "that a saved transformers model would lose")
+
+
+def is_projected(model: object) -> bool:
+    return isinstance(model, ProjectedModel)
+
 
 class ProjectedModel(torch.nn.Module):
     def __init__(self, encoder: Any, projections: Sequence[torch.nn.Linear], output: str) -> None:

@@ -261,10 +261,9 @@ def _needs_bf16(ctx: BuildContext) -> str | None:
 
 def _saves_as_transformers(ctx: BuildContext) -> str | None:
     """The autocast variants save the transformers model and reload it alone (kiln.model.module.save_task_module)."""
-    if hasattr(ctx.source.model, "save_pretrained"):
-        return None
-    return ("the model carries modules beside its transformers class (sentence-transformers Dense projections), "
-            "which the autocast variants' saved weights would not hold")
+    from kiln.model.projected import CARRIES_PROJECTIONS, is_projected
+
+    return f"the model {CARRIES_PROJECTIONS}" if is_projected(ctx.source.model) else None
 
 
 def _torch_bf16_possible(ctx: BuildContext) -> str | None:

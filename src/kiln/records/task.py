@@ -26,6 +26,12 @@ class PairPrompt:
     def render(self, query: str, document: str) -> str:
         return f"{self.prefix}{query}{self.between}{document}{self.suffix}"
 
+    def closed(self, ids: list[int]) -> list[int]:
+        """The ids of a pair cut to the model's maximum with the template's closing tokens over its last ones."""
+        if not self.suffix_ids:
+            return ids
+        return [*ids[: max(len(ids) - len(self.suffix_ids), 0)], *self.suffix_ids[-len(ids):]] if ids else ids
+
     def to_dict(self) -> dict[str, Any]:
         return {"prefix": self.prefix, "between": self.between, "suffix": self.suffix,
                 "suffix_ids": list(self.suffix_ids), "answers": list(self.answers)}

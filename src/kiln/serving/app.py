@@ -199,9 +199,8 @@ def _protocol_of(app: FastAPI, path: str) -> WireProtocol:
         return WireProtocol.V2
     protocols = app.state.config.protocols
     # Elsewhere (an unknown path, the probes): kiln's shape, or TEI's in TEI mode, where a TEI client expects it.
-    fallback = WireProtocol.TEI if WireProtocol.TEI in protocols and WireProtocol.KILN not in protocols \
+    return WireProtocol.TEI if WireProtocol.TEI in protocols and WireProtocol.KILN not in protocols \
         else WireProtocol.KILN
-    return app.state.path_protocols.get(path, fallback)
 
 
 def _mount_route(app: FastAPI, route: Route) -> None:

@@ -67,12 +67,10 @@ def prompted_pairs(prompt: PairPrompt, pairs: Sequence[tuple[str, str]], encoder
     its last ones, as sentence-transformers restores them: the score is read at the last position."""
     encodings = encoder.encode([prompt.render(q, d) for q, d in pairs], truncate=truncate, offsets=False,
                                special_tokens=False)
-    tail = list(prompt.suffix_ids)
     features = []
     for enc in encodings:
-        ids, cut = list(enc.ids), len(enc.overflowing) > 0
-        if cut and tail:
-            ids[-len(tail):] = tail[-len(ids):]
+        cut = len(enc.overflowing) > 0
+        ids = prompt.closed(list(enc.ids)) if cut else list(enc.ids)
         features.append(Features(ids, [0] * len(ids), [1] * len(ids), truncated=cut))
     return features
 
