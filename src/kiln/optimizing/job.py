@@ -50,7 +50,7 @@ from kiln.source.reference import reference_predictor, timing_predictor, vanilla
 from kiln.system.cpu import CPU_CLASS_NAMES, cpu_info, int8_scheme
 from kiln.system.disk import low_space_note
 from kiln.system.invocation import invocation
-from kiln.system.memory import release_freed
+from kiln.system.memory import live_objects_set_aside, release_freed
 from kiln.system.versions import library_versions
 from kiln.tasks import TASKS, task_handler, task_spec
 from kiln.validation import datasets
@@ -208,8 +208,10 @@ class OptimizeJob:
         self.work = self._workload()
         if cfg.reference is not None:
             self._judge_the_model_itself()
+        # The model, its reference run and every import are loaded by now: set aside from the collections between
+        # stages (the weights are freed by moving them to the meta device, not by a collection).
         with staged_directory(cfg.output, overwrite=cfg.overwrite) as stage, \
-                tempfile.TemporaryDirectory(prefix="kiln-scratch-") as scratch:
+                tempfile.TemporaryDirectory(prefix="kiln-scratch-") as scratch, live_objects_set_aside():
             tokenizer = write_tokenizer(self.source, stage)
             self.ctx = BuildContext(self.source, stage, self.reference.encoder, self.work.calibration, self.cpu,
                                     int8_scheme(self.cpu), cfg.target, cfg.calibration_method, scratch=Path(scratch),
