@@ -155,6 +155,68 @@ def test_tei_answers_match_teis_own_schemas(server, tei_server, task_artifacts):
     _valid(bad.json(), "ErrorResponse")
 
 
+def test_teis_default_paths_answer_as_its_model_types_route(server, tei_server, task_artifacts, monkeypatch):
+    """TEI routes POST / and SageMaker's /invocations to its one model's route by the model's type, answers GET /ping,
+    and serves OpenAI's embeddings at /embeddings too (router/src/http/server.rs); so does kiln serve with its default
+    flags, for its first model. huggingface_hub's InferenceClient, unchanged, posts to the base URL."""
+    from huggingface_hub import InferenceClient
+
+    base, _ = server  # default protocols; its first model embeds
+    body = {"inputs": TEXTS, "truncate": True}
+    tei = httpx.post(f"{tei_server}/embed", json=body)
+    assert tei.status_code == 200, tei.text
+    tokenizer = kiln.load(task_artifacts[TaskName.FEATURE_EXTRACTION]).encoder.tokenizer
+    ids = [tokenizer.encode(t).ids for t in TEXTS]  # TEI's /embed takes token ids too
+    np.testing.assert_allclose(httpx.post(f"{tei_server}/embed", json={**body, "inputs": ids}).json(), tei.json(),
+                               atol=1e-6)
+    prompted = httpx.post(f"{tei_server}/embed", json={"inputs": ids[0], "prompt_name": "query"})
+    assert prompted.status_code == 422 and "token ids are the model's whole input" in prompted.json()["error"]
+    for path in ("/", "/invocations"):
+        answer = httpx.post(f"{base}{path}", json=body)
+        assert answer.status_code == 200, (path, answer.text)
+        _valid(answer.json(), "EmbedResponse")
+        np.testing.assert_allclose(answer.json(), tei.json(), atol=1e-6, err_msg=path)
+    # The suite runs with HF_HUB_OFFLINE=1 (nothing may reach the hub), which huggingface_hub applies to every URL;
+    # this one is the local server.
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", False)
+    client = InferenceClient(base_url=base)
+    np.testing.assert_allclose(client.feature_extraction(TEXTS[0]), [tei.json()[0]], atol=1e-6)
+    raw = client.feature_extraction(TEXTS[0], normalize=False)
+    unit = np.array(tei.json()[0])
+    assert abs(np.linalg.norm(raw[0]) - 1) > 1e-3  # this model does not normalize: normalize=false is honoured
+    np.testing.assert_allclose(raw[0] / np.linalg.norm(raw[0]), unit, atol=1e-6)
+    assert httpx.get(f"{base}/ping").status_code == 200
+    openai_body = {"input": TEXTS, "model": "feature_extraction"}
+    alias = httpx.post(f"{base}/embeddings", json=openai_body)
+    v1 = httpx.post(f"{base}/v1/embeddings", json=openai_body)
+    assert alias.status_code == 200 and alias.json() == v1.json()
+    import openai  # the SDK with token ids (LangChain's OpenAIEmbeddings' default input)
+
+    sdk = openai.OpenAI(base_url=f"{base}/v1", api_key="unused")
+    by_ids = sdk.embeddings.create(model="feature_extraction", input=ids)
+    by_text = sdk.embeddings.create(model="feature_extraction", input=TEXTS)
+    np.testing.assert_allclose([d.embedding for d in by_ids.data], [d.embedding for d in by_text.data], atol=1e-6)
+
+    models = {"r": task_artifacts[TaskName.TEXT_RANKING]}, {"c": task_artifacts[TaskName.TEXT_CLASSIFICATION]}, \
+        {"s": task_artifacts[TaskName.SPARSE_EMBEDDING]}
+    cases = ({"query": "q", "texts": ["a b", "c"]}, "/rerank", "RerankResponse"), \
+        ({"inputs": "one text"}, "/predict", "PredictResponse"), ({"inputs": ["a b", "c"]}, "/embed_sparse",
+                                                                    "EmbedSparseResponse")
+    for served, (request, route, schema) in zip(models, cases):
+        with process.serve_in_thread(create_app(ServeConfig(models=served))) as one:
+            with process.serve_in_thread(create_app(ServeConfig(models=served, protocols=("tei",)))) as tei_one:
+                want = httpx.post(f"{tei_one}{route}", json=request)
+                assert want.status_code == 200, want.text
+                for path in ("/", "/invocations"):
+                    got = httpx.post(f"{one}{path}", json=request)
+                    assert got.status_code == 200, (route, path, got.text)
+                    _valid(got.json(), schema)
+                    assert got.json() == want.json(), (route, path)  # one artifact, one engine: the same numbers
+                    bad = httpx.post(f"{one}{path}", json={**request, "unknown_field": 1})
+                    assert bad.status_code == 422 and "unknown_field" in bad.json()["error"], bad.text
+                    _valid(bad.json(), "ErrorResponse")
+
+
 def test_v2_errors_have_the_protocols_shape(task_artifacts):
     import grpc as grpc_lib
     import tritonclient.grpc as grpc

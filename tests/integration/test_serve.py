@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
+import kiln
 from kiln.artifact.directory import Artifact
 from kiln.data.texts import builtin_sentences
 from kiln.serving.app import ServeConfig, create_app
@@ -60,6 +61,34 @@ def test_openai_compatible_embeddings(artifacts):
     assert out["usage"]["prompt_tokens"] > 0
     decoded = np.frombuffer(base64.b64decode(b64["data"][0]["embedding"]), dtype=np.float32)
     np.testing.assert_allclose(decoded, out["data"][0]["embedding"], atol=1e-6)
+
+
+def test_openai_embeddings_take_token_ids_as_tei_reads_them(artifacts):
+    """A text as token ids (OpenAI's and TEI's APIs take them; LangChain's OpenAIEmbeddings sends them by default)
+    embeds as the text that tokenizes to them; ids outside the vocabulary are a 422 naming the id."""
+    tokenizer = kiln.load(artifacts[TaskName.FEATURE_EXTRACTION]).encoder.tokenizer
+    texts = ["hello world", builtin_sentences()[4]]
+    ids = [tokenizer.encode(t).ids for t in texts]  # special tokens included, as the model reads them
+    with client(artifacts) as c:
+        as_text = c.post("/v1/embeddings", json={"input": texts, "model": "embedder"}).json()
+        one = c.post("/v1/embeddings", json={"input": ids[0], "model": "embedder"})
+        many = c.post("/v1/embeddings", json={"input": ids, "model": "embedder"})
+        assert one.status_code == 200 and many.status_code == 200, (one.text, many.text)
+        want = [d["embedding"] for d in as_text["data"]]
+        np.testing.assert_allclose([d["embedding"] for d in many.json()["data"]], want, atol=1e-6)
+        np.testing.assert_allclose(one.json()["data"][0]["embedding"], want[0], atol=1e-6)
+        assert many.json()["usage"]["prompt_tokens"] == sum(map(len, ids))
+        size = tokenizer.get_vocab_size()
+        bad = c.post("/v1/embeddings", json={"input": [ids[0] + [size]], "model": "embedder"})
+        assert bad.status_code == 422 and f"token id {size} is not in the model's vocabulary" in \
+            bad.json()["error"]["message"], bad.text
+        for body in ({"input": [], "model": "embedder"}, {"input": [[]], "model": "embedder"},
+                     {"input": [-1], "model": "embedder"}, {"input": ["a", [1]], "model": "embedder"}):
+            refused = c.post("/v1/embeddings", json=body)
+            assert refused.status_code == 422 and "input" in refused.json()["error"]["message"], (body, refused.text)
+        schema = c.get("/openapi.json").json()["components"]["schemas"]["OpenAIEmbeddingRequest"]
+        arrays = [v for v in schema["properties"]["input"]["anyOf"] if v.get("type") == "array"]
+        assert all("maxItems" not in v for v in arrays if v["items"].get("type") == "integer")  # one input
 
 
 def test_classify_and_answer_routes(artifacts):

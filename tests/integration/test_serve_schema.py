@@ -51,10 +51,12 @@ def test_fuzzing_the_served_schema_finds_no_failure(task_artifacts, tmp_path):
     report = run.stdout[-8000:]
     assert run.returncode == 0, report
     operations = [line for line in report.splitlines() if "Tested:" in line]
-    # every route: 9 task routes (multi-vector's /embed_multi among them) + 4 probes, TEI's /predict, /tokenize and
-    # /decode (kiln's own /embed, /rerank and /embed_sparse win those paths), v2's 9 (server, live, ready, and
-    # model metadata, ready and infer with and without a version), and Cohere's /v1/rerank and /v2/rerank
-    assert operations and operations[-1].split()[-1] == "27", report
+    # every route: 9 task routes (multi-vector's /embed_multi among them) + 6 probes (/ping, the playground's GET
+    # / among them), TEI's
+    # /predict, /tokenize and /decode (kiln's own /embed, /rerank and /embed_sparse win those paths) and its POST /
+    # and /invocations (the first model's TEI route), OpenAI's /embeddings, v2's 9 (server, live, ready, and model
+    # metadata, ready and infer with and without a version), and Cohere's /v1/rerank and /v2/rerank
+    assert operations and operations[-1].split()[-1] == "32", report
     generated = [line for line in report.splitlines() if "generated" in line]
     assert generated and int(generated[-1].split()[0]) >= 100, report
 
@@ -102,11 +104,12 @@ def test_only_the_served_tasks_routes_exist(task_artifacts):
         embed = client.post("/embed", json={"inputs": "x"})
     v2 = {"/v2", "/v2/health/live", "/v2/health/ready"} | {f"/v2/models/{{name}}{version}{end}" for version in (
         "", "/versions/{version}") for end in ("", "/ready", "/infer")}
-    assert {"/answer", "/health", "/ready", "/info", "/metrics", "/v1/models", "/tokenize", "/decode"} | v2 == paths
+    assert {"/", "/answer", "/health", "/ping", "/ready", "/info", "/metrics", "/v1/models", "/tokenize",
+            "/decode"} | v2 == paths  # GET / is the playground; POST / only where a TEI route is served
     assert embed.status_code == 404 and embed.json()["error"]["type"] == "not_found"
     with _client(task_artifacts[TaskName.QUESTION_ANSWERING], protocols=("kiln",)) as client:
-        assert set(client.get("/openapi.json").json()["paths"]) == {"/answer", "/health", "/ready", "/info",
-                                                                    "/metrics", "/v1/models"}
+        assert set(client.get("/openapi.json").json()["paths"]) == {"/", "/answer", "/health", "/ping", "/ready",
+                                                                    "/info", "/metrics", "/v1/models"}
 
 
 def test_pooling_and_finalisation_run_off_the_event_loop(task_artifacts, monkeypatch):

@@ -11,7 +11,7 @@ import json
 import re
 import time
 from contextlib import asynccontextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -109,8 +109,11 @@ def create_app(config: ServeConfig, tracer_provider: Any = None) -> FastAPI:
     app.state.pool = CoalescingPool(max_workers=config.tokenizer_threads, thread_name_prefix="kiln-tokenize")
     app.state.playground = playground.page(tasks)
     routes = _served_routes(tasks, config.protocols)
+    aliases = _aliases(tasks, config.protocols, {r.path for r in routes})
     # Which served models answer each route: fixed once the artifacts are known, read on every request.
-    app.state.route_models = {r.path: [n for n, t in tasks.items() if r in task_wire(t).routes] for r in routes}
+    app.state.route_models = {r.path: _doing(tasks, r) for r in routes} | {a.path: _doing(tasks, r)[:1]
+                                                                           for a, r in aliases}
+    routes += [alias for alias, _ in aliases]
     app.state.path_protocols = {r.path: r.protocol for r in routes}
     app.state.fast_routes = {}  # path -> (request model, endpoint): what the fast lane may answer itself
     for route in routes:
@@ -191,6 +194,37 @@ def _served_routes(tasks: dict[str, str], protocols: tuple[WireProtocol, ...]) -
     return list(routes.values())
 
 
+def _doing(tasks: dict[str, str], route: Route) -> list[str]:
+    """The served models whose task declares ``route``."""
+    return [name for name, task in tasks.items() if route in task_wire(task).routes]
+
+
+# Paths text-embeddings-inference also routes (router/src/http/server.rs): POST / and SageMaker's /invocations run
+# its one model's own route, chosen by the model's type; /embeddings is OpenAI's /v1/embeddings.
+TEI_DEFAULT_PATHS = ("/", "/invocations")
+OPENAI_ALIASES = {"/embeddings": "/v1/embeddings"}
+
+
+def _aliases(tasks: dict[str, str], protocols: tuple[WireProtocol, ...], taken: set[str]) -> list[tuple[Route, Route]]:
+    """(alias, route) pairs: each alias answers exactly as its route, for the first served model that has it (TEI
+    serves one model; huggingface_hub's ``InferenceClient(base_url=...)`` posts to /). The route of POST / is the
+    first served model's TEI route, so a TEI client gets TEI's answer even where kiln's own route holds the path
+    TEI's also has (/embed)."""
+    out: list[tuple[Route, Route]] = []
+    if WireProtocol.TEI in protocols:
+        tei_route = next((r for task in tasks.values() for r in task_wire(task).routes
+                          if r.protocol is WireProtocol.TEI), None)
+        if tei_route is not None:
+            out += [(replace(tei_route, path=path), tei_route) for path in TEI_DEFAULT_PATHS]
+    if WireProtocol.OPENAI in protocols:
+        for alias, path in OPENAI_ALIASES.items():
+            route = next((r for task in tasks.values() for r in task_wire(task).routes
+                          if r.path == path and r.protocol is WireProtocol.OPENAI), None)
+            if route is not None and alias not in taken:
+                out.append((replace(route, path=alias), route))
+    return out
+
+
 def _protocol_of(app: FastAPI, path: str) -> WireProtocol:
     """The API a path belongs to, for its errors' shape: a mounted route's own, else v2's under /v2/."""
     if path in app.state.path_protocols:  # Cohere's /v2/rerank is not the v2 protocol's
@@ -226,12 +260,17 @@ def _mount_probes(app: FastAPI, *, kiln_info: bool = True) -> None:
     unready_doc = {503: {"model": ErrorBody, "description": "The model is still loading, is shutting down, or its "
                        "batching loop died (the message says which)."}}
 
-    @app.get("/", response_class=HTMLResponse, include_in_schema=False)
+    @app.get("/", response_class=HTMLResponse, summary="The playground page (a form per served task)",
+             responses={200: {"content": {"text/html": {"schema": {"type": "string"}}}}})
     async def playground():
         return HTMLResponse(app.state.playground)
 
     @app.get("/health", response_model=Health)
     async def health():
+        return {"status": "ok"}
+
+    @app.get("/ping", response_model=Health, summary="Health (SageMaker's probe path, as TEI serves it)")
+    async def ping():
         return {"status": "ok"}
 
     @app.get("/ready", response_model=Ready, responses=unready_doc)
@@ -286,8 +325,12 @@ def _install_error_handlers(app: FastAPI) -> None:
         message = f"{request.method} {request.url.path}: {exc.detail}"
         if exc.status_code == 404:
             message += f" (this server has: {', '.join(paths)})"
+        headers = dict(exc.headers or {})
+        if exc.status_code == 405:  # Starlette names one route's methods; a path may have several (GET, POST /)
+            headers["Allow"] = ", ".join(sorted({m for r in app.routes if getattr(r, "path", None) == request.url.path
+                                                 for m in getattr(r, "methods", ())}))
         return _error(request, exc.status_code, "not_found" if exc.status_code == 404 else "http_error", message,
-                      dict(exc.headers or {}))
+                      headers)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError):
@@ -342,9 +385,18 @@ def _exact_openapi(app: FastAPI, routes: list[Route]) -> dict[str, Any]:
         properties = model.get("properties", {})
         inputs = properties.get(route.inputs_field, {})
         for variant in inputs.get("anyOf", [inputs]):
-            if variant.get("type") == "array":  # a pair keeps its own maxItems (TEI's [a, b])
+            # A pair keeps its own maxItems (TEI's [a, b]); a text as token ids is one input, however long.
+            if variant.get("type") == "array" and variant.get("items", {}).get("type") != "integer":
                 variant["maxItems"] = min(limit, variant.get("maxItems", limit))
         doing = app.state.route_models[route.path]
+        if app.state.models and doing:  # token ids: of the vocabulary of the models the route serves
+            tei.cap_token_ids(inputs, max(app.state.models[n].predictor.encoder.tokenizer.get_vocab_size()
+                                          for n in doing) - 1)
+        if "anyOf" in properties.get("prompt_name", {}):  # the served models' prompt names; none: only null
+            names = sorted({name for n in doing for name in app.state.task_configs[n].prompts})
+            variants = properties["prompt_name"].get("anyOf", [])
+            properties["prompt_name"]["anyOf"] = [{**v, "enum": names} if v.get("type") == "string" else v
+                                                  for v in variants if v.get("type") != "string" or names]
         sizes = [app.state.task_configs[n].dimension for n in doing]
         if "dimensions" in properties and sizes and None not in sizes:  # Matryoshka: at most the served size
             for variant in properties["dimensions"].get("anyOf", []):

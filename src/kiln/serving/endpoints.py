@@ -104,5 +104,5 @@ def post_endpoint(app: FastAPI, route: Route, endpoint: Any, responses: dict[int
     gets its own task's request model."""
     endpoint.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
         [inspect.Parameter("body", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=route.request)])
-    endpoint.__name__ = route.path.strip("/").replace("/", "_")
+    endpoint.__name__ = route.path.strip("/").replace("/", "_") or "root"
     app.post(route.path, summary=route.summary, response_model=route.response, responses=responses)(endpoint)

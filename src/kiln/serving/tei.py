@@ -9,18 +9,16 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import FastAPI
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from kiln.choices import WireProtocol
 from kiln.serving.endpoints import HTTPError, not_ready
 from kiln.tasks import task_spec
-from kiln.tasks.wire.http import NonBlank
+from kiln.tasks.wire.http import TOKEN_ID_MAX, NonBlank, TokenIdValue
 
 SERVER_PATHS = ("/tokenize", "/decode")  # POST routes of the server itself (guarded like inference routes)
-IDS_MAX = 2**31 - 1  # until the schema is made exact for the served tokenizer (exact_schema)
 # JSON Schema calls 3.0 an integer; strict mode alone would refuse it, so integral floats become ints first.
-TokenId = Annotated[int, Field(ge=0, le=IDS_MAX),
-                    BeforeValidator(lambda v: int(v) if isinstance(v, float) and v.is_integer() else v)]
+TokenId = TokenIdValue
 Ids = Annotated[list[TokenId], Field(min_length=1)]
 
 
@@ -80,21 +78,23 @@ def _model_type(served: Any) -> dict[str, Any]:
     return {kind: {"id2label": labels, "label2id": {v: int(k) for k, v in labels.items()}}}
 
 
+def cap_token_ids(node: Any, top: int) -> None:
+    """Lower every token-id bound (``TOKEN_ID_MAX``) in a schema ``node`` to ``top``, the served vocabulary's last
+    id: ids outside it are refused, so the schema says so."""
+    if isinstance(node, dict):
+        if node.get("type") == "integer" and node.get("maximum") == TOKEN_ID_MAX:
+            node["maximum"] = top
+        for value in node.values():
+            cap_token_ids(value, top)
+    elif isinstance(node, list):
+        for value in node:
+            cap_token_ids(value, top)
+
+
 def exact_schema(schema: dict[str, Any], served: Any) -> None:
-    """/decode's ids can only be ids of the served tokenizer's vocabulary: say so in the schema."""
-    top = served.predictor.encoder.tokenizer.get_vocab_size() - 1
-
-    def cap(node: Any) -> None:
-        if isinstance(node, dict):
-            if node.get("type") == "integer" and node.get("maximum") == IDS_MAX:
-                node["maximum"] = top
-            for value in node.values():
-                cap(value)
-        elif isinstance(node, list):
-            for value in node:
-                cap(value)
-
-    cap(schema.get("components", {}).get("schemas", {}).get("DecodeRequest", {}))
+    """/decode's ids can only be ids of the served tokenizer's vocabulary (the first model's, as /decode uses)."""
+    cap_token_ids(schema.get("components", {}).get("schemas", {}).get("DecodeRequest", {}),
+                  served.predictor.encoder.tokenizer.get_vocab_size() - 1)
 
 
 def mount(app: FastAPI, *, info: bool) -> None:

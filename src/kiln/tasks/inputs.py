@@ -1,5 +1,5 @@
-"""The inputs of tasks that take more than one text: a pair to classify, a query with the texts to rank for it, a
-question with its context."""
+"""The inputs of tasks that take more than one text (a pair to classify, a query with the texts to rank for it, a
+question with its context), and a text already tokenized."""
 
 from __future__ import annotations
 
@@ -26,3 +26,11 @@ class RerankQuery:
 class QAInput:
     question: str
     context: str
+
+
+@dataclass(frozen=True)
+class TokenIds:
+    """A text its caller tokenized: the model's own vocabulary ids, special tokens where the caller put them (what
+    OpenAI's and TEI's embedding APIs accept besides text)."""
+
+    ids: tuple[int, ...]

@@ -18,12 +18,13 @@ import numpy as np
 
 from kiln.choices import Pooling
 from kiln.errors import UsageError
-from kiln.runtime.features import Prepared
+from kiln.runtime.features import Prepared, one_per_input
 from kiln.runtime.precision import Precision, parse_precision, quantize, ranges_for, refuse_rejected
 from kiln.tasks.base import TaskSpec
 from kiln.tasks.chunking import Chunking, as_chunking, by_owner, chunked, span
 from kiln.tasks.feature_extraction.export import FeatureExtractionExport
 from kiln.tasks.feature_extraction.validation import FeatureExtractionValidation
+from kiln.tasks.inputs import TokenIds
 
 
 @dataclass(frozen=True)
@@ -116,12 +117,36 @@ class FeatureExtraction(TaskSpec):
                                                           self.config.normalize and dimensions is not None)
         return self._ranges_by_size[dimensions]
 
+    def check_inputs(self, inputs: Sequence[Any]) -> list[Any]:
+        """Texts, or token-id sequences (``TokenIds``), not both in one call."""
+        if inputs and all(isinstance(item, TokenIds) for item in inputs):
+            return list(inputs)
+        return super().check_inputs(inputs)
+
     def prepare(self, inputs: Sequence[Any], encoder, options: EmbedOptions) -> Prepared:
+        if inputs and isinstance(inputs[0], TokenIds):
+            return self._prepare_ids(inputs, encoder, options)
         if options.chunking is not None:
             return chunked(inputs, encoder, options.chunking)
         if options.prompt:  # as sentence-transformers does: the prompt's text, then the input's, tokenized together
             inputs = [options.prompt + text for text in inputs]
         return super().prepare(inputs, encoder, options)
+
+    def _prepare_ids(self, inputs: Sequence[TokenIds], encoder, options: EmbedOptions) -> Prepared:
+        """Token ids as text-embeddings-inference takes them: decoded with their special tokens, then encoded
+        without adding any, so the model reads the caller's sequence (cut to its maximum unless truncate is off).
+        No prompt is put before them (the caller chose every token) and they are not windowed."""
+        if options.chunking is not None:
+            raise UsageError("chunking splits texts into windows; token ids are already the model's input: pass "
+                             "texts to chunk, or leave chunking out")
+        size = encoder.tokenizer.get_vocab_size()
+        for i, item in enumerate(inputs):
+            if not item.ids:
+                raise UsageError(f"input {i}: token ids must not be empty")
+            if (bad := next((t for t in item.ids if not 0 <= t < size), None)) is not None:
+                raise UsageError(f"input {i}: token id {bad} is not in the model's vocabulary (size {size})")
+        texts = [encoder.tokenizer.decode(list(item.ids), skip_special_tokens=False) for item in inputs]
+        return one_per_input(inputs, encoder.encode(texts, truncate=options.truncate, special_tokens=False))
 
     def reduce(self, outputs: dict[str, np.ndarray], attention_mask: np.ndarray) -> list[np.ndarray]:
         # An engine that pools itself (the static table: a mean over each text's own tokens, no padded tensor)

@@ -23,7 +23,9 @@ from kiln.tasks.wire.http import (
     ResponseModel,
     Route,
     Texts,
+    TextsOrIds,
     listify,
+    texts_or_ids,
 )
 
 DIMENSIONS_HELP = ("Keep the first `dimensions` values of each embedding (Matryoshka), re-normalised when the "
@@ -77,7 +79,10 @@ class EmbedResponse(ResponseModel):
 class OpenAIEmbeddingRequest(RequestBody):
     """The OpenAI embeddings API body."""
 
-    input: Texts
+    input: TextsOrIds = Field(
+        description="A text, a list of texts, a text as token ids of the model's vocabulary, or a list of those "
+                    "(what LangChain's OpenAIEmbeddings sends by default; the ids are read as text-embeddings-"
+                    "inference reads them: special tokens where the caller put them, none added).")
     model: str  # type: ignore[assignment]  # OpenAI clients always name one
     encoding_format: Literal["float", "base64"] = Field("float", description="float: lists of numbers; base64: "
                                                         "each vector's bytes (float32 little-endian, or the "
@@ -88,7 +93,7 @@ class OpenAIEmbeddingRequest(RequestBody):
     truncate: bool = True
 
     def items(self) -> list[Any]:
-        return listify(self.input)
+        return texts_or_ids(self.input)
 
     def options(self) -> dict[str, Any]:
         return {"dimensions": self.dimensions, "precision": self.precision}

@@ -21,6 +21,14 @@ from kiln.choices import WireProtocol
 NonBlank = Annotated[str, StringConstraints(pattern=r"[^ \t\n\r\f\x0b]")]
 NonBlankList = Annotated[list[NonBlank], Field(min_length=1)]
 Texts = NonBlank | NonBlankList
+# A text as token ids of the model's vocabulary (OpenAI's and TEI's embedding APIs take them besides text); each id
+# is checked against the served tokenizer when the ids are prepared (kiln.tasks.feature_extraction).
+TOKEN_ID_MAX = 2**31 - 1  # the served schema lowers it to the served vocabulary (kiln.serving.tei.exact_schema)
+# JSON Schema calls 3.0 an integer; strict mode alone would refuse it, so integral floats become ints first.
+TokenIdValue = Annotated[int, Field(ge=0, le=TOKEN_ID_MAX),
+                         BeforeValidator(lambda v: int(v) if isinstance(v, float) and v.is_integer() else v)]
+TokenIdList = Annotated[list[TokenIdValue], Field(min_length=1)]
+TextsOrIds = Texts | TokenIdList | Annotated[list[TokenIdList], Field(min_length=1)]
 # Counts bounded so a client cannot ask numpy for a slice past a C long (found by fuzzing). JSON Schema calls 3.0
 # an integer; strict mode alone would refuse it, so integral floats become ints first.
 Count = Annotated[int, Field(ge=1, le=1_000_000),
@@ -54,6 +62,17 @@ class ResponseModel(BaseModel):
 def listify(value: Any) -> list[Any]:
     """One input or a list of them -> a list."""
     return list(value) if isinstance(value, list) else [value]
+
+
+def texts_or_ids(value: Any) -> list[Any]:
+    """A ``TextsOrIds`` field's inputs: texts, or ``TokenIds`` (one list of ids is one text)."""
+    from kiln.tasks.inputs import TokenIds
+
+    if isinstance(value, list) and isinstance(value[0], int):
+        return [TokenIds(tuple(value))]
+    if isinstance(value, list) and isinstance(value[0], list):
+        return [TokenIds(tuple(ids)) for ids in value]
+    return listify(value)
 
 
 def render_results(body: Any, model: str, prepared: Any, results: list[Any]) -> dict[str, Any]:

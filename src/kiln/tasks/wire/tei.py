@@ -5,9 +5,9 @@ a bare list of vectors, of {index, value} terms, of {index, score} ranks, of {la
 task module adds its route to ``routes`` with ``protocol=WireProtocol.TEI``; kiln serve mounts them with
 --protocols tei (kiln's own route wins a path both declare, unless kiln is left out: TEI mode).
 
-What kiln does not do is refused by the schema, not ignored: token-id inputs, truncation from the left, prompts
-for sparse embeddings (SPLADE models define none), raw classification logits. /embed takes the model's named prompts
-(config_sentence_transformers.json) as TEI does.
+What kiln does not do is refused by the schema, not ignored: truncation from the left, token ids and prompts for
+sparse embeddings (SPLADE models define none), raw classification logits. /embed takes the model's named prompts
+(config_sentence_transformers.json) and token ids as TEI does.
 """
 
 from __future__ import annotations
@@ -15,10 +15,21 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 import numpy as np
-from pydantic import BeforeValidator, Field, RootModel
+from pydantic import BeforeValidator, Field, RootModel, model_validator
 
 from kiln.choices import WireProtocol
-from kiln.tasks.wire.http import Count, NonBlank, NonBlankList, RequestBody, ResponseModel, Route, Texts, listify
+from kiln.tasks.wire.http import (
+    Count,
+    NonBlank,
+    NonBlankList,
+    RequestBody,
+    ResponseModel,
+    Route,
+    Texts,
+    TextsOrIds,
+    listify,
+    texts_or_ids,
+)
 
 TRUNCATE_HELP = "Cut inputs longer than the model's maximum; false (TEI's default): a 413 instead."
 
@@ -31,7 +42,9 @@ class TEIRequest(RequestBody):
 
 
 class TEIEmbedRequest(TEIRequest):
-    inputs: Texts = Field(description="A text or a list of texts.")
+    inputs: TextsOrIds = Field(description="A text, a list of texts, a text as token ids of the model's "
+                               "vocabulary, or a list of those (special tokens where the caller put them, none "
+                               "added; no prompt is put before ids).")
     normalize: bool = Field(True, description="Unit-length vectors; false: the vectors as the model makes them "
                             "(a model whose sentence-transformers config normalizes gives unit vectors either way).")
     dimensions: Count | None = Field(None, description="Keep the first `dimensions` values (Matryoshka models).")
@@ -39,8 +52,15 @@ class TEIEmbedRequest(TEIRequest):
                                          ".json's `prompts`), put before each input; default: the model's default "
                                          "prompt. A name it does not define is a 422 listing those it has.")
 
+    @model_validator(mode="after")
+    def _prompt_for_texts(self) -> TEIEmbedRequest:
+        if self.prompt_name is not None and any(not isinstance(item, str) for item in listify(self.inputs)):
+            raise ValueError("prompt_name: a prompt is put before texts; token ids are the model's whole input "
+                             "(put the prompt's ids first yourself)")
+        return self
+
     def items(self) -> list[Any]:
-        return listify(self.inputs)
+        return texts_or_ids(self.inputs)
 
     def options(self) -> dict[str, Any]:
         return {"dimensions": self.dimensions, "prompt_name": self.prompt_name}
