@@ -25,12 +25,19 @@ def test_feature_extraction_matches_sentence_transformers(minilm_dir):
     from sentence_transformers import SentenceTransformer
 
     texts = list(builtin_sentences()) + [" ".join(builtin_sentences())]  # the last one is truncated at 256
-    expected = SentenceTransformer(str(minilm_dir), device="cpu").encode(texts, convert_to_numpy=True)
-    got = np.stack(reference_predictor(load_source(None, TaskName.FEATURE_EXTRACTION)).predict(texts))
+    st = SentenceTransformer(str(minilm_dir), device="cpu")
+    expected = st.encode(texts, convert_to_numpy=True)
+    predictor = reference_predictor(load_source(None, TaskName.FEATURE_EXTRACTION))
+    got = np.stack(predictor.predict(texts))
     cos = (got * expected).sum(axis=1) / np.linalg.norm(got, axis=1) / np.linalg.norm(expected, axis=1)
     assert cos.min() > 0.99999
     np.testing.assert_allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-5)  # Normalize module honoured
     np.testing.assert_allclose(got, expected, atol=2e-5)
+    # normalize=False (TEI's field): the pooled vectors, before the Normalize module (its Transformer and Pooling)
+    pooled = SentenceTransformer(modules=[st[0], st[1]], device="cpu").encode(texts, convert_to_numpy=True)
+    raw = np.stack(predictor.predict(texts, normalize=False))
+    assert np.abs(np.linalg.norm(raw, axis=1) - 1).min() > 0.1
+    np.testing.assert_allclose(raw, pooled, atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.parametrize("pooling", ["cls", "max", "mean", "lasttoken"])

@@ -35,6 +35,7 @@ class EmbedOptions:
     precision: Precision = Precision.FLOAT32  # then quantized (kiln.runtime.precision)
     prompt: str = ""  # put before each input (the model's named prompt, or the caller's own text)
     ranges: np.ndarray | None = dataclass_field(default=None, compare=False)  # int8/uint8: per-dimension [min; max]
+    normalize: bool = False  # unit vectors (options() defaults it to the model's own: its Normalize module)
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,10 @@ class Chunked:
 
 
 CHUNK_MODES = ("mean", "windows")
+
+
+def _unit(vector: np.ndarray) -> np.ndarray:
+    return vector / max(float(np.linalg.norm(vector)), 1e-12)
 
 
 def _pool_mean(hidden: np.ndarray, mask: np.ndarray) -> np.ndarray:
@@ -93,13 +98,20 @@ class FeatureExtraction(TaskSpec):
 
     def options(self, truncate: bool = True, dimensions: int | None = None, chunking: Any = None,
                 precision: str | Precision = Precision.FLOAT32, prompt_name: str | None = None,
-                prompt: str | None = None) -> EmbedOptions:
+                prompt: str | None = None, normalize: bool | None = None) -> EmbedOptions:
+        """``normalize``: unit vectors or the pooled ones (TEI's field); None: as the model's sentence-transformers
+        config says (its Normalize module)."""
         size = self.config.dimension
         if dimensions is not None and (dimensions < 1 or (size is not None and dimensions > size)):
             raise UsageError(f"dimensions must be between 1 and the model's size {size} (got {dimensions})"
                              if size else f"dimensions must be at least 1 (got {dimensions})")
         precision = parse_precision(precision)
         refuse_rejected(self.stored_vectors, dimensions or size, precision)
+        normalize = self.config.normalize if normalize is None else normalize
+        if precision.calibrated and normalize != self.config.normalize:
+            raise UsageError(f"precision {precision.value}: its ranges were calibrated on the model's own vectors "
+                             f"({'unit' if self.config.normalize else 'not normalized'}); leave normalize as the "
+                             "model has it, or ask for float32")
         ranges = self._ranges(precision, dimensions) if precision.calibrated else None
         text = self.config.prompt_text(prompt_name, prompt)
         windows = as_chunking(chunking, CHUNK_MODES)
@@ -107,7 +119,7 @@ class FeatureExtraction(TaskSpec):
             raise UsageError(f"chunking: a prompt ({text!r}) would open the first window only; embed the windows "
                              "yourself with the prompt before each, or leave the prompt out")
         return EmbedOptions(truncate=truncate, dimensions=dimensions, chunking=windows, precision=precision,
-                            ranges=ranges, prompt=text)
+                            ranges=ranges, prompt=text, normalize=normalize)
 
     def _ranges(self, precision: Precision, dimensions: int | None) -> np.ndarray:
         """int8/uint8 ranges for vectors of ``dimensions``, made once per size: every int8 request asks for them.
@@ -151,41 +163,49 @@ class FeatureExtraction(TaskSpec):
     def reduce(self, outputs: dict[str, np.ndarray], attention_mask: np.ndarray) -> list[np.ndarray]:
         # An engine that pools itself (the static table: a mean over each text's own tokens, no padded tensor)
         # gives the sentence embedding; any other gives token states, pooled as the model's config says.
+        # Pooled, not normalized: a request may ask for the vectors before the model's Normalize module (TEI's
+        # normalize: false); finalize normalizes as the request's options say.
         pooled = outputs["sentence_embedding"].astype(np.float32, copy=False) if "sentence_embedding" in outputs \
             else self._pool(outputs["last_hidden_state"].astype(np.float32, copy=False), attention_mask)
-        if self.config.normalize:
-            pooled = pooled / np.clip(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12, None)
         return list(pooled)
+
+    def comparable(self, reduced: Any) -> np.ndarray:
+        """The model's own vector (unit where it normalizes): what parity and batch drift compare."""
+        vector = np.asarray(reduced, dtype=np.float32).reshape(-1)
+        return _unit(vector) if self.config.normalize else vector
 
     light_finalize = True
 
     def finalize(self, prepared: Prepared, reduced: Sequence[Any], options: EmbedOptions, encoder) -> list[Any]:
-        # Truncate, re-normalise, then quantize: sentence-transformers' order.
+        # Normalize, truncate, re-normalise, then quantize: sentence-transformers' order.
+        def own(vector: np.ndarray) -> np.ndarray:
+            return _unit(vector) if options.normalize else vector
+
         def cut(vector: np.ndarray) -> np.ndarray:
             if options.dimensions is not None:
-                vector = self.truncated(vector, options.dimensions)
+                vector = self.truncated(vector, options.dimensions, options.normalize)
             return vector if options.precision is Precision.FLOAT32 else \
                 quantize(vector, options.precision, options.ranges)
 
         if options.chunking is None:
-            return [cut(v) for v in reduced]
+            return [cut(own(v)) for v in reduced]
         results: list[Any] = []
         spans = by_owner(prepared, [span(e) for e in prepared.encodings])
-        for windows, where in zip(by_owner(prepared, reduced), spans):
-            mean = np.mean(windows, axis=0)
-            if self.config.normalize:
-                mean = mean / max(float(np.linalg.norm(mean)), 1e-12)
+        for pooled, where in zip(by_owner(prepared, reduced), spans):
+            windows = [own(v) for v in pooled]
+            mean = own(np.mean(windows, axis=0))
             if options.chunking.mode == "windows":
                 results.append(Chunked(cut(mean), tuple(Window(s, e, cut(v)) for (s, e), v in zip(where, windows))))
             else:
                 results.append(cut(mean))
         return results
 
-    def truncated(self, vector: np.ndarray, dimensions: int) -> np.ndarray:
-        """The first ``dimensions`` values, re-normalised when the model normalises (a unit vector stays one)."""
+    def truncated(self, vector: np.ndarray, dimensions: int, normalize: bool | None = None) -> np.ndarray:
+        """The first ``dimensions`` values, re-normalised when the vectors are unit (``normalize``; None: as the
+        model normalises), so a unit vector stays one."""
         if dimensions > len(vector):  # an artifact that does not record its size learns it here
             raise UsageError(f"dimensions must be between 1 and the model's size {len(vector)} (got {dimensions})")
         cut = vector[:dimensions]
-        return cut / max(float(np.linalg.norm(cut)), 1e-12) if self.config.normalize else cut
+        return _unit(cut) if (self.config.normalize if normalize is None else normalize) else cut
 
 

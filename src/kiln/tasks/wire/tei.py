@@ -45,8 +45,8 @@ class TEIEmbedRequest(TEIRequest):
     inputs: TextsOrIds = Field(description="A text, a list of texts, a text as token ids of the model's "
                                "vocabulary, or a list of those (special tokens where the caller put them, none "
                                "added; no prompt is put before ids).")
-    normalize: bool = Field(True, description="Unit-length vectors; false: the vectors as the model makes them "
-                            "(a model whose sentence-transformers config normalizes gives unit vectors either way).")
+    normalize: bool = Field(True, description="Unit-length vectors; false: the pooled vectors, before any "
+                            "Normalize module of the model (as TEI, which pools and normalizes itself).")
     dimensions: Count | None = Field(None, description="Keep the first `dimensions` values (Matryoshka models).")
     prompt_name: NonBlank | None = Field(None, description="One of the model's prompts (config_sentence_transformers"
                                          ".json's `prompts`), put before each input; default: the model's default "
@@ -63,7 +63,7 @@ class TEIEmbedRequest(TEIRequest):
         return texts_or_ids(self.inputs)
 
     def options(self) -> dict[str, Any]:
-        return {"dimensions": self.dimensions, "prompt_name": self.prompt_name}
+        return {"dimensions": self.dimensions, "prompt_name": self.prompt_name, "normalize": self.normalize}
 
 
 class TEIEmbedResponse(RootModel[list[list[float]]]):
@@ -71,10 +71,7 @@ class TEIEmbedResponse(RootModel[list[list[float]]]):
 
 
 def _embed(body: TEIEmbedRequest, model: str, prepared: Any, results: list[Any]) -> Any:
-    vectors = np.stack(results).astype(np.float32)
-    if body.normalize:
-        vectors = vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
-    return vectors
+    return np.stack(results).astype(np.float32)  # normalized (or not) as the request's options asked
 
 
 class TEISparseRequest(TEIRequest):
