@@ -215,6 +215,11 @@ def test_teis_default_paths_answer_as_its_model_types_route(server, tei_server, 
                     bad = httpx.post(f"{one}{path}", json={**request, "unknown_field": 1})
                     assert bad.status_code == 422 and "unknown_field" in bad.json()["error"], bad.text
                     _valid(bad.json(), "ErrorResponse")
+                if route == "/predict":  # the client reads the first item of TEI's answer for one text, as from TEI
+                    top = InferenceClient(base_url=one).text_classification(request["inputs"])
+                    assert (top.label, top.score) == pytest.approx((want.json()[0]["label"], want.json()[0]["score"]))
+                    two = httpx.post(f"{one}/", json={**request, "parameters": {"top_k": 2}}).json()
+                    assert two == want.json()[:2]  # huggingface_hub's parameters: top_k honoured
 
 
 def test_v2_errors_have_the_protocols_shape(task_artifacts):

@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 import numpy as np
-from pydantic import BeforeValidator, Field, RootModel, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, RootModel, model_validator
 
 from kiln.choices import WireProtocol
 from kiln.tasks.wire.http import (
@@ -132,11 +132,23 @@ Pair = Annotated[list[NonBlank], Field(min_length=2, max_length=2)]
 OneOrPair = Annotated[list[NonBlank], Field(min_length=1, max_length=2)]
 
 
+class PredictParameters(BaseModel):
+    """The Hugging Face Inference API's text-classification parameters, which huggingface_hub's InferenceClient
+    sends in ``parameters`` (TEI's own body has no such field)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    top_k: Count | None = Field(None, description="The k most probable labels; default: every label.")
+    function_to_apply: None = Field(None, description="kiln applies the model's own function (softmax; sigmoid for "
+                                    "a multi-label model): leave it out.")
+
+
 class TEIPredictRequest(TEIRequest):
     inputs: NonBlank | Pair | Annotated[list[OneOrPair], Field(min_length=1)] = Field(
         description="A text, a pair of texts [a, b], or a batch of [text] and [a, b] items.")
     raw_scores: Annotated[Literal[False], BeforeValidator(lambda v: v if isinstance(v, bool) else "not a boolean")] = \
         Field(False, description="kiln answers the model's probabilities only.")
+    parameters: PredictParameters | None = Field(None, description="huggingface_hub's text-classification "
+                                                 "parameters (kiln's extension of TEI's body).")
 
     def _batch(self) -> bool:
         return isinstance(self.inputs, list) and bool(self.inputs) and isinstance(self.inputs[0], list)
@@ -151,7 +163,7 @@ class TEIPredictRequest(TEIRequest):
         return [row[0] if len(row) == 1 else TextPair(row[0], row[1]) for row in rows]
 
     def options(self) -> dict[str, Any]:
-        return {"top_k": None}
+        return {"top_k": self.parameters.top_k if self.parameters is not None else None}
 
 
 class Prediction(ResponseModel):
