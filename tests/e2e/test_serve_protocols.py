@@ -286,6 +286,56 @@ def test_overload_answers_429_in_each_protocols_shape(task_artifacts):
     assert own.json()["error"]["type"] == "overloaded"
 
 
+def test_http_and_grpc_share_one_concurrency_budget(task_artifacts):
+    """--max-concurrent 1 with HTTP and gRPC served: while a request of one protocol is in flight (held in the
+    engine), the other protocol's request is refused (429 / RESOURCE_EXHAUSTED with the same reason); once it is
+    answered, the other is admitted. Each protocol counting its own made the budget twice its size."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import grpc as grpc_lib
+    import tritonclient.grpc as grpc
+    from tritonclient.utils import InferenceServerException
+
+    from tests.integration.test_serve_faults import Faulty
+
+    grpc_port = process.free_port()
+    app = create_app(ServeConfig(models={"fe": task_artifacts[TaskName.FEATURE_EXTRACTION]}, max_concurrent=1,
+                                 sessions=1, grpc_port=grpc_port))
+    tensor = grpc.InferInput("TEXT", [1, 1], "BYTES")
+    tensor.set_data_from_numpy(np.array([[b"held"]], dtype=object))
+    client = grpc.InferenceServerClient(f"127.0.0.1:{grpc_port}")
+
+    def by_grpc():
+        return client.infer("fe", [tensor]).as_numpy("EMBEDDING")
+
+    def by_http():
+        return httpx.post(f"{base}/embed", json={"inputs": "held"}, timeout=60)
+
+    with process.serve_in_thread(app) as base, ThreadPoolExecutor(2) as pool:
+        served = app.state.models["fe"]
+        held = served.predictor.engine = Faulty(served.predictor.engine)
+        for first, second in ((by_http, by_grpc), (by_grpc, by_http)):
+            held.release.clear()
+            held.started.clear()
+            running = pool.submit(first)
+            assert held.started.wait(30), "the first request never reached the engine"
+            if second is by_grpc:
+                with pytest.raises(InferenceServerException) as refused:
+                    by_grpc()
+                assert refused.value.status() == str(grpc_lib.StatusCode.RESOURCE_EXHAUSTED)
+                assert "more than 1 requests in flight" in refused.value.message()
+            else:
+                refused_http = by_http()
+                assert refused_http.status_code == 429, refused_http.text
+                assert "more than 1 requests in flight" in refused_http.json()["error"]["message"]
+            held.release.set()
+            answer = running.result(timeout=60)
+            assert (answer.status_code == 200) if first is by_http else answer.shape[0] == 1
+            assert app.state.admission.inflight == 0
+            admitted = second()  # the slot is free again
+            assert (admitted.status_code == 200) if second is by_http else admitted.shape[0] == 1
+
+
 KSERVE = Path(__file__).resolve().parents[2] / ".venv-kserve" / "bin" / "python"
 
 

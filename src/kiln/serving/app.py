@@ -28,6 +28,7 @@ from kiln.choices import Device, WireProtocol
 from kiln.errors import KilnError, UsageError
 from kiln.log import get_logger
 from kiln.serving import generation, playground, tei, tracing
+from kiln.serving.admission import Admission
 from kiln.serving.batcher import BatchLimits
 from kiln.serving.coalesce import CoalescingPool
 from kiln.serving.endpoints import HTTPError, JSONBody, error_content, not_ready, picked, post_endpoint
@@ -99,6 +100,7 @@ def create_app(config: ServeConfig, tracer_provider: Any = None) -> FastAPI:
     app = FastAPI(title="kiln", lifespan=_lifespan, description="Dynamic-batching inference for a kiln artifact.",
                   default_response_class=JSONBody, **_NATIVE_TELEMETRY_OFF)
     app.state.config, app.state.tasks, app.state.models, app.state.metrics = config, tasks, {}, Metrics()
+    app.state.admission = Admission(config.max_concurrent, app.state.metrics)  # HTTP's and gRPC's one budget
     app.state.task_configs = configs
     # Which models can quantize to int8/uint8 (their artifact stores output calibration): the schema says so.
     app.state.calibrated = {name: m.build.output_calibration is not None for name, m in manifests.items()}
@@ -139,7 +141,7 @@ def create_app(config: ServeConfig, tracer_provider: Any = None) -> FastAPI:
     if config.fast_lane:
         app.add_middleware(FastLane, fastapi=app)  # inside the guard: admission control and ids stay as they are
     app.add_middleware(Guard, route_of=route_of, metrics=app.state.metrics, api_key=config.api_key,
-                       max_body_bytes=config.max_body_bytes, max_concurrent=config.max_concurrent,
+                       max_body_bytes=config.max_body_bytes, admission=app.state.admission,
                        error=lambda path, kind, message: orjson.dumps(error_content(_protocol_of(app, path), kind,
                                                                                     message)))
     if tracer_provider is not None:  # inside the ids, around the fast lane: a request's span joins the caller's trace

@@ -15,6 +15,7 @@ from typing import Any
 
 import orjson
 
+from kiln.serving.admission import Admission
 from kiln.serving.metrics import Metrics
 
 Scope = MutableMapping[str, Any]
@@ -34,12 +35,11 @@ class Guard:
     protocol that owns the path."""
 
     def __init__(self, app: ASGIApp, *, route_of: Callable[[str], str | None], metrics: Metrics,
-                 api_key: str | None, max_body_bytes: int, max_concurrent: int,
+                 api_key: str | None, max_body_bytes: int, admission: Admission,
                  error: Callable[[str, str, str], bytes] = lambda path, kind, message: error_body(kind, message)
                  ) -> None:
         self.app, self.route_of, self.metrics, self.error = app, route_of, metrics, error
-        self.api_key, self.max_body_bytes, self.max_concurrent = api_key, max_body_bytes, max_concurrent
-        self.inflight = 0
+        self.api_key, self.max_body_bytes, self.admission = api_key, max_body_bytes, admission
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         route = self.route_of(scope["path"]) if scope["type"] == "http" and scope["method"] == "POST" else None
@@ -57,17 +57,21 @@ class Guard:
             await self._refuse(send, url_path, path, 413, "payload_too_large", f"request body of {length} bytes is "
                                f"over the {self.max_body_bytes}-byte limit", reason="payload_too_large")
             return
-        if self.inflight >= self.max_concurrent:
-            await self._refuse(send, url_path, path, 429, "overloaded", f"more than {self.max_concurrent} requests in "
-                               "flight; retry shortly", reason="overloaded", extra=[(b"retry-after", b"1")])
+        if not self.admission.enter():  # the budget HTTP shares with gRPC (kiln.serving.admission)
+            await self._refuse(send, url_path, path, 429, "overloaded", self.admission.refusal, reason="overloaded",
+                               extra=[(b"retry-after", b"1")])
             return
+        try:
+            await self._admitted(scope, receive, send, path, url_path)
+        finally:
+            self.admission.leave()
+
+    async def _admitted(self, scope: Scope, receive: Receive, send: Send, path: str, url_path: str) -> None:
         body = await read_at_most(receive, self.max_body_bytes)  # also bounds chunked bodies with no length
         if body is None:
             await self._refuse(send, url_path, path, 413, "payload_too_large", f"request body is over the "
                                f"{self.max_body_bytes}-byte limit", reason="payload_too_large")
             return
-        self.inflight += 1
-        self.metrics.inflight.inc()
         status = {"code": 499}  # nginx's "client closed request": what is counted when no answer was sent
 
         async def counting_send(message: Message) -> None:
@@ -92,8 +96,6 @@ class Guard:
         finally:
             work.cancel()  # no-op when finished; stops it if this handler itself was cancelled
             gone.cancel()
-            self.inflight -= 1
-            self.metrics.inflight.dec()
             self.metrics.requests.labels(path, str(status["code"])).inc()
 
     async def _refuse(self, send: Send, url_path: str, route: str, status: int, kind: str, message: str, *,

@@ -96,12 +96,15 @@ def servicer(app: Any) -> Any:
                 outputs=[tensor(name=t["name"], datatype=t["datatype"], shape=t["shape"]) for t in found["outputs"]])
 
         async def ModelInfer(self, request, context):  # noqa: N802
-            config, metrics = state.config, state.metrics
+            config, metrics, admission = state.config, state.metrics, state.admission
             code = "200"
-            metrics.inflight.inc()
+            admitted = False
             try:
                 if self.draining:
                     raise HTTPError(503, "not_ready", "the server is shutting down")
+                admitted = admission.enter()  # the budget gRPC shares with HTTP (kiln.serving.admission)
+                if not admitted:
+                    raise HTTPError(429, "overloaded", admission.refusal)
                 if config.api_key is not None:
                     given = dict(context.invocation_metadata() or ()).get("authorization", "")
                     if not hmac.compare_digest(given.removeprefix("Bearer ").strip().encode(), config.api_key.encode()):
@@ -124,7 +127,8 @@ def servicer(app: Any) -> Any:
                 code = "400"
                 await self._fail(context, HTTPError(400, "invalid_request", f"a BYTES element is not UTF-8 ({err})"))
             finally:
-                metrics.inflight.dec()
+                if admitted:
+                    admission.leave()
                 metrics.requests.labels(ROUTE, code).inc()
             response = pb.ModelInferResponse(model_name=call.model, model_version="1", id=request.id)
             for name, array in arrays.items():
