@@ -14,12 +14,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from kiln.choices import WireProtocol
 from kiln.serving.endpoints import HTTPError, not_ready
 from kiln.tasks import task_spec
-from kiln.tasks.wire.http import TOKEN_ID_MAX, NonBlank, TokenIdValue
+from kiln.tasks.wire.http import TOKEN_ID_MAX, NonBlank, TokenIdList
 
 SERVER_PATHS = ("/tokenize", "/decode")  # POST routes of the server itself (guarded like inference routes)
-# JSON Schema calls 3.0 an integer; strict mode alone would refuse it, so integral floats become ints first.
-TokenId = TokenIdValue
-Ids = Annotated[list[TokenId], Field(min_length=1)]
 
 
 class _Strict(BaseModel):
@@ -41,7 +38,7 @@ class SimpleToken(BaseModel):
 
 
 class DecodeRequest(_Strict):
-    ids: Ids | Annotated[list[Ids], Field(min_length=1)]
+    ids: TokenIdList | Annotated[list[TokenIdList], Field(min_length=1)]
     skip_special_tokens: bool = True
 
 

@@ -21,18 +21,15 @@ from kiln.choices import WireProtocol
 NonBlank = Annotated[str, StringConstraints(pattern=r"[^ \t\n\r\f\x0b]")]
 NonBlankList = Annotated[list[NonBlank], Field(min_length=1)]
 Texts = NonBlank | NonBlankList
-# A text as token ids of the model's vocabulary (OpenAI's and TEI's embedding APIs take them besides text); each id
-# is checked against the served tokenizer when the ids are prepared (kiln.tasks.feature_extraction).
-TOKEN_ID_MAX = 2**31 - 1  # the served schema lowers it to the served vocabulary (kiln.serving.tei.exact_schema)
 # JSON Schema calls 3.0 an integer; strict mode alone would refuse it, so integral floats become ints first.
-TokenIdValue = Annotated[int, Field(ge=0, le=TOKEN_ID_MAX),
-                         BeforeValidator(lambda v: int(v) if isinstance(v, float) and v.is_integer() else v)]
-TokenIdList = Annotated[list[TokenIdValue], Field(min_length=1)]
+Integral = BeforeValidator(lambda v: int(v) if isinstance(v, float) and v.is_integer() else v)
+# A text as token ids of the model's vocabulary (OpenAI's and TEI's embedding APIs take them besides text, TEI's
+# /decode reads them); each id is checked against the served tokenizer where it is read.
+TOKEN_ID_MAX = 2**31 - 1  # the served schema lowers it to the served vocabulary (kiln.serving.tei.cap_token_ids)
+TokenIdList = Annotated[list[Annotated[int, Field(ge=0, le=TOKEN_ID_MAX), Integral]], Field(min_length=1)]
 TextsOrIds = Texts | TokenIdList | Annotated[list[TokenIdList], Field(min_length=1)]
-# Counts bounded so a client cannot ask numpy for a slice past a C long (found by fuzzing). JSON Schema calls 3.0
-# an integer; strict mode alone would refuse it, so integral floats become ints first.
-Count = Annotated[int, Field(ge=1, le=1_000_000),
-                  BeforeValidator(lambda v: int(v) if isinstance(v, float) and v.is_integer() else v)]
+# Counts bounded so a client cannot ask numpy for a slice past a C long (found by fuzzing).
+Count = Annotated[int, Field(ge=1, le=1_000_000), Integral]
 
 
 class RequestBody(BaseModel):
