@@ -22,20 +22,29 @@ CARRIES_PROJECTIONS = ("carries modules beside its transformers class (sentence-
 
 
 def is_projected(model: object) -> bool:
-    return isinstance(model, ProjectedModel)
+    """Whether ``model`` is an encoder with modules beside it (saving its transformers model alone loses them)."""
+    return isinstance(model, EncoderWithModules)
 
 
-class ProjectedModel(torch.nn.Module):
-    def __init__(self, encoder: Any, projections: Sequence[torch.nn.Linear], output: str) -> None:
+class EncoderWithModules(torch.nn.Module):
+    """A transformers encoder and modules a checkpoint stores beside it, run as one module (the projections here;
+    BGE-M3's sparse and ColBERT heads in kiln.model.hybrid)."""
+
+    def __init__(self, encoder: Any) -> None:
         super().__init__()
         self.encoder = encoder
-        self.projections = torch.nn.ModuleList(projections)
-        self.output = output
         self.config = encoder.config  # what code reading a transformers model's settings asks for
 
     @property
     def dtype(self) -> torch.dtype:
         return self.encoder.dtype
+
+
+class ProjectedModel(EncoderWithModules):
+    def __init__(self, encoder: Any, projections: Sequence[torch.nn.Linear], output: str) -> None:
+        super().__init__(encoder)
+        self.projections = torch.nn.ModuleList(projections)
+        self.output = output
 
     def forward(self, return_dict: bool = True, **inputs: torch.Tensor) -> dict[str, torch.Tensor]:
         states = self.encoder(**inputs, return_dict=True).last_hidden_state

@@ -12,6 +12,7 @@ from kiln.runtime.features import Prepared
 from kiln.tasks.base import TaskSpec
 from kiln.tasks.export import DECODER_FUSION, TaskExport
 from kiln.tasks.feature_extraction.task import FeatureExtraction
+from kiln.tasks.hybrid_embedding.task import HybridEmbedding, HybridVectors
 from kiln.tasks.inputs import QAInput, RerankQuery, TextPair
 from kiln.tasks.multi_vector.task import MultiVector
 from kiln.tasks.question_answering.task import Answer, QuestionAnswering
@@ -29,6 +30,7 @@ TASKS: dict[str, type[TaskSpec]] = {spec.name: spec for spec in (
     Rerank,
     SparseEmbedding,
     MultiVector,
+    HybridEmbedding,
     TextGeneration,
 )}
 DEFAULT_TASK = FeatureExtraction.name  # what the bundled sentence-embedding model does
@@ -54,6 +56,6 @@ def task_handler(config: TaskConfig) -> TaskSpec:
     return task_spec(config.task)(config)
 
 
-__all__ = ["DECODER_FUSION", "DEFAULT_TASK", "FUSED_DECODER_TASKS", "TASKS", "Answer", "Entity", "LabelScore",
-           "Prepared", "QAInput", "Ranked", "RerankQuery", "SparseVector", "TaskConfig", "TaskExport", "TaskName",
-           "TaskSpec", "TextPair", "task_handler", "task_spec"]
+__all__ = ["DECODER_FUSION", "DEFAULT_TASK", "FUSED_DECODER_TASKS", "TASKS", "Answer", "Entity", "HybridVectors",
+           "LabelScore", "Prepared", "QAInput", "Ranked", "RerankQuery", "SparseVector", "TaskConfig", "TaskExport",
+           "TaskName", "TaskSpec", "TextPair", "task_handler", "task_spec"]

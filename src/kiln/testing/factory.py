@@ -203,6 +203,8 @@ def build_tiny_model(arch: str, task: TaskName, directory: Path, seed: int = 0, 
         if arch != "bert":
             raise ValueError(f"a tiny ColBERT is built on bert, not {arch}")
         return build_tiny_colbert(directory, seed=seed)
+    if task == TaskName.HYBRID_EMBEDDING:  # BGE-M3's layout: the encoder, its heads beside it
+        return build_tiny_bge_m3(directory, arch, seed=seed, shape=shape)
     family, config_class, kwargs = ARCHITECTURES[arch]
     kwargs = {**kwargs, **(shape or {})}
     max_len = BENCHMARK_LENGTH if shape else family.max_length
@@ -370,6 +372,28 @@ def write_sentence_transformers_files(directory: Path, *, pooling: str = "mean",
     (directory / "modules.json").write_text(json.dumps(modules))
     (directory / "config_sentence_transformers.json").write_text(json.dumps(
         {"prompts": prompts or {}, "default_prompt_name": default_prompt_name, "similarity_fn_name": "cosine"}))
+    return directory
+
+
+def build_tiny_bge_m3(directory: Path, arch: str = "xlm-roberta", seed: int = 0, *, shape: dict | None = None,
+                      colbert_dim: int | None = None) -> Path:
+    """A tiny BGE-M3 as FlagEmbedding saves it: an encoder (XLM-R for the real one) with sentence-transformers files
+    (CLS pooling, Normalize), ``sparse_linear.pt`` (hidden -> 1, with bias) and ``colbert_linear.pt`` (hidden ->
+    ``colbert_dim``, the hidden size by default as in BGE-M3), each a ``torch.save``d state dict."""
+    build_tiny_model(arch, TaskName.FEATURE_EXTRACTION, directory, seed=seed, shape=shape)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(directory)
+    tokenizer.eos_token = tokenizer.sep_token  # XLM-R's </s> is both; FlagEmbedding never weighs the EOS token
+    tokenizer.save_pretrained(directory)
+    write_sentence_transformers_files(directory, pooling="cls", normalize=True, seed=seed)
+    hidden = json.loads((directory / "config.json").read_text())["hidden_size"]
+    torch.manual_seed(seed + 3)
+    sparse = torch.nn.Linear(hidden, 1)
+    colbert = torch.nn.Linear(hidden, colbert_dim or hidden)
+    with torch.no_grad():  # weights of the scale training leaves, so about half the tokens weigh above zero
+        sparse.weight.normal_(0, hidden**-0.5)
+        sparse.bias.fill_(0.05)
+    torch.save(sparse.state_dict(), directory / "sparse_linear.pt")
+    torch.save(colbert.state_dict(), directory / "colbert_linear.pt")
     return directory
 
 

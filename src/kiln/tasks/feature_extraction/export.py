@@ -20,7 +20,7 @@ def _modules(model_dir: Path) -> list[dict[str, Any]]:
     return sorted(read_json(found), key=lambda m: m.get("idx", 0)) if found.is_file() else []
 
 
-def _dense_dirs(model_dir: Path) -> list[Path]:
+def dense_dirs(model_dir: Path) -> list[Path]:
     return [model_dir / m["path"] for m in _modules(model_dir) if str(m.get("type", "")).endswith(".Dense")]
 
 
@@ -89,7 +89,7 @@ class FeatureExtractionExport(TaskExport):
     @classmethod
     def settings(cls, model_dir: Path, hf_config: Any, tokenizer: Any) -> dict[str, Any]:
         pooling, pool_config = cls._pooling_settings(model_dir)
-        dense = _dense_dirs(model_dir)
+        dense = dense_dirs(model_dir)
         if dense and pooling["pooling"] is Pooling.MAX:
             raise UnsupportedModelError(
                 f"{model_dir} max-pools before its Dense projections; kiln projects every token state inside the "
@@ -101,7 +101,7 @@ class FeatureExtractionExport(TaskExport):
     def attach_head(cls, hf_model: Any, model_dir: Path, tokenizer: Any) -> Any:
         """The encoder, followed by its Dense projections where it has some (EmbeddingGemma): applied to each
         token state inside the graph (kiln.model.projected says why that equals projecting the pooled vector)."""
-        dense = _dense_dirs(model_dir)
+        dense = dense_dirs(model_dir)
         if not dense:
             return hf_model
         from kiln.model.projected import ProjectedModel

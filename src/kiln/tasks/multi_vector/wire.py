@@ -55,7 +55,7 @@ class EmbedMultiResponse(ResponseModel):
     truncated: bool = Field(description="Whether any input was cut to the query or document length.")
 
 
-def _embed_multi(body: EmbedMultiRequest, model: str, prepared: Prepared, results: list[Any]) -> dict[str, Any]:
+def render_multi(body: RequestBody, model: str, prepared: Prepared, results: list[Any]) -> dict[str, Any]:
     return {"model": model, "embeddings": [r.tolist() for r in results], "truncated": any(prepared.truncated)}
 
 
@@ -66,7 +66,7 @@ def _rerank(body: RankingRequest, model: str, prepared: Prepared, results: list[
 class MultiVectorWire(TaskWire):
     task = MultiVector
     routes = (Route("/embed_multi", "Token vectors of queries or documents (late interaction)", EmbedMultiRequest,
-                    EmbedMultiResponse, _embed_multi),
+                    EmbedMultiResponse, render_multi),
               Route("/rerank", "Rank texts for a query by MaxSim", RankingRequest, RerankResponse, _rerank,
                     inputs_field="texts"))
     @classmethod

@@ -38,6 +38,15 @@ class SparseVector:
         return out
 
 
+def kept_terms(indices: np.ndarray, values: np.ndarray, threshold: float, top_k: int | None) -> SparseVector:
+    """The terms (``indices`` ascending, their ``values``) whose weight is above ``threshold``, then the ``top_k``
+    heaviest of them (ties: the lower index first)."""
+    kept = np.flatnonzero(values > threshold)
+    if top_k is not None and len(kept) > top_k:
+        kept = np.sort(kept[np.argsort(-values[kept], kind="stable")[:top_k]])
+    return SparseVector(tuple(int(i) for i in indices[kept]), tuple(float(v) for v in values[kept]))
+
+
 @dataclass(frozen=True)
 class SparseOptions:
     threshold: float = 0.0  # keep terms whose weight is above this
@@ -64,12 +73,6 @@ class SparseEmbedding(TaskSpec):
 
     def finalize(self, prepared: Prepared, reduced: Sequence[Any], options: SparseOptions,
                  encoder) -> list[SparseVector]:
-        results = []
-        for weights in reduced:
-            kept = np.flatnonzero(weights > options.threshold)
-            if options.top_k is not None and len(kept) > options.top_k:
-                kept = np.sort(kept[np.argsort(-weights[kept], kind="stable")[: options.top_k]])
-            results.append(SparseVector(tuple(int(i) for i in kept), tuple(float(weights[i]) for i in kept)))
-        return results
+        return [kept_terms(np.arange(len(weights)), weights, options.threshold, options.top_k) for weights in reduced]
 
 

@@ -36,14 +36,15 @@ class SparseResponse(ResponseModel):
     truncated: list[bool]
 
 
-def _render(body: SparseRequest, model: str, prepared: Prepared, results: list[SparseVector]) -> dict[str, Any]:
+def render_sparse(body: SparseRequest, model: str, prepared: Prepared,
+                  results: list[SparseVector]) -> dict[str, Any]:
     return {"model": model, "truncated": list(prepared.truncated),
             "embeddings": [[{"index": i, "value": v} for i, v in zip(r.indices, r.values)] for r in results]}
 
 
 class SparseEmbeddingWire(TaskWire):
     task = SparseEmbedding
-    routes = (Route("/embed_sparse", "Sparse (SPLADE) embeddings", SparseRequest, SparseResponse, _render,
+    routes = (Route("/embed_sparse", "Sparse (SPLADE) embeddings", SparseRequest, SparseResponse, render_sparse,
                     form=(FormField("text", "Text", multiline=True),)), tei.route("/embed_sparse"))
 
 

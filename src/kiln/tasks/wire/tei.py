@@ -180,10 +180,11 @@ def _predict(body: TEIPredictRequest, model: str, prepared: Any, results: list[A
     return rows if body._batch() else rows[0]
 
 
-def route(path: str) -> Route:
-    """TEI's route at ``path`` (one of ROUTES)."""
-    summary, request, response, render, inputs = ROUTES[path]
-    return Route(path, f"{summary} (text-embeddings-inference's API)", request, response, render,
+def route(path: str, request: type[TEIRequest] | None = None) -> Route:
+    """TEI's route at ``path`` (one of ROUTES); ``request``: a subclass of its body that adds the task's own options
+    (a hybrid model's /embed_sparse asks for its lexical weights)."""
+    summary, body, response, render, inputs = ROUTES[path]
+    return Route(path, f"{summary} (text-embeddings-inference's API)", request or body, response, render,
                  inputs_field=inputs, protocol=WireProtocol.TEI)
 
 

@@ -1,0 +1,38 @@
+"""BGE-M3's one forward with three outputs, as one torch module (kiln.tasks.hybrid_embedding).
+
+FlagEmbedding's M3 model is an XLM-R encoder and two linear heads stored beside it (``sparse_linear.pt``: hidden ->
+1, ``colbert_linear.pt``: hidden -> hidden). From the last hidden states ``h`` it computes (FlagEmbedding 1.4.2,
+``finetune/embedder/encoder_only/m3/modeling.py``):
+
+- the dense vector: ``h[:, 0]`` (CLS), then L2-normalised;
+- the lexical (sparse) weights: ``relu(sparse_linear(h))``, one weight per token, later kept per token id as the
+  largest weight of its occurrences, special tokens left out;
+- the ColBERT vectors: ``colbert_linear(h[:, 1:])`` (every token after CLS), padding dropped, each L2-normalised.
+
+The graph returns the three raw tensors (the ColBERT head is applied at every position, CLS included, so the graph
+needs no slicing: the runtime drops position 0 with the padding); what is per-id or per-row stays in numpy.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from kiln.model.projected import EncoderWithModules
+
+# The graph's outputs, in the order the module returns them.
+DENSE, TOKEN_WEIGHTS, TOKEN_VECTORS = "sentence_embedding", "token_weights", "token_embeddings"
+
+
+class HybridModel(EncoderWithModules):
+    def __init__(self, encoder: Any, sparse: torch.nn.Linear, colbert: torch.nn.Linear) -> None:
+        super().__init__(encoder)
+        self.sparse = sparse
+        self.colbert = colbert
+
+    def forward(self, return_dict: bool = True, **inputs: torch.Tensor) -> dict[str, torch.Tensor]:
+        states = self.encoder(**inputs, return_dict=True).last_hidden_state
+        return {DENSE: states[:, 0],
+                TOKEN_WEIGHTS: torch.relu(self.sparse(states)).squeeze(-1),
+                TOKEN_VECTORS: self.colbert(states)}
