@@ -53,8 +53,9 @@ def test_fuzzing_the_served_schema_finds_no_failure(task_artifacts, tmp_path):
     operations = [line for line in report.splitlines() if "Tested:" in line]
     # every route: 10 task routes (multi-vector's /embed_multi, hybrid-embedding's /embed_hybrid among them) + 6
     # probes (/ping, the playground's GET / among them), TEI's /predict, /tokenize and /decode (kiln's own /embed,
-    # /rerank and /embed_sparse win those paths) and its POST / and /invocations (the first model's TEI route), OpenAI's /embeddings, v2's 9 (server, live, ready, and model
-    # metadata, ready and infer with and without a version), and Cohere's /v1/rerank and /v2/rerank
+    # /rerank and /embed_sparse win those paths) and its POST / and /invocations (the first model's TEI route),
+    # OpenAI's /embeddings, v2's 9 (server, live, ready, and model metadata, ready and infer with and without a
+    # version), and Cohere's /v1/rerank and /v2/rerank
     assert operations and operations[-1].split()[-1] == "33", report
     generated = [line for line in report.splitlines() if "generated" in line]
     assert generated and int(generated[-1].split()[0]) >= 100, report
