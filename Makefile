@@ -130,6 +130,10 @@ $(KSERVE_STAMP):
 # it pins sentence-transformers 5.3.0 and transformers <= 5.3.0 (kiln's venv has newer), and its fast-plaid index
 # dependency pins torch 2.11 with CUDA wheels (5 GB). kiln needs only pylate.models, which imports neither
 # fast-plaid nor fastkmeans, so pylate goes in without its dependencies and the ones models needs are named here.
+# FlagEmbedding 1.4.2 (BGE-M3's own library, tests/e2e/test_hybrid_flagembedding.py) shares the venv: its
+# BGEM3FlagModel needs torch, transformers and sentence-transformers, which are here; it goes in without its
+# dependencies too (datasets is here; peft and accelerate, which its package imports, are named; ir-datasets and
+# the fine-tuning extras are not needed to encode).
 PYLATE_VENV ?= .venv-pylate
 PYLATE_STAMP := $(PYLATE_VENV)/.kiln-pylate
 pylate: $(PYLATE_STAMP)
@@ -140,7 +144,9 @@ $(PYLATE_STAMP):
 	$(PYLATE_VENV)/bin/pip install -q --disable-pip-version-check 'sentence-transformers==5.3.0' \
 	  'transformers==5.3.0' datasets scipy 'ujson==5.12.0'
 	$(PYLATE_VENV)/bin/pip install -q --disable-pip-version-check --no-deps 'pylate==1.6.0'
-	$(PYLATE_VENV)/bin/python -c "from pylate import models"
+	$(PYLATE_VENV)/bin/pip install -q --disable-pip-version-check --no-deps 'FlagEmbedding==1.4.2' 'peft==0.21.2' \
+	  'accelerate==1.15.0' psutil pyyaml
+	$(PYLATE_VENV)/bin/python -c "from pylate import models; from FlagEmbedding import BGEM3FlagModel"
 	touch $(PYLATE_STAMP)
 
 # The original ColBERT (colbert-ai 0.2.22), whose checkpoint layout kiln also reads, in its own venv: its HF_ColBERT
