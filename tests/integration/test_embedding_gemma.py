@@ -40,6 +40,13 @@ def test_embedding_gemma_embeds_as_sentence_transformers_does(embedding_gemma):
         np.testing.assert_allclose(ours.encode(TEXTS, prompt_name=name), theirs.encode(TEXTS, prompt_name=name),
                                    atol=2e-5)
     np.testing.assert_allclose(ours.encode(TEXTS, truncate_dim=8), theirs.encode(TEXTS, truncate_dim=8), atol=2e-5)
+    # kiln audit's reference pools the projected token states (it read .last_hidden_state of the module's mapping
+    # and failed with AttributeError before)
+    from kiln.auditing.reference import Reference
+    from kiln.source.loading import load_source
+
+    reference = Reference(load_source(str(model), "feature-extraction"))
+    np.testing.assert_allclose(reference.vectors(TEXTS, reference.configured), theirs.encode(TEXTS), atol=2e-5)
 
 
 def test_what_kiln_does_not_verify_of_gemma3_is_refused(embedding_gemma, tmp_path):

@@ -98,6 +98,15 @@ def test_the_pytorch_reference_is_the_formula_too(bge_m3):
     _assert_equal(reference_predictor(source).predict(TEXTS, output="all"), flagembedding_formula(model_dir, TEXTS))
 
 
+def test_kiln_audits_reference_is_the_dense_vector(bge_m3):
+    """kiln audit judges a served BGE-M3's /embed against the encoder's CLS state, as the model's own vector."""
+    from kiln.auditing.reference import Reference
+
+    reference = Reference(load_source(str(bge_m3[0]), "hybrid-embedding"))
+    np.testing.assert_allclose(reference.vectors(TEXTS, reference.configured),
+                               flagembedding_formula(bge_m3[0], TEXTS)[0], atol=2e-5)
+
+
 def test_sparse_options_and_refusals(bge_m3):
     ours = kiln.load(bge_m3[1])
     full = ours.predict(TEXTS[:3], output="sparse")
@@ -145,6 +154,10 @@ def test_every_route_serves_what_the_artifact_computes(bge_m3):
         np.testing.assert_allclose(hybrid[1]["multi"], offline[1].multi, atol=1e-6)
         refused = client.post("/embed_multi", json={"inputs": TEXTS[:1], "dimensions": 8})
         assert refused.status_code == 422 and "dimensions" in refused.text
+        v2 = client.post("/v2/models/m3/infer", json={"inputs": [
+            {"name": "TEXT", "shape": [2, 1], "datatype": "BYTES", "data": TEXTS[:2]}]}).json()["outputs"]
+        assert [o["name"] for o in v2] == ["EMBEDDING"]  # KServe v2 (and kiln triton): the dense vector
+        np.testing.assert_allclose(np.reshape(v2[0]["data"], (2, -1)), [r.dense for r in offline[:2]], atol=1e-6)
     with TestClient(create_app(ServeConfig(models={"m3": bge_m3[1]}, protocols=("tei",)))) as client:
         tei_dense = client.post("/embed", json={"inputs": TEXTS[:6]}).json()
         np.testing.assert_allclose(tei_dense, [r.dense for r in offline[:6]], atol=1e-6)

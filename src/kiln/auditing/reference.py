@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from kiln.choices import Pooling
+from kiln.model.projected import token_states
 
 POOLINGS = tuple(p.value for p in Pooling)  # the ones kiln reproduces, named as the artifact names them
 TRUNCATIONS = (16, 32, 64, 128, 256, 384, 512)  # lengths servers commonly cut at
@@ -78,8 +79,8 @@ class Reference:
     def _batch(self, texts: list[str], recipe: Recipe) -> np.ndarray:
         torch = self._torch
         enc = self.tokenizer(texts, truncation=True, max_length=recipe.max_length, padding=True, return_tensors="pt")
-        with torch.inference_mode():
-            hidden = self.model(**enc).last_hidden_state.float()
+        with torch.inference_mode():  # an encoder's states, or projected ones (EmbeddingGemma's Dense modules)
+            hidden = token_states(self.model, **enc).float()
         mask = enc["attention_mask"].unsqueeze(-1).float()
         if recipe.pooling == Pooling.MEAN.value:
             pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1)

@@ -31,6 +31,10 @@ class HybridModel(EncoderWithModules):
         self.sparse = sparse
         self.colbert = colbert
 
+    def token_states(self, **inputs: torch.Tensor) -> torch.Tensor:
+        """The encoder's: the dense vector is the first of them (CLS pooling)."""
+        return self.encoder(**inputs, return_dict=True).last_hidden_state
+
     def forward(self, return_dict: bool = True, **inputs: torch.Tensor) -> dict[str, torch.Tensor]:
         states = self.encoder(**inputs, return_dict=True).last_hidden_state
         return {DENSE: states[:, 0],

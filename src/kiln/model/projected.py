@@ -39,6 +39,15 @@ class EncoderWithModules(torch.nn.Module):
     def dtype(self) -> torch.dtype:
         return self.encoder.dtype
 
+    def token_states(self, **inputs: torch.Tensor) -> torch.Tensor:
+        """The token states an embedder pools into its sentence vector ([batch, tokens, dim])."""
+        raise NotImplementedError
+
+
+def token_states(model: Any, **inputs: torch.Tensor) -> torch.Tensor:
+    """What a sentence embedding is pooled from, for a transformers model or one with modules beside it."""
+    return model.token_states(**inputs) if is_projected(model) else model(**inputs, return_dict=True).last_hidden_state
+
 
 class ProjectedModel(EncoderWithModules):
     def __init__(self, encoder: Any, projections: Sequence[torch.nn.Linear], output: str) -> None:
@@ -51,3 +60,6 @@ class ProjectedModel(EncoderWithModules):
         for projection in self.projections:
             states = projection(states)
         return {self.output: states}
+
+    def token_states(self, **inputs: torch.Tensor) -> torch.Tensor:
+        return self(**inputs)[self.output]
