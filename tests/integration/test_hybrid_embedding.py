@@ -164,3 +164,27 @@ def test_every_route_serves_what_the_artifact_computes(bge_m3):
         tei_sparse = client.post("/embed_sparse", json={"inputs": TEXTS[:6]}).json()
         assert [{t["index"]: t["value"] for t in terms} for terms in tei_sparse] == \
             [pytest.approx(dict(zip(r.sparse.indices, r.sparse.values)), abs=1e-6) for r in offline[:6]]
+
+
+def test_retrieval_rows_give_the_table_of_each_output_and_their_combination(bge_m3, tmp_path):
+    """--eval rows of (query, text, relevance): NDCG@10 of dense, sparse, multi and their mean, each query searching
+    every text; the dense one equals ranking by encode()'s cosine."""
+    import json
+
+    from kiln.scoring import ndcg_at_k
+    from kiln.tasks.hybrid_embedding.validation import HybridEmbeddingValidation
+
+    rows = [{"query": q, "text": t, "relevance": r} for q, t, r in [
+        (TEXTS[0], TEXTS[1], 2), (TEXTS[0], TEXTS[2], 0), (TEXTS[0], TEXTS[3], 1),
+        (TEXTS[4], TEXTS[5], 1), (TEXTS[4], TEXTS[6], 0), (TEXTS[4], TEXTS[1], 0)]]
+    path = tmp_path / "eval.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows))
+    ours = kiln.load(bge_m3[1])
+    figures = HybridEmbeddingValidation.evaluate(ours, HybridEmbeddingValidation.read_eval(path))
+    modes = ("dense", "sparse", "multi", "dense+sparse+multi")
+    assert {f"ndcg@10_{m}" for m in modes} | {"spearman", "spearman_sparse"} <= set(figures)
+    assert all(0 <= figures[f"ndcg@10_{m}"] <= 1 for m in modes)
+    documents = [TEXTS[i] for i in (1, 2, 3, 5, 6)]
+    relevance = {TEXTS[0]: [2, 0, 1, 0, 0], TEXTS[4]: [0, 0, 0, 1, 0]}
+    by_hand = [ndcg_at_k(ours.encode(documents) @ ours.encode([q])[0], rel) for q, rel in relevance.items()]
+    assert figures["ndcg@10_dense"] == pytest.approx(np.mean(by_hand))
