@@ -133,5 +133,6 @@ class HybridEmbeddingValidation(FeatureExtractionValidation):
                  "multi": lambda q, d: colbert_score(q.multi, d.multi)}
         table = {mode: np.array([[score[mode](q, d) for d in documents] for q in queries]) for mode in MODES}
         table["dense+sparse+multi"] = np.mean([table[mode] for mode in MODES], axis=0)
-        return {f"ndcg@10_{mode}": float(np.mean([ndcg_at_k(row, relevance) for row, relevance in
-                                                  zip(scores, judgements.relevance)])) for mode, scores in table.items()}
+        return {f"ndcg@10_{mode}": float(np.mean([ndcg_at_k(row, relevance)
+                                                  for row, relevance in zip(scores, judgements.relevance)]))
+                for mode, scores in table.items()}
