@@ -249,3 +249,46 @@ def test_kiln_embed_writes_each_documents_token_vectors(task_artifacts, tmp_path
     pytest.importorskip("ray")
     on_ray = _embed_writes(art, tmp_path, ["--ray", "local", "--window", "2"], kiln.load(art).predict(DOCUMENTS))
     assert on_ray.returncode == 0, on_ray.stderr[-2000:]  # ragged token vectors through Ray Data, in input order
+
+
+PYLATE_1_2 = Path(__file__).resolve().parents[1] / "data" / "pylate-1.2.0-colbert"
+
+
+def test_a_checkpoint_pylate_1_2_saved_optimizes_and_encodes_as_pylate(tmp_path):
+    """The reported failure: a ColBERT saved by PyLate 1.2.0 (sentence-transformers 4.0.2, transformers 4.48.2;
+    tests/peers/pylate_save.py says how it was written) stopped kiln optimize at onnx-fp32 with "operands could not
+    be broadcast together with shapes (4096,) (5120,)". Its tokenizer pads with [MASK], the query expansion token,
+    so kiln's padded batches read as expanded queries and a text's vector count changed with its batch. kiln now pads
+    with [PAD]; the variant is accepted, batch-invariant, and its vectors are PyLate's (1.6.0, reading the same
+    directory)."""
+    assert json.loads((PYLATE_1_2 / "tokenizer_config.json").read_text())["pad_token"] == "[MASK]"
+    result = kiln.optimize(str(PYLATE_1_2), task="multi-vector", output=tmp_path / "out", variants=["onnx-fp32"])
+    outcome = next(o for o in result.summary.outcomes if o.name == "onnx-fp32")
+    assert outcome.status == "accepted", outcome.reason
+    assert outcome.batched.drift.max_abs_diff < 1e-4, outcome.batched.drift
+    ours = kiln.load(tmp_path / "out" / "best")
+    assert ours.encoder.pad_id == 0  # [PAD], not [MASK] (103)
+    if not PYLATE.is_file():
+        pytest.skip("no PyLate venv (run `make pylate`)")
+    (tmp_path / "in.json").write_text(json.dumps({"queries": QUERIES, "documents": DOCUMENTS}))
+    run = subprocess.run([str(PYLATE), str(Path(__file__).parents[1] / "peers" / "pylate_encode.py"),
+                          str(PYLATE_1_2), str(tmp_path / "in.json"), str(tmp_path / "out.npz")], capture_output=True,
+                         text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    theirs = dict(np.load(tmp_path / "out.npz"))
+    for kind, texts, is_query in (("q", QUERIES, True), ("d", DOCUMENTS, False)):
+        for i, mine in enumerate(ours.predict(texts, is_query=is_query)):
+            np.testing.assert_allclose(mine, theirs[f"{kind}{i}"], atol=1e-4)
+
+
+def test_a_document_length_past_the_models_positions_is_cut_at_the_model(tmp_path):
+    """A checkpoint whose document_length (300) exceeds its encoder's positions (the tiny BERT's 128) is cut at the
+    model's maximum instead of failing inside the embeddings (RuntimeError: size 300 against 128)."""
+    from kiln.testing.factory import build_tiny_colbert
+
+    model = build_tiny_colbert(tmp_path / "model", document_length=300)
+    art = kiln.export(str(model), task="multi-vector", output=tmp_path / "art").artifact.path
+    ours = kiln.load(art)
+    long = " ".join(DOCUMENTS[-1:] * 8)
+    assert ours.prepare([long]).truncated == (True,)
+    assert 100 < len(ours.predict([long])[0]) <= ours.config.max_length

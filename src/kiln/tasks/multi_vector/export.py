@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from kiln.errors import ModelLoadError, UnsupportedModelError
-from kiln.tasks.export import TaskExport
+from kiln.tasks.export import TaskExport, batch_pad_id
 from kiln.tasks.files import load_dense, read_json
 from kiln.tasks.rerank.export import RerankExport
 
@@ -116,11 +116,37 @@ class MultiVectorExport(TaskExport):
         words = list(string.punctuation) if words is None else words
         skip = sorted({int(i) for i in tokenizer.convert_tokens_to_ids(list(words)) if i is not None})
         projections = layout.projections(model_dir)
+        # Never past what the encoder reads (its positions; the tokenizer's limit, which RoBERTa-style offsets
+        # lower): a checkpoint may name a document length its encoder cannot take, which would fail in its
+        # embeddings. PyLate's and sentence-transformers' max_seq_length is not the bound: PyLate cuts at the lengths.
+        limit = int(hf_config.max_position_embeddings)
+        if 0 < int(getattr(tokenizer, "model_max_length", 0) or 0) < 100_000:
+            limit = min(limit, int(tokenizer.model_max_length))
         return {"dimension": projections[-1].out_features if projections else hf_config.hidden_size,
                 "late_interaction": {
-            "query_length": int(found["query_length"]), "document_length": int(found["document_length"]),
+            "query_length": min(int(found["query_length"]), limit),
+            "document_length": min(int(found["document_length"]), limit),
             "expansion_id": int(tokenizer.mask_token_id), "do_query_expansion": bool(found["do_query_expansion"]),
             "attend_to_expansion_tokens": bool(found["attend_to_expansion_tokens"]), "skiplist_ids": skip, **ids}}
+
+    @classmethod
+    def pad_id(cls, tokenizer: Any, config: Any) -> int:
+        """Not the [MASK] query expansion: PyLate saves its tokenizer with [MASK] as the padding token (it expands
+        queries by padding them), so a padded batch would read as expanded queries, and a text's vectors would
+        depend on its batch. kiln expands queries itself, so it pads with the tokenizer's own padding token
+        (tokenizer.json's padding settings, else its [PAD] / <pad> token)."""
+        found = batch_pad_id(tokenizer, config)
+        if found != tokenizer.mask_token_id:
+            return found
+        padding = getattr(getattr(tokenizer, "backend_tokenizer", None), "padding", None) or {}
+        vocab = tokenizer.get_vocab()
+        candidates = [padding.get("pad_id"), *(vocab.get(name) for name in ("[PAD]", "<pad>"))]
+        chosen = next((int(i) for i in candidates if i is not None and i != tokenizer.mask_token_id), None)
+        if chosen is None:
+            raise UnsupportedModelError("the tokenizer pads with its [MASK] token, which is also the query "
+                                        "expansion token, and has no other padding token ([PAD] or <pad>) kiln "
+                                        "could pad batches with")
+        return chosen
 
     @classmethod
     def attach_head(cls, hf_model: Any, model_dir: Path, tokenizer: Any) -> Any:
