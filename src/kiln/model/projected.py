@@ -17,8 +17,8 @@ from typing import Any
 import torch
 
 # Why a module with projections cannot go where one transformers model is saved and reloaded alone.
-CARRIES_PROJECTIONS = ("carries modules beside its transformers class (sentence-transformers Dense projections) "
-                       "that a saved transformers model would lose")
+CARRIES_PROJECTIONS = ("carries modules beside its transformers class (sentence-transformers Dense projections, "
+                       "BGE-M3's sparse and ColBERT heads) that a saved transformers model would lose")
 
 
 def is_projected(model: object) -> bool:

@@ -61,8 +61,10 @@ SUPPORTED: dict[str, ArchSpec] = {
 
 # Families people try that kiln knowingly refuses, with the reason it gives.
 REFUSED: dict[str, str] = {
-    "qwen2": "kiln's causal embedders and rerankers are verified on Qwen3 (Qwen3-Embedding, Qwen3-Reranker), not "
-             "yet on Qwen2 (gte-Qwen2), and its generation is not verified",
+    "qwen2": "gte-Qwen2, the Qwen2 embedder people run, attends bidirectionally through its own code (auto_map, "
+             "trust_remote_code), while transformers' Qwen2 is causal: kiln would compute other vectors than the "
+             "model's, so it refuses the family (its causal embedders are verified on Qwen3, its generation on GPT-2 "
+             "and GPT-Neo)",
     "embedding_gemma2_text": "EmbeddingGemma 2 (transformers' multimodal embedding_gemma2, text part) is not built "
                              "yet; EmbeddingGemma (gemma3_text with bidirectional attention) is supported",
     "mistral": "Mistral-7B-class embedders (E5-Mistral, SFR) are not built: their fp32 weights alone are ~28 GB "
