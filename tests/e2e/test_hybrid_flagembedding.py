@@ -14,7 +14,7 @@ import pytest
 
 import kiln
 from kiln.data.texts import builtin_sentences
-from kiln.tasks.hybrid_embedding.validation import colbert_score, lexical_score
+from kiln.tasks.hybrid_embedding.validation import similarities
 from kiln.testing.factory import build_tiny_bge_m3
 
 PEER = Path(__file__).resolve().parents[2] / ".venv-pylate" / "bin" / "python"
@@ -41,14 +41,11 @@ def flagembedding(bge_m3, tmp_path_factory) -> dict:
 
 
 def _scores(results) -> dict[str, list[float]]:
+    """FlagEmbedding's three scores of each query against each document, from kiln's outputs."""
     queries, documents = results[: len(QUERIES)], results[len(QUERIES):]
-
-    def pair(vector):
-        return np.asarray(vector.indices), np.asarray(vector.values, dtype=np.float32)
-
-    return {"dense": [float(q.dense @ d.dense) for q in queries for d in documents],
-            "sparse": [lexical_score(pair(q.sparse), pair(d.sparse)) for q in queries for d in documents],
-            "colbert": [colbert_score(q.multi, d.multi) for q in queries for d in documents]}
+    rows = [similarities(q, d) for q in queries for d in documents]
+    return {theirs: [r[ours] for r in rows] for theirs, ours in (("dense", "dense"), ("sparse", "sparse"),
+                                                                  ("colbert", "multi"))}
 
 
 def _assert_like_flagembedding(results, theirs, atol):

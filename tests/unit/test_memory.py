@@ -36,8 +36,11 @@ def test_a_callers_own_freeze_is_left_alone():
     gc.freeze()
     try:
         count = gc.get_freeze_count()
+        # Frozen objects that die leave the permanent generation (another thread may free some meanwhile: it failed
+        # under pytest-xdist with an exact count), so the check is that the block neither froze more (the count
+        # would grow by what it allocated) nor unfroze (it would fall to 0).
         with live_objects_set_aside():
-            assert gc.get_freeze_count() == count
-        assert gc.get_freeze_count() == count  # not unfrozen by the block
+            assert count // 2 < gc.get_freeze_count() <= count
+        assert count // 2 < gc.get_freeze_count() <= count  # not unfrozen by the block
     finally:
         gc.unfreeze()

@@ -25,6 +25,7 @@ from kiln.tasks.feature_extraction.validation import FeatureExtractionValidation
 
 TOP_TERMS = 10
 MODES = ("dense", "sparse", "multi")
+COMBINED = "dense+sparse+multi"
 
 
 def lexical_weights(reduced: Any, special_ids: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
@@ -47,6 +48,17 @@ def lexical_score(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndar
 def colbert_score(query: np.ndarray, document: np.ndarray) -> float:
     """FlagEmbedding's ColBERT score: each query vector's best dot product in the document, averaged."""
     return float((query @ document.T).max(axis=1).mean()) if len(query) and len(document) else 0.0
+
+
+def similarities(a: Any, b: Any) -> dict[str, float]:
+    """The similarity of two texts' outputs (HybridVectors) by each: dense cosine, lexical matching score, ColBERT
+    score, and their unweighted mean (FlagEmbedding's compute_score with its default weights)."""
+    def lexical(vector: Any) -> tuple[np.ndarray, np.ndarray]:
+        return np.asarray(vector.indices, dtype=np.int64), np.asarray(vector.values, dtype=np.float32)
+
+    found = {"dense": float(a.dense @ b.dense) / max(float(np.linalg.norm(a.dense) * np.linalg.norm(b.dense)), 1e-12),
+             "sparse": lexical_score(lexical(a.sparse), lexical(b.sparse)), "multi": colbert_score(a.multi, b.multi)}
+    return found | {COMBINED: float(np.mean([found[mode] for mode in MODES]))}
 
 
 def _sparse_cosine(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]) -> float:
@@ -102,20 +114,9 @@ class HybridEmbeddingValidation(FeatureExtractionValidation):
         FlagEmbedding's compute_score calls colbert+sparse+dense)."""
         left = predictor.predict([a for a, _ in data.inputs], output="all")
         right = predictor.predict([b for _, b in data.inputs], output="all")
-
-        def as_pair(vector: Any) -> tuple[np.ndarray, np.ndarray]:
-            return np.asarray(vector.indices, dtype=np.int64), np.asarray(vector.values, dtype=np.float32)
-
-        scores = {
-            "dense": [float(np.dot(a.dense, b.dense) / max(np.linalg.norm(a.dense) * np.linalg.norm(b.dense), 1e-12))
-                      for a, b in zip(left, right)],
-            "sparse": [lexical_score(as_pair(a.sparse), as_pair(b.sparse)) for a, b in zip(left, right)],
-            "multi": [colbert_score(a.multi, b.multi) for a, b in zip(left, right)]}
-        combined = np.mean([scores[mode] for mode in MODES], axis=0)
-        found = {"spearman": spearman(scores["dense"], data.labels),
-                 "spearman_sparse": spearman(scores["sparse"], data.labels),
-                 "spearman_multi": spearman(scores["multi"], data.labels),
-                 "spearman_dense+sparse+multi": spearman(combined, data.labels)}
+        rows = [similarities(a, b) for a, b in zip(left, right)]
+        found = {f"spearman{'' if mode == 'dense' else '_' + mode}": spearman([r[mode] for r in rows], data.labels)
+                 for mode in (*MODES, COMBINED)}
         judgements = cls.retrieval_judgements(data)
         return found if judgements is None else found | cls._retrieval(predictor, judgements)
 
@@ -125,14 +126,7 @@ class HybridEmbeddingValidation(FeatureExtractionValidation):
         by their unweighted mean; NDCG@10 (graded gains) of each ranking, averaged over the queries."""
         queries = predictor.predict(judgements.queries, output="all")
         documents = predictor.predict(judgements.documents, output="all")
-        pair = {id(v): (np.asarray(v.sparse.indices), np.asarray(v.sparse.values, dtype=np.float32))
-                for v in (*queries, *documents)}
-        score = {"dense": lambda q, d: float(q.dense @ d.dense) / max(float(np.linalg.norm(q.dense) *
-                                                                            np.linalg.norm(d.dense)), 1e-12),
-                 "sparse": lambda q, d: lexical_score(pair[id(q)], pair[id(d)]),
-                 "multi": lambda q, d: colbert_score(q.multi, d.multi)}
-        table = {mode: np.array([[score[mode](q, d) for d in documents] for q in queries]) for mode in MODES}
-        table["dense+sparse+multi"] = np.mean([table[mode] for mode in MODES], axis=0)
-        return {f"ndcg@10_{mode}": float(np.mean([ndcg_at_k(row, relevance)
-                                                  for row, relevance in zip(scores, judgements.relevance)]))
-                for mode, scores in table.items()}
+        table = [[similarities(q, d) for d in documents] for q in queries]
+        return {f"ndcg@10_{mode}": float(np.mean([ndcg_at_k([s[mode] for s in row], relevance)
+                                                  for row, relevance in zip(table, judgements.relevance)]))
+                for mode in (*MODES, COMBINED)}
