@@ -10,7 +10,9 @@ FlagEmbedding's M3 model is an XLM-R encoder and two linear heads stored beside 
 - the ColBERT vectors: ``colbert_linear(h[:, 1:])`` (every token after CLS), padding dropped, each L2-normalised.
 
 The graph returns the three raw tensors (the ColBERT head is applied at every position, CLS included, so the graph
-needs no slicing: the runtime drops position 0 with the padding); what is per-id or per-row stays in numpy.
+needs no slicing: the runtime drops position 0 with the padding); what is per-id or per-row stays in numpy. Their
+names are the task's (``outputs``: the dense vector's, the token weights', the token vectors'), as a projected
+model's output is.
 """
 
 from __future__ import annotations
@@ -21,15 +23,14 @@ import torch
 
 from kiln.model.projected import EncoderWithModules
 
-# The graph's outputs, in the order the module returns them.
-DENSE, TOKEN_WEIGHTS, TOKEN_VECTORS = "sentence_embedding", "token_weights", "token_embeddings"
-
 
 class HybridModel(EncoderWithModules):
-    def __init__(self, encoder: Any, sparse: torch.nn.Linear, colbert: torch.nn.Linear) -> None:
+    def __init__(self, encoder: Any, sparse: torch.nn.Linear, colbert: torch.nn.Linear,
+                 outputs: tuple[str, str, str]) -> None:
         super().__init__(encoder)
         self.sparse = sparse
         self.colbert = colbert
+        self.outputs = outputs
 
     def token_states(self, **inputs: torch.Tensor) -> torch.Tensor:
         """The encoder's: the dense vector is the first of them (CLS pooling)."""
@@ -37,6 +38,6 @@ class HybridModel(EncoderWithModules):
 
     def forward(self, return_dict: bool = True, **inputs: torch.Tensor) -> dict[str, torch.Tensor]:
         states = self.encoder(**inputs, return_dict=True).last_hidden_state
-        return {DENSE: states[:, 0],
-                TOKEN_WEIGHTS: torch.relu(self.sparse(states)).squeeze(-1),
-                TOKEN_VECTORS: self.colbert(states)}
+        dense, weights, vectors = self.outputs
+        return {dense: states[:, 0], weights: torch.relu(self.sparse(states)).squeeze(-1),
+                vectors: self.colbert(states)}

@@ -9,10 +9,11 @@ from typing import Any
 
 from kiln.choices import Pooling
 from kiln.errors import ModelLoadError, UnsupportedModelError
-from kiln.model.hybrid import DENSE, TOKEN_VECTORS, TOKEN_WEIGHTS
 from kiln.tasks.feature_extraction.export import FeatureExtractionExport, dense_dirs
 
 HEADS = {"sparse": "sparse_linear.pt", "colbert": "colbert_linear.pt"}  # FlagEmbedding's file names
+# The graph's outputs: the CLS state, a weight per token, a ColBERT vector per token (kiln.model.hybrid).
+DENSE, TOKEN_WEIGHTS, TOKEN_VECTORS = "sentence_embedding", "token_weights", "token_embeddings"
 
 
 def _head(model_dir: Path, name: str, hidden: int) -> Any:
@@ -70,4 +71,5 @@ class HybridEmbeddingExport(FeatureExtractionExport):
         from kiln.model.hybrid import HybridModel
 
         hidden = int(hf_model.config.hidden_size)
-        return HybridModel(hf_model, _head(model_dir, "sparse", hidden), _head(model_dir, "colbert", hidden))
+        return HybridModel(hf_model, _head(model_dir, "sparse", hidden), _head(model_dir, "colbert", hidden),
+                           cls.output_names)

@@ -26,11 +26,10 @@ from typing import Any
 import numpy as np
 
 from kiln.errors import UsageError
-from kiln.model.hybrid import DENSE, TOKEN_VECTORS, TOKEN_WEIGHTS
 from kiln.runtime.features import Prepared
 from kiln.runtime.precision import Precision
 from kiln.tasks.feature_extraction.task import EmbedOptions, FeatureExtraction, _unit
-from kiln.tasks.hybrid_embedding.export import HybridEmbeddingExport
+from kiln.tasks.hybrid_embedding.export import DENSE, TOKEN_VECTORS, TOKEN_WEIGHTS, HybridEmbeddingExport
 from kiln.tasks.hybrid_embedding.validation import HybridEmbeddingValidation, lexical_weights
 from kiln.tasks.sparse_embedding.task import SparseVector, kept_terms
 
