@@ -134,6 +134,22 @@ def test_a_directory_without_the_heads_is_refused_naming_them(bge_m3, tmp_path):
     assert load_source(str(model), "feature-extraction").task_config.pooling.value == "cls"  # dense alone: fine
 
 
+def test_a_damaged_head_file_is_one_error_naming_it(bge_m3, tmp_path):
+    """A truncated head (an interrupted download) and one of the wrong width each fail loading with the file's name,
+    not inside torch's unpickler or at the first forward."""
+    from kiln.errors import ModelLoadError
+
+    model = tmp_path / "model"
+    shutil.copytree(bge_m3[0], model)
+    head = model / "sparse_linear.pt"
+    head.write_bytes(head.read_bytes()[:100])
+    with pytest.raises(ModelLoadError, match=r"could not read .*sparse_linear.pt as a state dict of tensors"):
+        load_source(str(model), "hybrid-embedding")
+    torch.save(torch.nn.Linear(8, 1).state_dict(), head)
+    with pytest.raises(ModelLoadError, match=r"sparse_linear.pt must hold a Linear's weight \[out, 32\]"):
+        load_source(str(model), "hybrid-embedding")
+
+
 def test_every_route_serves_what_the_artifact_computes(bge_m3):
     ours = kiln.load(bge_m3[1])
     offline = ours.predict(TEXTS, output="all")

@@ -37,7 +37,7 @@ class HybridModel(EncoderWithModules):
         return self.encoder(**inputs, return_dict=True).last_hidden_state
 
     def forward(self, return_dict: bool = True, **inputs: torch.Tensor) -> dict[str, torch.Tensor]:
-        states = self.encoder(**inputs, return_dict=True).last_hidden_state
+        states = self.token_states(**inputs)
         dense, weights, vectors = self.outputs
         return {dense: states[:, 0], weights: torch.relu(self.sparse(states)).squeeze(-1),
                 vectors: self.colbert(states)}
