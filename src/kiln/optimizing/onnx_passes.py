@@ -166,8 +166,37 @@ def to_fp16(src: Path, dst: Path, *, block_list: Sequence[str] = FP16_BLOCK_LIST
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model.convert_float_to_float16(keep_io_types=True, op_block_list=list(block_list))
+    repeated = drop_repeated_casts(model.model.graph)
     model.save_model_to_file(str(dst))
-    return {"pass": "fp16", "keep_io_types": True, "op_block_list": list(block_list)}
+    return {"pass": "fp16", "keep_io_types": True, "op_block_list": list(block_list),
+            **({"repeated_casts_dropped": repeated} if repeated else {})}
+
+
+def drop_repeated_casts(graph: Any) -> int:
+    """Remove Cast nodes that repeat an earlier one exactly (same name, input, output and type); returns how many.
+
+    ONNX Runtime's fp16 converter up to 1.30 inserts one fp16->fp32 Cast per kept-in-fp32 consumer of a tensor, all
+    under one node and output name: a model where one tensor feeds two such nodes then fails to load ("two nodes with
+    same node name"; GTE, Jina v3 and BGE-M3 exported on an H200 machine's torch 2.11 + ORT 1.30, and a graph of two
+    LayerNorms of one tensor under ORT 1.30: tests/unit/test_fp16_pass.py). 1.32 shares one Cast; this does the same."""
+    seen: set[bytes] = set()
+    kept, dropped = [], 0
+    for node in graph.node:
+        key = node.SerializeToString() if node.op_type == "Cast" else None
+        if key is not None and key in seen:
+            dropped += 1
+            continue
+        if key is not None:
+            seen.add(key)
+        kept.append(node)
+    if dropped:
+        names: set[str] = set()
+        infos = [info for info in graph.value_info if not (info.name in names or names.add(info.name))]
+        del graph.node[:]
+        graph.node.extend(kept)
+        del graph.value_info[:]
+        graph.value_info.extend(infos)
+    return dropped
 
 
 def quantizable_nodes(path: Path) -> list[str]:
