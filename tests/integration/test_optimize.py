@@ -266,6 +266,37 @@ def test_a_variant_whose_retry_raises_is_reported_failed_and_the_run_goes_on(tin
     assert Artifact.open(tmp_path / "o").manifest.build.skipped["flaky-int8"] == flaky_outcome.reason
 
 
+def test_a_rejected_variant_no_faster_than_an_accepted_one_tries_no_alternatives(tiny_model, tmp_path,
+                                                                                 monkeypatch):
+    """Alternative parameters move accuracy, not speed: a fully int8 variant timed no faster than the fastest
+    accepted one is rejected with its figures, before any alternative is built or a layer ranked."""
+    from kiln.optimizing import job, variants
+    from kiln.records.timing import Timing
+
+    def int8(ctx, excluded=(), **params):
+        if params:
+            raise AssertionError("an alternative was built")
+        return variants._int8_dynamic(ctx, excluded)  # fails a 1e-6 gate
+
+    def ranked(*_):
+        raise AssertionError("layers were ranked")
+
+    spec = variants.VariantSpec("slow-int8", int8, variants.CPU, alternatives=({"alpha": 1},), rank=ranked)
+    monkeypatch.setitem(variants.VARIANTS, spec.name, spec)
+    timed = job.time_predictor
+    # The full variant's one-round timing (the one this decision reads) made slow; every other timing real.
+    monkeypatch.setattr(job, "time_predictor", lambda predictor, encodings, rounds=2: Timing(
+        len(encodings), 1e3, 1) if rounds == 1 else timed(predictor, encodings, rounds=rounds))
+    summary = OptimizeJob(OptimizeConfig(model=str(tiny_model("bert")), task=TaskName.FEATURE_EXTRACTION,
+                                         output=tmp_path / "o", tolerance=1e-6,
+                                         variants=("onnx-fp32", "slow-int8"))).run()
+    fp32, slow = summary.outcomes
+    assert fp32.status == "accepted" and slow.status == "rejected"
+    assert slow.reason.endswith("; not searched: fully int8, it is no faster than onnx-fp32"), slow.reason
+    assert slow.sensitivity.rounds == () and re.match(r"fully int8 \d+\.\d ms a text, fastest accepted \(onnx-fp32\) "
+                                                      r"\d+\.\d", slow.sensitivity.bound), slow.sensitivity.bound
+
+
 def test_the_reference_runs_on_the_runs_thread_count(tiny_model, tmp_path, monkeypatch):
     import torch
 

@@ -306,8 +306,17 @@ class OptimizeJob:
             if not checked.verdict.accepted and self.own_loss and (spec.alternatives or spec.rank):
                 self.progress(f"{spec.name}: {checked.verdict.reason}; no precision search: {self.own_loss}")
             if not checked.verdict.accepted and spec.alternatives and search:
-                self.progress(f"{spec.name}: {checked.verdict.reason}; trying its alternative parameters")
-                checked = self._alternatives(spec, checked)
+                # Alternative parameters (SmoothQuant's alpha) move accuracy, not speed: a fully int8 variant no
+                # faster than the fastest accepted one cannot win with any of them, nor with layers back in fp32.
+                # Told before the sweep: the tiny BERT's default optimize spent 13 of its 38 s on four alphas of
+                # an openvino-int8-static the timings then left unsearched (`kiln optimize DIR`, AMX Xeon).
+                hopeless = self._no_faster(spec, checked)
+                if hopeless is not None:
+                    checked, sensitivity = hopeless
+                    search = False
+                else:
+                    self.progress(f"{spec.name}: {checked.verdict.reason}; trying its alternative parameters")
+                    checked = self._alternatives(spec, checked)
             if not checked.verdict.accepted and spec.rank is not None and search:
                 self.progress(f"{spec.name}: {checked.verdict.reason}; ranking layers by int8 sensitivity")
                 checked, sensitivity, timing = self._exclude(spec, checked)
@@ -381,6 +390,32 @@ class OptimizeJob:
         the built-in set (the reference's, against itself, is computed for that alone)."""
         carried = self.spec.validation.builtin_metric_of(agreement()) if data.builtin else None
         return carried if carried is not None else self.spec.validation.evaluate(predictor, data)
+
+    def _no_faster(self, spec: VariantSpec, full: Checked) -> tuple[Checked, Sensitivity] | None:
+        """The rejection, unsearched, of a fully int8 variant that is no faster than the fastest accepted variant
+        (the same words as the search's own bound); None where it may still pay, or nothing was timed yet."""
+        timing = _released(time_predictor(self._predictor(full.built.record(), timed=True), self.work.timing,
+                                          rounds=1))
+        slower = self._slower_than_best(timing)
+        if slower is None:
+            return None
+        rejection, said = slower
+        self.progress(f"{spec.name}: {said}")
+        verdict = dataclasses.replace(full.verdict, reason=f"{full.verdict.reason}; {rejection}")
+        return dataclasses.replace(full, verdict=verdict), Sensitivity((), (), (), False, bound=said)
+
+    def _slower_than_best(self, full: Timing) -> tuple[str, str] | None:
+        """(rejection, figures) where the fully int8 variant timed ``full`` is no faster than the fastest accepted
+        variant: then nothing its search or parameters change can make it the choice."""
+        timed = accepted_and_timed(self.outcomes)
+        if not timed:
+            return None
+        best = min(timed, key=lambda o: o.timing.ms_per_sequence)
+        if full.ms_per_sequence < best.timing.ms_per_sequence:
+            return None
+        return (f"not searched: fully int8, it is no faster than {best.name}",
+                f"fully int8 {full.ms_per_sequence:.1f} ms a text, fastest accepted ({best.name}) "
+                f"{best.timing.ms_per_sequence:.1f}")
 
     def _alternatives(self, spec: VariantSpec, default: Checked) -> Checked:
         """Try the variant's alternative parameters in order; keep the first that passes, else the best."""
@@ -469,8 +504,8 @@ class OptimizeJob:
         best = min(timed, key=lambda o: o.timing.ms_per_sequence)
         said = (f"fully int8 {full.ms_per_sequence:.1f} ms a text, {source} {float_timing.ms_per_sequence:.1f}, "
                 f"fastest accepted ({best.name}) {best.timing.ms_per_sequence:.1f}")
-        if full.ms_per_sequence >= best.timing.ms_per_sequence:  # no ranking either: nothing can pay
-            return SearchBound(0, [], f"not searched: fully int8, it is no faster than {best.name}", said)
+        if slower := self._slower_than_best(full):  # no ranking either: nothing can pay
+            return SearchBound(0, [], slower[0], said)
         ranking = rank()
         paying = paying_limit(ranking, quantized_ms=full.ms_per_sequence, float_ms=float_timing.ms_per_sequence,
                               best_ms=best.timing.ms_per_sequence)
