@@ -49,6 +49,24 @@ def test_embedding_gemma_embeds_as_sentence_transformers_does(embedding_gemma):
     np.testing.assert_allclose(reference.vectors(TEXTS, reference.configured), theirs.encode(TEXTS), atol=2e-5)
 
 
+def test_the_pytorch_variants_carry_the_projections(embedding_gemma, tmp_path):
+    """torch-fp16 saves the encoder with its Dense projections beside it and loads them back: judged like any
+    variant, its vectors are sentence-transformers' to fp16 rounding."""
+    from sentence_transformers import SentenceTransformer
+
+    from kiln.optimizing.job import OptimizeConfig, OptimizeJob
+
+    model, _ = embedding_gemma
+    summary = OptimizeJob(OptimizeConfig(model=str(model), task=TaskName.FEATURE_EXTRACTION, output=tmp_path / "o",
+                                         variants=("torch-fp16",))).run()
+    (fp16,) = summary.outcomes
+    assert fp16.status == "accepted" and summary.best == "torch-fp16", fp16.reason
+    ours = kiln.load(tmp_path / "o" / "best")
+    assert ours.config.dimension == 24
+    got, want = ours.encode(TEXTS), SentenceTransformer(str(model), device="cpu").encode(TEXTS)
+    assert got.shape == want.shape and (got * want).sum(1).min() > 0.999  # both normalized
+
+
 def test_what_kiln_does_not_verify_of_gemma3_is_refused(embedding_gemma, tmp_path):
     causal = tmp_path / "causal"
     shutil.copytree(embedding_gemma[0], causal)

@@ -134,6 +134,30 @@ def test_a_directory_without_the_heads_is_refused_naming_them(bge_m3, tmp_path):
     assert load_source(str(model), "feature-extraction").task_config.pooling.value == "cls"  # dense alone: fine
 
 
+def test_the_pytorch_variants_carry_the_heads(bge_m3, tmp_path):
+    """torch-fp16 saves the encoder as transformers does and both heads beside it (kiln.model.module.
+    save_task_module), so kiln optimize judges it like any variant and the chosen one answers FlagEmbedding's
+    formula; a damaged side file is one error naming it."""
+    from kiln.errors import ArtifactError
+    from kiln.model.module import SIDE_MODULES_FILE, load_task_module
+    from kiln.optimizing.job import OptimizeConfig, OptimizeJob
+
+    model_dir, _ = bge_m3
+    summary = OptimizeJob(OptimizeConfig(model=str(model_dir), task="hybrid-embedding", output=tmp_path / "o",
+                                         variants=("torch-fp16",))).run()
+    (fp16,) = summary.outcomes
+    assert fp16.status == "accepted" and summary.best == "torch-fp16", fp16.reason
+    _assert_equal(kiln.load(tmp_path / "o" / "best").predict(TEXTS, output="all"),
+                  flagembedding_formula(model_dir, TEXTS), atol=2e-2)  # fp16 arithmetic, fp32 formula
+    saved = tmp_path / "o" / "best" / "torch"
+    side = saved / SIDE_MODULES_FILE
+    assert side.is_file() and type(load_task_module(saved).model).__name__ == "HybridModel"
+    side.write_bytes(side.read_bytes()[:64])
+    with pytest.raises(ArtifactError, match=f"cannot load the PyTorch variant in {saved}: {SIDE_MODULES_FILE} "
+                                            "cannot be read"):
+        load_task_module(saved)
+
+
 def test_a_damaged_head_file_is_one_error_naming_it(bge_m3, tmp_path):
     """A truncated head (an interrupted download) and one of the wrong width each fail loading with the file's name,
     not inside torch's unpickler or at the first forward."""

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from kiln.model.projected import EncoderWithModules
+from kiln.model.projected import EncoderWithModules, linear_of, linear_shape
 
 
 class HybridModel(EncoderWithModules):
@@ -35,6 +35,15 @@ class HybridModel(EncoderWithModules):
     def token_states(self, **inputs: torch.Tensor) -> torch.Tensor:
         """The encoder's: the dense vector is the first of them (CLS pooling)."""
         return self.encoder(**inputs, return_dict=True).last_hidden_state
+
+    def described(self) -> dict[str, Any]:
+        return {"sparse": linear_shape(self.sparse), "colbert": linear_shape(self.colbert),
+                "outputs": list(self.outputs)}
+
+    @classmethod
+    def rebuilt(cls, encoder: Any, described: dict[str, Any]) -> HybridModel:
+        return cls(encoder, linear_of(described["sparse"]), linear_of(described["colbert"]),
+                   tuple(described["outputs"]))
 
     def forward(self, return_dict: bool = True, **inputs: torch.Tensor) -> dict[str, torch.Tensor]:
         states = self.token_states(**inputs)

@@ -26,14 +26,41 @@ def is_projected(model: object) -> bool:
     return isinstance(model, EncoderWithModules)
 
 
+def linear_shape(layer: torch.nn.Linear) -> list[int | bool]:
+    """[in, out, has bias]: what rebuilds ``layer`` empty before its weights are loaded."""
+    return [int(layer.in_features), int(layer.out_features), layer.bias is not None]
+
+
+def linear_of(shape: list[int | bool]) -> torch.nn.Linear:
+    return torch.nn.Linear(int(shape[0]), int(shape[1]), bias=bool(shape[2]))
+
+
 class EncoderWithModules(torch.nn.Module):
     """A transformers encoder and modules a checkpoint stores beside it, run as one module (the projections here;
-    BGE-M3's sparse and ColBERT heads in kiln.model.hybrid)."""
+    BGE-M3's sparse and ColBERT heads in kiln.model.hybrid).
+
+    Saved as the encoder's own transformers files plus the side modules' weights and a description of their shapes
+    (kiln.model.module.save_task_module), so the PyTorch variants (torch-bf16, torch-fp16) carry them too: each
+    subclass says what rebuilds it (``described`` / ``rebuilt``)."""
 
     def __init__(self, encoder: Any) -> None:
         super().__init__()
         self.encoder = encoder
         self.config = encoder.config  # what code reading a transformers model's settings asks for
+
+    def described(self) -> dict[str, Any]:
+        """JSON: everything beside the encoder that ``rebuilt`` needs to make this module again (not the weights)."""
+        raise NotImplementedError
+
+    @classmethod
+    def rebuilt(cls, encoder: Any, described: dict[str, Any]) -> EncoderWithModules:
+        """This module around ``encoder``, its side modules empty (of the described shapes)."""
+        raise NotImplementedError
+
+    def side_state(self) -> dict[str, torch.Tensor]:
+        """The weights of every module beside the encoder, by their names in this module."""
+        return {name: tensor.detach().contiguous() for name, tensor in self.state_dict().items()
+                if not name.startswith("encoder.")}
 
     @property
     def dtype(self) -> torch.dtype:
@@ -63,3 +90,10 @@ class ProjectedModel(EncoderWithModules):
 
     def token_states(self, **inputs: torch.Tensor) -> torch.Tensor:
         return self(**inputs)[self.output]
+
+    def described(self) -> dict[str, Any]:
+        return {"projections": [linear_shape(p) for p in self.projections], "output": self.output}
+
+    @classmethod
+    def rebuilt(cls, encoder: Any, described: dict[str, Any]) -> ProjectedModel:
+        return cls(encoder, [linear_of(shape) for shape in described["projections"]], described["output"])

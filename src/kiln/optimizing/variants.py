@@ -259,15 +259,6 @@ def _needs_bf16(ctx: BuildContext) -> str | None:
     return None
 
 
-def _saves_as_transformers(ctx: BuildContext) -> str | None:
-    """The autocast variants save the transformers model and reload it alone (kiln.model.module.save_task_module)."""
-    from kiln.model.projected import CARRIES_PROJECTIONS, is_projected
-
-    return f"the model {CARRIES_PROJECTIONS}" if is_projected(ctx.source.model) else None
-
-
-def _torch_bf16_possible(ctx: BuildContext) -> str | None:
-    return _needs_bf16(ctx) or _saves_as_transformers(ctx)
 
 
 def _needs_openvino_bf16(ctx: BuildContext) -> str | None:
@@ -336,9 +327,8 @@ VARIANTS: dict[VariantName, VariantSpec] = {VariantName(spec.name): spec for spe
                 rank=_ranked_ir(Int8Mode.WEIGHTS), quantizes=lambda ctx: "openvino-fp32"),
     VariantSpec("onnx-fp16", _fp16, frozenset({Target.CUDA}), needs_model=_fusing()),
     VariantSpec("torchscript", _torchscript, ALL, needs_model=_always),
-    VariantSpec("torch-bf16", _torch_autocast(Precision.BF16), CPU, _torch_bf16_possible, needs_model=_always),
-    VariantSpec("torch-fp16", _torch_autocast(Precision.FP16), frozenset({Target.CUDA}), _saves_as_transformers,
-                needs_model=_always),
+    VariantSpec("torch-bf16", _torch_autocast(Precision.BF16), CPU, _needs_bf16, needs_model=_always),
+    VariantSpec("torch-fp16", _torch_autocast(Precision.FP16), frozenset({Target.CUDA}), needs_model=_always),
     VariantSpec("torch-int8-dynamic", _torch_int8, CPU, needs_model=_always),
 )}
 
