@@ -35,3 +35,12 @@ def test_bidirectional_gemma3_masks_equal_transformers_own():
         torch.testing.assert_close(got[kind], want[kind], rtol=0, atol=0)
     assert mask_builder(config) is bidirectional_window_masks
     assert mask_builder(_config(bidirectional=False)) is None  # a causal Gemma 3: transformers' masks trace
+
+
+def test_the_masks_are_made_on_the_padding_masks_device():
+    """On a GPU the padding mask is on cuda; a mask made on the CPU failed there. The meta device stands in for
+    any device but the CPU (its tensors have shapes and no data)."""
+    mask = torch.ones(2, 7, dtype=torch.long, device="meta")
+    masks = bidirectional_window_masks(_config(), mask, torch.float32)
+    assert {m.device.type for m in masks.values()} == {"meta"}
+    assert all(m.shape == (2, 1, 7, 7) for m in masks.values())

@@ -17,10 +17,13 @@ MaskBuilder = Callable[[Any, Any, Any], dict[str, Any]]  # (config, 2-D padding 
 
 
 def _additive(allowed: Any, dtype: Any) -> Any:
-    """0 where attention is allowed, the dtype's minimum elsewhere: transformers' eager mask convention."""
+    """0 where attention is allowed, the dtype's minimum elsewhere: transformers' eager mask convention. On the
+    padding mask's device: made on the CPU, EmbeddingGemma's torch-fp16 failed on an H200 ("expected self and mask
+    to be on the same device")."""
     import torch
 
-    return torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)
+    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(~allowed,
+                                                                                      torch.finfo(dtype).min)
 
 
 def bidirectional_window_masks(config: Any, attention_mask: Any, dtype: Any) -> dict[str, Any]:
