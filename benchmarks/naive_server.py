@@ -32,7 +32,7 @@ def create_app(artifact: str, threads: int | None) -> FastAPI:
     lock = threading.Lock()
     app = FastAPI()
 
-    @app.post("/embed")
+    @app.post("/kiln/embed")  # kiln serve's own body and path (its bare /embed answers TEI's)
     def embed(body: EmbedBody) -> dict:
         prepared = predictor.prepare([body.inputs])
         with lock:

@@ -64,12 +64,13 @@ class Phase:
 
 
 def embed_bodies(texts: list[str]) -> list[bytes]:
-    """One /embed body per text, as every load benchmark sends them."""
+    """One /kiln/embed body per text, as every load benchmark sends them."""
     return [json.dumps({"inputs": t}).encode() for t in texts]
 
 
 def serving_bodies(artifact: str, count: int = 512) -> list[bytes]:
-    """/embed bodies of ``count`` texts of the serving mix (kiln.data.workloads), sized by the artifact's tokenizer."""
+    """/kiln/embed bodies of ``count`` texts of the serving mix (kiln.data.workloads), sized by the artifact's
+    tokenizer."""
     from kiln.artifact.directory import Artifact
     from kiln.data.workloads import serving_mix
 
@@ -103,7 +104,7 @@ async def _read_response(reader: asyncio.StreamReader) -> tuple[int, bool, float
 
 async def closed_loop(port: int, bodies: list[bytes], clients: int, requests: int, max_s: float,
                       *, fresh_connections: bool = False, stop: asyncio.Event | None = None,
-                      honor_retry_after: bool = False, path: str = "/embed") -> Phase:
+                      honor_retry_after: bool = False, path: str = "/kiln/embed") -> Phase:
     """``clients`` loops each send one request, wait for its answer, send the next; ``requests`` in total.
 
     ``fresh_connections`` opens a connection per request, so a server that stopped listening refuses at

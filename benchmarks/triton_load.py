@@ -2,7 +2,7 @@
 
 Both servers get the same closed-loop load on 127.0.0.1 (64 clients by default, single texts of 10-200 tokens,
 raw asyncio HTTP/1.1 keep-alive clients from serve_load.py): Triton's KServe v2 JSON at
-/v2/models/NAME/infer, kiln's /embed. Each server runs alone; the median of --rounds rounds is reported, with
+/v2/models/NAME/infer, kiln's /kiln/embed. Each server runs alone; the median of --rounds rounds is reported, with
 Triton's own statistics (inferences per model-step execution = its mean batch).
 
     make triton-server && python benchmarks/triton_load.py kiln-out/best [--clients 64] [--requests 1024]
@@ -81,7 +81,7 @@ def main() -> int:
         proc, port = start([sys.executable, "-m", "kiln", "serve", args.artifact])
         try:
             result["kiln_serve"] = median_phase(port, embed_bodies(texts),
-                                                args.clients, args.requests, args.rounds, "/embed")
+                                                args.clients, args.requests, args.rounds, "/kiln/embed")
         finally:
             stop(proc)
     print("| server | clients | req/s | p50 ms | p90 ms | p99 ms | notes |")

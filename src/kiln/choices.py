@@ -154,12 +154,20 @@ class WireProtocol(Choice):
     # POST /embed {"inputs": [...]} -> [[...], ...]; POST /rerank {"query", "texts"} -> [{"index", "score"}]
     # (Hugging Face text-embeddings-inference)
     TEI = "tei"
-    KILN = "kiln"  # POST /embed -> {"embeddings": [[...], ...]}; POST /rerank -> {"results": [{"index", "score"}]}
+    # POST /kiln/embed -> {"embeddings": [[...], ...]}; POST /kiln/rerank -> {"results": [{"index", "score"}]}
+    KILN = "kiln"
+
     # POST /v2/models/{M}/infer with BYTES tensors TEXT (and QUERY) -> EMBEDDING / SCORE (KServe, Triton)
     V2 = "v2"
     # POST /v1/rerank, /v2/rerank {"query", "documents"} -> {"id", "results": [{"index", "relevance_score"}], "meta"}
     # (Cohere's rerank API, as its SDK's Client and ClientV2 call it)
     COHERE = "cohere"
+
+
+# Where kiln serve mounts its own routes (kiln's bodies: the model, truncation, chunks, precisions): always under this
+# prefix, and at their bare path too where no other served API defines that path (TEI's /embed, /rerank,
+# /embed_sparse, /info answer TEI's bodies, so a TEI client works by a change of URL).
+KILN_PREFIX = "/kiln"
 
 
 class LogFormatName(Choice):

@@ -134,16 +134,16 @@ def test_routes_answer_like_offline_and_refuse_bad_input(task_artifacts):
         document = c.post("/embed_multi", json={"inputs": DOCUMENTS[0], "is_query": False}).json()
         long = c.post("/embed_multi", json={"inputs": QUERIES[2], "is_query": True}).json()
         binary = c.post("/embed_multi", json={"inputs": QUERIES[:2], "is_query": True, "precision": "binary"}).json()
-        ranked = c.post("/rerank", json={"query": QUERIES[0], "texts": DOCUMENTS[:4], "top_n": 2}).json()
+        ranked = c.post("/kiln/rerank", json={"query": QUERIES[0], "texts": DOCUMENTS[:4], "top_n": 2}).json()
         errors = {name: c.post(path, json=payload) for name, (path, payload) in {
             "no is_query": ("/embed_multi", {"inputs": ["x"]}),
             "empty": ("/embed_multi", {"inputs": [""], "is_query": True}),
             "pair": ("/embed_multi", {"inputs": [["a", "b"]], "is_query": False}),
             "dimensions": ("/embed_multi", {"inputs": ["x"], "is_query": False, "dimensions": 8}),
             "int8 uncalibrated": ("/embed_multi", {"inputs": ["x"], "is_query": False, "precision": "int8"}),
-            "blank query": ("/rerank", {"query": " ", "texts": DOCUMENTS[:2]}),
-            "no texts": ("/rerank", {"query": "q", "texts": []}),
-            "many": ("/rerank", {"query": "q", "texts": DOCUMENTS + DOCUMENTS})}.items()}
+            "blank query": ("/kiln/rerank", {"query": " ", "texts": DOCUMENTS[:2]}),
+            "no texts": ("/kiln/rerank", {"query": "q", "texts": []}),
+            "many": ("/kiln/rerank", {"query": "q", "texts": DOCUMENTS + DOCUMENTS})}.items()}
         schema = c.get("/openapi.json").json()["components"]["schemas"]["EmbedMultiRequest"]
         v2 = c.get("/v2/models/colbert")  # ragged token vectors have no v2 tensors (yet): not a v2 model
     for got, want in zip(queries["embeddings"], offline.predict(QUERIES[:2], is_query=True)):

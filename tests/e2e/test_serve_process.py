@@ -47,7 +47,7 @@ def test_openai_client_against_a_real_server(tiny_artifact):
 def test_sigterm_under_load_finishes_every_accepted_request(tiny_artifact):
     # A narrow batch window too: under load every request is still answered (the window only orders them).
     proc, port = start_server(tiny_artifact, "--max-delay-ms", "20", "--batch-window", "4")
-    url = f"http://127.0.0.1:{port}/embed"
+    url = f"http://127.0.0.1:{port}/kiln/embed"
 
     def client(k: int):
         sent = itertools.count(k + 1)
@@ -112,20 +112,20 @@ def test_a_request_whose_client_went_away_costs_no_compute(tiny_artifact):
         def wait_for(name: str, value: float) -> None:
             wait_until(lambda: metric(name) >= value, f"{name} to reach {value}", poll=0.05)
 
-        first = threading.Thread(target=httpx.post, args=(f"{base}/embed",), kwargs={"json": {"inputs": "held"},
+        first = threading.Thread(target=httpx.post, args=(f"{base}/kiln/embed",), kwargs={"json": {"inputs": "held"},
                                                                                      "timeout": 60})
         first.start()
         wait_for("kiln_inflight_requests", 1)
         with socket.create_connection(("127.0.0.1", port)) as raw:  # send a request, then hang up
             body = b'{"inputs": "this client leaves before its answer"}'
-            raw.sendall(b"POST /embed HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            raw.sendall(b"POST /kiln/embed HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                         b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
             wait_for("kiln_inflight_requests", 2)
         wait_for('kiln_rejections_total{reason="client_gone"}', 1)
         release.set()
         first.join(timeout=60)
         assert metric("kiln_batch_size_count") == 1  # only the first request's batch ran
-        assert metric('kiln_requests_total{route="/embed",status="499"}') == 1
+        assert metric('kiln_requests_total{route="/kiln/embed",status="499"}') == 1
 
 
 

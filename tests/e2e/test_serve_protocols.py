@@ -75,7 +75,7 @@ def test_every_protocol_gives_the_same_numbers(server, tei_server, task_artifact
 
     base, grpc_port = server
     name = "feature_extraction"
-    kiln_route = np.array(httpx.post(f"{base}/embed", json={"inputs": TEXTS, "model": name}).json()["embeddings"])
+    kiln_route = np.array(httpx.post(f"{base}/kiln/embed", json={"inputs": TEXTS, "model": name}).json()["embeddings"])
     client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused")
     via_openai = np.array([d.embedding for d in client.embeddings.create(model=name, input=TEXTS).data])
     results = {"openai": via_openai}
@@ -172,11 +172,16 @@ def test_teis_default_paths_answer_as_its_model_types_route(server, tei_server, 
                                atol=1e-6)
     prompted = httpx.post(f"{tei_server}/embed", json={"inputs": ids[0], "prompt_name": "query"})
     assert prompted.status_code == 422 and "token ids are the model's whole input" in prompted.json()["error"]
-    for path in ("/", "/invocations"):
+    # With its default flags kiln serve answers every path TEI defines as TEI does (kiln's own bodies are at /kiln/):
+    # /embed, and /info in TEI's fields, so llama-index's TEI embedder and huggingface_hub work by a change of URL.
+    for path in ("/", "/invocations", "/embed"):
         answer = httpx.post(f"{base}{path}", json=body)
         assert answer.status_code == 200, (path, answer.text)
         _valid(answer.json(), "EmbedResponse")
         np.testing.assert_allclose(answer.json(), tei.json(), atol=1e-6, err_msg=path)
+    _valid(httpx.get(f"{base}/info").json(), "Info")
+    kilns = httpx.post(f"{base}/kiln/embed", json={"inputs": TEXTS, "model": "feature_extraction"}).json()
+    assert kilns["model"] == "feature_extraction" and httpx.get(f"{base}/kiln/info").json()["models"]
     # The suite runs with HF_HUB_OFFLINE=1 (nothing may reach the hub), which huggingface_hub applies to every URL;
     # this one is the local server.
     monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", False)
@@ -208,7 +213,7 @@ def test_teis_default_paths_answer_as_its_model_types_route(server, tei_server, 
             with process.serve_in_thread(create_app(ServeConfig(models=served, protocols=("tei",)))) as tei_one:
                 want = httpx.post(f"{tei_one}{route}", json=request)
                 assert want.status_code == 200, want.text
-                for path in ("/", "/invocations"):
+                for path in ("/", "/invocations", route):  # the bare route too: TEI's by default
                     got = httpx.post(f"{one}{path}", json=request)
                     assert got.status_code == 200, (route, path, got.text)
                     _valid(got.json(), schema)
@@ -247,7 +252,7 @@ def test_v2_errors_have_the_protocols_shape(task_artifacts):
             assert isinstance(response.json()["error"], str)
         assert "takes inputs TEXT" in cases[400].json()["error"]
         assert httpx.post(f"{base}/v2/models/fe/infer", headers=key, json=body).status_code == 200
-        assert httpx.post(f"{base}/embed", json={"inputs": "x"}).json()["error"]["type"] == "unauthorized"
+        assert httpx.post(f"{base}/kiln/embed", json={"inputs": "x"}).json()["error"]["type"] == "unauthorized"
         client = grpc.InferenceServerClient(f"127.0.0.1:{grpc_port}")
         tensor = grpc.InferInput("TEXT", [1, 1], "BYTES")
         tensor.set_data_from_numpy(np.array([[b"x"]], dtype=object))
@@ -279,7 +284,7 @@ def test_overload_answers_429_in_each_protocols_shape(task_artifacts):
         v2 = httpx.post(f"{base}/v2/models/fe/infer", json={"inputs": [
             {"name": "TEXT", "shape": [1, 1], "datatype": "BYTES", "data": ["x"]}]})
         tei = httpx.post(f"{base}/predict", json={"inputs": "x"})
-        own = httpx.post(f"{base}/embed", json={"inputs": "x"})
+        own = httpx.post(f"{base}/kiln/embed", json={"inputs": "x"})
     assert v2.status_code == tei.status_code == own.status_code == 429
     assert v2.headers["retry-after"] == "1" and set(v2.json()) == {"error"}
     _valid(tei.json(), "ErrorResponse")
@@ -310,7 +315,7 @@ def test_http_and_grpc_share_one_concurrency_budget(task_artifacts):
         return client.infer("fe", [tensor]).as_numpy("EMBEDDING")
 
     def by_http():
-        return httpx.post(f"{base}/embed", json={"inputs": "held"}, timeout=60)
+        return httpx.post(f"{base}/kiln/embed", json={"inputs": "held"}, timeout=60)
 
     with process.serve_in_thread(app) as base, ThreadPoolExecutor(2) as pool:
         served = app.state.models["fe"]

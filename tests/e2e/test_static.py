@@ -80,7 +80,7 @@ def test_the_static_artifact_serves_what_sentence_transformers_computes(tiny_mod
     predictor = kiln.load(out / "artifact")
     np.testing.assert_allclose(predictor.encode(texts), theirs, atol=1e-6)
     with process.serve_in_thread(create_app(ServeConfig(models={"s": out / "artifact"}))) as base:
-        served = np.array(httpx.post(f"{base}/embed", json={"inputs": texts}).json()["embeddings"])
+        served = np.array(httpx.post(f"{base}/kiln/embed", json={"inputs": texts}).json()["embeddings"])
     np.testing.assert_allclose(served, theirs, atol=1e-6)
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))

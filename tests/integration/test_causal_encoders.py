@@ -123,7 +123,7 @@ def test_a_causal_reranker_is_served_at_kilns_and_teis_rerank(reranker):
     query, texts = PAIRS[0][0], [d for _, d in PAIRS[:4]]
     offline = kiln.load(reranker[1]).rerank(query, texts)
     with TestClient(create_app(ServeConfig(models={"r": reranker[1]}))) as client:
-        got = client.post("/rerank", json={"query": query, "texts": texts})
+        got = client.post("/kiln/rerank", json={"query": query, "texts": texts})
     assert got.status_code == 200, got.text
     assert [r["index"] for r in got.json()["results"]] == [r.index for r in offline]
     np.testing.assert_allclose([r["score"] for r in got.json()["results"]], [r.score for r in offline], atol=1e-5)

@@ -44,7 +44,7 @@ def test_the_fast_lane_answers_every_body_as_fastapi_does_and_takes_the_valid_on
     apps = {lane: create_app(ServeConfig(models=models, sessions=1, fast_lane=lane)) for lane in (True, False)}
     with TestClient(apps[True]) as fast, TestClient(apps[False]) as plain:
         paths = sorted(apps[True].state.fast_routes)
-        assert {"/embed", "/v1/embeddings", "/classify", "/rerank"} <= set(paths)
+        assert {"/kiln/embed", "/v1/embeddings", "/classify", "/kiln/rerank"} <= set(paths)
         seen = {path: (answers(fast, path), answers(plain, path)) for path in paths}
     lane = apps[True].state.fast_lane
     assert not hasattr(apps[False].state, "fast_lane")

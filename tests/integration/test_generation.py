@@ -669,7 +669,7 @@ def test_generation_routes_are_exact_in_the_schema(decoder_artifacts):
                                                    "repetition_penalty": 1.5}).json()
         offline = kiln.load(decoder_artifacts["gpt2"]).generate(PROMPTS[0], max_new_tokens=12, repetition_penalty=1.5)
         assert penalized["generated_text"] == offline.text  # through the server's continuous-batching loop
-        assert client.post("/embed", json={"inputs": "hi"}).status_code == 404
+        assert client.post("/kiln/embed", json={"inputs": "hi"}).status_code == 404
 
 
 def test_triton_refuses_a_decoder_by_name(decoder_artifacts, tmp_path):

@@ -178,11 +178,11 @@ def test_every_route_serves_what_the_artifact_computes(bge_m3):
     ours = kiln.load(bge_m3[1])
     offline = ours.predict(TEXTS, output="all")
     with TestClient(create_app(ServeConfig(models={"m3": bge_m3[1]}))) as client:
-        dense = client.post("/embed", json={"inputs": TEXTS}).json()["embeddings"]
+        dense = client.post("/kiln/embed", json={"inputs": TEXTS}).json()["embeddings"]
         np.testing.assert_allclose(dense, [r.dense for r in offline], atol=1e-6)
         openai = client.post("/v1/embeddings", json={"input": TEXTS, "model": "BAAI/bge-m3"}).json()["data"]
         np.testing.assert_allclose([d["embedding"] for d in openai], [r.dense for r in offline], atol=1e-6)
-        sparse = client.post("/embed_sparse", json={"inputs": TEXTS}).json()["embeddings"]
+        sparse = client.post("/kiln/embed_sparse", json={"inputs": TEXTS}).json()["embeddings"]
         assert [{t["index"]: t["value"] for t in terms} for terms in sparse] == \
             [pytest.approx(dict(zip(r.sparse.indices, r.sparse.values)), abs=1e-6) for r in offline]
         multi = client.post("/embed_multi", json={"inputs": TEXTS}).json()

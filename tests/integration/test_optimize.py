@@ -411,7 +411,7 @@ def test_serve_deterministic_serves_only_a_batch_invariant_variant(optimized, tm
     chosen = served_variant(art, deterministic=True)
     assert chosen in invariant and (chosen == summary.best or summary.best not in invariant)
     with TestClient(create_app(ServeConfig(models={"m": out}, deterministic=True))) as c:
-        info = c.get("/info").json()["models"][0]
+        info = c.get("/kiln/info").json()["models"][0]
     assert info["variant"] == chosen and info["validation"]["batch_invariant"] is True
     assert info["solo_threads"] is None  # the same threads for every request, idle server or not
     # An artifact whose every variant drifts: the manifest says so, and the server refuses to start.

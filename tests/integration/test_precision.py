@@ -71,15 +71,16 @@ def test_every_route_answers_each_precision(optimized):
     with process.serve_in_thread(create_app(ServeConfig(models={"m": optimized / "best"}))) as base:
         for precision in PRECISIONS:
             want = predictor.encode(TEXTS, precision=precision)
-            own = httpx.post(f"{base}/embed", json={"inputs": TEXTS, "precision": precision}).json()
+            own = httpx.post(f"{base}/kiln/embed", json={"inputs": TEXTS, "precision": precision}).json()
             assert np.array_equal(np.array(own["embeddings"], dtype=want.dtype), want), precision
             openai = httpx.post(f"{base}/v1/embeddings", json={"input": TEXTS, "model": "m", "precision": precision,
                                                                "encoding_format": "base64"}).json()
             raw = [np.frombuffer(base64.b64decode(d["embedding"]), dtype=want.dtype) for d in openai["data"]]
             assert np.array_equal(np.stack(raw), want), precision
         # Matryoshka then precision: cut, re-normalise as the route does, then quantize
-        cut = httpx.post(f"{base}/embed", json={"inputs": TEXTS, "dimensions": 16, "precision": "uint8"}).json()
-        floats = np.array(httpx.post(f"{base}/embed", json={"inputs": TEXTS, "dimensions": 16}).json()["embeddings"])
+        cut = httpx.post(f"{base}/kiln/embed", json={"inputs": TEXTS, "dimensions": 16, "precision": "uint8"}).json()
+        floats = np.array(httpx.post(f"{base}/kiln/embed", json={"inputs": TEXTS, "dimensions": 16}
+                                     ).json()["embeddings"])
         calibration = np.load(optimized / CALIBRATION_FILE)
         normalizes = kiln.load(optimized / "best").config.normalize
         assert np.array_equal(np.array(cut["embeddings"], dtype=np.uint8),
@@ -89,7 +90,7 @@ def test_every_route_answers_each_precision(optimized):
                                                                   "encoding_format": "base64"}).json()
         assert np.allclose(np.frombuffer(base64.b64decode(base64_floats["data"][0]["embedding"]), dtype="<f4"),
                            predictor.encode(TEXTS[0]), atol=1e-6)
-        unknown = httpx.post(f"{base}/embed", json={"inputs": "x", "precision": "int4"})
+        unknown = httpx.post(f"{base}/kiln/embed", json={"inputs": "x", "precision": "int4"})
         assert unknown.status_code == 422 and "precision" in unknown.json()["error"]["message"]
 
 
@@ -105,7 +106,7 @@ def test_precisions_that_cannot_be_honoured_are_refused(tiny_artifact, task_arti
     assert predictor.encode(TEXTS, precision="ubinary").dtype == np.uint8
     with process.serve_in_thread(create_app(ServeConfig(models={
             "m": tiny_artifact, "c": task_artifacts[TaskName.TEXT_CLASSIFICATION]}))) as base:
-        refused = httpx.post(f"{base}/embed", json={"inputs": "x", "precision": "uint8", "model": "m"})
+        refused = httpx.post(f"{base}/kiln/embed", json={"inputs": "x", "precision": "uint8", "model": "m"})
         assert refused.status_code == 422 and "kiln optimize stores it" in refused.json()["error"]["message"]
         classify = httpx.post(f"{base}/classify", json={"inputs": "x", "precision": "int8"})
         assert classify.status_code == 422 and "precision" in classify.json()["error"]["message"]
@@ -164,8 +165,8 @@ def test_optimize_measures_what_each_stored_size_and_precision_costs(tiny_model,
     assert rejected, rows  # a random 32-dimensional model loses neighbours in 2 bytes of bits
     size, precision = rejected[0]
     with process.serve_in_thread(create_app(ServeConfig(models={"m": out / "best"}))) as base:
-        refused = httpx.post(f"{base}/embed", json={"inputs": "x", "dimensions": size, "precision": precision})
-        fine = httpx.post(f"{base}/embed", json={"inputs": "x"})
+        refused = httpx.post(f"{base}/kiln/embed", json={"inputs": "x", "dimensions": size, "precision": precision})
+        fine = httpx.post(f"{base}/kiln/embed", json={"inputs": "x"})
     assert refused.status_code == 422 and "lost too much retrieval quality" in refused.json()["error"]["message"]
     assert fine.status_code == 200
     if size == 32:

@@ -80,10 +80,10 @@ def test_bad_prompts_are_refused_by_name(nomic, tmp_path):
 def test_served_routes_take_the_prompt_name(nomic):
     ours = kiln.load(nomic[1])
     with TestClient(create_app(ServeConfig(models={"nomic": nomic[1]}))) as client:
-        got = client.post("/embed", json={"inputs": TEXTS, "prompt_name": "query"})
+        got = client.post("/kiln/embed", json={"inputs": TEXTS, "prompt_name": "query"})
         assert got.status_code == 200, got.text
         np.testing.assert_allclose(got.json()["embeddings"], ours.encode(TEXTS, prompt_name="query"), atol=1e-5)
-        refused = client.post("/embed", json={"inputs": TEXTS, "prompt_name": "passage"})
+        refused = client.post("/kiln/embed", json={"inputs": TEXTS, "prompt_name": "passage"})
         assert refused.status_code == 422 and "'document', 'query'" in refused.text
         assert "prompt_name" in client.get("/openapi.json").json()["components"]["schemas"]["EmbedRequest"][
             "properties"]

@@ -106,13 +106,13 @@ def test_rerank_route_answers_like_offline_and_batches_pairs_across_requests(tas
     with TestClient(app) as c:
         predictor = app.state.models["ranker"].predictor
         predictor.engine = Slow(predictor.engine, 0.05)
-        body = c.post("/rerank", json={"query": QUERY, "texts": DOCS, "return_documents": True}).json()
-        top = c.post("/rerank", json={"query": QUERY, "texts": DOCS, "top_n": 1}).json()
+        body = c.post("/kiln/rerank", json={"query": QUERY, "texts": DOCS, "return_documents": True}).json()
+        top = c.post("/kiln/rerank", json={"query": QUERY, "texts": DOCS, "top_n": 1}).json()
         with ThreadPoolExecutor(8) as pool:
-            together = list(pool.map(lambda _: c.post("/rerank", json={"query": QUERY, "texts": DOCS}).json(),
+            together = list(pool.map(lambda _: c.post("/kiln/rerank", json={"query": QUERY, "texts": DOCS}).json(),
                                      range(8)))
         metrics = c.get("/metrics").text
-        errors = {name: c.post("/rerank", json=payload) for name, payload in {
+        errors = {name: c.post("/kiln/rerank", json=payload) for name, payload in {
             "empty": {"query": QUERY, "texts": []}, "top_n": {"query": QUERY, "texts": DOCS, "top_n": 0},
             "blank": {"query": " ", "texts": DOCS}, "many": {"query": QUERY, "texts": DOCS * 2}}.items()}
         schema = c.get("/openapi.json").json()["components"]["schemas"]["RerankRequest"]["properties"]
@@ -195,9 +195,9 @@ def test_embed_sparse_route(task_artifacts):
     art = task_artifacts[TaskName.SPARSE_EMBEDDING]
     offline = kiln.load(art).predict(["hello world", DOCS[1]], threshold=0.5)
     with TestClient(create_app(ServeConfig(models={"splade": art}))) as c:
-        body = c.post("/embed_sparse", json={"inputs": ["hello world", DOCS[1]], "threshold": 0.5}).json()
-        top = c.post("/embed_sparse", json={"inputs": "hello world", "top_k": 2}).json()
-        bad = {k: c.post("/embed_sparse", json={"inputs": "x", **v}).status_code
+        body = c.post("/kiln/embed_sparse", json={"inputs": ["hello world", DOCS[1]], "threshold": 0.5}).json()
+        top = c.post("/kiln/embed_sparse", json={"inputs": "hello world", "top_k": 2}).json()
+        bad = {k: c.post("/kiln/embed_sparse", json={"inputs": "x", **v}).status_code
                for k, v in {"top_k": {"top_k": 0}, "threshold": {"threshold": -1}, "dims": {"dimensions": 8}}.items()}
     for terms, want in zip(body["embeddings"], offline):
         assert [t["index"] for t in terms] == list(want.indices)
@@ -263,15 +263,15 @@ def test_chunking_over_http_and_its_errors(task_artifacts):
     logits = classifier.run_features(classifier.prepare([LONG], classifier.handler.options(
         chunking={"size": 30, "overlap": 5})).encodings)
     with TestClient(create_app(ServeConfig(models=models))) as c:
-        windows = c.post("/embed", json={"inputs": [LONG, "short text"], "truncate": False,
+        windows = c.post("/kiln/embed", json={"inputs": [LONG, "short text"], "truncate": False,
                                          "chunking": {"size": 30, "overlap": 5, "mode": "windows"}}).json()
         labels = {mode: c.post("/classify", json={"inputs": LONG, "model": "cls", "top_k": None,
                                                   "chunking": {"size": 30, "overlap": 5, "mode": mode}}).json()
                   for mode in ("max", "mean")}
         errors = {name: c.post(path, json=body) for name, (path, body) in {
-            "overlap": ("/embed", {"inputs": LONG, "chunking": {"size": 30, "overlap": 30}}),
-            "size": ("/embed", {"inputs": LONG, "chunking": {"size": 1000}}),
-            "mode": ("/embed", {"inputs": LONG, "chunking": {"size": 30, "mode": "max"}}),
+            "overlap": ("/kiln/embed", {"inputs": LONG, "chunking": {"size": 30, "overlap": 30}}),
+            "size": ("/kiln/embed", {"inputs": LONG, "chunking": {"size": 1000}}),
+            "mode": ("/kiln/embed", {"inputs": LONG, "chunking": {"size": 30, "mode": "max"}}),
             "pair": ("/classify", {"inputs": {"text": "a", "text_pair": "b"}, "model": "cls",
                                    "chunking": {"size": 30}})}.items()}
     assert len(windows["chunks"][0]) > 3 and len(windows["chunks"][1]) == 1

@@ -37,17 +37,18 @@ def test_embed_matches_offline_results_whatever_the_batch(artifacts):
     texts = list(builtin_sentences()[:24])
     offline = np.stack(Artifact.open(artifacts[TaskName.FEATURE_EXTRACTION]).predictor().predict(texts))
     with client(artifacts, limits=BatchLimits(max_batch_tokens=2048, max_batch_size=8, max_delay_s=0.02)) as c:
-        single = np.array(c.post("/embed", json={"inputs": texts[0]}).json()["embeddings"][0])
-        listed = np.array(c.post("/embed", json={"inputs": texts}).json()["embeddings"])
+        single = np.array(c.post("/kiln/embed", json={"inputs": texts[0]}).json()["embeddings"][0])
+        listed = np.array(c.post("/kiln/embed", json={"inputs": texts}).json()["embeddings"])
         with ThreadPoolExecutor(16) as pool:  # concurrent single requests land in shared batches
-            concurrent = list(pool.map(lambda t: c.post("/embed", json={"inputs": t}).json()["embeddings"][0], texts))
+            concurrent = list(pool.map(lambda t: c.post("/kiln/embed", json={"inputs": t}).json()["embeddings"][0],
+                                       texts))
         metrics = c.get("/metrics").text
     np.testing.assert_allclose(single, offline[0], atol=1e-5)
     np.testing.assert_allclose(listed, offline, atol=1e-5)
     np.testing.assert_allclose(np.array(concurrent), offline, atol=1e-5)
     count = float(next(line.split()[-1] for line in metrics.splitlines() if line.startswith("kiln_batch_size_count")))
     assert count < 1 + 1 + len(texts) + 1  # batches were shared: fewer batches than requests + features
-    assert 'kiln_requests_total{route="/embed",status="200"}' in metrics
+    assert 'kiln_requests_total{route="/kiln/embed",status="200"}' in metrics
 
 
 def test_openai_compatible_embeddings(artifacts):
@@ -99,11 +100,11 @@ def test_classify_and_answer_routes(artifacts):
         item = {"question": "Where?", "context": builtin_sentences()[20]}
         qa = c.post("/answer", json={"model": "qa", "inputs": item, "top_k": 2}).json()
         assert qa["results"][0] and {"answer", "score", "start", "end"} <= qa["results"][0][0].keys()
-        unmounted = c.post("/embed", json={"inputs": "x", "model": "cls"})  # no embedding model: no such route
+        unmounted = c.post("/kiln/embed", json={"inputs": "x", "model": "cls"})  # no embedding model: no such route
         assert unmounted.status_code == 404 and unmounted.json()["error"]["type"] == "not_found"
         assert "/classify" in unmounted.json()["error"]["message"]
     with client(artifacts, models={"emb": artifacts[TaskName.FEATURE_EXTRACTION], **models}) as c:
-        wrong = c.post("/embed", json={"inputs": "x", "model": "cls"})
+        wrong = c.post("/kiln/embed", json={"inputs": "x", "model": "cls"})
         assert wrong.status_code == 404 and "use /classify" in wrong.json()["error"]["message"]
         missing = c.post("/classify", json={"inputs": "x", "model": "nope"})
         assert missing.status_code == 404 and "served: emb, cls, qa" in missing.json()["error"]["message"]
@@ -117,29 +118,30 @@ def test_classify_and_answer_routes(artifacts):
 ])
 def test_bad_requests_get_422_naming_the_field(artifacts, body, fragment):
     with client(artifacts) as c:
-        response = c.post("/embed", json=body)
+        response = c.post("/kiln/embed", json=body)
     assert response.status_code == 422
     assert fragment in response.json()["error"]["message"]
 
 
 def test_malformed_json_oversized_and_too_long(artifacts):
     with client(artifacts, max_body_bytes=2000) as c:
-        broken = c.post("/embed", content=b'{"inputs": [', headers={"content-type": "application/json"})
+        broken = c.post("/kiln/embed", content=b'{"inputs": [', headers={"content-type": "application/json"})
         assert broken.status_code == 422 and broken.json()["error"]["type"] == "validation_error"
-        big = c.post("/embed", json={"inputs": ["word " * 1000]})
+        big = c.post("/kiln/embed", json={"inputs": ["word " * 1000]})
         assert big.status_code == 413 and "2000-byte limit" in big.json()["error"]["message"]
         long_text = " ".join(builtin_sentences()[:10])
-        cut = c.post("/embed", json={"inputs": long_text})
+        cut = c.post("/kiln/embed", json={"inputs": long_text})
         assert cut.status_code == 200 and cut.json()["truncated"] == [True]
-        refused = c.post("/embed", json={"inputs": long_text, "truncate": False})
+        refused = c.post("/kiln/embed", json={"inputs": long_text, "truncate": False})
         assert refused.status_code == 413 and "truncate is false" in refused.json()["error"]["message"]
 
 
 def test_api_key(artifacts):
     with client(artifacts, api_key="s3cret") as c:
-        assert c.post("/embed", json={"inputs": "x"}).status_code == 401
-        assert c.post("/embed", json={"inputs": "x"}, headers={"Authorization": "Bearer nope"}).status_code == 401
-        assert c.post("/embed", json={"inputs": "x"}, headers={"Authorization": "Bearer s3cret"}).status_code == 200
+        assert c.post("/kiln/embed", json={"inputs": "x"}).status_code == 401
+        assert c.post("/kiln/embed", json={"inputs": "x"}, headers={"Authorization": "Bearer nope"}).status_code == 401
+        key = {"Authorization": "Bearer s3cret"}
+        assert c.post("/kiln/embed", json={"inputs": "x"}, headers=key).status_code == 200
         assert c.get("/health").status_code == 200  # probes stay open
 
 
@@ -163,12 +165,12 @@ def test_overload_gets_429_with_retry_after(artifacts):
         gate = _Gate(predictor.engine)
         predictor.engine = gate
         with ThreadPoolExecutor(1) as pool:
-            first = pool.submit(c.post, "/embed", json={"inputs": "held"})
+            first = pool.submit(c.post, "/kiln/embed", json={"inputs": "held"})
             for _ in range(200):  # wait until the first request is in flight
                 if c.get("/metrics").text.find("kiln_inflight_requests 1.0") >= 0:
                     break
                 threading.Event().wait(0.01)
-            second = c.post("/embed", json={"inputs": "refused"})
+            second = c.post("/kiln/embed", json={"inputs": "refused"})
             gate.release.set()
             assert first.result().status_code == 200
         assert second.status_code == 429 and second.headers["Retry-After"] == "1"
@@ -180,7 +182,7 @@ def test_a_failed_batch_fails_every_request_in_it_cleanly(artifacts):
         predictor = c.app.state.models["embedder"].predictor
         predictor.engine = _Gate(predictor.engine, fail=True)
         with ThreadPoolExecutor(4) as pool:
-            responses = list(pool.map(lambda t: c.post("/embed", json={"inputs": t}), ["a", "b", "c", "d"]))
+            responses = list(pool.map(lambda t: c.post("/kiln/embed", json={"inputs": t}), ["a", "b", "c", "d"]))
     assert [r.status_code for r in responses] == [500] * 4
     assert all("Traceback" not in r.text and r.json()["error"]["type"] == "inference_failed" for r in responses)
     assert all("RuntimeError: engine exploded" in r.json()["error"]["message"] for r in responses)
@@ -198,12 +200,12 @@ def test_sessions_and_threads_come_from_the_serving_default(artifacts, tmp_path)
     texts = list(builtin_sentences()[:8])
     batches = []
     with client(artifacts, models={"m": path}, sessions=None) as c:
-        info = c.get("/info").json()["models"][0]
+        info = c.get("/kiln/info").json()["models"][0]
         batcher = c.app.state.models["m"].scheduler
         collate = batcher._collate
         batcher._collate = lambda batch: batches.append(collate(batch)["input_ids"].shape) or collate(batch)
         with ThreadPoolExecutor(8) as pool:
-            got = list(pool.map(lambda t: c.post("/embed", json={"inputs": t}).json()["embeddings"][0], texts))
+            got = list(pool.map(lambda t: c.post("/kiln/embed", json={"inputs": t}).json()["embeddings"][0], texts))
     assert (info["sessions"], info["threads"], info["max_batch_size"], info["pad_multiple"]) == (2, 1, 4, 8)
     assert batches and all(rows <= 4 and width % 8 == 0 for rows, width in batches)
     offline = np.stack(Artifact.open(path).predictor().predict(texts))
@@ -230,7 +232,7 @@ def test_without_a_serving_default_a_server_runs_one_single_thread_session_per_c
     assert server_sessions(art, variant, threads=None, sessions=None) == (None, None, None, "one usable core")
     monkeypatch.setattr(cpu, "cpu_info", lambda: real)
     with client(artifacts, sessions=None) as c:
-        info = c.get("/info").json()["models"][0]
+        info = c.get("/kiln/info").json()["models"][0]
     if real.usable_cores > 1:
         assert (info["sessions"], info["threads"]) == (real.usable_cores, 1)
     else:
@@ -241,7 +243,7 @@ def test_probes_info_and_openapi(artifacts):
     with client(artifacts) as c:
         assert c.get("/health").json() == {"status": "ok"}
         assert c.get("/ready").json()["ready"] is True
-        info = c.get("/info").json()
+        info = c.get("/kiln/info").json()
         assert info["models"][0]["task"] == "feature-extraction" and info["models"][0]["variant"] == "onnx-fp32"
         assert "/v1/embeddings" in c.get("/openapi.json").json()["paths"]
 
@@ -254,9 +256,10 @@ def test_served_on_the_gpu_matches_offline_results(artifacts):
     offline = np.stack(Artifact.open(artifacts[TaskName.FEATURE_EXTRACTION]).predictor().predict(texts))
     limits = BatchLimits(max_batch_tokens=2048, max_batch_size=8, max_delay_s=0.02)
     with client(artifacts, device="cuda", sessions=None, limits=limits) as c:
-        info = c.get("/info").json()["models"][0]
+        info = c.get("/kiln/info").json()["models"][0]
         with ThreadPoolExecutor(16) as pool:
-            concurrent = list(pool.map(lambda t: c.post("/embed", json={"inputs": t}).json()["embeddings"][0], texts))
+            concurrent = list(pool.map(lambda t: c.post("/kiln/embed", json={"inputs": t}).json()["embeddings"][0],
+                                       texts))
     assert (info["device"], info["sessions"]) == ("cuda", 1)
     np.testing.assert_allclose(np.array(concurrent), offline, atol=1e-4)
 
@@ -293,8 +296,8 @@ def test_serving_onnx_or_openvino_does_not_import_torch(artifacts, openvino_arti
     code = (
         "import sys\nfrom fastapi.testclient import TestClient\nfrom kiln.serving.app import ServeConfig, create_app\n"
         f"app = create_app(ServeConfig(models={{'m': r'{path}'}}))\n"
-        "with TestClient(app) as c:\n    assert c.post('/embed', json={'inputs': 'hi'}).status_code == 200\n"
-        "    engine = c.get('/info').json()['models'][0]['engine']\n"
+        "with TestClient(app) as c:\n    assert c.post('/kiln/embed', json={'inputs': 'hi'}).status_code == 200\n"
+        "    engine = c.get('/kiln/info').json()['models'][0]['engine']\n"
         "assert 'torch' not in sys.modules, 'torch was imported'\nprint(engine)\n"
     )
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

@@ -68,8 +68,8 @@ def test_an_engine_error_fails_only_its_batch_with_a_logged_500(served, caplog):
     with TestClient(app) as c, caplog.at_level(logging.ERROR, logger="kiln"):
         model = app.state.models["m"]
         model.predictor.engine = Faulty(model.predictor.engine, fail_calls={1})
-        bad = c.post("/embed", json={"inputs": "first"}, headers={"x-request-id": "req-42"})
-        good = c.post("/embed", json={"inputs": "second"})
+        bad = c.post("/kiln/embed", json={"inputs": "first"}, headers={"x-request-id": "req-42"})
+        good = c.post("/kiln/embed", json={"inputs": "second"})
         ready = c.get("/ready")
     assert bad.status_code == 500 and bad.json()["error"]["type"] == "inference_failed"
     assert "injected engine failure" in bad.json()["error"]["message"]
@@ -88,9 +88,9 @@ def test_a_collation_error_outside_the_engine_call_fails_only_its_batch(served):
         model = app.state.models["m"]
         engine = model.predictor.engine
         model.predictor.engine = Faulty(engine, fail_pad=True)
-        bad = c.post("/embed", json={"inputs": "x"})
+        bad = c.post("/kiln/embed", json={"inputs": "x"})
         model.predictor.engine = engine
-        good = c.post("/embed", json={"inputs": "y"})
+        good = c.post("/kiln/embed", json={"inputs": "y"})
     assert bad.status_code == 500 and "pad_multiple unreadable" in bad.json()["error"]["message"]
     assert good.status_code == 200
 
@@ -109,7 +109,7 @@ def test_a_tokenizer_error_on_one_input_fails_that_request_alone(served):
         model.predictor.handler.features = poisoned
         try:
             texts = ["a", "poison", "b", "c"]
-            answers = concurrently([lambda t=t: c.post("/embed", json={"inputs": t}) for t in texts],
+            answers = concurrently([lambda t=t: c.post("/kiln/embed", json={"inputs": t}) for t in texts],
                                    "requests beside a poisoned one")
         finally:
             del model.predictor.handler.features
@@ -127,7 +127,7 @@ def _kill_the_loop_while_requests_wait(app, c):
     model.predictor.engine = engine
     original = batcher_module.partition
     held: list = []
-    first = threading.Thread(target=lambda: held.append(c.post("/embed", json={"inputs": "held"})), daemon=True)
+    first = threading.Thread(target=lambda: held.append(c.post("/kiln/embed", json={"inputs": "held"})), daemon=True)
     first.start()
     assert engine.started.wait(10), "the first request never reached the engine"
 
@@ -136,7 +136,7 @@ def _kill_the_loop_while_requests_wait(app, c):
 
     batcher_module.partition = broken
     try:
-        answers = concurrently([lambda i=i: c.post("/embed", json={"inputs": f"queued {i}"}) for i in range(3)],
+        answers = concurrently([lambda i=i: c.post("/kiln/embed", json={"inputs": f"queued {i}"}) for i in range(3)],
                                "queued requests of a dead loop to be answered")
     finally:
         batcher_module.partition = original
@@ -151,7 +151,7 @@ def test_a_dead_batching_loop_fails_queued_requests_turns_ready_off_and_is_count
     with TestClient(app) as c, caplog.at_level(logging.ERROR, logger="kiln"):
         held, queued = _kill_the_loop_while_requests_wait(app, c)
         ready = c.get("/ready")
-        later = c.post("/embed", json={"inputs": "after"})
+        later = c.post("/kiln/embed", json={"inputs": "after"})
         deaths = metric(c, "kiln_loop_deaths_total")
         gauge = metric(c, "kiln_model_ready")
     assert held.status_code == 200  # its batch was already on the engine
@@ -168,7 +168,7 @@ def test_restart_loops_brings_a_dead_loop_back(served):
     with TestClient(app) as c:
         held, queued = _kill_the_loop_while_requests_wait(app, c)
         wait_until(lambda: c.get("/ready").status_code == 200, "/ready after the restart", timeout=10)
-        later = c.post("/embed", json={"inputs": "after"})
+        later = c.post("/kiln/embed", json={"inputs": "after"})
         restarts, deaths = metric(c, "kiln_loop_restarts_total"), metric(c, "kiln_loop_deaths_total")
     assert [q.status_code for q in queued] == [500, 500, 500]
     assert later.status_code == 200 and restarts == deaths == 1
@@ -183,7 +183,7 @@ def test_json_logs_carry_the_request_id_and_uvicorn_access_lines_share_the_forma
         token = kiln_log.request_id.set("abc-1")
         kiln_log.get_logger("serve").error("boom %d", 7, extra={"status": 500})
         kiln_log.request_id.reset(token)
-        logging.getLogger("uvicorn.access").info('%s - "%s %s HTTP/%s" %d', "127.0.0.1:5", "POST", "/embed", "1.1",
+        logging.getLogger("uvicorn.access").info('%s - "%s %s HTTP/%s" %d', "127.0.0.1:5", "POST", "/kiln/embed", "1.1",
                                                  200)
         with pytest.raises(Exception, match="log_format must be one of: text, json"):
             kiln_log.configure("yaml")
@@ -195,7 +195,7 @@ def test_json_logs_carry_the_request_id_and_uvicorn_access_lines_share_the_forma
     first, second = (json.loads(line) for line in stream.getvalue().splitlines())
     assert first["message"] == "boom 7" and first["request_id"] == "abc-1" and first["status"] == 500
     assert first["logger"] == "kiln.serve" and first["level"] == "error"
-    assert second["logger"] == "uvicorn.access" and second["path"] == "/embed" and second["status"] == 200
+    assert second["logger"] == "uvicorn.access" and second["path"] == "/kiln/embed" and second["status"] == 200
 
 
 def test_the_text_format_leaves_the_record_as_it_was_logged():

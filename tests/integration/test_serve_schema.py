@@ -17,17 +17,17 @@ from kiln.serving import process
 from kiln.serving.app import ServeConfig, create_app
 from kiln.tasks import TaskName
 
-# 413 is this API's documented answer for too many inputs (maxItems) and over-long inputs. "chunking" on /embed and
-# /classify has constraints between fields JSON Schema cannot state (overlap < size; size within the served model's
-# window, which depends on its tokenizer), and so has a v2 inference body (a tensor's shape against its data, and
-# the input names of the model the path names): a body that breaks one gets a 422 (v2: 400) naming it, so there,
-# and only there, schema-valid data may be refused.
+# 413 is this API's documented answer for too many inputs (maxItems) and over-long inputs. "chunking" on kiln's
+# /kiln/embed and /kiln/classify (/classify too) has constraints between fields JSON Schema cannot state (overlap <
+# size; size within the served model's window, which depends on its tokenizer), and so has a v2 inference body (a
+# tensor's shape against its data, and the input names of the model the path names): a body that breaks one gets a
+# 422 (v2: 400) naming it, so there, and only there, schema-valid data may be refused.
 ST_CONFIG = """
 [checks.negative_data_rejection]
 expected-statuses = [400, 401, 403, 404, 405, 406, 409, 413, 415, 422, 428, 429]
 
 [[operations]]
-include-path-regex = "^/(embed|classify)$|/infer$"
+include-path-regex = "^(/kiln)?/(embed|classify)$|/infer$"
 # schemathesis's default for positive data, plus 422
 checks.positive_data_acceptance.expected-statuses = ["2xx", "3xx", 400, 401, 403, 404, 409, 422, 429, "5xx"]
 """
@@ -51,12 +51,13 @@ def test_fuzzing_the_served_schema_finds_no_failure(task_artifacts, tmp_path):
     report = run.stdout[-8000:]
     assert run.returncode == 0, report
     operations = [line for line in report.splitlines() if "Tested:" in line]
-    # every route: 10 task routes (multi-vector's /embed_multi, hybrid-embedding's /embed_hybrid among them) + 6
-    # probes (/ping, the playground's GET / among them), TEI's /predict, /tokenize and /decode (kiln's own /embed,
-    # /rerank and /embed_sparse win those paths) and its POST / and /invocations (the first model's TEI route),
-    # OpenAI's /embeddings, v2's 9 (server, live, ready, and model metadata, ready and infer with and without a
-    # version), and Cohere's /v1/rerank and /v2/rerank
-    assert operations and operations[-1].split()[-1] == "33", report
+    # every route: kiln's 8 task routes under /kiln/ (multi-vector's /embed_multi, hybrid-embedding's /embed_hybrid
+    # among them) and the 5 of them TEI does not define at their bare path too, OpenAI's /v1/embeddings and
+    # /embeddings, 7 probes (/ping, /kiln/info, the playground's GET / among them), TEI's /embed, /rerank, /info,
+    # /embed_sparse, /predict, /tokenize and /decode and its POST / and /invocations (the first model's TEI route),
+    # v2's 9 (server, live, ready, and model metadata, ready and infer with and without a version), and Cohere's
+    # /v1/rerank and /v2/rerank
+    assert operations and operations[-1].split()[-1] == "42", report
     generated = [line for line in report.splitlines() if "generated" in line]
     assert generated and int(generated[-1].split()[0]) >= 100, report
 
@@ -67,8 +68,8 @@ def _client(artifact, **kwargs) -> TestClient:
 
 def test_too_many_inputs_is_413_and_declared(tiny_artifact):
     with _client(tiny_artifact, max_inputs_per_request=3) as client:
-        assert client.post("/embed", json={"inputs": ["a", "b", "c"]}).status_code == 200
-        refused = client.post("/embed", json={"inputs": ["a", "b", "c", "d"]})
+        assert client.post("/kiln/embed", json={"inputs": ["a", "b", "c"]}).status_code == 200
+        refused = client.post("/kiln/embed", json={"inputs": ["a", "b", "c", "d"]})
         schema = client.get("/openapi.json").json()
     assert refused.status_code == 413 and refused.json()["error"]["type"] == "too_many_inputs"
     assert "the limit is 3 (--max-inputs-per-request)" in refused.json()["error"]["message"]
@@ -80,9 +81,9 @@ def test_matryoshka_dimensions_cut_the_vector_and_the_schema_says_the_maximum(ti
     full = Artifact.open(tiny_artifact).predictor().predict(["hello world"])[0]
     with _client(tiny_artifact) as client:
         cut = client.post("/v1/embeddings", json={"input": "hello world", "model": "m", "dimensions": 8})
-        embed = client.post("/embed", json={"inputs": ["hello world"], "dimensions": 8})
+        embed = client.post("/kiln/embed", json={"inputs": ["hello world"], "dimensions": 8})
         too_large = client.post("/v1/embeddings", json={"input": "hello", "model": "m", "dimensions": 33})
-        zero = client.post("/embed", json={"inputs": "hello", "dimensions": 0})
+        zero = client.post("/kiln/embed", json={"inputs": "hello", "dimensions": 0})
         schema = client.get("/openapi.json").json()
     assert cut.status_code == 200 and embed.status_code == 200
     # The tiny model does not normalise: the first 8 values as they are.
@@ -104,12 +105,14 @@ def test_only_the_served_tasks_routes_exist(task_artifacts):
         embed = client.post("/embed", json={"inputs": "x"})
     v2 = {"/v2", "/v2/health/live", "/v2/health/ready"} | {f"/v2/models/{{name}}{version}{end}" for version in (
         "", "/versions/{version}") for end in ("", "/ready", "/infer")}
-    assert {"/", "/answer", "/health", "/ping", "/ready", "/info", "/metrics", "/v1/models", "/tokenize",
-            "/decode"} | v2 == paths  # GET / is the playground; POST / only where a TEI route is served
+    # kiln's own routes under /kiln/ (and bare where TEI has no such path); /info is TEI's, kiln's at /kiln/info
+    assert {"/", "/answer", "/kiln/answer", "/health", "/ping", "/ready", "/info", "/kiln/info", "/metrics",
+            "/v1/models", "/tokenize", "/decode"} | v2 == paths  # GET / is the playground; POST / only for a TEI route
     assert embed.status_code == 404 and embed.json()["error"]["type"] == "not_found"
     with _client(task_artifacts[TaskName.QUESTION_ANSWERING], protocols=("kiln",)) as client:
-        assert set(client.get("/openapi.json").json()["paths"]) == {"/", "/answer", "/health", "/ping", "/ready",
-                                                                    "/info", "/metrics", "/v1/models"}
+        assert set(client.get("/openapi.json").json()["paths"]) == {
+            "/", "/answer", "/kiln/answer", "/health", "/ping", "/ready", "/info", "/kiln/info", "/metrics",
+            "/v1/models"}
 
 
 def test_pooling_and_finalisation_run_off_the_event_loop(task_artifacts, monkeypatch):

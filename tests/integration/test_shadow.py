@@ -50,10 +50,10 @@ def test_best_keeps_the_fp32_reference_and_the_live_figure_matches_offline_agree
     app = create_app(ServeConfig(models={"m": int8_artifact / "best"}, shadow=ShadowConfig(rate=1.0, max_share=1.0)))
     with TestClient(app) as c:
         for text in texts:  # one at a time: each runs alone, as the offline figure did
-            assert c.post("/embed", json={"inputs": text}).status_code == 200
+            assert c.post("/kiln/embed", json={"inputs": text}).status_code == 200
         wait_until(lambda: app.state.models["m"].shadow.items == len(texts), "every request to be shadowed")
         scraped = c.get("/metrics").text
-        info = c.get("/info").json()["models"][0]["shadow"]
+        info = c.get("/kiln/info").json()["models"][0]["shadow"]
     assert metric(scraped, 'kiln_shadow_agreement{figure="min_cosine",model="m"}') == pytest.approx(min(offline),
                                                                                                     abs=1e-6)
     assert info["mean"] == pytest.approx(float(np.mean(offline)), abs=1e-6) and info["items"] == len(texts)
@@ -68,11 +68,11 @@ def test_below_the_gate_is_logged_and_unready_until_it_recovers(int8_artifact, c
     with TestClient(app) as c, caplog.at_level(logging.INFO, logger="kiln"):
         shadow = app.state.models["m"].shadow
         shadow.floor = 1.5  # injected: a gate no variant meets, so the live figure is below it
-        c.post("/embed", json={"inputs": "falls below"})
+        c.post("/kiln/embed", json={"inputs": "falls below"})
         wait_until(lambda: shadow.below, "the live agreement to fall below the floor")
         unready = c.get("/ready")
         shadow.floor = -1.0  # and recovers
-        c.post("/embed", json={"inputs": "recovers"})
+        c.post("/kiln/embed", json={"inputs": "recovers"})
         wait_until(lambda: not shadow.below, "the live agreement to recover")
         ready = c.get("/ready")
     assert unready.status_code == 503 and "live agreement of model 'm' fell below its gate" in unready.text
@@ -117,7 +117,7 @@ def test_each_task_is_shadowed_by_the_figure_its_gate_checks(tiny_model, tmp_pat
             assert c.post("/classify", json={"inputs": text}).status_code == 200
         wait_until(lambda: app.state.models["c"].shadow.items == len(texts), "every request to be shadowed")
         scraped = c.get("/metrics").text
-        info = c.get("/info").json()["models"][0]["shadow"]
+        info = c.get("/kiln/info").json()["models"][0]["shadow"]
     best = Artifact.open(out / "best")
     served = best.predictor().with_batch_size(1)
     fp32 = best.predictor_of(best.reference_variant(), ServingPlan(EngineOptions(intra_op_threads=1), 1, 8))

@@ -28,12 +28,12 @@ def test_a_request_is_a_span_with_a_child_per_stage(tiny_artifact):
     provider, exporter = recording()
     app = create_app(ServeConfig(models={"m": tiny_artifact}), tracer_provider=provider)
     with TestClient(app) as c:
-        ok = c.post("/embed", json={"inputs": ["one text", "and another"]}, headers={"x-request-id": "trace-me"})
-        bad = c.post("/embed", json={"inputs": ["x"], "dimensions": 100000})
+        ok = c.post("/kiln/embed", json={"inputs": ["one text", "and another"]}, headers={"x-request-id": "trace-me"})
+        bad = c.post("/kiln/embed", json={"inputs": ["x"], "dimensions": 100000})
     assert ok.status_code == 200 and bad.status_code == 422
     spans = exporter.get_finished_spans()
     roots = [s for s in spans if s.parent is None]
-    assert [r.name for r in roots] == ["POST /embed", "POST /embed"]
+    assert [r.name for r in roots] == ["POST /kiln/embed", "POST /kiln/embed"]
     root = roots[0]
     assert root.kind == SpanKind.SERVER and root.attributes["kiln.request_id"] == "trace-me"
     assert root.attributes["kiln.model"] == "m" and root.attributes["http.response.status_code"] == 200
@@ -72,10 +72,10 @@ def test_a_request_with_a_traceparent_joins_the_callers_trace(tiny_artifact):
     provider, exporter = recording()
     trace_id, parent_id = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
     with TestClient(create_app(ServeConfig(models={"m": tiny_artifact}), tracer_provider=provider)) as c:
-        assert c.post("/embed", json={"inputs": "joined"},
+        assert c.post("/kiln/embed", json={"inputs": "joined"},
                       headers={"traceparent": f"00-{trace_id}-{parent_id}-01"}).status_code == 200
-        assert c.post("/embed", json={"inputs": "alone"}).status_code == 200
-    joined, alone = sorted((s for s in exporter.get_finished_spans() if s.name == "POST /embed"),
+        assert c.post("/kiln/embed", json={"inputs": "alone"}).status_code == 200
+    joined, alone = sorted((s for s in exporter.get_finished_spans() if s.name == "POST /kiln/embed"),
                            key=lambda s: s.start_time)
     assert f"{joined.context.trace_id:032x}" == trace_id and f"{joined.parent.span_id:016x}" == parent_id
     assert alone.parent is None and alone.context.trace_id != joined.context.trace_id  # no context leaks over
@@ -90,9 +90,9 @@ def test_a_global_provider_gets_kilns_spans_and_only_those(tiny_artifact, monkey
     provider, exporter = recording()
     monkeypatch.setattr(trace, "get_tracer_provider", lambda: provider)
     with TestClient(create_app(ServeConfig(models={"m": tiny_artifact}))) as c:
-        assert c.post("/embed", json={"inputs": "one"}).status_code == 200
+        assert c.post("/kiln/embed", json={"inputs": "one"}).status_code == 200
     servers = [s for s in exporter.get_finished_spans() if s.kind == SpanKind.SERVER]
-    assert [(s.name, s.attributes.get("kiln.model")) for s in servers] == [("POST /embed", "m")]
+    assert [(s.name, s.attributes.get("kiln.model")) for s in servers] == [("POST /kiln/embed", "m")]
 
 
 def test_a_generation_request_is_a_span_too(tiny_model, tmp_path):

@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 
 import numpy as np
 
+from kiln.choices import KILN_PREFIX
 from kiln.choices import WireProtocol as Protocol
 from kiln.errors import KilnError, UsageError
 
@@ -97,10 +98,11 @@ def _tei(endpoint: Endpoint, texts: Sequence[str]) -> np.ndarray:
 
 
 def _kiln(endpoint: Endpoint, texts: Sequence[str]) -> np.ndarray:
-    body = _post(endpoint, "/embed", {"inputs": list(texts), **({"model": endpoint.model} if endpoint.model else {})})
+    path = KILN_PREFIX + "/embed"  # kiln's own body; a bare /embed answers TEI's
+    body = _post(endpoint, path, {"inputs": list(texts), **({"model": endpoint.model} if endpoint.model else {})})
     if not isinstance(body, dict) or "embeddings" not in body:
-        raise AuditError(f"{endpoint.url}/embed: not a kiln answer (no 'embeddings')")
-    return _vectors(body["embeddings"], len(texts), f"{endpoint.url}/embed")
+        raise AuditError(f"{endpoint.url}{path}: not a kiln answer (no 'embeddings')")
+    return _vectors(body["embeddings"], len(texts), f"{endpoint.url}{path}")
 
 
 def _v2_infer(endpoint: Endpoint, tensors: dict[str, Sequence[str]], output: str) -> tuple[np.ndarray, str]:
@@ -158,11 +160,12 @@ def _tei_rerank(endpoint: Endpoint, query: str, texts: Sequence[str]) -> np.ndar
 
 
 def _kiln_rerank(endpoint: Endpoint, query: str, texts: Sequence[str]) -> np.ndarray:
-    body = _post(endpoint, "/rerank", {"query": query, "texts": list(texts),
-                                       **({"model": endpoint.model} if endpoint.model else {})})
+    path = KILN_PREFIX + "/rerank"
+    body = _post(endpoint, path, {"query": query, "texts": list(texts),
+                                  **({"model": endpoint.model} if endpoint.model else {})})
     if not isinstance(body, dict) or "results" not in body:
-        raise AuditError(f"{endpoint.url}/rerank: not a kiln answer (no 'results')")
-    return _scores(body["results"], len(texts), f"{endpoint.url}/rerank")
+        raise AuditError(f"{endpoint.url}{path}: not a kiln answer (no 'results')")
+    return _scores(body["results"], len(texts), f"{endpoint.url}{path}")
 
 
 def _cohere_rerank(endpoint: Endpoint, query: str, texts: Sequence[str], path: str = "/rerank") -> np.ndarray:

@@ -65,7 +65,7 @@ def serve(
                                                 "with the measured drift when none is. Dynamic int8 is not.")] = False,
     shadow_rate: Annotated[Optional[float], typer.Option(  # noqa: UP045
         help="Rerun this share of requests (0 < R <= 1) through the artifact's fp32 reference while the engine "
-        "would otherwise idle, and export the live agreement (kiln_shadow_agreement, /info). Costs CPU only when "
+        "would otherwise idle, and export the live agreement (kiln_shadow_agreement, /kiln/info). Costs CPU only when "
         "idle, within --shadow-max-share.", show_default=False)] = None,
     shadow_max_share: Annotated[float, typer.Option(help="Most of the wall time the shadow reference may run "
                                                     "(it waits past it).")] = 0.10,
@@ -82,8 +82,9 @@ def serve(
     protocols: Annotated[str, typer.Option(
         help="The APIs to serve, comma-separated: kiln (its own routes), openai (/v1/embeddings, /v1/completions), "
         "v2 (KServe's Open Inference Protocol: /v2/..., and gRPC with --grpc-port), tei (text-embeddings-inference's "
-        "routes), cohere (a reranker's /v1/rerank and /v2/rerank). Where kiln's and TEI's share a path (/embed, "
-        "/rerank, /embed_sparse) kiln's is served; leave kiln out for TEI's (TEI mode).")
+        "routes), cohere (a reranker's /v1/rerank and /v2/rerank). kiln's own routes are under /kiln/ (/kiln/embed, "
+        "/kiln/info, ...) and at their bare path where TEI has none: /embed, /rerank, /embed_sparse and /info answer "
+        "TEI's bodies while tei is served.")
     ] = "kiln,openai,v2,tei,cohere",
     grpc_port: Annotated[Optional[int], typer.Option(  # noqa: UP045
         help="Also serve the v2 protocol over gRPC (inference.GRPCInferenceService) on this port, through the same "

@@ -24,7 +24,7 @@ from prometheus_client import generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from kiln.artifact.manifest import read_manifest
-from kiln.choices import Device, WireProtocol
+from kiln.choices import KILN_PREFIX, Device, WireProtocol
 from kiln.errors import KilnError, UsageError
 from kiln.log import get_logger
 from kiln.serving import generation, playground, tei, tracing
@@ -58,7 +58,7 @@ log = get_logger("serve")
 # are off: no second span per request, and no per-request check of three global providers on the event loop.
 _NATIVE_TELEMETRY_OFF = ({"telemetry": {"tracing": False, "metrics": False, "logs": False}}
                          if "telemetry" in inspect.signature(FastAPI.__init__).parameters else {})
-PROTOCOLS = tuple(WireProtocol)  # --protocols' default: every API (kiln's wins a path TEI's also has)
+PROTOCOLS = tuple(WireProtocol)  # --protocols' default: every API (TEI's body on a path TEI defines; kiln's at /kiln/)
 V2_INFER = re.compile(r"^/v2/models/[^/]+(/versions/[^/]+)?/infer$")
 
 
@@ -110,17 +110,17 @@ def create_app(config: ServeConfig, tracer_provider: Any = None) -> FastAPI:
     app.state.tracing = tracing.Tracing(tracer_provider.get_tracer("kiln.serve") if tracer_provider else None)
     app.state.pool = CoalescingPool(max_workers=config.tokenizer_threads, thread_name_prefix="kiln-tokenize")
     app.state.playground = playground.page(tasks)
-    routes = _served_routes(tasks, config.protocols)
-    aliases = _aliases(tasks, config.protocols, {r.path for r in routes})
+    served = _served_routes(tasks, config.protocols)
+    aliases = _aliases(tasks, config.protocols, {r.path for r, _ in served})
     # Which served models answer each route: fixed once the artifacts are known, read on every request.
-    app.state.route_models = {r.path: _doing(tasks, r) for r in routes} | {a.path: _doing(tasks, r)[:1]
-                                                                           for a, r in aliases}
-    routes += [alias for alias, _ in aliases]
+    app.state.route_models = {r.path: _doing(tasks, own) for r, own in served} | {a.path: _doing(tasks, r)[:1]
+                                                                                 for a, r in aliases}
+    routes = [r for r, _ in served] + [alias for alias, _ in aliases]
     app.state.path_protocols = {r.path: r.protocol for r in routes}
     app.state.fast_routes = {}  # path -> (request model, endpoint): what the fast lane may answer itself
     for route in routes:
         MOUNTS[route.kind](app, route)
-    _mount_probes(app, kiln_info=not tei.serves_info(config.protocols))
+    _mount_probes(app, kiln_info=WireProtocol.KILN in config.protocols, bare_info=not tei.serves_info(config.protocols))
     if WireProtocol.TEI in config.protocols:
         tei.mount(app, info=tei.serves_info(config.protocols))
         app.state.path_protocols.update({path: WireProtocol.TEI for path in tei.SERVER_PATHS})
@@ -181,18 +181,22 @@ async def _lifespan(app: FastAPI):
              json.dumps(counts, sort_keys=True))
 
 
-def _served_routes(tasks: dict[str, str], protocols: tuple[WireProtocol, ...]) -> list[Route]:
-    """Each route of the served tasks in the served protocols, once (several models of one task share its routes).
-    Where kiln's own route and TEI's share a path (/embed, /rerank, /embed_sparse) their answers differ and a
-    request cannot say which it wants: kiln's is served, unless kiln is left out of --protocols (TEI mode)."""
-    routes: dict[str, Route] = {}
+def _served_routes(tasks: dict[str, str], protocols: tuple[WireProtocol, ...]) -> list[tuple[Route, Route]]:
+    """(served route, the task's route) for each route of the served tasks in the served protocols, once (several
+    models of one task share its routes). kiln's own routes are served under KILN_PREFIX, and at their own path
+    where no served TEI route has it: where kiln's and TEI's share a path (/embed, /rerank, /embed_sparse) their
+    answers differ and a request cannot say which it wants, so the path answers as TEI defines it and a TEI client
+    works against kiln serve's defaults; kiln's clients ask /kiln/embed."""
+    routes: dict[str, tuple[Route, Route]] = {}
     for task in dict.fromkeys(tasks.values()):
         for route in task_wire(task).routes:
             if route.protocol not in protocols:
                 continue
+            if route.protocol is WireProtocol.KILN:
+                routes.setdefault(KILN_PREFIX + route.path, (replace(route, path=KILN_PREFIX + route.path), route))
             held = routes.get(route.path)
-            if held is None or (held.protocol is WireProtocol.TEI and route.protocol is WireProtocol.KILN):
-                routes[route.path] = route
+            if held is None or (held[0].protocol is WireProtocol.KILN and route.protocol is WireProtocol.TEI):
+                routes[route.path] = (route, route)
     return list(routes.values())
 
 
@@ -210,8 +214,7 @@ OPENAI_ALIASES = {"/embeddings": "/v1/embeddings"}
 def _aliases(tasks: dict[str, str], protocols: tuple[WireProtocol, ...], taken: set[str]) -> list[tuple[Route, Route]]:
     """(alias, route) pairs: each alias answers exactly as its route, for the first served model that has it (TEI
     serves one model; huggingface_hub's ``InferenceClient(base_url=...)`` posts to /). The route of POST / is the
-    first served model's TEI route, so a TEI client gets TEI's answer even where kiln's own route holds the path
-    TEI's also has (/embed)."""
+    first served model's TEI route, as TEI's own server does."""
     out: list[tuple[Route, Route]] = []
     if WireProtocol.TEI in protocols:
         tei_route = next((r for task in tasks.values() for r in task_wire(task).routes
@@ -234,7 +237,7 @@ def _protocol_of(app: FastAPI, path: str) -> WireProtocol:
     if path == "/v2" or path.startswith("/v2/"):
         return WireProtocol.V2
     protocols = app.state.config.protocols
-    # Elsewhere (an unknown path, the probes): kiln's shape, or TEI's in TEI mode, where a TEI client expects it.
+    # Elsewhere (an unknown path, the probes): kiln's shape, or TEI's where kiln's API is not served.
     return WireProtocol.TEI if WireProtocol.TEI in protocols and WireProtocol.KILN not in protocols \
         else WireProtocol.KILN
 
@@ -258,7 +261,9 @@ def _mount_route(app: FastAPI, route: Route) -> None:
 MOUNTS = {"infer": _mount_route, "generate": generation.mount_route}
 
 
-def _mount_probes(app: FastAPI, *, kiln_info: bool = True) -> None:
+def _mount_probes(app: FastAPI, *, kiln_info: bool = True, bare_info: bool = True) -> None:
+    """The probes, the playground, /metrics and OpenAI's model list; kiln's /info at /kiln/info where kiln's API is
+    served (``kiln_info``), and at /info too unless TEI's /info holds it (``bare_info``)."""
     unready_doc = {503: {"model": ErrorBody, "description": "The model is still loading, is shutting down, or its "
                        "batching loop died (the message says which)."}}
 
@@ -283,14 +288,15 @@ def _mount_probes(app: FastAPI, *, kiln_info: bool = True) -> None:
             raise error
         return {"ready": True, "models": list(models)}
 
-    if kiln_info:
-        @app.get("/info", response_model=Info)
-        async def info():
-            config: ServeConfig = app.state.config
-            return {"models": [m.describe() for m in app.state.models.values()],
-                    "limits": {**asdict(config.limits), "max_concurrent": config.max_concurrent,
-                               "max_body_bytes": config.max_body_bytes,
-                               "max_inputs_per_request": config.max_inputs_per_request}}
+    async def info():
+        config: ServeConfig = app.state.config
+        return {"models": [m.describe() for m in app.state.models.values()],
+                "limits": {**asdict(config.limits), "max_concurrent": config.max_concurrent,
+                           "max_body_bytes": config.max_body_bytes,
+                           "max_inputs_per_request": config.max_inputs_per_request}}
+
+    for path in ((KILN_PREFIX + "/info",) if kiln_info else ()) + (("/info",) if bare_info else ()):
+        app.get(path, response_model=Info, summary="Served models and limits (kiln's API)")(info)
 
     @app.get("/v1/models", response_model=ModelList)
     async def openai_models():

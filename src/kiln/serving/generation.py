@@ -23,6 +23,7 @@ import orjson
 from fastapi import FastAPI
 from fastapi.responses import StreamingResponse
 
+from kiln.choices import KILN_PREFIX
 from kiln.decoder.batch import DecodeBatch, Decoding, Emitted, new_sequence
 from kiln.decoder.beam import BeamSearch
 from kiln.decoder.generate import Generated, copies_of, from_hypothesis, generated_of, prompt_ids
@@ -330,7 +331,7 @@ STREAM_DOC = {200: {"content": {"text/event-stream": {"schema": {"type": "string
 
 def mount_route(app: FastAPI, route: Route) -> None:
     """POST ``route.path``: JSON, or server-sent events with ``stream: true``."""
-    answer = ANSWERS[route.path]
+    answer = ANSWERS[route.path.removeprefix(KILN_PREFIX)]  # kiln's /generate is also served as /kiln/generate
 
     async def endpoint(body: Any) -> Any:
         # A streamed answer's span ends when streaming starts (the first token is in it; later ones are not).

@@ -3,7 +3,7 @@
 One form per served task, with the fields its route declares (text; text + optional pair; question + context),
 a checkbox per model of that task, and each model's answer with the server-side latency (the
 ``x-kiln-latency-ms`` header), its validation summary and, with --shadow-rate, its live agreement (from
-``/info``, read when the page loads). No external asset: it works offline.
+``/kiln/info``, read when the page loads). No external asset: it works offline.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from html import escape
 
+from kiln.choices import KILN_PREFIX, WireProtocol
 from kiln.tasks.wire import task_wire
 from kiln.tasks.wire.http import Route
 
@@ -32,7 +33,7 @@ button{font:inherit;padding:6px 18px;border-radius:6px;border:0;background:#2457
 
 _SCRIPT = """
 const info = {};
-fetch('/info').then(r => r.json()).then(d => {
+fetch('/kiln/info').then(r => r.json()).then(d => {
   for (const m of d.models) { info[m.model] = m; }
   document.querySelectorAll('[data-validation]').forEach(el => {
     const m = info[el.dataset.validation];
@@ -101,8 +102,9 @@ def _form(task: str, route: Route, models: list[str]) -> str:
     boxes = "".join(f'<label><input type="checkbox" value="{escape(m)}" checked> {escape(m)} '
                     f'<span class="meta" data-validation="{escape(m)}"></span></label><br>' for m in models)
     spec = json.dumps([{"name": f.name} for f in route.form])
-    return (f'<h2>{escape(task)} · <code>POST {escape(route.path)}</code></h2>'
-            f"<form data-route=\"{escape(route.path)}\" data-fields='{escape(spec)}' data-task=\"{escape(task)}\">"
+    path = KILN_PREFIX + route.path if route.protocol is WireProtocol.KILN else route.path  # kiln's answers
+    return (f'<h2>{escape(task)} · <code>POST {escape(path)}</code></h2>'
+            f"<form data-route=\"{escape(path)}\" data-fields='{escape(spec)}' data-task=\"{escape(task)}\">"
             f'{fields}<div class="models">{boxes}</div><button type="submit">Run</button>'
             f'<div class="answers"></div></form>')
 

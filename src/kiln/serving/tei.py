@@ -1,4 +1,4 @@
-"""TEI's server-level routes on kiln serve: /tokenize, /decode, and (in TEI mode, without kiln's own /info) /info.
+"""TEI's server-level routes on kiln serve: /tokenize, /decode, and /info (kiln's own is at /kiln/info).
 
 The task routes TEI clients call (/embed, /embed_sparse, /rerank, /predict) are declared by the tasks
 (kiln.tasks.wire.tei); these belong to the server. They use the first served model's tokenizer, as TEI serves one.
@@ -148,5 +148,5 @@ def mount(app: FastAPI, *, info: bool) -> None:
 
 
 def serves_info(protocols: tuple[WireProtocol, ...]) -> bool:
-    """TEI's /info replaces kiln's only in TEI mode (kiln left out of --protocols): the two answers differ."""
-    return WireProtocol.TEI in protocols and WireProtocol.KILN not in protocols
+    """TEI's /info is served wherever TEI is (kiln's own is at /kiln/info): the two answers differ."""
+    return WireProtocol.TEI in protocols

@@ -3,7 +3,7 @@
 The bodies and answers are TEI's (tests/data/tei-openapi.json, TEI 1.9.3), so a TEI client works unchanged:
 a bare list of vectors, of {index, value} terms, of {index, score} ranks, of {label, score} predictions. Each
 task module adds its route to ``routes`` with ``protocol=WireProtocol.TEI``; kiln serve mounts them with
---protocols tei (kiln's own route wins a path both declare, unless kiln is left out: TEI mode).
+--protocols tei (on a path both declare TEI's body is served; kiln's own is under /kiln/).
 
 What kiln does not do is refused by the schema, not ignored: truncation from the left, token ids and prompts for
 sparse embeddings (SPLADE models define none), raw classification logits. /embed takes the model's named prompts
