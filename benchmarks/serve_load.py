@@ -450,7 +450,7 @@ def main() -> int:
     from kiln.tasks import task_spec
 
     if not task_spec(art.task_config.task).embeds:
-        sys.exit("this benchmark sends /embed requests: give it a feature-extraction artifact")
+        sys.exit("this benchmark sends /kiln/embed requests: give it a feature-extraction artifact")
     encoder = art.encoder()
     texts = serving_mix(args.texts, encoder.token_count)
     lengths = [len(e.ids) for e in encoder.encode(texts)]

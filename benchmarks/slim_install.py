@@ -4,7 +4,7 @@
 
 Exports MiniLM to ONNX with the full install, then for each venv (.venv: kiln[build,...] as `make install` makes it;
 .venv-slim: pip install 'kiln[serve,embed]') measures the size of its site-packages and, per round, the seconds
-from starting `kiln serve ARTIFACT` to its first /embed answer (process start, imports, model load, warm-up).
+from starting `kiln serve ARTIFACT` to its first /kiln/embed answer (process start, imports, model load, warm-up).
 Writes benchmarks/out/slim_install.json (--json).
 """
 
@@ -38,7 +38,7 @@ def cold_start(venv: Path, artifact: Path) -> float:
     began = time.perf_counter()
     proc, port = start_server([str(venv / "bin" / "kiln"), "serve", str(artifact)])
     try:
-        answer = httpx.post(f"http://127.0.0.1:{port}/embed", json={"inputs": "first request"}, timeout=60)
+        answer = httpx.post(f"http://127.0.0.1:{port}/kiln/embed", json={"inputs": "first request"}, timeout=60)
         answer.raise_for_status()
         return time.perf_counter() - began
     finally:

@@ -30,7 +30,7 @@ def test_the_slim_venv_holds_none_of_the_build_dependencies():
 def test_kiln_serve_from_the_slim_venv_answers_as_the_full_install(tiny_artifact):
     proc, port = process.start_server([str(SLIM / "kiln"), "serve", str(tiny_artifact)])
     try:
-        answer = httpx.post(f"http://127.0.0.1:{port}/embed", json={"inputs": TEXTS}, timeout=30)
+        answer = httpx.post(f"http://127.0.0.1:{port}/kiln/embed", json={"inputs": TEXTS}, timeout=30)
     finally:
         proc.terminate()
         assert proc.wait(timeout=60) == 0

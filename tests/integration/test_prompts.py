@@ -1,5 +1,5 @@
 """A model's named prompts (config_sentence_transformers.json) work as sentence-transformers applies them, in
-encode(), on kiln's /embed and on TEI's /embed, for a NomicBERT (nomic-embed's ``search_query: `` /
+encode(), on kiln's /kiln/embed and on TEI's /embed, for a NomicBERT (nomic-embed's ``search_query: `` /
 ``search_document: ``); a name the model does not define is refused, naming those it has."""
 
 from __future__ import annotations
