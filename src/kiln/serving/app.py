@@ -49,7 +49,7 @@ from kiln.serving.schemas import (
 )
 from kiln.serving.shadow import ShadowConfig
 from kiln.tasks.wire import task_wire
-from kiln.tasks.wire.http import Route
+from kiln.tasks.wire.http import Route, kiln_path
 
 LATENCY_HEADER = "x-kiln-latency-ms"
 log = get_logger("serve")
@@ -193,7 +193,7 @@ def _served_routes(tasks: dict[str, str], protocols: tuple[WireProtocol, ...]) -
             if route.protocol not in protocols:
                 continue
             if route.protocol is WireProtocol.KILN:
-                routes.setdefault(KILN_PREFIX + route.path, (replace(route, path=KILN_PREFIX + route.path), route))
+                routes.setdefault(kiln_path(route), (replace(route, path=kiln_path(route)), route))
             held = routes.get(route.path)
             if held is None or (held[0].protocol is WireProtocol.KILN and route.protocol is WireProtocol.TEI):
                 routes[route.path] = (route, route)

@@ -11,9 +11,8 @@ from __future__ import annotations
 import json
 from html import escape
 
-from kiln.choices import KILN_PREFIX, WireProtocol
 from kiln.tasks.wire import task_wire
-from kiln.tasks.wire.http import Route
+from kiln.tasks.wire.http import Route, kiln_path
 
 _STYLE = """
 body{font:15px/1.45 system-ui,sans-serif;margin:24px auto;max-width:1100px;color:#1d2430;padding:0 16px}
@@ -102,7 +101,7 @@ def _form(task: str, route: Route, models: list[str]) -> str:
     boxes = "".join(f'<label><input type="checkbox" value="{escape(m)}" checked> {escape(m)} '
                     f'<span class="meta" data-validation="{escape(m)}"></span></label><br>' for m in models)
     spec = json.dumps([{"name": f.name} for f in route.form])
-    path = KILN_PREFIX + route.path if route.protocol is WireProtocol.KILN else route.path  # kiln's answers
+    path = kiln_path(route)  # kiln's answers, not TEI's at the bare path
     return (f'<h2>{escape(task)} · <code>POST {escape(path)}</code></h2>'
             f"<form data-route=\"{escape(path)}\" data-fields='{escape(spec)}' data-task=\"{escape(task)}\">"
             f'{fields}<div class="models">{boxes}</div><button type="submit">Run</button>'

@@ -14,7 +14,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints
 
-from kiln.choices import WireProtocol
+from kiln.choices import KILN_PREFIX, WireProtocol
 
 # A string with a character other than ASCII whitespace. Spelled out, not \\S: JSON Schema (ECMA) and pydantic
 # (Rust) disagree on whether U+0085 is whitespace, and the schema must say exactly what validation does.
@@ -109,6 +109,12 @@ class Route:
     # Whose API this route is (kiln serve --protocols): kiln's own, OpenAI's, or TEI's. Its errors take that
     # protocol's shape.
     protocol: WireProtocol = WireProtocol.KILN
+
+
+def kiln_path(route: Route) -> str:
+    """Where kiln serve always mounts ``route``: kiln's own routes under KILN_PREFIX (their bare path too where no
+    other API defines it: kiln.serving.app), every other API's at its own path."""
+    return KILN_PREFIX + route.path if route.protocol is WireProtocol.KILN else route.path
 
 
 class ChunkingModel(BaseModel):
