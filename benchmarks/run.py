@@ -210,6 +210,12 @@ def render_gpu(data: dict[str, Any]) -> list[str]:
             *_table(["configuration", "texts/s", "min cosine to ST fp32"], rows)]
 
 
+def render_unseen_text(data: dict[str, Any]) -> list[str]:
+    from unseen_text import table  # benchmarks/ is the script's directory, so on its path
+
+    return table(data)
+
+
 def render_families(data: list[dict[str, Any]]) -> list[str]:
     from families import table  # benchmarks/ is the script's directory, so on its path
 
@@ -270,6 +276,8 @@ PARTS = {p.name: p for p in (
     Part("speculative", "Speculative decoding against greedy", _script("speculative.py"), "nothing", 30,
          render_speculative),
     Part("gpu", "kiln's GPU paths", _script("gpu_check.py"), "a CUDA GPU", 10, render_gpu),
+    Part("unseen-text", "Does the gate's verdict hold on text it never saw?",
+         _script("unseen_text.py", "{artifact}"), ARTIFACT, 12, render_unseen_text),
     Part("families", "Embedding families at their real sizes (random weights) against sentence-transformers",
          _script("families.py"), "nothing", 90, render_families),
 )}

@@ -22,6 +22,7 @@ from kiln.scoring import cosine
 from kiln.serving.app import ServeConfig, create_app
 from kiln.serving.shadow import ShadowConfig
 from kiln.tasks import TaskName
+from kiln.tasks.validation import length_bound
 from tests.waiting import wait_until
 
 
@@ -58,6 +59,11 @@ def test_best_keeps_the_fp32_reference_and_the_live_figure_matches_offline_agree
                                                                                                     abs=1e-6)
     assert info["mean"] == pytest.approx(float(np.mean(offline)), abs=1e-6) and info["items"] == len(texts)
     assert info["figure"] == "cosine" and info["judged"] == "min"
+    # The gate's bound in the same words: the 40 texts' lengths, bucketed as the gate does, fitted the same way.
+    lengths = [len(e.ids) for e in served.encoder.encode(texts)]
+    assert info["bound"] == pytest.approx(length_bound(np.array(offline), lengths), abs=1e-5) and \
+        info["bound"] <= min(offline)
+    assert metric(scraped, 'kiln_shadow_agreement{figure="cosine_bound",model="m"}') == pytest.approx(info["bound"])
     assert info["below_floor"] is False and 0 < info["cpu_share"] <= 1
     assert metric(scraped, 'kiln_shadow_items_total{model="m"}') == len(texts)
 

@@ -154,3 +154,66 @@ def test_paying_limit_predicts_time_by_the_weights_kept_in_fp32():
     assert paying_limit([*blocks, head], quantized_ms=4, float_ms=10, best_ms=6) == 1
     # Fully int8 is no faster than what passed already: nothing to search.
     assert paying_limit([*blocks, head], quantized_ms=7, float_ms=10, best_ms=6) == 0
+
+
+def test_the_cosine_bound_is_a_tolerance_bound_on_the_log_deficits():
+    """The bound holds the share it claims on draws from the fitted model, and is never above the sample's least."""
+    import numpy as np
+
+    from kiln.scoring import cosine_bound, tolerance_factor
+
+    assert tolerance_factor(128, 0.999, 0.95) == pytest.approx(3.481, abs=0.01)  # the exact noncentral-t factor
+    assert tolerance_factor(8, 0.999, 0.95) == pytest.approx(5.688, rel=0.02)
+    rng = np.random.default_rng(0)
+    covered = []
+    for _ in range(200):  # 200 samples of 40 texts, deficits log-normal: the bound holds 99.9% in ~95% of them
+        sample = 1 - np.exp(rng.normal(-5.5, 0.3, 40))
+        bound = cosine_bound(sample)
+        assert bound <= sample.min()
+        share_reached = np.mean(1 - np.exp(rng.normal(-5.5, 0.3, 20_000)) >= bound)
+        covered.append(share_reached >= 0.999)
+    assert 0.9 <= np.mean(covered) <= 1.0
+    assert cosine_bound(np.ones(10)) == pytest.approx(1.0)  # identical outputs: no deficit, no -inf
+    assert cosine_bound(np.array([0.5, -0.9, 0.99, 0.2])) == -1.0  # an opposite vector is the lowest a cosine goes
+    with pytest.raises(UsageError, match="count must be at least 3"):
+        tolerance_factor(2, 0.999, 0.95)
+
+
+def test_a_variant_within_the_floor_on_every_text_is_refused_when_its_short_texts_bound_is_below():
+    """The gate holds what 99.9% of texts of each length are predicted to reach: short texts that all pass but
+    spread widely (as all-MiniLM-L6-v2's int8 queries did) fail it, whatever the longer texts do."""
+    import numpy as np
+
+    from kiln.tasks.validation import length_bound
+
+    rng = np.random.default_rng(1)
+    tight = 1 - np.exp(rng.normal(-6.5, 0.2, 60))
+    wide_short = 1 - np.exp(rng.normal(-5.2, 0.35, 30))
+    assert tight.min() > 0.99 and wide_short.min() > 0.99
+    lengths = [100] * 60 + [8] * 30
+    bound = length_bound(np.concatenate([tight, wide_short]), lengths)
+    assert bound == pytest.approx(min(length_bound(tight, [100] * 60), length_bound(wide_short, [8] * 30)))
+    assert bound < 0.99 < length_bound(tight, [100] * 60)
+    assert length_bound(wide_short[:7], [8] * 7) is None  # too few texts of one length to fit: the minimum holds
+    agreement = Agreement("min_cosine", 0.992, {"min_cosine": 0.992, "mean_cosine": 0.996, "cosine_bound": bound},
+                          "cosine", ())
+    verdict = judge(TaskName.FEATURE_EXTRACTION, agreement, 0.01)
+    assert not verdict.accepted and verdict.reason == f"cosine_bound {bound:.4f} < 0.9900"
+    accepted = judge(TaskName.FEATURE_EXTRACTION, Agreement("min_cosine", 0.995, {
+        "min_cosine": 0.995, "mean_cosine": 0.998, "cosine_bound": 0.9931}, "cosine", ()), 0.01)
+    assert accepted.accepted and accepted.reason == "min_cosine 0.9950 >= 0.9900, cosine_bound 0.9931 >= 0.9900"
+
+
+def test_kiln_audit_states_the_gates_bound_in_the_same_words():
+    from kiln.auditing.result import AuditResult
+
+    def result(within: bool, figures: dict[str, float]) -> AuditResult:
+        return AuditResult("http://x", "openai", "feature-extraction", "m", "mean pooling", 160, 0.01, "cosine",
+                           0.995 if within else 0.97, 0.998, 0.99, (), (), (), None, within, figures)
+
+    assert result(True, {"cosine_bound": 0.9931}).verdict() == (
+        "within tolerance: min cosine 0.9950 >= 0.9900, mean 0.9980; a log-normal fit puts 99.9% of texts like these, "
+        "of each length, at cosine >= 0.9931 (95% confidence)")
+    assert "at cosine >= 0.9412 (95% confidence); no single measured cause" in \
+        result(False, {"cosine_bound": 0.9412}).verdict()
+    assert result(True, {}).verdict() == "within tolerance: min cosine 0.9950 >= 0.9900, mean 0.9980"

@@ -18,6 +18,7 @@ import numpy as np
 from kiln.auditing.protocols import AuditError, Endpoint, embed
 from kiln.auditing.reference import POOLINGS, TRUNCATIONS, Reference, cosines, truncations
 from kiln.auditing.result import AuditResult, Finding, buckets
+from kiln.tasks.validation import length_bound
 
 PREFIXES = ("query: ", "passage: ", "search_query: ", "search_document: ",
             "Represent this sentence for searching relevant passages: ")
@@ -91,8 +92,11 @@ def diagnose(endpoint: Endpoint, reference: Reference, texts: Sequence[str], tol
                             "batch of 16", drift_cos < 1 - tolerance / 10, drift))
 
     floor = 1 - tolerance
+    # The gate's words: what 99.9% of texts like these, of each length, reach (95% confidence), held to the floor too.
+    bound = length_bound(agree, lengths)
+    figures = {} if bound is None else {"cosine_bound": bound}
     within = float(agree.min()) >= floor and float(agree.mean()) >= 1 - tolerance / 2 and \
-        not normalisation_differs
+        not normalisation_differs and (bound is None or bound >= floor)
     explained: tuple[str, ...] = ()
     explained_min = None
     normalisation = ("normalisation",) if normalisation_differs else ()
@@ -105,5 +109,5 @@ def diagnose(endpoint: Endpoint, reference: Reference, texts: Sequence[str], tol
         explained = normalisation
     return AuditResult(endpoint.url, endpoint.protocol.value, task, model, configured.describe(), len(texts),
                        tolerance, "cosine", float(agree.min()), float(agree.mean()), floor, buckets(lengths, agree),
-                       tuple(findings), explained, explained_min, within)
+                       tuple(findings), explained, explained_min, within, figures)
 

@@ -13,6 +13,7 @@ from kiln.records.artifact import Sensitivity, Status, VariantRecord
 from kiln.records.batching import BatchedAgreement
 from kiln.records.figures import Agreement
 from kiln.records.timing import Timing
+from kiln.tasks import task_spec
 
 RESULTS_SCHEMA = "kiln.optimize/3"  # 3: each outcome's record is a VariantRecord (2: a plain dict, still read)
 READABLE_SCHEMAS = ("kiln.optimize/2", RESULTS_SCHEMA)
@@ -87,12 +88,18 @@ def _fmt(value: float | None) -> str:
     return "-" if value is None else f"{value:.4f}"
 
 
+def _promise(summary: RunSummary) -> list[str]:
+    """What "accepted" promises, in the task's words (none for a task whose gate states nothing beyond its texts)."""
+    promise = task_spec(summary.task).validation.promised(summary.tolerance)
+    return [f"Accepted means: {promise}.", ""] if promise else []
+
+
 def markdown(summary: RunSummary) -> str:
     timing = summary.reference_timing
     lines = [f"# kiln optimize: {summary.model} ({summary.task})", "",
              f"Tolerance {summary.tolerance:g}; task metric: {summary.primary_metric or 'none (no labelled data)'}; "
              f"timed on {timing.describe()}, tokenization "
-             "excluded.", "", f"Calibration: {summary.calibration or 'not recorded'}.", "",
+             "excluded.", "", *_promise(summary), f"Calibration: {summary.calibration or 'not recorded'}.", "",
              *([f"Judged and timed against the reference {summary.reference} (the PyTorch fp32 row), not against "
                 "the model itself.", ""] if summary.reference else []),
              "| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]

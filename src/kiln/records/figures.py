@@ -97,6 +97,8 @@ class Floor:
     figure: str
     value: float
     floor: float
+    # Named in an accepted verdict beside the primary figure: what the verdict promises beyond the texts it saw.
+    stated: bool = False
 
     @property
     def met(self) -> bool:

@@ -14,10 +14,13 @@ A shadow run that has started cannot be pre-empted: a request arriving meanwhile
 what it costs.
 
 The rolling window's minimum and mean go to /metrics (``kiln_shadow_agreement{figure="min_<figure>"|"mean_..."}``,
-every input's figure to the ``kiln_shadow_input_agreement`` histogram) and /info. The task says which of the two
-its gate holds (``live_judged``: the least cosine, the mean share of labels kept). Falling below the artifact's
-gate floor (1 - its tolerance) is logged, and with ``--shadow-policy unready`` /ready answers 503 until the window
-recovers (the inference routes keep answering what still arrives, so the recovery can be seen).
+every input's figure to the ``kiln_shadow_input_agreement`` histogram) and /info; for cosines, so does the gate's
+bound in its words (``figure="cosine_bound"``, /info's ``bound``: the cosine 99.9% of inputs like the window's, of
+each length, reach, 95% confidence; reported, not judged: the window's minimum is what the floor holds live). The
+task says which of the two its gate holds (``live_judged``: the least cosine, the mean share of labels kept).
+Falling below the artifact's gate floor (1 - its tolerance) is logged, and with ``--shadow-policy unready`` /ready
+answers 503 until the window recovers (the inference routes keep answering what still arrives, so the recovery can
+be seen).
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from kiln.log import get_logger
 from kiln.runtime.predictor import Predictor
 from kiln.serving.metrics import Metrics
 from kiln.serving.supervision import OwnedLoop
+from kiln.tasks.validation import length_bound
 
 log = get_logger("serve.shadow")
 BATCH = 8  # reference rows per shadow run: small, so a live request never waits long behind one
@@ -79,6 +83,7 @@ class Shadow(OwnedLoop):
         self.metrics, self.floor, self.idle, self.on_health = metrics, floor, idle, on_health
         self._waiting: deque[tuple[Encoding, Any]] = deque()
         self._window: deque[float] = deque(maxlen=config.window)
+        self._lengths: deque[int] = deque(maxlen=config.window)  # each window item's tokens, for the bound
         self._arrived = asyncio.Event()
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kiln-shadow")
         self._started = time.perf_counter()
@@ -101,7 +106,7 @@ class Shadow(OwnedLoop):
         window = list(self._window)
         return {"rate": self.config.rate, "items": self.items, "window": len(window), "figure": self.figure,
                 "judged": self.judged, "min": min(window) if window else None,
-                "mean": float(np.mean(window)) if window else None, "floor": self.floor,
+                "mean": float(np.mean(window)) if window else None, "bound": self._bound(), "floor": self.floor,
                 "below_floor": self.below, "cpu_share": self.share(), "policy": self.config.policy.value}
 
     def share(self) -> float:
@@ -137,17 +142,27 @@ class Shadow(OwnedLoop):
                                                    [e for e, _ in taken])
             self._last_run_s = time.perf_counter() - start
             self._busy_s += self._last_run_s
-            self._record([self.agreement(s, r) for (_, s), r in zip(taken, reference)])
+            self._record([self.agreement(s, r) for (_, s), r in zip(taken, reference)], [len(e.ids) for e, _ in taken])
 
-    def _record(self, values: list[float]) -> None:
+    def _bound(self) -> float | None:
+        """The gate's bound over the window (cosines only; None until a length has enough inputs)."""
+        if self.figure != "cosine":
+            return None
+        return length_bound(np.array(self._window), list(self._lengths))
+
+    def _record(self, values: list[float], lengths: list[int]) -> None:
         for value in values:
             self.metrics.shadow_input.labels(self.model, self.figure).observe(value)
         self._window.extend(values)
+        self._lengths.extend(lengths)
         self.items += len(values)
         self.metrics.shadow_items.labels(self.model).inc(len(values))
         low, mean = min(self._window), float(np.mean(self._window))
         self.metrics.shadow_agreement.labels(self.model, f"min_{self.figure}").set(low)
         self.metrics.shadow_agreement.labels(self.model, f"mean_{self.figure}").set(mean)
+        bound = self._bound()
+        if bound is not None:
+            self.metrics.shadow_agreement.labels(self.model, "cosine_bound").set(bound)
         self.metrics.shadow_share.labels(self.model).set(self.share())
         judged = low if self.judged == "min" else mean
         below = judged < self.floor

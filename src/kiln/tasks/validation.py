@@ -18,8 +18,9 @@ import numpy as np
 from kiln.data import corpus
 from kiln.data.texts import builtin_sentences, length_mix
 from kiln.errors import UsageError
-from kiln.records.figures import Agreement, AgreementInputs, EvalSet, Floor, Run
+from kiln.records.figures import Agreement, AgreementInputs, EvalSet, Floor, Run, bucket_index
 from kiln.records.task import TaskConfig
+from kiln.scoring import cosine_bound
 from kiln.tasks.files import rows_csv, rows_jsonl
 
 if TYPE_CHECKING:
@@ -29,6 +30,22 @@ if TYPE_CHECKING:
     from kiln.tasks.base import TaskSpec
 
 NO_LABEL = -100  # a training target's "no label here" (padding, special tokens, a word's later sub-tokens)
+
+# The margin the gate holds beyond its agreement texts' minimum: a log-normal fit of each length's cosine deficits
+# must put 99.9% of texts like them at the floor (95% confidence under that model). A length bucket needs this many
+# texts for a fit (fewer: its minimum alone is held).
+BOUND_SHARE, BOUND_CONFIDENCE, BOUND_MIN_TEXTS = 0.999, 0.95, 8
+
+
+def length_bound(cosines: np.ndarray, lengths: list[int]) -> float | None:
+    """The lowest, over length buckets with enough texts, of the cosine a log-normal fit puts 99.9% of texts of that
+    length at (95% confidence; :func:`kiln.scoring.cosine_bound`). Per length because short texts drift more: on
+    all-MiniLM-L6-v2's fully int8 onnx-int8-dynamic-rows, 6.4% of 1,024 unseen queries of 3-16 tokens fell below 0.99
+    against none of 2,048 documentation texts of 10-256 tokens, and a fit over every length hid it."""
+    index = np.array([bucket_index(n) for n in lengths])
+    bounds = [cosine_bound(cosines[index == b], BOUND_SHARE, BOUND_CONFIDENCE)
+              for b in sorted(set(index.tolist())) if (index == b).sum() >= BOUND_MIN_TEXTS]
+    return min(bounds) if bounds else None
 
 
 class TaskValidation:
@@ -42,6 +59,20 @@ class TaskValidation:
     eval_fields: ClassVar[tuple[str, ...]]  # JSONL keys / CSV columns of an eval file
     eval_formats: ClassVar[tuple[str, ...]] = (".jsonl", ".csv")
     has_builtin_eval: ClassVar[bool] = False  # whether builtin_eval() returns data (read only when used)
+    # What an accepted variant promises about texts the gate never saw, in words for the report ({floor}: the
+    # primary figure's floor; {count}: the agreement inputs; {share}: the least share of inputs like them within the
+    # floor, 95% confidence, when all {count} are); None where the gate states nothing beyond its agreement inputs.
+    promise: ClassVar[str | None] = None
+    agreement_count: ClassVar[int] = 160  # agreement inputs by default
+
+    @classmethod
+    def promised(cls, tolerance: float) -> str | None:
+        """The promise in words for a run at ``tolerance`` (None where the task makes none)."""
+        if cls.promise is None:
+            return None
+        # Clopper-Pearson's one-sided bound with none of n failing: 1 - 0.05^(1/n) (the "rule of three", ~3/n).
+        return cls.promise.format(floor=f"{1 - tolerance:g}", count=cls.agreement_count,
+                                  share=0.05 ** (1 / cls.agreement_count))
 
     # -- live agreement (kiln serve --shadow-rate) ---------------------------------------------------------
     # The figure one served input gets against the fp32 reference, and which statistic of the rolling window the
@@ -61,12 +92,17 @@ class TaskValidation:
     # -- inputs -------------------------------------------------------------------------------------------
 
     @classmethod
-    def agreement_inputs(cls, encoder: TextEncoder, count: int = 128) -> list[Any]:
-        """Inputs the variants are compared on: every built-in sentence, then lengths up to the maximum cut
-        from the held-out half of Python's documentation (text the default calibration never saw)."""
-        extra = length_mix(max(0, count - len(builtin_sentences())), 10, encoder.max_length, seed=2,
-                           token_count=encoder.token_count, source=corpus.sentences("held-out"))
-        return [*builtin_sentences(), *extra]
+    def agreement_inputs(cls, encoder: TextEncoder, count: int | None = None) -> list[Any]:
+        """Inputs the variants are compared on: every built-in sentence, short queries of 3-16 tokens, then lengths
+        up to the maximum, both cut from the held-out half of Python's documentation (text the default calibration
+        never saw). A fifth of the rest are queries: short texts drift most under int8, and the built-in sentences
+        alone left 9 texts of 16 tokens or fewer, too few to bound what the next query does."""
+        rest = max(0, (cls.agreement_count if count is None else count) - len(builtin_sentences()))
+        queries = length_mix(rest // 4, 3, min(16, encoder.max_length), seed=4, token_count=encoder.token_count,
+                             source=corpus.sentences("held-out"))
+        longer = length_mix(rest - len(queries), 10, encoder.max_length, seed=2, token_count=encoder.token_count,
+                            source=corpus.sentences("held-out"))
+        return [*builtin_sentences(), *queries, *longer]
 
     @classmethod
     def calibration_inputs(cls, encoder: TextEncoder, count: int = 128) -> list[Any]:

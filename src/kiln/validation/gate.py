@@ -58,4 +58,5 @@ def judge(task: str, agreement: Agreement, tolerance: float,
                            f"{f(reference_metric)} (allowed {tolerance:g})")
         return Verdict(False, f"{judge.metric} {f(metric)} is {loss:.2%} above the original's {f(reference_metric)} "
                        f"(allowed {tolerance:.0%})")
-    return Verdict(True, f"{floors[0].figure} {f(floors[0].value)} >= {f(floors[0].floor)}")
+    said = [floors[0], *(floor for floor in floors[1:] if floor.stated)]
+    return Verdict(True, ", ".join(f"{floor.figure} {f(floor.value)} >= {f(floor.floor)}" for floor in said))
