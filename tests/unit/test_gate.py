@@ -217,3 +217,14 @@ def test_kiln_audit_states_the_gates_bound_in_the_same_words():
     assert "at cosine >= 0.9412 (95% confidence); no single measured cause" in \
         result(False, {"cosine_bound": 0.9412}).verdict()
     assert result(True, {}).verdict() == "within tolerance: min cosine 0.9950 >= 0.9900, mean 0.9980"
+
+
+def test_searchable_int8_variants_are_judged_after_every_other_variant():
+    """So a failing int8 variant meets the fastest float variant before any search (the search is skipped when its
+    fully int8 graph is no faster). torch.ao's dynamic int8 has no search, so it keeps its place."""
+    from kiln.optimizing.job import judging_order
+
+    asked = ["onnx-fp32", "onnx-int8-dynamic", "onnx-int8-dynamic-rows", "openvino-int8-static", "openvino-bf16",
+             "torch-int8-dynamic", "torchscript"]
+    assert judging_order(asked) == ["onnx-fp32", "openvino-bf16", "torch-int8-dynamic", "torchscript",
+                                    "onnx-int8-dynamic", "onnx-int8-dynamic-rows", "openvino-int8-static"]

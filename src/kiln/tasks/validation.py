@@ -40,8 +40,9 @@ BOUND_SHARE, BOUND_CONFIDENCE, BOUND_MIN_TEXTS = 0.999, 0.95, 8
 def length_bound(cosines: np.ndarray, lengths: list[int]) -> float | None:
     """The lowest, over length buckets with enough texts, of the cosine a log-normal fit puts 99.9% of texts of that
     length at (95% confidence; :func:`kiln.scoring.cosine_bound`). Per length because short texts drift more: on
-    all-MiniLM-L6-v2's fully int8 onnx-int8-dynamic-rows, 6.4% of 1,024 unseen queries of 3-16 tokens fell below 0.99
-    against none of 2,048 documentation texts of 10-256 tokens, and a fit over every length hid it."""
+    all-MiniLM-L6-v2's fully int8 onnx-int8-dynamic-rows, 6.35% of 1,024 unseen queries of 3-16 tokens fell below
+    0.99 against none of 1,024 documentation texts of 10-256 tokens (benchmarks/unseen_text.py), and a fit over every
+    length hid it."""
     index = np.array([bucket_index(n) for n in lengths])
     bounds = [cosine_bound(cosines[index == b], BOUND_SHARE, BOUND_CONFIDENCE)
               for b in sorted(set(index.tolist())) if (index == b).sum() >= BOUND_MIN_TEXTS]
@@ -95,7 +96,7 @@ class TaskValidation:
     def agreement_inputs(cls, encoder: TextEncoder, count: int | None = None) -> list[Any]:
         """Inputs the variants are compared on: every built-in sentence, short queries of 3-16 tokens, then lengths
         up to the maximum, both cut from the held-out half of Python's documentation (text the default calibration
-        never saw). A fifth of the rest are queries: short texts drift most under int8, and the built-in sentences
+        never saw). A quarter of the rest are queries: short texts drift most under int8, and the built-in sentences
         alone left 9 texts of 16 tokens or fewer, too few to bound what the next query does."""
         rest = max(0, (cls.agreement_count if count is None else count) - len(builtin_sentences()))
         queries = length_mix(rest // 4, 3, min(16, encoder.max_length), seed=4, token_count=encoder.token_count,
