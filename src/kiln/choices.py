@@ -105,6 +105,13 @@ class CalibrationMethod(Choice):
     PERCENTILE = "percentile"
 
 
+class TruncationSide(Choice):
+    """Which end of an over-long input is cut (TEI's truncation_direction)."""
+
+    RIGHT = "right"  # the end: the default everywhere, transformers' and sentence-transformers' too
+    LEFT = "left"  # the start: the text's last tokens are kept (a conversation's latest turns)
+
+
 class PruneScope(Choice):
     GLOBAL = "global"  # rank heads and neurons across layers
     LAYER = "layer"  # remove the same share in every layer

@@ -151,7 +151,7 @@ def test_tei_answers_match_teis_own_schemas(server, tei_server, task_artifacts):
     too_long = httpx.post(f"{tei_server}/embed", json={"inputs": joined(0, 40)})  # TEI's truncate defaults to false
     assert too_long.status_code == 413
     _valid(too_long.json(), "ErrorResponse")
-    bad = httpx.post(f"{tei_server}/embed", json={"inputs": "x", "truncation_direction": "Left"})
+    bad = httpx.post(f"{tei_server}/embed", json={"inputs": "x", "truncation_direction": "Middle"})
     assert bad.status_code == 422 and "truncation_direction" in bad.json()["error"]
     _valid(bad.json(), "ErrorResponse")
 

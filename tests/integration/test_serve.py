@@ -92,6 +92,44 @@ def test_openai_embeddings_take_token_ids_as_tei_reads_them(artifacts):
         assert all("maxItems" not in v for v in arrays if v["items"].get("type") == "integer")  # one input
 
 
+def test_teis_left_truncation_keeps_an_over_long_texts_last_tokens(artifacts):
+    """TEI's truncation_direction Left at /embed: the text's start is cut and its special tokens kept (the model's
+    first special token, the text's last tokens, the closing one), as TEI's tokenizer cuts; the served vector is the
+    offline one of those tokens. Right (the default) keeps the first tokens. Elsewhere Left is refused by name."""
+    from kiln.choices import TruncationSide
+    from kiln.data.texts import joined
+
+    predictor = kiln.load(artifacts[TaskName.FEATURE_EXTRACTION])
+    room, text = predictor.encoder.max_length, joined(0, 40)
+    ids = predictor.encoder.encode([text], truncate=False)[0].ids
+    assert len(ids) > room + 10
+    assert predictor.encoder.encode([text], side=TruncationSide.LEFT)[0].ids == [ids[0], *ids[len(ids) - room + 1:]]
+    assert predictor.encoder.encode([text])[0].ids == [*ids[: room - 1], ids[-1]]
+    with client(artifacts, protocols=("tei",)) as c:
+        def embed(body):
+            answer = c.post("/embed", json={"truncate": True, **body})
+            assert answer.status_code == 200, answer.text
+            return np.array(answer.json()[0])
+
+        left, right = embed({"inputs": text, "truncation_direction": "Left"}), embed({"inputs": text})
+        offline = predictor.predict([text], truncation_side="left", normalize=True)[0]
+        np.testing.assert_allclose(left, offline, atol=1e-5)
+        np.testing.assert_allclose(right, predictor.predict([text], normalize=True)[0], atol=1e-5)
+        assert float(left @ right) < 0.999  # the two ends of 40 sentences are not the same text
+        np.testing.assert_allclose(embed({"inputs": text, "truncation_direction": "left"}), left, atol=1e-6)
+        schema = c.get("/openapi.json").json()["components"]["schemas"]
+        assert schema["TEIEmbedRequest"]["properties"]["truncation_direction"]["enum"] == ["Right", "right", "Left",
+                                                                                          "left"]
+    from pydantic import ValidationError
+
+    from kiln.tasks.wire.tei import TEISparseRequest
+
+    with pytest.raises(ValidationError, match="truncation_direction"):  # the other TEI routes still cut the end only
+        TEISparseRequest.model_validate({"inputs": "x", "truncation_direction": "Left"})
+    with pytest.raises(kiln.UsageError, match="truncation_side must be one of right, left"):
+        predictor.predict([text], truncation_side="middle")
+
+
 def test_classify_and_answer_routes(artifacts):
     models = {"cls": artifacts[TaskName.TEXT_CLASSIFICATION], "qa": artifacts[TaskName.QUESTION_ANSWERING]}
     with client(artifacts, models=models) as c:

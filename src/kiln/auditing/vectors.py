@@ -92,7 +92,8 @@ def diagnose(endpoint: Endpoint, reference: Reference, texts: Sequence[str], tol
                             "batch of 16", drift_cos < 1 - tolerance / 10, drift))
 
     floor = 1 - tolerance
-    # The gate's words: what 99.9% of texts like these, of each length, reach (95% confidence), held to the floor too.
+    # The gate's margin in its words: the cosine a log-normal fit puts 99.9% of texts like these, of each length, at
+    # (95% confidence), held to the floor too.
     bound = length_bound(agree, lengths)
     figures = {} if bound is None else {"cosine_bound": bound}
     within = float(agree.min()) >= floor and float(agree.mean()) >= 1 - tolerance / 2 and \

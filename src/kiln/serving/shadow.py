@@ -15,8 +15,9 @@ what it costs.
 
 The rolling window's minimum and mean go to /metrics (``kiln_shadow_agreement{figure="min_<figure>"|"mean_..."}``,
 every input's figure to the ``kiln_shadow_input_agreement`` histogram) and /info; for cosines, so does the gate's
-bound in its words (``figure="cosine_bound"``, /info's ``bound``: the cosine 99.9% of inputs like the window's, of
-each length, reach, 95% confidence; reported, not judged: the window's minimum is what the floor holds live). The
+bound in its words (``figure="cosine_bound"``, /info's ``bound``: the cosine a log-normal fit puts 99.9% of inputs
+like the window's, of each length, at, 95% confidence; reported, not judged: the window's minimum is what the floor
+holds live). The
 task says which of the two its gate holds (``live_judged``: the least cosine, the mean share of labels kept).
 Falling below the artifact's gate floor (1 - its tolerance) is logged, and with ``--shadow-policy unready`` /ready
 answers 503 until the window recovers (the inference routes keep answering what still arrives, so the recovery can

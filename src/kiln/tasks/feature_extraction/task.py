@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from kiln.choices import Pooling
+from kiln.choices import Pooling, TruncationSide, names
 from kiln.errors import UsageError
 from kiln.runtime.features import Prepared, one_per_input
 from kiln.runtime.precision import Precision, parse_precision, quantize, ranges_for, refuse_rejected
@@ -30,6 +30,7 @@ from kiln.tasks.inputs import TokenIds
 @dataclass(frozen=True)
 class EmbedOptions:
     truncate: bool = True
+    truncation_side: TruncationSide = TruncationSide.RIGHT  # which end an over-long input loses (TEI's direction)
     dimensions: int | None = None  # cut each vector to its first ``dimensions`` values (Matryoshka)
     chunking: Chunking | None = None  # long texts as windows: their mean, or every window
     precision: Precision = Precision.FLOAT32  # then quantized (kiln.runtime.precision)
@@ -98,9 +99,12 @@ class FeatureExtraction(TaskSpec):
 
     def options(self, truncate: bool = True, dimensions: int | None = None, chunking: Any = None,
                 precision: str | Precision = Precision.FLOAT32, prompt_name: str | None = None,
-                prompt: str | None = None, normalize: bool | None = None) -> EmbedOptions:
+                prompt: str | None = None, normalize: bool | None = None,
+                truncation_side: str | TruncationSide = TruncationSide.RIGHT) -> EmbedOptions:
         """``normalize``: unit vectors or the pooled ones (TEI's field); None: as the model's sentence-transformers
-        config says (its Normalize module)."""
+        config says (its Normalize module). ``truncation_side``: which end of an over-long input is cut."""
+        if truncation_side not in {side.value for side in TruncationSide}:
+            raise UsageError(f"truncation_side must be one of {names(TruncationSide)} (got {truncation_side!r})")
         size = self.config.dimension
         if dimensions is not None and (dimensions < 1 or (size is not None and dimensions > size)):
             raise UsageError(f"dimensions must be between 1 and the model's size {size} (got {dimensions})"
@@ -118,8 +122,8 @@ class FeatureExtraction(TaskSpec):
         if text and windows is not None:
             raise UsageError(f"chunking: a prompt ({text!r}) would open the first window only; embed the windows "
                              "yourself with the prompt before each, or leave the prompt out")
-        return EmbedOptions(truncate=truncate, dimensions=dimensions, chunking=windows, precision=precision,
-                            ranges=ranges, prompt=text, normalize=normalize)
+        return EmbedOptions(truncate=truncate, truncation_side=TruncationSide(truncation_side), dimensions=dimensions,
+                            chunking=windows, precision=precision, ranges=ranges, prompt=text, normalize=normalize)
 
     def _ranges(self, precision: Precision, dimensions: int | None) -> np.ndarray:
         """int8/uint8 ranges for vectors of ``dimensions``, made once per size: every int8 request asks for them.
@@ -142,7 +146,8 @@ class FeatureExtraction(TaskSpec):
             return chunked(inputs, encoder, options.chunking)
         if options.prompt:  # as sentence-transformers does: the prompt's text, then the input's, tokenized together
             inputs = [options.prompt + text for text in inputs]
-        return super().prepare(inputs, encoder, options)
+        return one_per_input(inputs, encoder.encode(inputs, truncate=options.truncate, offsets=self.needs_offsets,
+                                                    side=options.truncation_side))
 
     def _prepare_ids(self, inputs: Sequence[TokenIds], encoder, options: EmbedOptions) -> Prepared:
         """Token ids as text-embeddings-inference takes them: decoded with their special tokens, then encoded
@@ -158,7 +163,8 @@ class FeatureExtraction(TaskSpec):
             if (bad := next((t for t in item.ids if not 0 <= t < size), None)) is not None:
                 raise UsageError(f"input {i}: token id {bad} is not in the model's vocabulary (size {size})")
         texts = [encoder.tokenizer.decode(list(item.ids), skip_special_tokens=False) for item in inputs]
-        return one_per_input(inputs, encoder.encode(texts, truncate=options.truncate, special_tokens=False))
+        return one_per_input(inputs, encoder.encode(texts, truncate=options.truncate, special_tokens=False,
+                                                    side=options.truncation_side))
 
     def reduce(self, outputs: dict[str, np.ndarray], attention_mask: np.ndarray) -> list[np.ndarray]:
         # An engine that pools itself (the static table: a mean over each text's own tokens, no padded tensor)

@@ -5,9 +5,9 @@ a bare list of vectors, of {index, value} terms, of {index, score} ranks, of {la
 task module adds its route to ``routes`` with ``protocol=WireProtocol.TEI``; kiln serve mounts them with
 --protocols tei (on a path both declare TEI's body is served; kiln's own is under /kiln/).
 
-What kiln does not do is refused by the schema, not ignored: truncation from the left, token ids and prompts for
-sparse embeddings (SPLADE models define none), raw classification logits. /embed takes the model's named prompts
-(config_sentence_transformers.json) and token ids as TEI does.
+What kiln does not do is refused by the schema, not ignored: truncation from the left outside /embed, token ids and
+prompts for sparse embeddings (SPLADE models define none), raw classification logits. /embed takes the model's named
+prompts (config_sentence_transformers.json), token ids and either truncation direction as TEI does.
 """
 
 from __future__ import annotations
@@ -42,6 +42,9 @@ class TEIRequest(RequestBody):
 
 
 class TEIEmbedRequest(TEIRequest):
+    truncation_direction: Literal["Right", "right", "Left", "left"] = Field(  # type: ignore[assignment]
+        "Right", description="Which end of an input over the model's maximum is cut when truncate is true: Right, "
+        "its end; Left, its start (its last tokens are kept; the special tokens stay).")
     inputs: TextsOrIds = Field(description="A text, a list of texts, a text as token ids of the model's "
                                "vocabulary, or a list of those (special tokens where the caller put them, none "
                                "added; no prompt is put before ids).")
@@ -63,7 +66,8 @@ class TEIEmbedRequest(TEIRequest):
         return texts_or_ids(self.inputs)
 
     def options(self) -> dict[str, Any]:
-        return {"dimensions": self.dimensions, "prompt_name": self.prompt_name, "normalize": self.normalize}
+        return {"dimensions": self.dimensions, "prompt_name": self.prompt_name, "normalize": self.normalize,
+                "truncation_side": self.truncation_direction.lower()}
 
 
 class TEIEmbedResponse(RootModel[list[list[float]]]):
