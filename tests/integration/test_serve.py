@@ -126,7 +126,7 @@ def test_teis_left_truncation_keeps_an_over_long_texts_last_tokens(artifacts):
 
     with pytest.raises(ValidationError, match="truncation_direction"):  # the other TEI routes still cut the end only
         TEISparseRequest.model_validate({"inputs": "x", "truncation_direction": "Left"})
-    with pytest.raises(kiln.UsageError, match="truncation_side must be one of right, left"):
+    with pytest.raises(kiln.UsageError, match="truncation_side must be one of: right, left"):
         predictor.predict([text], truncation_side="middle")
 
 

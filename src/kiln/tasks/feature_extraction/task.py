@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from kiln.choices import Pooling, TruncationSide, names
+from kiln.choices import Pooling, TruncationSide, parse_choice
 from kiln.errors import UsageError
 from kiln.runtime.features import Prepared, one_per_input
 from kiln.runtime.precision import Precision, parse_precision, quantize, ranges_for, refuse_rejected
@@ -103,8 +103,7 @@ class FeatureExtraction(TaskSpec):
                 truncation_side: str | TruncationSide = TruncationSide.RIGHT) -> EmbedOptions:
         """``normalize``: unit vectors or the pooled ones (TEI's field); None: as the model's sentence-transformers
         config says (its Normalize module). ``truncation_side``: which end of an over-long input is cut."""
-        if truncation_side not in {side.value for side in TruncationSide}:
-            raise UsageError(f"truncation_side must be one of {names(TruncationSide)} (got {truncation_side!r})")
+        side = parse_choice(TruncationSide, truncation_side, "truncation_side")
         size = self.config.dimension
         if dimensions is not None and (dimensions < 1 or (size is not None and dimensions > size)):
             raise UsageError(f"dimensions must be between 1 and the model's size {size} (got {dimensions})"
@@ -122,7 +121,7 @@ class FeatureExtraction(TaskSpec):
         if text and windows is not None:
             raise UsageError(f"chunking: a prompt ({text!r}) would open the first window only; embed the windows "
                              "yourself with the prompt before each, or leave the prompt out")
-        return EmbedOptions(truncate=truncate, truncation_side=TruncationSide(truncation_side), dimensions=dimensions,
+        return EmbedOptions(truncate=truncate, truncation_side=side, dimensions=dimensions,
                             chunking=windows, precision=precision, ranges=ranges, prompt=text, normalize=normalize)
 
     def _ranges(self, precision: Precision, dimensions: int | None) -> np.ndarray:
