@@ -50,7 +50,7 @@ def optimize(model: str | Path | None = None, *, task: str = DEFAULT_TASK, outpu
              distill_layers: Sequence[int] | str = (), prune: Sequence[str] = (), static_dims: Sequence[int] = (),
              student_texts: str | Path | None = None, student_epochs: int = 3, matryoshka_dims: Sequence[int] = (),
              precisions: Sequence[str] = (), retrieval_tolerance: float = 0.03, for_classes: Sequence[str] = (),
-             allow_pickle: bool = False, overwrite: bool = False,
+             allow_pickle: bool = False, adapter: str | None = None, overwrite: bool = False,
              progress: Progress = lambda _: None) -> OptimizeResult:
     """``kiln optimize``: build every variant of ``model`` (a model directory, a hub id where a network exists, or
     None for the bundled all-MiniLM-L6-v2), validate each against the original, and keep the fastest within
@@ -58,7 +58,8 @@ def optimize(model: str | Path | None = None, *, task: str = DEFAULT_TASK, outpu
     ``eval_file``: labelled data for the task metric; ``distill_layers`` (e.g. ``[3, 4]`` or ``"3,4"``) /
     ``prune`` (e.g. ``["ffn=0.5,heads=0.25"]``) / ``static_dims`` also make students and a frontier page;
     ``for_classes``: the CPU classes the artifact will run on (e.g. ``["avx2", "amx"]``). A static ``model`` (kiln
-    distill --static) is judged against ``reference``. Raises ``kiln.optimizing.job.NothingPassed`` when no variant
+    distill --static) is judged against ``reference``. ``adapter``: which task LoRA adapter of a model that carries
+    several (jina-embeddings-v3) to merge; None: none. Raises ``kiln.optimizing.job.NothingPassed`` when no variant
     is within tolerance."""
     from kiln.artifact.directory import Artifact
     from kiln.optimizing.job import OptimizeConfig
@@ -70,7 +71,7 @@ def optimize(model: str | Path | None = None, *, task: str = DEFAULT_TASK, outpu
         tolerance=tolerance, eval_file=Path(eval_file) if eval_file else None,
         calibration_file=Path(calibration) if calibration else None, calibration_method=calibration_method,
         target=target, variants=tuple(variants) if variants else None, threads=threads, batch_size=batch_size,
-        allow_pickle=allow_pickle, overwrite=overwrite, sensitivity=sensitivity,
+        allow_pickle=allow_pickle, adapter=adapter, overwrite=overwrite, sensitivity=sensitivity,
         reference=str(reference) if reference is not None else None, matryoshka_dims=tuple(matryoshka_dims),
         precisions=tuple(precisions), retrieval_tolerance=retrieval_tolerance, for_classes=tuple(for_classes))
     layers = distill_layers if isinstance(distill_layers, str) else ",".join(str(n) for n in distill_layers) or None
@@ -84,12 +85,13 @@ def optimize(model: str | Path | None = None, *, task: str = DEFAULT_TASK, outpu
 def export(model: str | Path | None = None, *, task: str = DEFAULT_TASK,
            format: ExportFormat | str = ExportFormat.ONNX, output: str | Path = "kiln-out", opset: int = 17,
            int32_inputs: bool = False, external_data: ExternalData | str = ExternalData.AUTO, atol: float = 1e-4,
-           min_cosine: float = 0.99999, allow_pickle: bool = False, overwrite: bool = False,
-           progress: Progress = lambda _: None) -> ExportResult:
+           min_cosine: float = 0.99999, allow_pickle: bool = False, adapter: str | None = None,
+           overwrite: bool = False, progress: Progress = lambda _: None) -> ExportResult:
     """``kiln export``: export ``model`` (a model directory, a hub id where a network exists, or None for the bundled
     all-MiniLM-L6-v2) to ONNX or TorchScript, check parity with PyTorch (ParityError beyond ``atol`` /
     ``min_cosine``) and write a verified artifact. The result holds its path, manifest and the parity per length
-    bucket; ``.artifact`` opens it."""
+    bucket; ``.artifact`` opens it. ``adapter``: which task LoRA adapter of a model that carries several
+    (jina-embeddings-v3) to merge; None: none."""
     from kiln.choices import parse_choice
     from kiln.exporting.job import ExportConfig, run_export
     from kiln.records.parity import ParityTolerance
@@ -98,7 +100,7 @@ def export(model: str | Path | None = None, *, task: str = DEFAULT_TASK,
                           format=parse_choice(ExportFormat, format, "format"), output=Path(output), opset=opset,
                           int32_inputs=int32_inputs,
                           external_data=parse_choice(ExternalData, external_data, "external_data"),
-                          allow_pickle=allow_pickle, overwrite=overwrite,
+                          allow_pickle=allow_pickle, adapter=adapter, overwrite=overwrite,
                           tolerance=ParityTolerance(max_abs_diff=atol, min_cosine=min_cosine))
     return run_export(config, progress)
 

@@ -55,11 +55,12 @@ def audit(url: str, model: str | Path | None = None, *, task: str = DEFAULT_TASK
           protocol: WireProtocol | str = WireProtocol.OPENAI, model_name: str | None = None,
           texts: str | Path | None = None, count: int = 96, tolerance: float | None = None, timeout: float = 30.0,
           api_key: str | None = None, output: str | Path = "kiln-audit", allow_pickle: bool = False,
-          progress: Progress = lambda _: None) -> AuditResult:
+          adapter: str | None = None, progress: Progress = lambda _: None) -> AuditResult:
     """``kiln audit``: send texts (or a reranker's queries) to the deployment at ``url`` over ``protocol``, score its
     answers against ``model``'s fp32 PyTorch outputs by input length, and diagnose a gap by measurement (pooling,
     normalisation, truncation, prefixes, batch drift). Writes audit.json, audit.md and audit.html to ``output``;
-    ``result.within_tolerance`` says whether the deployment is within ``tolerance``."""
+    ``result.within_tolerance`` says whether the deployment is within ``tolerance``. ``adapter``: the task LoRA
+    adapter the deployment merged (kiln.source.adapters), for a model that carries several."""
     from kiln.auditing.job import AuditConfig, run_audit
     from kiln.auditing.protocols import Endpoint
     from kiln.choices import parse_choice
@@ -67,5 +68,5 @@ def audit(url: str, model: str | Path | None = None, *, task: str = DEFAULT_TASK
     endpoint = Endpoint(url, parse_choice(WireProtocol, protocol, "protocol"), model_name, timeout,
                         (("Authorization", f"Bearer {api_key}"),) if api_key else ())
     return run_audit(AuditConfig(endpoint, str(model) if model is not None else None, Path(texts) if texts else None,
-                                 count, tolerance, Path(output), allow_pickle, task_spec(task).name),
+                                 count, tolerance, Path(output), allow_pickle, task_spec(task).name, adapter),
                      progress)

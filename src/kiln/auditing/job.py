@@ -39,6 +39,7 @@ class AuditConfig:
     output: Path = Path("kiln-audit")
     allow_pickle: bool = False
     task: str = DEFAULT_TASK  # an embedding task or a reranker (see AUDITS)
+    adapter: str | None = None  # the task LoRA adapter to merge into the original (kiln.source.adapters)
 
     def __post_init__(self) -> None:
         if self.count < 8:
@@ -120,7 +121,7 @@ def run_audit(config: AuditConfig, progress: Callable[[str], None] = lambda _: N
 
     kind = audit_kind(config.task)()
     progress(f"loading the original {config.model or 'bundled all-MiniLM-L6-v2'} (fp32, PyTorch)")
-    source = load_source(config.model, config.task, allow_pickle=config.allow_pickle)
+    source = load_source(config.model, config.task, allow_pickle=config.allow_pickle, adapter=config.adapter)
     reference = kind.reference(source)
     inputs = kind.inputs(config, reference)
     progress(f"sending {len(inputs)} {kind.what} to {config.endpoint.url} ({config.endpoint.protocol.value})")

@@ -24,7 +24,16 @@ from kiln.cli.bench import bench
 from kiln.cli.compress import distill, prune
 from kiln.cli.embed import embed
 from kiln.cli.flags import flags_of, for_command_line, running_command
-from kiln.cli.options import DEFAULT_TASK_OPT, ForceOpt, ModelArg, PickleOpt, TaskOpt, int_list, name_list
+from kiln.cli.options import (
+    DEFAULT_TASK_OPT,
+    AdapterOpt,
+    ForceOpt,
+    ModelArg,
+    PickleOpt,
+    TaskOpt,
+    int_list,
+    name_list,
+)
 from kiln.cli.serve import serve
 from kiln.errors import KilnError
 from kiln.system.cpu import CPU_CLASS_NAMES
@@ -72,6 +81,7 @@ def export(
     min_cosine: Annotated[float, typer.Option(help="Smallest cosine similarity to PyTorch allowed per input.")]
     = 0.99999,
     allow_pickle: PickleOpt = False,
+    adapter: AdapterOpt = None,
     force: ForceOpt = False,
 ) -> None:
     """Export a model, check parity with PyTorch on real sentences, and write a verified artifact.
@@ -83,7 +93,7 @@ def export(
 
     result = export_model(model, task=task.value, format=format, output=output, opset=opset,
                           int32_inputs=int32_inputs, external_data=external_data, atol=atol, min_cosine=min_cosine,
-                          allow_pickle=allow_pickle, overwrite=force, progress=console.progress)
+                          allow_pickle=allow_pickle, adapter=adapter, overwrite=force, progress=console.progress)
     variant = next(iter(result.manifest.variants))
     console.out.print(f"exported {variant} to {result.path}")
     console.out.print(f"parity vs PyTorch: {result.parity.summary()}")
@@ -165,6 +175,7 @@ def optimize(
         "artifact loads on a CPU of another class.",
         show_default=False)] = None,
     allow_pickle: PickleOpt = False,
+    adapter: AdapterOpt = None,
     force: ForceOpt = False,
 ) -> None:
     """Build every variant, validate each against the original, keep the fastest that stays within tolerance.
@@ -186,7 +197,8 @@ def optimize(
         prune=prune or (), static_dims=int_list(static_dims, "--static-dims") or (), student_texts=student_texts,
         student_epochs=student_epochs, matryoshka_dims=int_list(matryoshka_dims, "--matryoshka-dims") or (),
         precisions=name_list(precisions), retrieval_tolerance=retrieval_tolerance,
-        for_classes=name_list(for_classes), allow_pickle=allow_pickle, overwrite=force, progress=console.progress)
+        for_classes=name_list(for_classes), allow_pickle=allow_pickle, adapter=adapter, overwrite=force,
+        progress=console.progress)
     console.print_table(run.summary)
     console.out.print(f"best variant: {run.summary.best} -> {output.expanduser().resolve() / 'best'}")
     console.out.print(f"summary: {output.expanduser().resolve() / 'summary.md'}")
@@ -252,6 +264,8 @@ def info(
     console.out.print(f"created    {m.created} by kiln {m.versions.get('kiln', '?')}")
     console.out.print(f"source     {m.source.model} ({m.source.model_type}, {m.source.parameters:,} parameters)")
     console.out.print(f"source sha {m.source.content_sha256}")
+    if m.source.adapter:
+        console.out.print(f"adapter    {m.source.adapter} (merged into the weights)")
     console.out.print(f"task       {m.task.task} (max {m.task.max_length} tokens)")
     for name, record in m.variants.items():
         mark = " (best)" if m.build.best == name else ""

@@ -9,7 +9,7 @@ import typer
 
 from kiln.choices import WireProtocol
 from kiln.cli import console
-from kiln.cli.options import DEFAULT_TASK_OPT, ModelArg, PickleOpt, TaskOpt
+from kiln.cli.options import DEFAULT_TASK_OPT, AdapterOpt, ModelArg, PickleOpt, TaskOpt
 from kiln.tasks import DEFAULT_TASK, task_spec
 
 
@@ -40,6 +40,7 @@ def audit(
     output: Annotated[Path, typer.Option("--output", "-o", help="Where audit.json, audit.md and audit.html go.")]
     = Path("kiln-audit"),
     allow_pickle: PickleOpt = False,
+    adapter: AdapterOpt = None,
 ) -> None:
     """Send texts to a running embedding deployment (or queries to a reranker), score its answers against MODEL's
     fp32 PyTorch outputs by input length, and diagnose a gap by measurement: pooling, normalisation, truncation,
@@ -53,7 +54,7 @@ def audit(
 
     result = run_audit(url, model, task=task.value, protocol=protocol, model_name=model_name, texts=texts, count=count,
                        tolerance=tolerance, timeout=timeout, api_key=api_key, output=output,
-                       allow_pickle=allow_pickle, progress=console.progress)
+                       allow_pickle=allow_pickle, adapter=adapter, progress=console.progress)
     for finding in result.findings:
         console.out.print(f"{finding.cause:<14} {'DIFFERS' if finding.differs else 'same   '} {finding.found}",
                           markup=False)

@@ -26,6 +26,12 @@ PickleOpt = Annotated[
     typer.Option("--allow-pickle", help="Allow pytorch_model.bin weights. Unpickling can run arbitrary code: "
                  "only for models you trust; prefer safetensors."),
 ]
+AdapterOpt = Annotated[
+    Optional[str],  # noqa: UP045
+    typer.Option(help="Merge this task LoRA adapter of a model that carries several (jina-embeddings-v3: "
+                 "retrieval.query, retrieval.passage, separation, classification, text-matching); one artifact per "
+                 "adapter. Omitted: none, as the model's own code does without a task.", show_default=False),
+]
 
 
 DEFAULT_TASK_OPT = TaskName(DEFAULT_TASK)

@@ -42,6 +42,7 @@ class ExportConfig:
     int32_inputs: bool = False
     external_data: ExternalData = ExternalData.AUTO
     allow_pickle: bool = False
+    adapter: str | None = None  # the task LoRA adapter to merge (kiln.source.adapters); None: none
     tolerance: ParityTolerance = ParityTolerance()
     overwrite: bool = False
 
@@ -132,7 +133,7 @@ def run_export(config: ExportConfig, progress: Progress = lambda _: None) -> Exp
     from kiln.artifact.staging import staged_directory
 
     progress(f"loading {config.model or 'the bundled default model'} for {config.task}")
-    source = load_source(config.model, config.task, allow_pickle=config.allow_pickle)
+    source = load_source(config.model, config.task, allow_pickle=config.allow_pickle, adapter=config.adapter)
     described, task_config = source.describe(), source.task_config
     with staged_directory(config.output, overwrite=config.overwrite) as stage:
         tokenizer = write_tokenizer(source, stage)

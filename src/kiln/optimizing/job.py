@@ -95,6 +95,7 @@ class OptimizeConfig:
     threads: int | None = None
     batch_size: int = 32
     allow_pickle: bool = False
+    adapter: str | None = None  # the task LoRA adapter to merge (kiln.source.adapters); None: none
     overwrite: bool = False
     sensitivity: bool = True
     # The model every variant is judged and timed against (a student's teacher); None: the model itself.
@@ -258,12 +259,13 @@ class OptimizeJob:
         itself, or with --reference the model it was made from, so a student's own loss is never hidden."""
         cfg = self.config
         self.progress(f"loading {cfg.model or 'the bundled default model'} for {self.spec.name}")
-        source = _with_matryoshka(load_source(cfg.model, cfg.task, allow_pickle=cfg.allow_pickle), cfg.matryoshka_dims)
+        source = _with_matryoshka(load_source(cfg.model, cfg.task, allow_pickle=cfg.allow_pickle,
+                                              adapter=cfg.adapter), cfg.matryoshka_dims)
         self.original = source
         if cfg.reference is not None:
             self.progress(f"loading the reference {cfg.reference}: every variant is judged and timed against it")
-            self.original = _with_matryoshka(load_source(cfg.reference, cfg.task, allow_pickle=cfg.allow_pickle),
-                                             cfg.matryoshka_dims)
+            self.original = _with_matryoshka(load_source(cfg.reference, cfg.task, allow_pickle=cfg.allow_pickle,
+                                                         adapter=cfg.adapter), cfg.matryoshka_dims)
             _check_comparable(source, self.original)
         return source, reference_predictor(self.original, batch_size=cfg.batch_size, threads=self.threads)
 

@@ -36,6 +36,7 @@ class SourceRecord:
     model_type: str = ""
     architecture: str = ""
     parameters: int = 0
+    adapter: str = ""  # the task LoRA adapter merged into the weights (Jina v3's retrieval.query, ...); empty: none
 
 
 @dataclass(frozen=True)

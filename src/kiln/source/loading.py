@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import inspect
 import re
-from collections.abc import Collection
+import tempfile
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ from kiln.errors import ModelLoadError, UnsupportedModelError
 from kiln.model.layout import CONFIG_KEY as PRUNED_KEY
 from kiln.records.artifact import SourceRecord
 from kiln.records.task import TaskConfig
+from kiln.source import adapters
 from kiln.source.architectures import arch_spec, check_config, check_task
 from kiln.system.hashing import directory_hash, list_files
 from kiln.tasks import TASKS, TaskSpec, task_spec
@@ -36,6 +38,7 @@ class SourceModel:
     name: str
     path: Path
     content_sha256: str
+    adapter: str = ""  # the task LoRA adapter merged into the weights (kiln.source.adapters); empty: none
 
     @property
     def model_type(self) -> str:
@@ -45,7 +48,7 @@ class SourceModel:
         """The manifest's ``source`` section."""
         return SourceRecord(model=self.name, path=str(self.path), content_sha256=self.content_sha256,
                             model_type=self.model_type, architecture=type(self.model).__name__,
-                            parameters=parameter_count(self.model))
+                            parameters=parameter_count(self.model), adapter=self.adapter)
 
 
 def pad_token_id(source: SourceModel) -> int:
@@ -111,13 +114,17 @@ def check_weights(model_dir: Path, allow_pickle: bool) -> None:
         )
 
 
-def load_source(model: str | None, task: str, *, allow_pickle: bool = False) -> SourceModel:
-    """Load the original model with the task's head, its fast tokenizer and the task settings."""
+def load_source(model: str | None, task: str, *, allow_pickle: bool = False, adapter: str | None = None) -> SourceModel:
+    """Load the original model with the task's head, its fast tokenizer and the task settings. ``adapter``: which
+    of a checkpoint's task LoRA adapters to merge (kiln.source.adapters; None: none, the model's default)."""
     spec = task_spec(task)
     model_dir, name = resolve_model_dir(model)
     if not (model_dir / "config.json").is_file():
         raise ModelLoadError(f"{model_dir} has no config.json; is it a Hugging Face model directory?")
     config = read_json(model_dir / "config.json")
+    choice = adapters.choose(config, adapter)
+    if choice.available:  # Jina's own layout: the native class's config stands in for the custom code's
+        config = adapters.native_config(config)
     custom = config.get("auto_map") or {}
     arch = arch_spec(str(config.get("model_type", "unknown")),
                      custom_code=str(custom.get("AutoModel") or next(iter(custom.values()), "")) or None)
@@ -136,6 +143,11 @@ def load_source(model: str | None, task: str, *, allow_pickle: bool = False) -> 
             from kiln.model.layout import load_pruned
 
             hf_model, info = load_pruned(model_dir, auto_name, attn_implementation="eager"), {}
+        elif choice.available:
+            with tempfile.TemporaryDirectory(prefix="kiln-adapter-") as native:
+                adapters.write_native(model_dir, read_json(model_dir / "config.json"), choice, Path(native))
+                hf_model, info = auto_class.from_pretrained(native, attn_implementation="eager",
+                                                            output_loading_info=True)
         else:
             hf_model, info = auto_class.from_pretrained(
                 model_dir, attn_implementation="eager", output_loading_info=True, use_safetensors=not allow_pickle
@@ -144,6 +156,7 @@ def load_source(model: str | None, task: str, *, allow_pickle: bool = False) -> 
     except (OSError, ValueError, KeyError) as err:
         raise ModelLoadError(f"could not load {name} for {spec.name}: {err}") from err
     _check_head_trained(info.get("missing_keys", []), spec, name)
+    _check_body_loaded(info.get("missing_keys", []), name, custom)
     _check_vocabulary(hf_model, len(tokenizer), name)
     if not getattr(tokenizer, "is_fast", False):
         raise UnsupportedModelError(
@@ -169,6 +182,7 @@ def load_source(model: str | None, task: str, *, allow_pickle: bool = False) -> 
         name=name,
         path=model_dir,
         content_sha256=directory_hash(model_dir, files),
+        adapter=choice.name,
     )
 
 
@@ -179,6 +193,22 @@ def _check_head_trained(missing: Collection[str], spec: type[TaskSpec], name: st
     raise UnsupportedModelError(
         f"{name} has no trained {spec.name} head (weights missing: {', '.join(sorted(missing)[:4])}); its outputs "
         f"would be random. Fine-tune a head first, or use --task {headless}"
+    )
+
+
+def _check_body_loaded(missing: Collection[str], name: str, custom_code: Mapping[str, Any]) -> None:
+    """Refuse a checkpoint whose encoder weights transformers' class did not find: it would compute with random
+    layers and answer. (The pooler is the one part kiln never runs: sentence-transformers checkpoints often lack it.)
+    A config whose model_type kiln supports but whose auto_map names its own code is the usual cause."""
+    body = sorted(k for k in missing if not re.match(r"^(\w+\.)?pooler\.", k))
+    if not body:
+        return
+    code = custom_code.get("AutoModel") or next(iter(custom_code.values()), "")
+    hint = (f"; its config names its own code ({code}, trust_remote_code), which computes "
+            "something transformers' class does not, and kiln does not run it") if custom_code else ""
+    raise UnsupportedModelError(
+        f"{name}'s checkpoint lacks {len(body)} weights its transformers class needs (e.g. {', '.join(body[:3])}): "
+        f"its outputs would come from random layers{hint}"
     )
 
 

@@ -397,6 +397,94 @@ def build_tiny_bge_m3(directory: Path, arch: str = "xlm-roberta", seed: int = 0,
     return directory
 
 
+JINA_ADAPTERS = ("retrieval.query", "retrieval.passage", "separation", "classification", "text-matching")
+JINA_PROMPTS = {"retrieval.query": "Represent the query for retrieving evidence documents: ",
+                "retrieval.passage": "Represent the document for retrieval: ", "separation": "",
+                "classification": "", "text-matching": ""}
+
+
+def build_tiny_jina_v3(directory: Path, seed: int = 0, *, rank: int = 4,
+                       alpha: float = 1.0) -> dict[str, dict[str, torch.Tensor]]:
+    """A tiny jina-embeddings-v3 as Jina's own code saves it (``XLMRobertaLoRA``, model_type xlm-roberta with
+    rotary positions and an auto_map): Jina's weight names (``roberta.encoder.layers.N.mixer.Wqkv``...), every
+    Linear and Embedding weight as a parametrization's ``original`` beside its ``lora_A`` / ``lora_B`` stacked over
+    the five task adapters, its sentence-transformers files (mean pooling, Normalize, the tasks' prompts).
+
+    Returns what each adapter adds to each weight of transformers' ``JinaEmbeddingsV3Model`` (its parameter names;
+    Jina's formula ``lora_B @ lora_A * alpha / rank``, an Embedding's the other way round), for a test's reference."""
+    from safetensors.torch import save_file
+
+    native = directory / "native"
+    build_tiny_model("jina_embeddings_v3", TaskName.FEATURE_EXTRACTION, native, seed=seed)
+    weights = transformers.JinaEmbeddingsV3Model.from_pretrained(native).state_dict()
+    config = json.loads((native / "config.json").read_text())
+    layers = range(config["num_hidden_layers"])
+    jina: dict[str, torch.Tensor] = {
+        "roberta.embeddings.word_embeddings.weight": weights["embeddings.word_embeddings.weight"],
+        "roberta.embeddings.token_type_embeddings.weight": weights["embeddings.token_type_embeddings.weight"],
+        "roberta.emb_ln.weight": weights["embeddings.LayerNorm.weight"],
+        "roberta.emb_ln.bias": weights["embeddings.LayerNorm.bias"],
+        "roberta.pooler.dense.weight": weights["pooler.dense.weight"],
+        "roberta.pooler.dense.bias": weights["pooler.dense.bias"],
+    }
+    parts = {"mixer.out_proj": "self_attn.o_proj", "norm1": "post_attention_layernorm", "mlp.fc1": "mlp.fc1",
+             "mlp.fc2": "mlp.fc2", "norm2": "post_mlp_layernorm"}
+    for i in layers:
+        ours, theirs = f"roberta.encoder.layers.{i}.", f"layers.{i}."
+        for kind in ("weight", "bias"):
+            jina[f"{ours}mixer.Wqkv.{kind}"] = torch.cat([weights[f"{theirs}self_attn.{p}_proj.{kind}"]
+                                                          for p in "qkv"])
+            for jina_name, native_name in parts.items():
+                jina[f"{ours}{jina_name}.{kind}"] = weights[f"{theirs}{native_name}.{kind}"]
+    # the native names each Jina weight's update lands in (Wqkv's splits into three equal row blocks)
+    lands = {"roberta.embeddings.word_embeddings.weight": ["embeddings.word_embeddings.weight"],
+             "roberta.embeddings.token_type_embeddings.weight": ["embeddings.token_type_embeddings.weight"],
+             "roberta.pooler.dense.weight": ["pooler.dense.weight"]}
+    for i in layers:
+        lands[f"roberta.encoder.layers.{i}.mixer.Wqkv.weight"] = [f"layers.{i}.self_attn.{p}_proj.weight"
+                                                                  for p in "qkv"]
+        for jina_name in ("mixer.out_proj", "mlp.fc1", "mlp.fc2"):
+            lands[f"roberta.encoder.layers.{i}.{jina_name}.weight"] = [f"layers.{i}.{parts[jina_name]}.weight"]
+    torch.manual_seed(seed + 5)
+    count, deltas = len(JINA_ADAPTERS), {name: {} for name in JINA_ADAPTERS}
+    for key, targets in lands.items():
+        weight, stem = jina.pop(key), key.removesuffix(".weight")
+        rows, cols = weight.shape
+        embedding = "embeddings" in key
+        a = torch.randn(count, rows, rank) * 0.2 if embedding else torch.randn(count, rank, cols) * 0.2
+        b = torch.randn(count, rank, cols) * 0.2 if embedding else torch.randn(count, rows, rank) * 0.2
+        jina[f"{stem}.parametrizations.weight.original"] = weight
+        jina[f"{stem}.parametrizations.weight.0.lora_A"], jina[f"{stem}.parametrizations.weight.0.lora_B"] = a, b
+        for index, name in enumerate(JINA_ADAPTERS):
+            update = (a[index] @ b[index] if embedding else b[index] @ a[index]) * alpha / rank
+            for target, block in zip(targets, update.chunk(len(targets))):
+                deltas[name][target] = block
+    save_file({k: v.contiguous() for k, v in jina.items()}, str(directory / "model.safetensors"))
+    shared = {k: config[k] for k in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                                      "intermediate_size", "hidden_act", "max_position_embeddings", "type_vocab_size",
+                                      "initializer_range", "layer_norm_eps", "pad_token_id", "bos_token_id",
+                                      "eos_token_id")}
+    (directory / "config.json").write_text(json.dumps({
+        **shared, "model_type": "xlm-roberta", "architectures": ["XLMRobertaLoRA"],
+        "auto_map": {"AutoConfig": "jinaai/xlm-roberta-flash-implementation--configuration_xlm_roberta."
+                                   "XLMRobertaFlashConfig",
+                     "AutoModel": "jinaai/xlm-roberta-flash-implementation--modeling_lora.XLMRobertaLoRA"},
+        "position_embedding_type": "rotary", "rotary_emb_base": config["rope_parameters"]["rope_theta"],
+        "lora_adaptations": list(JINA_ADAPTERS), "lora_rank": rank, "lora_alpha": alpha, "lora_dropout_p": 0.0,
+        "task_instructions": JINA_PROMPTS, "use_flash_attn": True, "torch_dtype": "float32"}, indent=2))
+    for path in native.iterdir():  # the tokenizer files; the native config and weights stay behind
+        if path.name not in {"config.json", "model.safetensors"}:
+            path.rename(directory / path.name)
+    write_sentence_transformers_files(directory, pooling="mean", normalize=True, prompts=JINA_PROMPTS, seed=seed)
+    modules = json.loads((directory / "modules.json").read_text())
+    modules[0]["type"] = "custom_st.Transformer"  # Jina's own sentence-transformers module
+    (directory / "modules.json").write_text(json.dumps(modules))
+    native.joinpath("config.json").unlink()
+    native.joinpath("model.safetensors").unlink()
+    native.rmdir()
+    return deltas
+
+
 # Qwen3-Reranker's prompt (its model card's format) as a chat template that renders sentence-transformers' "query"
 # and "document" roles, the way CrossEncoder reads a causal reranker; a "system" message replaces the instruction.
 QWEN3_RERANKER_TEMPLATE = """\
