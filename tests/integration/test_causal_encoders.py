@@ -129,8 +129,11 @@ def test_a_causal_reranker_is_served_at_kilns_and_teis_rerank(reranker):
     np.testing.assert_allclose([r["score"] for r in got.json()["results"]], [r.score for r in offline], atol=1e-5)
     with TestClient(create_app(ServeConfig(models={"r": reranker[1]}, protocols=("tei",)))) as client:
         got = client.post("/rerank", json={"query": query, "texts": texts})
+        left = client.post("/rerank", json={"query": query, "texts": texts, "truncation_direction": "Left"})
     assert got.status_code == 200, got.text
     np.testing.assert_allclose([r["score"] for r in got.json()], [r.score for r in offline], atol=1e-5)
+    # its pair is a prompt template read at its closing tokens: cutting its start would drop the instruction
+    assert left.status_code == 422 and "truncation_side left: a causal reranker" in left.json()["error"]
 
 
 def test_transformers_pipelines_are_refused_a_causal_reranker(reranker):

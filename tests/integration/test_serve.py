@@ -18,6 +18,7 @@ from kiln.data.texts import builtin_sentences
 from kiln.serving.app import ServeConfig, create_app
 from kiln.serving.batcher import BatchLimits
 from kiln.tasks import TaskName
+from kiln.tasks.inputs import RerankQuery, TextPair
 
 
 @pytest.fixture(scope="module")
@@ -120,14 +121,48 @@ def test_teis_left_truncation_keeps_an_over_long_texts_last_tokens(artifacts):
         schema = c.get("/openapi.json").json()["components"]["schemas"]
         assert schema["TEIEmbedRequest"]["properties"]["truncation_direction"]["enum"] == ["Right", "right", "Left",
                                                                                           "left"]
-    from pydantic import ValidationError
-
-    from kiln.tasks.wire.tei import TEISparseRequest
-
-    with pytest.raises(ValidationError, match="truncation_direction"):  # the other TEI routes still cut the end only
-        TEISparseRequest.model_validate({"inputs": "x", "truncation_direction": "Left"})
     with pytest.raises(kiln.UsageError, match="truncation_side must be one of: right, left"):
         predictor.predict([text], truncation_side="middle")
+
+
+@pytest.mark.parametrize(("task", "path", "body"), [
+    (TaskName.SPARSE_EMBEDDING, "/embed_sparse", lambda text: {"inputs": text}),
+    (TaskName.TEXT_CLASSIFICATION, "/predict", lambda text: {"inputs": text}),
+    (TaskName.TEXT_CLASSIFICATION, "/predict", lambda text: {"inputs": [["a short first text", text]]}),
+    (TaskName.TEXT_RANKING, "/rerank", lambda text: {"query": "a short query", "texts": [text, "a short text"],
+                                                     "raw_scores": True}),
+])
+def test_teis_left_truncation_on_every_route(artifacts, task, path, body):
+    """TEI's other routes take truncation_direction too: Left answers what the task computes offline with
+    truncation_side left (a pair loses tokens from its longer text, at its start), and not what Right answers."""
+    from kiln.data.texts import joined
+
+    text = joined(0, 40)
+    predictor = kiln.load(artifacts[task])
+    with client(artifacts, models={"m": artifacts[task]}, protocols=("tei",)) as c:
+        def answer(direction):
+            found = c.post(path, json={"truncate": True, "truncation_direction": direction, **body(text)})
+            assert found.status_code == 200, found.text
+            return found.json()
+
+        left, right = answer("Left"), answer("Right")
+    assert left != right  # the over-long text's two ends are different text
+    request = body(text)
+    if task is TaskName.SPARSE_EMBEDDING:
+        offline = predictor.predict([text], truncation_side="left")[0]
+        assert [t["index"] for t in left[0]] == list(offline.indices)
+        np.testing.assert_allclose([t["value"] for t in left[0]], offline.values, atol=1e-5)
+    elif task is TaskName.TEXT_RANKING:
+        offline = predictor.predict([RerankQuery(request["query"], tuple(request["texts"]))], raw_scores=True,
+                                    truncation_side="left")[0]
+        assert [r["index"] for r in left] == [r.index for r in offline]
+        np.testing.assert_allclose([r["score"] for r in left], [r.score for r in offline], atol=1e-5)
+    else:
+        item = request["inputs"] if isinstance(request["inputs"], str) else TextPair(*request["inputs"][0])
+        offline = predictor.predict([item], top_k=None, truncation_side="left")[0]
+        served = left if isinstance(request["inputs"], str) else left[0]
+        assert [p["label"] for p in served][:1] == [offline[0].label]
+        np.testing.assert_allclose(sorted(p["score"] for p in served), sorted(p.score for p in offline), atol=1e-5)
 
 
 def test_classify_and_answer_routes(artifacts):

@@ -27,7 +27,7 @@ class HybridSparseRequest(SparseRequest):
 
 class HybridTEISparseRequest(tei.TEISparseRequest):
     def options(self) -> dict[str, Any]:
-        return {"output": "sparse"}
+        return {**super().options(), "output": "sparse"}
 
 
 class HybridMultiRequest(RequestBody):

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from kiln.choices import TruncationSide, parse_choice
 from kiln.errors import UsageError
 from kiln.records.task import PairPrompt
 from kiln.runtime.features import Prepared
@@ -43,6 +44,7 @@ class RerankOptions:
     return_documents: bool = False
     raw_scores: bool = False
     truncate: bool = True
+    truncation_side: TruncationSide = TruncationSide.RIGHT  # which end an over-long pair loses (TEI's direction)
 
 
 def as_rerank_query(item: Any, index: int = 0) -> RerankQuery:
@@ -83,10 +85,16 @@ class Rerank(TaskSpec):
     decoders = True  # a causal reranker (Qwen3-Reranker), or a decoder's sequence classifier
 
     def options(self, top_n: int | None = None, return_documents: bool = False, raw_scores: bool = False,
-                truncate: bool = True) -> RerankOptions:
+                truncate: bool = True, truncation_side: str | TruncationSide = TruncationSide.RIGHT) -> RerankOptions:
+        """``truncation_side``: which end of an over-long pair is cut (its longer text first, at that end)."""
         if top_n is not None and top_n < 1:
             raise UsageError(f"top_n must be at least 1, or None for every text (got {top_n})")
-        return RerankOptions(top_n, return_documents, raw_scores, truncate)
+        side = parse_choice(TruncationSide, truncation_side, "truncation_side")
+        if side is TruncationSide.LEFT and self.config.pair_prompt is not None:
+            raise UsageError("truncation_side left: a causal reranker's pair is its prompt template, whose score is "
+                             "read after its closing tokens; cut at the start, its instruction would go. Use right "
+                             "(its end is cut and the closing tokens restored)")
+        return RerankOptions(top_n, return_documents, raw_scores, truncate, side)
 
     def check_inputs(self, inputs: Sequence[Any]) -> list[Any]:
         return [as_rerank_query(item, i) for i, item in enumerate(inputs)]
@@ -95,7 +103,7 @@ class Rerank(TaskSpec):
         pairs = [(q.query, text) for q in inputs for text in q.texts]
         owners = tuple(i for i, q in enumerate(inputs) for _ in q.texts)
         prompt = self.config.pair_prompt
-        encodings = encoder.encode(pairs, truncate=options.truncate) if prompt is None \
+        encodings = encoder.encode(pairs, truncate=options.truncate, side=options.truncation_side) if prompt is None \
             else prompted_pairs(prompt, pairs, encoder, options.truncate)
         truncated = [False] * len(inputs)
         for owner, enc in zip(owners, encodings):

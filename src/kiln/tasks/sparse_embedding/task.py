@@ -18,8 +18,9 @@ from typing import Any
 
 import numpy as np
 
+from kiln.choices import TruncationSide, parse_choice
 from kiln.errors import UsageError
-from kiln.runtime.features import Prepared
+from kiln.runtime.features import Prepared, one_per_input
 from kiln.tasks.base import TaskSpec
 from kiln.tasks.sparse_embedding.export import SparseEmbeddingExport
 from kiln.tasks.sparse_embedding.validation import SparseEmbeddingValidation
@@ -52,6 +53,7 @@ class SparseOptions:
     threshold: float = 0.0  # keep terms whose weight is above this
     top_k: int | None = None  # then the heaviest k (None: all)
     truncate: bool = True
+    truncation_side: TruncationSide = TruncationSide.RIGHT  # which end an over-long input loses (TEI's direction)
 
 
 class SparseEmbedding(TaskSpec):
@@ -59,12 +61,18 @@ class SparseEmbedding(TaskSpec):
     export = SparseEmbeddingExport
     name = "sparse-embedding"
 
-    def options(self, threshold: float = 0.0, top_k: int | None = None, truncate: bool = True) -> SparseOptions:
+    def options(self, threshold: float = 0.0, top_k: int | None = None, truncate: bool = True,
+                truncation_side: str | TruncationSide = TruncationSide.RIGHT) -> SparseOptions:
+        side = parse_choice(TruncationSide, truncation_side, "truncation_side")
         if threshold < 0:
             raise UsageError(f"threshold must be at least 0 (got {threshold})")
         if top_k is not None and top_k < 1:
             raise UsageError(f"top_k must be at least 1, or None for every term (got {top_k})")
-        return SparseOptions(float(threshold), top_k, truncate)
+        return SparseOptions(float(threshold), top_k, truncate, side)
+
+    def prepare(self, inputs: Sequence[Any], encoder, options: SparseOptions) -> Prepared:
+        return one_per_input(inputs, encoder.encode(inputs, truncate=options.truncate, offsets=False,
+                                                    side=options.truncation_side))
 
     def reduce(self, outputs: dict[str, np.ndarray], attention_mask: np.ndarray) -> list[np.ndarray]:
         weights = outputs["sparse_embedding"].astype(np.float32, copy=True)

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from kiln.choices import TruncationSide, parse_choice
 from kiln.errors import UsageError
 from kiln.runtime.features import Prepared, one_per_input
 from kiln.tasks.arrays import sigmoid, softmax
@@ -35,6 +36,7 @@ class ClassifyOptions:
     top_k: int | None = 1  # None: every label
     truncate: bool = True
     chunking: Chunking | None = None  # long texts as windows; their logits combined by max or mean
+    truncation_side: TruncationSide = TruncationSide.RIGHT  # which end an over-long input loses (TEI's direction)
 
 
 CHUNK_MODES = ("max", "mean")
@@ -70,10 +72,14 @@ class TextClassification(TaskSpec):
     name = "text-classification"
 
 
-    def options(self, top_k: int | None = 1, truncate: bool = True, chunking: Any = None) -> ClassifyOptions:
+    def options(self, top_k: int | None = 1, truncate: bool = True, chunking: Any = None,
+                truncation_side: str | TruncationSide = TruncationSide.RIGHT) -> ClassifyOptions:
+        """``truncation_side``: which end of an over-long input is cut (a pair: its longer text, at that end)."""
+        side = parse_choice(TruncationSide, truncation_side, "truncation_side")
         if top_k is not None and top_k < 1:
             raise UsageError(f"top_k must be at least 1, or None for every label (got {top_k})")
-        return ClassifyOptions(top_k=top_k, truncate=truncate, chunking=as_chunking(chunking, CHUNK_MODES))
+        return ClassifyOptions(top_k=top_k, truncate=truncate, chunking=as_chunking(chunking, CHUNK_MODES),
+                               truncation_side=side)
 
     def check_inputs(self, inputs: Sequence[Any]) -> list[Any]:
         return [as_text_input(item, i) for i, item in enumerate(inputs)]
@@ -82,7 +88,7 @@ class TextClassification(TaskSpec):
         if options.chunking is not None:
             return chunked(inputs, encoder, options.chunking)
         texts = [(x.text, x.text_pair) if isinstance(x, TextPair) else x for x in inputs]
-        return one_per_input(inputs, encoder.encode(texts, truncate=options.truncate))
+        return one_per_input(inputs, encoder.encode(texts, truncate=options.truncate, side=options.truncation_side))
 
     def reduce(self, outputs: dict[str, np.ndarray], attention_mask: np.ndarray) -> list[np.ndarray]:
         return list(outputs["logits"].astype(np.float32))

@@ -5,9 +5,10 @@ a bare list of vectors, of {index, value} terms, of {index, score} ranks, of {la
 task module adds its route to ``routes`` with ``protocol=WireProtocol.TEI``; kiln serve mounts them with
 --protocols tei (on a path both declare TEI's body is served; kiln's own is under /kiln/).
 
-What kiln does not do is refused by the schema, not ignored: truncation from the left outside /embed, token ids and
-prompts for sparse embeddings (SPLADE models define none), raw classification logits. /embed takes the model's named
-prompts (config_sentence_transformers.json), token ids and either truncation direction as TEI does.
+What kiln does not do is refused by the schema, not ignored: token ids and prompts for sparse embeddings (SPLADE
+models define none), raw classification logits. /embed takes the model's named prompts
+(config_sentence_transformers.json) and token ids; every route takes either truncation direction as TEI does (a
+causal reranker refuses Left with a 422: its score is read at its prompt's closing tokens).
 """
 
 from __future__ import annotations
@@ -38,13 +39,17 @@ class TEIRequest(RequestBody):
     """What TEI's bodies share. TEI's truncate defaults to false (the server's --auto-truncate, off by default)."""
 
     truncate: bool | None = Field(False, description=TRUNCATE_HELP)  # type: ignore[assignment]
-    truncation_direction: Literal["Right", "right"] = Field("Right", description="kiln cuts the end of an input.")
+    truncation_direction: Literal["Right", "right", "Left", "left"] = Field(
+        "Right", description="Which end of an input over the model's maximum is cut when truncate is true: Right, "
+        "its end; Left, its start (its last tokens are kept; the special tokens stay). A pair loses tokens from "
+        "its longer text first, at that end.")
+
+    def truncation(self) -> dict[str, Any]:
+        """The task option that carries the direction (every task TEI serves takes it)."""
+        return {"truncation_side": self.truncation_direction.lower()}
 
 
 class TEIEmbedRequest(TEIRequest):
-    truncation_direction: Literal["Right", "right", "Left", "left"] = Field(  # type: ignore[assignment]
-        "Right", description="Which end of an input over the model's maximum is cut when truncate is true: Right, "
-        "its end; Left, its start (its last tokens are kept; the special tokens stay).")
     inputs: TextsOrIds = Field(description="A text, a list of texts, a text as token ids of the model's "
                                "vocabulary, or a list of those (special tokens where the caller put them, none "
                                "added; no prompt is put before ids).")
@@ -67,7 +72,7 @@ class TEIEmbedRequest(TEIRequest):
 
     def options(self) -> dict[str, Any]:
         return {"dimensions": self.dimensions, "prompt_name": self.prompt_name, "normalize": self.normalize,
-                "truncation_side": self.truncation_direction.lower()}
+                **self.truncation()}
 
 
 class TEIEmbedResponse(RootModel[list[list[float]]]):
@@ -84,6 +89,9 @@ class TEISparseRequest(TEIRequest):
 
     def items(self) -> list[Any]:
         return listify(self.inputs)
+
+    def options(self) -> dict[str, Any]:
+        return self.truncation()
 
 
 class SparseValue(ResponseModel):
@@ -114,7 +122,7 @@ class TEIRerankRequest(TEIRequest):
         return len(self.texts)
 
     def options(self) -> dict[str, Any]:
-        return {"raw_scores": self.raw_scores, "return_documents": self.return_text}
+        return {"raw_scores": self.raw_scores, "return_documents": self.return_text, **self.truncation()}
 
 
 class Rank(ResponseModel):
@@ -167,7 +175,7 @@ class TEIPredictRequest(TEIRequest):
         return [row[0] if len(row) == 1 else TextPair(row[0], row[1]) for row in rows]
 
     def options(self) -> dict[str, Any]:
-        return {"top_k": self.parameters.top_k if self.parameters is not None else None}
+        return {"top_k": self.parameters.top_k if self.parameters is not None else None, **self.truncation()}
 
 
 class Prediction(ResponseModel):
