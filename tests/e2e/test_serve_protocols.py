@@ -14,6 +14,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
+from tokenizers import Tokenizer
 
 import kiln
 from kiln.data.texts import builtin_sentences, joined
@@ -415,7 +416,11 @@ def test_the_cohere_sdk_reranks_unchanged_with_kilns_scores(server, task_artifac
     assert [r.document.text for r in v1.results] == [documents[r.index] for r in want[:2]]
     assert [r.index for r in v2.results] == [r.index for r in want]
     np.testing.assert_allclose([r.relevance_score for r in v2.results], [r.score for r in want], atol=1e-5)
-    with pytest.raises(cohere.core.api_error.ApiError) as refused:
-        cohere.ClientV2(api_key="unused", base_url=base).rerank(model="text_ranking", query=query,
-                                                                documents=documents, max_tokens_per_doc=16)
-    assert refused.value.status_code == 422 and "max_tokens_per_doc" in str(refused.value.body)
+    # max_tokens_per_doc: each document cut to its first 4 tokens (the artifact's tokenizer's offsets, here)
+    tokenizer = Tokenizer.from_file(str(task_artifacts[TaskName.TEXT_RANKING] / "tokenizer" / "tokenizer.json"))
+    cut = [d[: tokenizer.encode(d, add_special_tokens=False).offsets[3][1]] for d in documents]
+    short = cohere.ClientV2(api_key="unused", base_url=base).rerank(model="text_ranking", query=query,
+                                                                      documents=documents, max_tokens_per_doc=4)
+    want = kiln.load(task_artifacts[TaskName.TEXT_RANKING]).rerank(query, cut)
+    assert [r.index for r in short.results] == [r.index for r in want]
+    np.testing.assert_allclose([r.relevance_score for r in short.results], [r.score for r in want], atol=1e-5)

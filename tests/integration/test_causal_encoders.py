@@ -179,6 +179,19 @@ def test_cohere_rerank_routes_score_as_kilns_rerank(reranker):
             np.testing.assert_allclose([r["relevance_score"] for r in body["results"]],
                                        [r.score for r in offline[:3]], atol=1e-5)
         refused = client.post("/v2/rerank", json={"model": "m", "query": query, "documents": texts,
-                                                  "max_tokens_per_doc": 64})
-        assert refused.status_code == 422 and "max_tokens_per_doc" in refused.json()["message"]
+                                                  "max_chunks_per_doc": 2})
+        assert refused.status_code == 422 and "max_chunks_per_doc" in refused.json()["message"]
+        # max_tokens_per_doc: each document cut to its first 3 tokens (the tokenizer's own offsets, in the test)
+        cut = client.post("/v2/rerank", json={"model": "m", "query": query, "documents": texts,
+                                              "max_tokens_per_doc": 3, "return_documents": True})
+        assert cut.status_code == 200, cut.text
+        tokenizer = transformers.AutoTokenizer.from_pretrained(reranker[0])
+        ends = [tokenizer(t, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"][2][1]
+                for t in texts]
+        want = kiln.load(reranker[1]).rerank(query, [t[:end] for t, end in zip(texts, ends)])
+        assert [r["index"] for r in cut.json()["results"]] == [r.index for r in want]
+        np.testing.assert_allclose([r["relevance_score"] for r in cut.json()["results"]], [r.score for r in want],
+                                   atol=1e-5)
+        assert [r["document"]["text"] for r in cut.json()["results"]] == [texts[r.index] for r in want]
+        assert not np.allclose(sorted(r.score for r in want), sorted(r.score for r in offline), atol=1e-4)
         assert {"/v1/rerank", "/v2/rerank"} <= set(client.get("/openapi.json").json()["paths"])

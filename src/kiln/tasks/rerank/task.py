@@ -45,6 +45,7 @@ class RerankOptions:
     raw_scores: bool = False
     truncate: bool = True
     truncation_side: TruncationSide = TruncationSide.RIGHT  # which end an over-long pair loses (TEI's direction)
+    max_tokens_per_doc: int | None = None  # each text cut to its first tokens before pairing (Cohere's field)
 
 
 def as_rerank_query(item: Any, index: int = 0) -> RerankQuery:
@@ -77,6 +78,14 @@ def prompted_pairs(prompt: PairPrompt, pairs: Sequence[tuple[str, str]], encoder
     return features
 
 
+def first_tokens(texts: Sequence[str], encoder, count: int) -> list[str]:
+    """Each text cut after its ``count``-th token of the model's tokenizer (none added): the characters up to that
+    token's end, so the cut text tokenizes to those tokens and the pair is built from text as ever."""
+    encodings = encoder.encode(list(texts), truncate=False, special_tokens=False)
+    return [text[: enc.offsets[count - 1][1]] if len(enc.ids) > count else text
+            for text, enc in zip(texts, encodings)]
+
+
 class Rerank(TaskSpec):
     validation = RerankValidation
     export = RerankExport
@@ -85,22 +94,30 @@ class Rerank(TaskSpec):
     decoders = True  # a causal reranker (Qwen3-Reranker), or a decoder's sequence classifier
 
     def options(self, top_n: int | None = None, return_documents: bool = False, raw_scores: bool = False,
-                truncate: bool = True, truncation_side: str | TruncationSide = TruncationSide.RIGHT) -> RerankOptions:
-        """``truncation_side``: which end of an over-long pair is cut (its longer text first, at that end)."""
+                truncate: bool = True, truncation_side: str | TruncationSide = TruncationSide.RIGHT,
+                max_tokens_per_doc: int | None = None) -> RerankOptions:
+        """``truncation_side``: which end of an over-long pair is cut (its longer text first, at that end);
+        ``max_tokens_per_doc``: each text is first cut to that many of its own tokens (Cohere's rerank field; the
+        pair is then cut to the model's maximum as ever). A returned document is the whole text."""
         if top_n is not None and top_n < 1:
             raise UsageError(f"top_n must be at least 1, or None for every text (got {top_n})")
+        if max_tokens_per_doc is not None and max_tokens_per_doc < 1:
+            raise UsageError(f"max_tokens_per_doc must be at least 1, or None for no limit (got {max_tokens_per_doc})")
         side = parse_choice(TruncationSide, truncation_side, "truncation_side")
         if side is TruncationSide.LEFT and self.config.pair_prompt is not None:
             raise UsageError("truncation_side left: a causal reranker's pair is its prompt template, whose score is "
                              "read after its closing tokens; cut at the start, its instruction would go. Use right "
                              "(its end is cut and the closing tokens restored)")
-        return RerankOptions(top_n, return_documents, raw_scores, truncate, side)
+        return RerankOptions(top_n, return_documents, raw_scores, truncate, side, max_tokens_per_doc)
 
     def check_inputs(self, inputs: Sequence[Any]) -> list[Any]:
         return [as_rerank_query(item, i) for i, item in enumerate(inputs)]
 
     def prepare(self, inputs: Sequence[Any], encoder, options: RerankOptions) -> Prepared:
         pairs = [(q.query, text) for q in inputs for text in q.texts]
+        if options.max_tokens_per_doc is not None:
+            cut = first_tokens([text for _, text in pairs], encoder, options.max_tokens_per_doc)
+            pairs = [(query, text) for (query, _), text in zip(pairs, cut)]
         owners = tuple(i for i, q in enumerate(inputs) for _ in q.texts)
         prompt = self.config.pair_prompt
         encodings = encoder.encode(pairs, truncate=options.truncate, side=options.truncation_side) if prompt is None \

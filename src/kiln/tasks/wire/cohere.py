@@ -3,9 +3,10 @@
 own formula gives: a cross-encoder's sigmoid or softmax, a causal reranker's yes/no).
 
 Documents are strings or ``{"text": ...}`` objects (v1's); ``top_n`` and ``return_documents`` (v1's, default false) as
-Cohere defines them. What kiln does not do is refused by the schema, not ignored: ``rank_fields`` (structured
-documents), ``max_tokens_per_doc`` and ``max_chunks_per_doc`` (kiln cuts each pair to the model's maximum instead),
-v2's ``relevant_spans`` and ``priority``.
+Cohere defines them; ``max_tokens_per_doc`` cuts each document to its first tokens of the model's tokenizer before
+the pair is made (then cut to the model's maximum as ever). What kiln does not do is refused by the schema, not
+ignored: ``rank_fields`` (structured documents), ``max_chunks_per_doc`` (kiln cuts each pair to the model's maximum
+instead), v2's ``relevant_spans`` and ``priority``.
 """
 
 from __future__ import annotations
@@ -39,7 +40,9 @@ class CohereRerankRequest(RequestBody):
     top_n: Count | None = Field(None, description="Return the best `top_n` documents; null for all of them.")
     return_documents: bool = Field(False, description="Include each document's text in its result.")
     rank_fields: None = Field(None, description=f"Structured documents are {NOT_DONE}.")
-    max_tokens_per_doc: None = Field(None, description=f"A per-document token limit is {NOT_DONE}.")
+    max_tokens_per_doc: Count | None = Field(None, description="Cut each document to its first this many tokens of "
+                                             "the model's tokenizer before pairing it with the query; null: no "
+                                             "limit but the model's maximum for the pair.")
     max_chunks_per_doc: None = Field(None, description=f"Chunking documents is {NOT_DONE}.")
     relevant_spans: None = Field(None, description="Relevant spans are not computed by kiln: leave it out.")
     priority: None = Field(None, description="kiln serves requests in arrival order: leave it out.")
@@ -54,7 +57,8 @@ class CohereRerankRequest(RequestBody):
         return len(self.documents)
 
     def options(self) -> dict[str, Any]:
-        return {"top_n": self.top_n, "return_documents": self.return_documents}
+        return {"top_n": self.top_n, "return_documents": self.return_documents,
+                "max_tokens_per_doc": self.max_tokens_per_doc}
 
 
 class CohereText(ResponseModel):
