@@ -5,7 +5,8 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.kiln-installed
 DEMO_OUT ?= kiln-out
 
-.PHONY: demo test install docs browser triton-server slim infinity-server kserve-client pylate colbert-ai lint clean
+.PHONY: demo test install docs browser triton-server slim infinity-server kserve-client pylate colbert-ai rag-clients \
+	lint clean
 
 install: $(STAMP)
 
@@ -76,7 +77,7 @@ INSTALL_JOBS ?= 4
 # 732 s) and 485 s in two; tests/e2e 365 s in two against 567 s in one (the last fresh clone's CI).
 PYTEST_WORKERS ?= 2
 PYTEST := $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile --durations=15
-PEER_VENVS := triton-server slim infinity-server kserve-client pylate colbert-ai
+PEER_VENVS := triton-server slim infinity-server kserve-client pylate colbert-ai rag-clients
 PEERS := browser $(PEER_VENVS)
 
 test:
@@ -98,7 +99,8 @@ docs: install
 	$(VENV)/bin/mkdocs build --strict
 
 clean:
-	rm -rf $(VENV) $(TRITON_VENV) $(SLIM_VENV) $(INFINITY_VENV) $(KSERVE_VENV) $(PYLATE_VENV) $(COLBERT_VENV) $(DEMO_OUT) \
+	rm -rf $(VENV) $(TRITON_VENV) $(SLIM_VENV) $(INFINITY_VENV) $(KSERVE_VENV) $(PYLATE_VENV) $(COLBERT_VENV) \
+	  $(CLIENTS_VENV) $(DEMO_OUT) \
 	  .pytest_cache site .peers-install.log
 
 # A real deployment nobody here wrote, for kiln audit's test: Infinity (infinity-emb 0.0.78) in its own venv. It pins
@@ -125,6 +127,19 @@ $(KSERVE_STAMP):
 	$(PYTHON) -m venv $(KSERVE_VENV)
 	$(KSERVE_VENV)/bin/pip install -q --disable-pip-version-check 'kserve==0.21.0'
 	touch $(KSERVE_STAMP)
+
+# The RAG frameworks' embedders people point at a TEI or OpenAI URL, as they ship, for
+# tests/e2e/test_serve_protocols.py: LlamaIndex's TextEmbeddingsInference and LangChain's OpenAIEmbeddings (their own
+# venv: llama-index-core and langchain-core pull dependency trees kiln does not need).
+CLIENTS_VENV ?= .venv-clients
+CLIENTS_STAMP := $(CLIENTS_VENV)/.kiln-clients
+rag-clients: $(CLIENTS_STAMP)
+
+$(CLIENTS_STAMP):
+	$(PYTHON) -m venv $(CLIENTS_VENV)
+	$(CLIENTS_VENV)/bin/pip install -q --disable-pip-version-check \
+	  'llama-index-embeddings-text-embeddings-inference==0.6.0' 'langchain-openai==1.7.4'
+	touch $(CLIENTS_STAMP)
 
 # PyLate (pylate 1.6.0), the ColBERT implementation tests/e2e/test_multi_vector.py compares kiln with, in its own venv:
 # it pins sentence-transformers 5.3.0 and transformers <= 5.3.0 (kiln's venv has newer), and its fast-plaid index

@@ -366,6 +366,31 @@ def test_kserves_own_clients_get_the_same_numbers(server, task_artifacts):
     assert answer["rest_live"] and answer["grpc_ready"]
 
 
+CLIENTS = Path(__file__).resolve().parents[2] / ".venv-clients" / "bin" / "python"
+
+
+@pytest.mark.skipif(not CLIENTS.is_file(), reason="no RAG clients' venv (run `make rag-clients`)")
+def test_llama_index_and_langchain_embed_unchanged_with_kilns_numbers(server, task_artifacts):
+    """LlamaIndex's TEI embedder (POST /embed, TEI's bare list) and LangChain's OpenAIEmbeddings (POST /v1/embeddings,
+    strings), in their own venv as they ship, against kiln serve's default command line: batches of 4 documents and
+    a query, each equal to kiln's own /kiln/embed on the same texts."""
+    base, _ = server
+    texts = TEXTS + [builtin_sentences()[7]]
+    run = subprocess.run([str(CLIENTS), str(Path(__file__).parents[1] / "peers" / "rag_clients.py"), base,
+                          "feature_extraction", *texts], capture_output=True, text=True, timeout=180)
+    assert run.returncode == 0, run.stderr[-3000:]
+    answer = json.loads(run.stdout)
+    own = httpx.post(f"{base}/kiln/embed", json={"inputs": texts, "model": "feature_extraction"}, timeout=60)
+    assert own.status_code == 200, own.text
+    ours = np.array(own.json()["embeddings"])
+    # TEI's /embed normalizes unless asked not to (normalize defaults to true), whatever the model: this tiny model
+    # has no Normalize module, so LlamaIndex gets kiln's vectors at unit length; OpenAI's route gives them as they are
+    want = {"llama_index": ours / np.linalg.norm(ours, axis=1, keepdims=True), "langchain": ours}
+    for framework, vectors in want.items():
+        np.testing.assert_allclose(np.array(answer[framework]), vectors, atol=1e-6, err_msg=framework)
+        np.testing.assert_allclose(np.array(answer[f"{framework}_query"]), vectors[0], atol=1e-6, err_msg=framework)
+
+
 def test_sigterm_drains_grpc_requests_too(tiny_artifact):
     """16 gRPC clients in a loop, then SIGTERM: every RPC the server accepted is answered, later ones are refused
     (UNAVAILABLE, which a client may retry elsewhere; none CANCELLED), and the server exits 0 with its own count of
