@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import errno
+import os
+
 
 class KilnError(Exception):
     """A failure the user can act on. The CLI prints the message (no traceback) and exits non-zero."""
@@ -40,6 +43,35 @@ class ParityError(KilnError):
 class NativeCrashError(KilnError):
     """A runtime died in native code (a signal, not an exception) loading or running something kiln watched in a
     child process; the message says which signal and with what settings."""
+
+
+class DiskFullError(KilnError):
+    """A write found no room: the disk (or the user's quota) is full, or a file-size limit was reached."""
+
+
+# ENOSPC: no space left on the device; EDQUOT: the user's quota; EFBIG: a file over RLIMIT_FSIZE or the filesystem's
+# largest file (Python ignores SIGXFSZ, so the write fails instead of killing the process).
+_NO_ROOM = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
+_NO_ROOM_WORDS = tuple(os.strerror(code) for code in sorted(_NO_ROOM))  # "No space left on device", ...
+
+
+def disk_full(err: BaseException) -> DiskFullError | None:
+    """The clear error for a write that found no room, else None (another problem): an OSError with its errno, or a
+    native library's error carrying the system's words for it (ONNX Runtime and OpenVINO raise RuntimeErrors).
+    Every command writes its output through a staging directory or a temporary file renamed into place, so what it
+    leaves is the state before it began; the message says so."""
+    if isinstance(err, DiskFullError):
+        return err
+    if isinstance(err, OSError) and err.errno in _NO_ROOM:
+        reason, where = err.strerror, f"writing {err.filename}" if err.filename else "writing its output"
+    elif not isinstance(err, OSError) and (reason := next((w for w in _NO_ROOM_WORDS if w in str(err)), "")):
+        where = "writing its output"
+    else:
+        return None
+    return DiskFullError(
+        f"no room {where}: {reason} (the disk or quota is full, or a file-size limit was reached). Nothing was "
+        "left half-written: free space, or write to another disk (--output), and run it again"
+    )
 
 
 class MissingDependencyError(KilnError):

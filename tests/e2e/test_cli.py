@@ -92,3 +92,53 @@ def test_a_terminated_export_leaves_nothing_behind(tiny_model, tmp_path):
     assert proc.returncode == 143 and stderr.strip().splitlines()[-1] == "terminated", stderr
     assert "Traceback" not in stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def _limited(size: int):
+    """A child's largest file: RLIMIT_FSIZE, as a full disk answers a write (EFBIG; Python ignores SIGXFSZ)."""
+    import resource
+
+    return lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (size, size))
+
+
+@pytest.mark.parametrize("command", ["export", "optimize", "embed"])
+def test_a_full_disk_is_one_clear_error_and_leaves_nothing_half_written(command, tiny_model, tiny_artifact, tmp_path):
+    """Fault injection: a file-size limit below what the command writes (a full disk answers the same way). One line
+    naming the cause, exit 1, no traceback; no artifact or staging directory, no Parquet part (kiln embed keeps its
+    resumable state file only)."""
+    out = tmp_path / "out"
+    corpus = tmp_path / "corpus.csv"
+    corpus.write_text("text\n" + "\n".join(f"line {i} of a small corpus about kilns" for i in range(2000)))
+    args = {"export": ["export", str(tiny_model("bert")), "-o", str(out)],
+            "optimize": ["optimize", str(tiny_model("bert")), "--variants", "onnx-fp32", "-o", str(out)],
+            "embed": ["embed", str(tiny_artifact), str(corpus), "-o", str(out)]}[command]
+    run = subprocess.run([sys.executable, "-m", "kiln", *args], capture_output=True, text=True,
+                         preexec_fn=_limited(20_000), env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=600)
+    assert run.returncode == 1 and "Traceback" not in run.stderr, run.stderr[-3000:]
+    assert run.stderr.strip().splitlines()[-1].startswith("error: no room writing"), run.stderr[-2000:]
+    assert "File too large" in run.stderr and "Nothing was left half-written" in run.stderr
+    left = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.name != "corpus.csv")
+    assert left == (["out", "out/kiln-embed.json"] if command == "embed" else []), left
+
+
+def test_a_killed_optimize_reruns_to_a_complete_artifact(tiny_model, tmp_path):
+    """Fault injection: SIGKILL mid-run (no handler runs) leaves only the hidden staging directory; the rerun
+    removes it and writes a complete artifact whose every checksum kiln info verifies."""
+    out, model = tmp_path / "art", str(tiny_model("bert"))
+    command = [sys.executable, "-m", "kiln", "optimize", model, "--variants", "onnx-fp32,openvino-fp32", "-o", str(out)]
+    proc = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    try:
+        for line in proc.stderr:
+            if "building openvino-fp32" in line:
+                proc.send_signal(signal.SIGKILL)
+                break
+        proc.wait(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == -signal.SIGKILL
+    assert [p.name.endswith(".partial") for p in tmp_path.iterdir()] == [True]
+    rerun = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["art"]
+    info = subprocess.run([sys.executable, "-m", "kiln", "info", str(out)], capture_output=True, text=True)
+    assert info.returncode == 0 and "files verified" in info.stdout, info.stdout + info.stderr

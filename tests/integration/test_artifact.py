@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -25,6 +26,30 @@ def test_staging_failure_leaves_nothing(tmp_path):
         (stage / "model.onnx").write_bytes(b"half")
         raise RuntimeError("crash mid-write")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_killed_runs_staging_directory_is_removed_by_the_next_run(tmp_path):
+    """SIGKILL (or the OOM killer) runs no handler, so a killed build leaves its staging directory: the next build
+    of the same target removes it when its process is gone, and leaves a live writer's, another host's and one
+    whose name names no owner."""
+    import subprocess
+    import sys
+
+    from kiln.artifact.staging import _host
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    names = {"killed": f".out.{_host()}-{gone.pid}-{'0' * 16}.partial",
+             "live": f".out.{_host()}-{os.getpid()}-{'1' * 16}.partial",
+             "other host": f".out.elsewhere-{gone.pid}-{'2' * 16}.partial", "no owner": f".out.{'3' * 16}.partial",
+             "other target": f".other.{_host()}-{gone.pid}-{'4' * 16}.partial"}
+    for name in names.values():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "model.onnx").write_bytes(b"half")
+    with staged_directory(tmp_path / "out", overwrite=False) as stage:
+        (stage / "done").write_text("y")
+    left = {p.name for p in tmp_path.iterdir()}
+    assert left == {"out"} | {n for k, n in names.items() if k != "killed"}
 
 
 def test_existing_target_needs_overwrite(tmp_path):

@@ -326,6 +326,14 @@ def main() -> None:
             raise
         console.err.print(f"error: {error.message}", markup=False)
         sys.exit(error.exit_code)
+    except OSError as failed:  # a full disk or a file-size limit: one line; any other I/O error keeps its traceback
+        from kiln.errors import disk_full
+
+        full = disk_full(failed)
+        if full is None:
+            raise
+        console.err.print(f"error: {full.message}", markup=False)
+        sys.exit(full.exit_code)
     except KeyboardInterrupt:
         console.err.print("interrupted")
         sys.exit(130)
