@@ -106,6 +106,39 @@ def test_sampled_inputs_are_bounded_and_bad_flags_refused(int8_artifact, tiny_mo
     assert refused.returncode == 2 and "--shadow-rate must be in (0, 1] (got 1.5)" in refused.stderr
 
 
+@pytest.mark.parametrize("min_share", [0.0, 0.2])
+def test_under_load_that_never_idles_the_shadow_still_gets_its_minimum_share(int8_artifact, min_share):
+    """An engine that never idles (its idle event never set, as under sustained full load): with a minimum share
+    the reference still runs, near that share of wall time, and the live figure refreshes; without one it waits."""
+    import asyncio
+
+    from kiln.serving.metrics import Metrics
+    from kiln.serving.shadow import Shadow
+
+    best = Artifact.open(int8_artifact / "best")
+    served = best.predictor().with_batch_size(1)
+    fp32 = best.predictor_of(best.reference_variant(), ServingPlan(EngineOptions(intra_op_threads=1), 1, 8))
+    encodings = served.prepare(list(builtin_sentences())).encodings
+    served_outputs = list(zip(encodings, served.run_features(encodings))) * 80  # more than 3 s of reference runs
+
+    async def shadowed() -> tuple[int, float]:
+        config = ShadowConfig(rate=1.0, max_share=1.0, min_share=min_share, queue=len(served_outputs))
+        shadow = Shadow("m", fp32, cosine, config, Metrics(), 0.99, asyncio.Event())
+        shadow.start()
+        shadow.offer(served_outputs)
+        await asyncio.sleep(3.0)
+        await shadow.close()
+        return shadow.items, shadow.share()
+
+    items, share = asyncio.run(shadowed())
+    if min_share == 0:
+        assert items == 0
+    else:
+        assert 0 < items < len(served_outputs) and share == pytest.approx(min_share, abs=0.05), (items, share)
+    with pytest.raises(UsageError, match="shadow_min_share must be between 0 and shadow_max_share 0.1 "):
+        ShadowConfig(rate=0.5, min_share=0.5)
+
+
 def test_each_task_is_shadowed_by_the_figure_its_gate_checks(tiny_model, tmp_path):
     """A classifier's live figure is the share of top labels kept, judged by its mean; token tagging, reranking
     have theirs (unit checks below)."""

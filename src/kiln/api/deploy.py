@@ -46,8 +46,9 @@ def serve(artifact: str | Path | None = None, *, host: str = "127.0.0.1", port: 
           device: Device | str = Device.CPU, sessions: int | None = None, max_inputs_per_request: int = 64,
           access_log: bool = False, log_format: LogFormatName | str = LogFormatName.TEXT, restart_loops: bool = False,
           deterministic: bool = False, shadow_rate: float | None = None, shadow_max_share: float = 0.10,
-          shadow_policy: ShadowPolicy | str = ShadowPolicy.LOG, otlp_endpoint: str | None = None,
-          protocols: str | Sequence[str] = "kiln,openai,v2,tei,cohere", grpc_port: int | None = None) -> bool:
+          shadow_min_share: float = 0.02, shadow_policy: ShadowPolicy | str = ShadowPolicy.LOG,
+          otlp_endpoint: str | None = None, protocols: str | Sequence[str] = "kiln,openai,v2,tei,cohere",
+          grpc_port: int | None = None) -> bool:
     """``kiln serve``: serve ``artifact`` (or several: ``model={"name": path}`` or ``["name=path"]``) over HTTP with
     dynamic batching, Prometheus metrics and backpressure until SIGTERM or SIGINT, then drain. Every served model's
     engine is checked on ``device`` before the server starts (a UsageError names why not). Returns whether the
@@ -70,7 +71,8 @@ def serve(artifact: str | Path | None = None, *, host: str = "127.0.0.1", port: 
                          threads=threads, sessions=sessions, max_inputs_per_request=max_inputs_per_request,
                          restart_loops=restart_loops, otlp_endpoint=otlp_endpoint, deterministic=deterministic,
                          shadow=ShadowConfig(shadow_rate, shadow_max_share, parse_choice(ShadowPolicy, shadow_policy,
-                                                                                         "shadow_policy"))
+                                                                                         "shadow_policy"),
+                                             min_share=shadow_min_share)
                          if shadow_rate is not None else None,
                          protocols=WireProtocol.parse_list(listed, "protocols"), grpc_port=grpc_port, device=device)
     for path in models.values():  # a clear error before the server starts

@@ -65,10 +65,14 @@ def serve(
                                                 "with the measured drift when none is. Dynamic int8 is not.")] = False,
     shadow_rate: Annotated[Optional[float], typer.Option(  # noqa: UP045
         help="Rerun this share of requests (0 < R <= 1) through the artifact's fp32 reference while the engine "
-        "would otherwise idle, and export the live agreement (kiln_shadow_agreement, /kiln/info). Costs CPU only when "
-        "idle, within --shadow-max-share.", show_default=False)] = None,
+        "would otherwise idle, and export the live agreement (kiln_shadow_agreement, /kiln/info). Costs CPU when idle, "
+        "within --shadow-max-share, and under load that never idles --shadow-min-share.", show_default=False)] = None,
     shadow_max_share: Annotated[float, typer.Option(help="Most of the wall time the shadow reference may run "
                                                     "(it waits past it).")] = 0.10,
+    shadow_min_share: Annotated[float, typer.Option(help="Wall time the shadow reference runs even when the engine "
+                                                    "never idles, so the live figure refreshes under sustained load "
+                                                    "(it then shares the CPU with live batches); 0: only when idle.",
+                                                    min=0.0, max=1.0)] = 0.02,
     shadow_policy: Annotated[ShadowPolicy, typer.Option(help="log: log when the live agreement falls below the "
                                                         "artifact's gate and when it recovers; unready: also turn "
                                                         "/ready to 503 until it recovers (requests that still "
@@ -98,7 +102,8 @@ def serve(
                          max_concurrent=max_concurrent, api_key=api_key, threads=threads, device=device,
                          sessions=sessions, max_inputs_per_request=max_inputs_per_request, access_log=access_log,
                          log_format=log_format, restart_loops=restart_loops, deterministic=deterministic,
-                         shadow_rate=shadow_rate, shadow_max_share=shadow_max_share, shadow_policy=shadow_policy,
+                         shadow_rate=shadow_rate, shadow_max_share=shadow_max_share,
+                         shadow_min_share=shadow_min_share, shadow_policy=shadow_policy,
                          otlp_endpoint=otlp_endpoint, protocols=protocols, grpc_port=grpc_port)
     if not started:
         raise typer.Exit(1)  # uvicorn has logged why (port in use, a model that failed to load)

@@ -2,9 +2,10 @@
 
 ``kiln serve --shadow-rate R`` marks each request for shadowing with probability R. When its batch has been
 answered, the batcher hands the request's encodings and the served outputs to :class:`Shadow`, which keeps at most
-``queue`` of them (older ones are dropped and counted: memory stays bounded). Its loop takes a few at a time only
-while the batcher has nothing queued or running, runs them through the fp32 reference on its own single thread,
-and compares each input's served output with the reference's by the task's own per-input figure
+``queue`` of them (older ones are dropped and counted: memory stays bounded). Its loop takes a few at a time while
+the batcher has nothing queued or running, or, under load that never lets it idle, while it has had less than
+``min_share`` of wall time; runs them through the fp32 reference on its own single thread, and compares each
+input's served output with the reference's by the task's own per-input figure
 (``TaskValidation.live_agreement``: cosine for embeddings, the top label kept for classifiers, the share of tags kept
 for token classification, how close a pair's relevance score stays for rerankers). It keeps to ``max_share`` of
 wall time: past it, it waits.
@@ -57,12 +58,18 @@ class ShadowConfig:
     policy: ShadowPolicy = ShadowPolicy.LOG
     window: int = 256  # inputs the rolling agreement is taken over
     queue: int = 512  # sampled inputs waiting for an idle engine, at most
+    # Wall time the reference runs even while the engine never idles, so the live figure still refreshes under
+    # sustained load (a run then shares the CPU with live batches: its cost is in benchmarks/shadow_cost.py).
+    min_share: float = 0.02
 
     def __post_init__(self) -> None:
         if not 0 < self.rate <= 1:
             raise UsageError(f"shadow_rate must be in (0, 1] (got {self.rate:g})")
         if not 0 < self.max_share <= 1:
             raise UsageError(f"shadow_max_share must be in (0, 1] (got {self.max_share:g})")
+        if not 0 <= self.min_share <= self.max_share:
+            raise UsageError(f"shadow_min_share must be between 0 and shadow_max_share {self.max_share:g} (got "
+                             f"{self.min_share:g})")
         object.__setattr__(self, "policy", ShadowPolicy(self.policy))
 
     def sample(self) -> bool:
@@ -130,7 +137,8 @@ class Shadow(OwnedLoop):
                 self._arrived.clear()
                 await self._arrived.wait()
                 continue
-            await self.idle.wait()  # only while no live request is queued or running
+            if not await self._turn():
+                continue
             over = (self._busy_s + self._last_run_s) / self.config.max_share - (time.perf_counter() - self._started)
             if over > 0:  # the next run would take it past its share of wall time: wait until it would not
                 await asyncio.sleep(min(over, 1.0))
@@ -144,6 +152,17 @@ class Shadow(OwnedLoop):
             self._last_run_s = time.perf_counter() - start
             self._busy_s += self._last_run_s
             self._record([self.agreement(s, r) for (_, s), r in zip(taken, reference)], [len(e.ids) for e, _ in taken])
+
+    async def _turn(self) -> bool:
+        """Whether the reference may run now: the engine idles, or the reference has had less than its guaranteed
+        ``min_share`` of wall time (which falls while it waits, so a loop that never idles still gets its share)."""
+        if self.idle.is_set() or self.share() < self.config.min_share:
+            return True
+        try:
+            await asyncio.wait_for(self.idle.wait(), timeout=0.25)
+        except TimeoutError:
+            return False
+        return True
 
     def _bound(self) -> float | None:
         """The gate's bound over the window (cosines only; None until a length has enough inputs)."""
