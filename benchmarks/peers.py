@@ -30,7 +30,11 @@ each needs the package index once). Each
 configuration runs in a fresh process; ``--rounds`` rounds alternate peers and kiln, and each figure is
 reported per round and as the median.
 
-    python benchmarks/peers.py kiln-out [--rounds 2] [--texts 1024] [--threads 2] [--json out.json]
+    python benchmarks/peers.py kiln-out [--rounds 2] [--texts 1024] [--threads 2] [--json out.json] [--variants]
+
+``--variants`` also times every variant kiln optimize accepted, end to end through ``kiln.load(kiln-out,
+variant=NAME).predict`` (its defaults, passes alternated between variants), and says whether the one it chose as
+``best/`` from its own timing (engine and batching on pre-tokenized inputs) is the fastest end to end.
 
 Decoders (GPT-2-shaped, greedy continuations; see benchmarks/decoder_peers.py):
 
@@ -74,8 +78,9 @@ def _ensure_venv(venv: Path, packages: list[str] = PEER_PACKAGES) -> Path:
     return python
 
 
-def _prepare(artifact: Path, work: Path, count: int) -> dict:
-    """Texts, calibration texts and pre-tokenized batches, written once for every configuration."""
+def _prepare(artifact: Path, work: Path, count: int, root: Path) -> dict:
+    """Texts, calibration texts and pre-tokenized batches, written once for every configuration. ``root``: the kiln
+    optimize output ``artifact`` (its best/) came from."""
     import numpy as np
 
     from kiln.artifact.directory import Artifact
@@ -97,7 +102,7 @@ def _prepare(artifact: Path, work: Path, count: int) -> dict:
 
     setup = {"texts": texts, "sentences": list(builtin_sentences()), "calibration": calibration, "order": order,
              "batches": len(batches),
-             "model_dir": art.manifest.source.path, "artifact": str(artifact),
+             "model_dir": art.manifest.source.path, "artifact": str(artifact), "root": str(root),
              "vnni": "avx512-vnni" in cpu_info().features, "dimension": art.task_config.dimension}
     (work / "setup.json").write_text(json.dumps(setup))
     return setup
@@ -346,7 +351,32 @@ def stage_kiln(work: Path, threads: int) -> dict:
     return {"kiln": result}
 
 
-STAGES = {"peer": stage_peer, "st-onnx": stage_st_onnx, "fastembed": stage_fastembed, "kiln": stage_kiln}
+def stage_kiln_variants(work: Path, threads: int) -> dict:
+    """Every accepted variant of the kiln optimize output end to end, as kiln.load runs each by default: does the
+    end-to-end order keep kiln optimize's choice first?"""
+    import kiln
+    from kiln.artifact.directory import Artifact
+    from kiln.records.artifact import Status
+
+    setup = json.loads((work / "setup.json").read_text())
+    root = Path(setup["root"])
+    manifest = Artifact.open(root).manifest
+    names = [n for n, r in manifest.variants.items() if r.status is Status.ACCEPTED]
+    loaded = {n: kiln.load(root, variant=n) for n in names}
+    seconds = dict.fromkeys(names, float("inf"))
+    for _ in range(2):  # alternated: this VM's speed drifts within a minute
+        for name, predictor in loaded.items():
+            seconds[name] = min(seconds[name], _time(lambda p=predictor: p.predict(setup["texts"]), repeats=1))
+    per_s = {n: len(setup["texts"]) / s for n, s in seconds.items()}
+    fastest = max(per_s, key=per_s.get)
+    return {"kiln-variants": {"end_to_end_per_s": per_s, "best": manifest.build.best, "fastest": fastest,
+                              "best_vs_fastest": per_s[manifest.build.best] / per_s[fastest],
+                              "optimize_ms_per_seq": {n: manifest.variants[n].timing.ms_per_sequence for n in names
+                                                      if manifest.variants[n].timing is not None}}}
+
+
+STAGES = {"peer": stage_peer, "st-onnx": stage_st_onnx, "fastembed": stage_fastembed, "kiln": stage_kiln,
+          "kiln-variants": stage_kiln_variants}
 
 
 # -- main -------------------------------------------------------------------------------------------------------
@@ -365,6 +395,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--venv", type=Path, default=HERE / ".peers-venv")
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--variants", action="store_true",
+                        help="also time every accepted variant end to end: is kiln optimize's best the fastest?")
     parser.add_argument("--stage", choices=tuple(STAGES), help=argparse.SUPPRESS)
     parser.add_argument("--work", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -379,9 +411,11 @@ def main() -> None:
                "st-onnx": _ensure_venv(HERE / ".st-onnx-venv", ST_ONNX_PACKAGES),
                "fastembed": _ensure_venv(HERE / ".fastembed-venv", FASTEMBED_PACKAGES),
                "kiln": Path(sys.executable)}
+    if args.variants:
+        pythons["kiln-variants"] = Path(sys.executable)
     with tempfile.TemporaryDirectory(prefix="kiln-peers-") as tmp:
         work = Path(tmp)
-        setup = _prepare(artifact, work, args.texts)
+        setup = _prepare(artifact, work, args.texts, root=args.artifact)
         rounds = []
         for r in range(args.rounds):
             row = {}
@@ -395,6 +429,9 @@ def main() -> None:
             print(f"round {r + 1}: " + json.dumps(row), flush=True)
     summary = _summarise(rounds)
     print(_table(summary))
+    if args.variants:
+        summary["kiln-variants"] = _variants_summary(rounds)
+        print(_variants_table(summary["kiln-variants"]))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"texts": len(setup["texts"]), "threads": args.threads, "batch": BATCH,
@@ -430,6 +467,28 @@ def _summarise(rounds: list[dict]) -> dict:
                      "b1_vs_peer_int8": statistics.median(
                          r["kiln"]["b1_128_ms"] / r["st-openvino-int8"]["b1_128_ms"] for r in rounds)}
     return out
+
+
+def _variants_summary(rounds: list[dict]) -> dict:
+    names = rounds[0]["kiln-variants"]["end_to_end_per_s"]
+    per_s = {n: statistics.median(r["kiln-variants"]["end_to_end_per_s"][n] for r in rounds) for n in names}
+    first = rounds[0]["kiln-variants"]
+    fastest = max(per_s, key=per_s.get)
+    return {"end_to_end_per_s": per_s, "best": first["best"], "fastest": fastest,
+            "best_vs_fastest": per_s[first["best"]] / per_s[fastest],
+            "optimize_ms_per_seq": first["optimize_ms_per_seq"]}
+
+
+def _variants_table(v: dict) -> str:
+    rows = ["| variant | kiln optimize ms/seq | end to end texts/s (kiln.load defaults) |", "| --- | --- | --- |"]
+    for name, per_s in sorted(v["end_to_end_per_s"].items(), key=lambda kv: -kv[1]):
+        mark = " (best/)" if name == v["best"] else ""
+        ms = v["optimize_ms_per_seq"].get(name)
+        rows.append(f"| {name}{mark} | {ms:.2f} | {per_s:.1f} |" if ms is not None else f"| {name}{mark} | - | "
+                    f"{per_s:.1f} |")
+    rows.append(f"\nkiln optimize's best ({v['best']}) end to end: {v['best_vs_fastest']:.2f}x the fastest variant "
+                f"({v['fastest']})")
+    return "\n".join(rows)
 
 
 def _table(s: dict) -> str:

@@ -80,7 +80,7 @@ def render_generic(data: Any) -> list[str]:
 
 def render_peers(data: dict[str, Any]) -> list[str]:
     """The medians over rounds per configuration, and peers.py's own ratios (medians of per-round ratios)."""
-    medians = {name: f for name, f in data["median"].items() if name != "ratios"}
+    medians = {name: f for name, f in data["median"].items() if name not in ("ratios", "kiln-variants")}
     columns = ("end_to_end_per_s", "engine_per_s", "b1_128_ms", "cosine_mean", "cosine_min", "sentences_cosine_mean",
                "sentences_cosine_min")
     rows = [[name, *(figures.get(c) for c in columns)] for name, figures in medians.items()]
@@ -92,6 +92,14 @@ def render_peers(data: dict[str, Any]) -> list[str]:
                      f"({ratios['best_peer']}), {ratios['end_to_end_vs_best_peer_on_both']:.2f}x the best that also "
                      f"holds 0.99 on the plain sentences ({ratios['best_peer_on_both_text_sets']}); "
                      f"{data['texts']} texts, {data['threads']} threads, medians of per-round ratios.")
+    variants = data["median"].get("kiln-variants")
+    if variants:  # peers.py --variants: is kiln optimize's choice the fastest end to end?
+        lines += ["", "Every accepted variant end to end (`kiln.load(OUT, variant=NAME).predict`, its defaults):", ""]
+        lines += _table(["variant", "kiln optimize ms/seq", "end to end texts/s"],
+                        [[f"{n} (best/)" if n == variants["best"] else n, variants["optimize_ms_per_seq"].get(n), v]
+                         for n, v in sorted(variants["end_to_end_per_s"].items(), key=lambda kv: -kv[1])])
+        lines.append(f"\nkiln optimize's best/ end to end: {variants['best_vs_fastest']:.2f}x the fastest variant "
+                     f"({variants['fastest']}).")
     return lines
 
 
@@ -245,7 +253,7 @@ PARTS = {p.name: p for p in (
          _kiln("bench", "{artifact}", "--quick", "--no-sweep", "-o", "{work}"), ARTIFACT, 3, render_bound,
          results="{work}/results.json"),
     Part("peers", "Encoders: kiln against what a user assembles from existing tools",
-         _script("peers.py", "{artifact}", "--rounds", "2"), ARTIFACT + "; creates three peer venvs", 35,
+         _script("peers.py", "{artifact}", "--rounds", "2", "--variants"), ARTIFACT + "; creates three peer venvs", 35,
          render_peers),
     Part("serve-load", "`kiln serve` against offline, alternated",
          _script("serve_load.py", "{artifact}/best", "--paired", "--concurrency", "64", "--rounds", "6"), ARTIFACT, 3,
