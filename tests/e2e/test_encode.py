@@ -60,7 +60,7 @@ def test_tensors_and_lists_of_tensors(both):
 def test_what_kiln_cannot_honour_is_refused_by_name(both, task_artifacts):
     _, ours = both
     for kwargs, name in (({"precision": "int8"}, "precision"), ({"prompt_name": "query"}, "prompt_name"),
-                         ({"output_value": "token_embeddings"}, "output_value"), ({"truncate_dim": 0}, "truncate_dim"),
+                         ({"output_value": None}, "output_value"), ({"truncate_dim": 0}, "truncate_dim"),
                          ({"truncate_dim": 385}, "truncate_dim must be at most the model's size 384")):
         with pytest.raises(UsageError, match=name):
             ours.encode(TEXTS[:2], **kwargs)

@@ -123,6 +123,7 @@ def test_tei_answers_match_teis_own_schemas(server, tei_server, task_artifacts):
     base, _ = server
     answers = {
         "EmbedResponse": httpx.post(f"{tei_server}/embed", json={"inputs": "hello there"}),
+        "EmbedAllResponse": httpx.post(f"{tei_server}/embed_all", json={"inputs": ["hello there", "a"]}),
         "RerankResponse": httpx.post(f"{tei_server}/rerank", json={"query": "q", "texts": ["a b", "c"]}),
         "TokenizeResponse": httpx.post(f"{tei_server}/tokenize", json={"inputs": ["hello there", "x"]}),
         "DecodeResponse": httpx.post(f"{tei_server}/decode", json={"ids": [[101, 102], [103]]}),

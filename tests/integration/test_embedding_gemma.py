@@ -47,6 +47,9 @@ def test_embedding_gemma_embeds_as_sentence_transformers_does(embedding_gemma):
 
     reference = Reference(load_source(str(model), "feature-extraction"))
     np.testing.assert_allclose(reference.vectors(TEXTS, reference.configured), theirs.encode(TEXTS), atol=2e-5)
+    # its graph projects every token state (kiln.model.projected): no per-token vectors, said so
+    with pytest.raises(kiln.UsageError, match="Dense projections run on every token state inside kiln's graph"):
+        ours.encode(TEXTS, output_value="token_embeddings")
 
 
 def test_the_pytorch_variants_carry_the_projections(embedding_gemma, tmp_path):

@@ -122,6 +122,8 @@ def test_sparse_options_and_refusals(bge_m3):
         ours.predict(TEXTS[:1], top_k=3)
     with pytest.raises(UsageError, match=r"output must be one of dense, sparse, multi, all \(got 'colbert'\)"):
         ours.predict(TEXTS[:1], output="colbert")
+    with pytest.raises(UsageError, match=r"tokens: a hybrid model's per-token vectors are its ColBERT vectors"):
+        ours.predict(TEXTS[:1], tokens=True)
 
 
 def test_a_directory_without_the_heads_is_refused_naming_them(bge_m3, tmp_path):

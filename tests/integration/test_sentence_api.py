@@ -72,9 +72,41 @@ def test_the_models_similarity_function_is_the_one_used(pair, tmp_path, name):
                                rtol=1e-5)
 
 
+def test_token_embeddings_are_sentence_transformers_own(pair):
+    """output_value="token_embeddings": each text's per-token vectors (special tokens kept, padding left out), a
+    torch tensor per text as sentence-transformers gives them, prompts included; and TEI's /embed_all serves the
+    same vectors."""
+    from fastapi.testclient import TestClient
+
+    from kiln.serving.app import ServeConfig, create_app
+
+    _, theirs, ours = pair
+    for kwargs in ({}, {"prompt_name": "query"}):
+        got, want = ours.encode(DOCUMENTS, output_value="token_embeddings", **kwargs), \
+            theirs.encode(DOCUMENTS, output_value="token_embeddings", **kwargs)
+        assert [tuple(g.shape) for g in got] == [tuple(w.shape) for w in want] and len({g.shape for g in got}) > 1
+        for g, w in zip(got, want):
+            assert isinstance(g, torch.Tensor)
+            torch.testing.assert_close(g, w, atol=2e-5, rtol=0)
+    single = ours.encode(DOCUMENTS[0], output_value="token_embeddings")
+    torch.testing.assert_close(single, theirs.encode(DOCUMENTS[0], output_value="token_embeddings"), atol=2e-5,
+                               rtol=0)
+    model, _, _ = pair
+    with TestClient(create_app(ServeConfig(models={"m": model.parent / "export"}))) as client:
+        served = client.post("/embed_all", json={"inputs": DOCUMENTS, "prompt_name": "query"})
+        ids = client.post("/embed_all", json={"inputs": [ours.tokenizer.encode(DOCUMENTS[0]).ids]})
+    assert served.status_code == 200, served.text
+    want = theirs.encode(DOCUMENTS, output_value="token_embeddings", prompt_name="query")
+    for g, w in zip(served.json(), want):
+        np.testing.assert_allclose(np.array(g), w.numpy(), atol=2e-5)
+    assert ids.status_code == 200 and np.allclose(ids.json()[0], single.numpy(), atol=2e-5)
+
+
 def test_what_kiln_does_not_return_is_refused_by_name(pair):
     ours = pair[2]
-    with pytest.raises(UsageError, match="output_value must be 'sentence_embedding'"):
-        ours.encode(DOCUMENTS, output_value="token_embeddings")
+    with pytest.raises(UsageError, match="output_value must be 'sentence_embedding' or 'token_embeddings'"):
+        ours.encode(DOCUMENTS, output_value=None)
+    with pytest.raises(UsageError, match="truncate_dim, normalize_embeddings: applies to sentence embeddings"):
+        ours.encode(DOCUMENTS, output_value="token_embeddings", truncate_dim=8, normalize_embeddings=True)
     with pytest.raises(UsageError, match="similarity_pairwise: both need the same shape"):
         ours.similarity_pairwise(ours.encode(QUERIES), ours.encode(DOCUMENTS))

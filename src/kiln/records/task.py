@@ -66,6 +66,9 @@ class TaskConfig:
     pair_prompt: PairPrompt | None = None  # a causal reranker's prompt template (None: the tokenizer's pairs)
     # sentence-transformers' similarity_fn_name (cosine, dot, euclidean, manhattan); None: it names none (cosine)
     similarity_fn_name: str | None = None
+    # sentence-transformers Dense projections applied to every token state inside the graph (EmbeddingGemma): its
+    # token states are not the encoder's, so no per-token vectors are answered
+    projected: bool = False
 
     def prompt_text(self, prompt_name: str | None = None, prompt: str | None = None) -> str:
         """The text put before each input, chosen as sentence-transformers chooses it: ``prompt`` itself, else the
@@ -94,7 +97,7 @@ class TaskConfig:
                 "late_interaction": dict(self.late_interaction), "prompts": dict(self.prompts),
                 "default_prompt_name": self.default_prompt_name,
                 "pair_prompt": self.pair_prompt.to_dict() if self.pair_prompt else None,
-                "similarity_fn_name": self.similarity_fn_name}
+                "similarity_fn_name": self.similarity_fn_name, "projected": self.projected}
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> TaskConfig:
@@ -115,4 +118,5 @@ class TaskConfig:
             default_prompt_name=raw.get("default_prompt_name"),
             pair_prompt=PairPrompt.from_dict(raw["pair_prompt"]) if raw.get("pair_prompt") else None,
             similarity_fn_name=raw.get("similarity_fn_name"),
+            projected=bool(raw.get("projected", False)),
         )

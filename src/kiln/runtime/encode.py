@@ -4,8 +4,10 @@ Same arguments, meaning, shapes and dtypes, so swapping the import is the whole 
 float32 array, a list a 2-D one; ``truncate_dim`` cuts each vector before ``normalize_embeddings`` rescales it
 (sentence-transformers' order), then ``precision`` quantizes it as sentence-transformers' ``quantize_embeddings``
 does, with ranges from the artifact's calibration (kiln.runtime.precision); ``convert_to_tensor`` gives one torch
-tensor and ``convert_to_numpy=False`` a list of tensors (torch imported only then). What kiln cannot honour is
-refused by name, never ignored.
+tensor and ``convert_to_numpy=False`` a list of tensors (torch imported only then). ``output_value=
+"token_embeddings"`` gives each text's per-token vectors as sentence-transformers does: a torch tensor of (tokens,
+dimension) per text, padding left out, special tokens kept. What kiln cannot honour is refused by name, never
+ignored.
 """
 
 from __future__ import annotations
@@ -48,6 +50,17 @@ def encode(
     precision = parse_precision(precision)
     single = isinstance(sentences, str)
     texts = [sentences] if single else list(sentences)
+    if output_value == "token_embeddings":
+        pooled_only = {"truncate_dim": truncate_dim is not None, "normalize_embeddings": normalize_embeddings,
+                       "precision": precision is not Precision.FLOAT32}
+        if given := [name for name, asked in pooled_only.items() if asked]:
+            raise UsageError(f"{', '.join(given)}: applies to sentence embeddings; token embeddings are the "
+                             "encoder's vectors as they are")
+        states = predictor.with_batch_size(batch_size).predict(texts, tokens=True, prompt_name=prompt_name,
+                                                               prompt=prompt)
+        torch = _torch("output_value='token_embeddings' returns torch tensors, as sentence-transformers does")
+        found = [torch.from_numpy(np.ascontiguousarray(s)) for s in states]
+        return found[0] if single else found
     if truncate_dim is not None and truncate_dim < 1:
         raise UsageError(f"truncate_dim must be at least 1 (got {truncate_dim})")
     # the model's named prompts and its default one are chosen by the task (TaskConfig.prompt_text)
@@ -91,13 +104,17 @@ def _embed(predictor: Predictor, texts: list[str], show_progress_bar: bool | Non
     return np.concatenate(parts)
 
 
+def _torch(why: str) -> Any:
+    try:
+        import torch
+    except ImportError as err:
+        raise UsageError(f"{why}; torch is not installed ({err}): pip install torch") from err
+    return torch
+
+
 def _convert(vectors: np.ndarray, convert_to_numpy: bool, convert_to_tensor: bool) -> Any:
     if convert_to_tensor or not convert_to_numpy:
-        try:
-            import torch
-        except ImportError as err:
-            raise UsageError("convert_to_tensor / convert_to_numpy=False return torch tensors; torch is not "
-                             f"installed ({err}): pip install torch, or keep the numpy default") from err
+        torch = _torch("convert_to_tensor / convert_to_numpy=False return torch tensors (or keep the numpy default)")
         if convert_to_tensor:
             return torch.from_numpy(vectors) if len(vectors) else torch.tensor([])
         return list(torch.from_numpy(vectors))
@@ -106,9 +123,9 @@ def _convert(vectors: np.ndarray, convert_to_numpy: bool, convert_to_tensor: boo
 
 def _refuse(*, output_value: str | None, device: str | None) -> None:
     """sentence-transformers options kiln does not offer: a clear error, not a silent difference."""
-    if output_value != "sentence_embedding":
-        raise UsageError(f"output_value must be 'sentence_embedding' (got {output_value!r}); token embeddings "
-                         "are not returned: kiln's embedding variants pool inside their post-processing")
+    if output_value not in ("sentence_embedding", "token_embeddings"):
+        raise UsageError(f"output_value must be 'sentence_embedding' or 'token_embeddings' (got {output_value!r}); "
+                         "None (every output as a dict) is not offered")
     if device not in (None, "cpu"):
         raise UsageError(f"device: the artifact's engine decides where it runs (got {device!r}); load it with "
                          "kiln.load(path, device=...)")

@@ -155,33 +155,34 @@ class Predictor:
                          solo=self._raw_solo, pad_multiple=self._pad_multiple,
                          output_calibration=self.output_calibration, stored_vectors=self.stored_vectors)
 
-    def run_features(self, encodings: Sequence[Encoding], *, sort: bool = True) -> list[Any]:
-        """Reduced outputs per encoding, in the given order; batches are formed by length when ``sort``."""
+    def run_features(self, encodings: Sequence[Encoding], *, sort: bool = True, tokens: bool = False) -> list[Any]:
+        """Reduced outputs per encoding, in the given order; batches are formed by length when ``sort``. ``tokens``:
+        each encoding's per-token vectors instead (the task's ``token_states``)."""
         order = np.argsort([len(e.ids) for e in encodings], kind="stable") if sort else np.arange(len(encodings))
         groups = [order[b : b + self.batch_size] for b in range(0, len(order), self.batch_size)]
         batches = [self.encoder.collate([encodings[i] for i in idx], multiple=self.pad_multiple) for idx in groups]
         reduced: list[Any] = [None] * len(encodings)
-        for idx, values in zip(groups, self._run(batches)):
+        for idx, values in zip(groups, self._run(batches, tokens)):
             for i, value in zip(idx, values):
                 reduced[i] = value
         return reduced
 
-    def _run(self, batches: list[dict[str, np.ndarray]]) -> Iterable[list[Any]]:
-        """Each batch's reduced values, in order."""
+    def _run(self, batches: list[dict[str, np.ndarray]], tokens: bool = False) -> Iterable[list[Any]]:
+        """Each batch's reduced values (``tokens``: per-token vectors), in order."""
+        run_batch = self.handler.run_token_batch if tokens else self.handler.run_batch
         if len(self.sessions) == 1 or len(batches) == 1:
             # One batch at a time, reduced before the next runs (a decoder's logits are 0.5 GB a batch of 32 on
             # GPT-2 small; a list held every batch's raw outputs at once). A lone batch beside idle sessions runs
             # on the solo session's threads where there is one.
             engine = self.solo if self.solo is not None and len(batches) == 1 else self.engine
-            return (self.handler.run_batch(engine, b) for b in batches)
+            return (run_batch(engine, b) for b in batches)
         from concurrent.futures import ThreadPoolExecutor
 
         # Session k takes every k-th batch: sorted batches grow in length, so each gets a like share of work.
         count = len(self.sessions)
         start = time.perf_counter()
         with ThreadPoolExecutor(max_workers=count) as pool:
-            parts = list(pool.map(lambda k: [self.handler.run_batch(self.sessions[k], b) for b in batches[k::count]],
-                                  range(count)))
+            parts = list(pool.map(lambda k: [run_batch(self.sessions[k], b) for b in batches[k::count]], range(count)))
         if time.perf_counter() - start > TRIM_AFTER_S:
             # Each session's thread frees its batches' buffers into its own glibc arena, which keeps them: two
             # OpenVINO streams held 944 MiB after a pass of 1,024 texts, 564 once trimmed (one stream: 538, 398).

@@ -126,6 +126,7 @@ class _Request:
     traces: list[BatchTrace] | None = None
     shadowed: bool = False  # its served outputs go to the shadow (kiln.serving.shadow) once answered
     alone: bool = False  # it arrived with nothing queued or running: it may run on all cores (Batcher's solo)
+    tokens: bool = False  # it asks for per-token vectors (the task's token_states) instead of reduced outputs
 
 
 @dataclass(eq=False)  # an item is itself: compared by identity
@@ -248,17 +249,20 @@ class Batcher(OwnedLoop):
         if self.solo is not None:
             await self._sessions.run_solo(warm)
 
-    async def submit(self, encodings: Sequence[Encoding], traces: list[BatchTrace] | None = None) -> list[Any]:
+    async def submit(self, encodings: Sequence[Encoding], traces: list[BatchTrace] | None = None, *,
+                     tokens: bool = False) -> list[Any]:
         """Reduced outputs per encoding, in order. Cancelling the awaiting task drops the request's work.
-        ``traces``, when given, receives a :class:`BatchTrace` per batch that ran some of these encodings."""
+        ``traces``, when given, receives a :class:`BatchTrace` per batch that ran some of these encodings.
+        ``tokens``: per-token vectors instead (the task's ``token_states``); such a request shares batches with the
+        others, and is not shadowed (the live figure compares reduced outputs)."""
         if self._closing:
             raise RuntimeError("the batcher is shutting down")
         self.check_alive()
         future = asyncio.get_running_loop().create_future()
-        shadowed = self.shadow is not None and self.shadow.config.sample()
+        shadowed = self.shadow is not None and not tokens and self.shadow.config.sample()
         alone = self._busy == 0 and not self._pending
         request = _Request(future, [None] * len(encodings), len(encodings), request_id.get(), traces, shadowed,
-                           alone)
+                           alone, tokens)
         self.idle.clear()
         now = time.perf_counter()
         multiple = self.predictor.pad_multiple
@@ -347,9 +351,15 @@ class Batcher(OwnedLoop):
     def _collate(self, batch: list[_Item]) -> dict[str, Any]:
         return self.predictor.encoder.collate([i.encoding for i in batch], multiple=self.predictor.pad_multiple)
 
-    def _forward(self, engine: Engine, arrays: dict[str, Any]) -> list[Any]:
-        """The forward pass and the task's pooling, both on the session's thread (off the event loop)."""
-        return self.predictor.handler.run_batch(engine, arrays)
+    def _forward(self, engine: Engine, arrays: dict[str, Any], tokens: Sequence[bool] = ()) -> list[Any]:
+        """The forward pass and the task's pooling, both on the session's thread (off the event loop); the rows
+        ``tokens`` marks get their per-token vectors instead."""
+        handler = self.predictor.handler
+        if not any(tokens):
+            return handler.run_batch(engine, arrays)
+        outputs = engine.run(arrays)
+        reduced, states = handler.reduce_arrays(outputs, arrays), handler.token_states(outputs, arrays)
+        return [state if wanted else value for value, state, wanted in zip(reduced, states, tokens)]
 
     def _execute(self, batch: list[_Item], arrays: dict[str, Any], engine: Engine
                  ) -> tuple[list[_Item], dict[str, Any], list[Any], float, float] | None:
@@ -361,7 +371,7 @@ class Batcher(OwnedLoop):
         if len(live) < len(batch):
             batch, arrays = live, self._collate(live)
         start = time.perf_counter()
-        reduced = self._forward(engine, arrays)
+        reduced = self._forward(engine, arrays, [i.request.tokens for i in batch])
         return batch, arrays, reduced, start, time.perf_counter()
 
     async def _run(self, batch: list[_Item], arrays: dict[str, Any] | Exception) -> None:

@@ -273,7 +273,7 @@ async def infer(served: Served, body: RequestBody, pool: CoalescingPool, metrics
                         f"{served.artifact.task_config.max_length} tokens and truncate is false")
     batches: list[BatchTrace] = []
     try:
-        reduced = await served.scheduler.submit(prepared.encodings, batches)
+        reduced = await served.scheduler.submit(prepared.encodings, batches, tokens=handler.token_outputs(options))
     except LoopDied as err:
         raise HTTPError(500, "inference_failed", str(err)) from err
     except Exception as err:  # the batch this request was in failed (logged there); every request in it gets this

@@ -90,7 +90,8 @@ class TaskSpec:
         """``Predictor.predict``: pre-process, run length-sorted batches, post-process."""
         opts = self.options(**options)
         prepared = predictor.prepare(inputs, opts)
-        return self.finalize(prepared, predictor.run_features(prepared.encodings), opts, predictor.encoder)
+        reduced = predictor.run_features(prepared.encodings, tokens=self.token_outputs(opts))
+        return self.finalize(prepared, reduced, opts, predictor.encoder)
 
     def generate(self, predictor: Predictor, prompts: Any, **options: Any) -> Any:
         """``Predictor.generate``: only a GenerativeTask continues prompts."""
@@ -126,6 +127,19 @@ class TaskSpec:
     def features(self, inputs: Sequence[Any], encoder: TextEncoder, options: Any = None) -> Prepared:
         """``check_inputs`` then ``prepare`` (default options): what every caller with inputs and a tokenizer needs."""
         return self.prepare(self.check_inputs(inputs), encoder, options or self.options())
+
+    def token_outputs(self, options: Any) -> bool:
+        """Whether a call with ``options`` asks for each input's per-token vectors instead of its reduced output
+        (TEI's /embed_all, sentence-transformers' ``output_value="token_embeddings"``)."""
+        return False
+
+    def token_states(self, outputs: dict[str, np.ndarray], arrays: dict[str, np.ndarray]) -> list[np.ndarray]:
+        """Each row's per-token vectors from one batch's raw outputs: only a task that answers them says how."""
+        raise UsageError(f"{self.name} answers no per-token vectors")
+
+    def run_token_batch(self, engine: Any, arrays: dict[str, np.ndarray]) -> list[np.ndarray]:
+        """One collated batch through ``engine``: each row's per-token vectors (``token_states``)."""
+        return self.token_states(engine.run(arrays), arrays)
 
     def run_batch(self, engine: Any, arrays: dict[str, np.ndarray]) -> list[Any]:
         """One collated batch through ``engine``, reduced: one value per row."""

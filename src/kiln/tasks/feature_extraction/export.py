@@ -95,7 +95,7 @@ class FeatureExtractionExport(TaskExport):
                 f"{model_dir} max-pools before its Dense projections; kiln projects every token state inside the "
                 "graph, which equals projecting the pooled vector for mean, CLS and last-token pooling only")
         size = int(read_json(dense[-1] / "config.json")["out_features"]) if dense else int(hf_config.hidden_size)
-        return {**pooling, **cls._prompt_settings(model_dir, pool_config), "dimension": size}
+        return {**pooling, **cls._prompt_settings(model_dir, pool_config), "dimension": size, "projected": bool(dense)}
 
     @classmethod
     def attach_head(cls, hf_model: Any, model_dir: Path, tokenizer: Any) -> Any:

@@ -37,6 +37,7 @@ class EmbedOptions:
     prompt: str = ""  # put before each input (the model's named prompt, or the caller's own text)
     ranges: np.ndarray | None = dataclass_field(default=None, compare=False)  # int8/uint8: per-dimension [min; max]
     normalize: bool = False  # unit vectors (options() defaults it to the model's own: its Normalize module)
+    tokens: bool = False  # each input's per-token vectors, unpooled (TEI's /embed_all), instead of its embedding
 
 
 @dataclass(frozen=True)
@@ -100,10 +101,16 @@ class FeatureExtraction(TaskSpec):
     def options(self, truncate: bool = True, dimensions: int | None = None, chunking: Any = None,
                 precision: str | Precision = Precision.FLOAT32, prompt_name: str | None = None,
                 prompt: str | None = None, normalize: bool | None = None,
-                truncation_side: str | TruncationSide = TruncationSide.RIGHT) -> EmbedOptions:
+                truncation_side: str | TruncationSide = TruncationSide.RIGHT, tokens: bool = False) -> EmbedOptions:
         """``normalize``: unit vectors or the pooled ones (TEI's field); None: as the model's sentence-transformers
-        config says (its Normalize module). ``truncation_side``: which end of an over-long input is cut."""
+        config says (its Normalize module). ``truncation_side``: which end of an over-long input is cut.
+        ``tokens``: each input's per-token vectors (the encoder's last hidden state at every token of the input,
+        special tokens included, padding left out: TEI's /embed_all, sentence-transformers' token embeddings)."""
         side = parse_choice(TruncationSide, truncation_side, "truncation_side")
+        if tokens:
+            self._check_tokens(dimensions=dimensions is not None, chunking=chunking is not None,
+                               precision=parse_precision(precision) is not Precision.FLOAT32,
+                               normalize=bool(normalize))
         size = self.config.dimension
         if dimensions is not None and (dimensions < 1 or (size is not None and dimensions > size)):
             raise UsageError(f"dimensions must be between 1 and the model's size {size} (got {dimensions})"
@@ -122,7 +129,28 @@ class FeatureExtraction(TaskSpec):
             raise UsageError(f"chunking: a prompt ({text!r}) would open the first window only; embed the windows "
                              "yourself with the prompt before each, or leave the prompt out")
         return EmbedOptions(truncate=truncate, truncation_side=side, dimensions=dimensions,
-                            chunking=windows, precision=precision, ranges=ranges, prompt=text, normalize=normalize)
+                            chunking=windows, precision=precision, ranges=ranges, prompt=text, normalize=normalize,
+                            tokens=tokens)
+
+    def _check_tokens(self, **asked: bool) -> None:
+        """Per-token vectors are the encoder's own: refuse what applies to a pooled embedding, and a model whose
+        graph projects its token states (kiln applies sentence-transformers' Dense modules to every token)."""
+        if given := [name for name, on in asked.items() if on]:
+            raise UsageError(f"{', '.join(given)}: applies to a pooled embedding; per-token vectors are the "
+                             "encoder's last hidden state as it is")
+        if self.config.projected:
+            raise UsageError("per-token vectors: this model's Dense projections run on every token state inside "
+                             "kiln's graph, so its token states are not the encoder's; ask for pooled embeddings")
+
+    def token_outputs(self, options: EmbedOptions) -> bool:
+        return options.tokens
+
+    def token_states(self, outputs: dict[str, np.ndarray], arrays: dict[str, np.ndarray]) -> list[np.ndarray]:
+        if "last_hidden_state" not in outputs:
+            raise UsageError("per-token vectors: this artifact's engine pools inside (a static table has no token "
+                             "states); ask for pooled embeddings")
+        states, real = outputs["last_hidden_state"], arrays["attention_mask"].astype(bool)
+        return [states[row][real[row]].astype(np.float32) for row in range(len(states))]
 
     def _ranges(self, precision: Precision, dimensions: int | None) -> np.ndarray:
         """int8/uint8 ranges for vectors of ``dimensions``, made once per size: every int8 request asks for them.
@@ -182,6 +210,8 @@ class FeatureExtraction(TaskSpec):
     light_finalize = True
 
     def finalize(self, prepared: Prepared, reduced: Sequence[Any], options: EmbedOptions, encoder) -> list[Any]:
+        if options.tokens:  # each input's per-token vectors, as the encoder gave them
+            return list(reduced)
         # Normalize, truncate, re-normalise, then quantize: sentence-transformers' order.
         def own(vector: np.ndarray) -> np.ndarray:
             return _unit(vector) if options.normalize else vector

@@ -146,6 +146,7 @@ class FeatureExtractionWire(TaskWire):
         Route("/v1/embeddings", "OpenAI-compatible embeddings", OpenAIEmbeddingRequest, OpenAIEmbeddingResponse,
               _openai, any_model_name=True, inputs_field="input", protocol=WireProtocol.OPENAI),
         tei.route("/embed"),
+        tei.route("/embed_all"),
     )
     triton_outputs = (("EMBEDDING", "TYPE_FP32", (-1,)),)
 

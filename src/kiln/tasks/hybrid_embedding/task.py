@@ -74,6 +74,9 @@ class HybridEmbedding(FeatureExtraction):
         are feature extraction's options, for the dense vector."""
         if output not in OUTPUTS:
             raise UsageError(f"output must be one of {', '.join(OUTPUTS)} (got {output!r})")
+        if embed.get("tokens"):
+            raise UsageError("tokens: a hybrid model's per-token vectors are its ColBERT vectors: ask for output "
+                             "'multi'")
         if threshold < 0:
             raise UsageError(f"threshold must be at least 0 (got {threshold})")
         if top_k is not None and top_k < 1:

@@ -73,7 +73,8 @@ def _hybrid(body: HybridRequest, model: str, prepared: Prepared, results: list[H
 class HybridEmbeddingWire(FeatureExtractionWire):
     task = HybridEmbedding
     routes = (
-        *FeatureExtractionWire.routes,
+        # TEI's /embed_all left out: a hybrid model's per-token vectors are its ColBERT vectors (/embed_multi)
+        *(r for r in FeatureExtractionWire.routes if r.path != "/embed_all"),
         Route("/embed_sparse", "Lexical weights (BGE-M3's sparse output)", HybridSparseRequest, SparseResponse,
               render_sparse, form=(FormField("text", "Text", multiline=True),)),
         tei.route("/embed_sparse", HybridTEISparseRequest),

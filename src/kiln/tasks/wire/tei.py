@@ -1,4 +1,5 @@
-"""Hugging Face text-embeddings-inference's API for the tasks TEI serves: /embed, /embed_sparse, /rerank, /predict.
+"""Hugging Face text-embeddings-inference's API for the tasks TEI serves: /embed, /embed_all, /embed_sparse, /rerank,
+/predict.
 
 The bodies and answers are TEI's (tests/data/tei-openapi.json, TEI 1.9.3), so a TEI client works unchanged:
 a bare list of vectors, of {index, value} terms, of {index, score} ranks, of {label, score} predictions. Each
@@ -49,19 +50,18 @@ class TEIRequest(RequestBody):
         return {"truncation_side": self.truncation_direction.lower()}
 
 
-class TEIEmbedRequest(TEIRequest):
+class TEITextsOrIdsRequest(TEIRequest):
+    """What /embed and /embed_all share: texts or token ids, and the model's named prompts for texts."""
+
     inputs: TextsOrIds = Field(description="A text, a list of texts, a text as token ids of the model's "
                                "vocabulary, or a list of those (special tokens where the caller put them, none "
                                "added; no prompt is put before ids).")
-    normalize: bool = Field(True, description="Unit-length vectors; false: the pooled vectors, before any "
-                            "Normalize module of the model (as TEI, which pools and normalizes itself).")
-    dimensions: Count | None = Field(None, description="Keep the first `dimensions` values (Matryoshka models).")
     prompt_name: NonBlank | None = Field(None, description="One of the model's prompts (config_sentence_transformers"
                                          ".json's `prompts`), put before each input; default: the model's default "
                                          "prompt. A name it does not define is a 422 listing those it has.")
 
     @model_validator(mode="after")
-    def _prompt_for_texts(self) -> TEIEmbedRequest:
+    def _prompt_for_texts(self) -> TEITextsOrIdsRequest:
         if self.prompt_name is not None and any(not isinstance(item, str) for item in listify(self.inputs)):
             raise ValueError("prompt_name: a prompt is put before texts; token ids are the model's whole input "
                              "(put the prompt's ids first yourself)")
@@ -69,6 +69,12 @@ class TEIEmbedRequest(TEIRequest):
 
     def items(self) -> list[Any]:
         return texts_or_ids(self.inputs)
+
+
+class TEIEmbedRequest(TEITextsOrIdsRequest):
+    normalize: bool = Field(True, description="Unit-length vectors; false: the pooled vectors, before any "
+                            "Normalize module of the model (as TEI, which pools and normalizes itself).")
+    dimensions: Count | None = Field(None, description="Keep the first `dimensions` values (Matryoshka models).")
 
     def options(self) -> dict[str, Any]:
         return {"dimensions": self.dimensions, "prompt_name": self.prompt_name, "normalize": self.normalize,
@@ -81,6 +87,22 @@ class TEIEmbedResponse(RootModel[list[list[float]]]):
 
 def _embed(body: TEIEmbedRequest, model: str, prepared: Any, results: list[Any]) -> Any:
     return np.stack(results).astype(np.float32)  # normalized (or not) as the request's options asked
+
+
+class TEIEmbedAllRequest(TEITextsOrIdsRequest):
+    """Every token's vector of each input, unpooled and as the encoder gives it (special tokens included; a
+    prompt's tokens too)."""
+
+    def options(self) -> dict[str, Any]:
+        return {"tokens": True, "prompt_name": self.prompt_name, **self.truncation()}
+
+
+class TEIEmbedAllResponse(RootModel[list[list[list[float]]]]):
+    pass
+
+
+def _embed_all(body: TEIEmbedAllRequest, model: str, prepared: Any, results: list[Any]) -> Any:
+    return [np.asarray(states, dtype=np.float32) for states in results]  # per input: one vector per token
 
 
 class TEISparseRequest(TEIRequest):
@@ -203,6 +225,7 @@ def route(path: str, request: type[TEIRequest] | None = None) -> Route:
 # path -> (summary, request, response, render, the field carrying the inputs)
 ROUTES: dict[str, tuple[str, Any, Any, Any, str]] = {
     "/embed": ("Embeddings", TEIEmbedRequest, TEIEmbedResponse, _embed, "inputs"),
+    "/embed_all": ("Every token's vector, unpooled", TEIEmbedAllRequest, TEIEmbedAllResponse, _embed_all, "inputs"),
     "/embed_sparse": ("Sparse embeddings", TEISparseRequest, TEISparseResponse, _sparse, "inputs"),
     "/rerank": ("Rank texts for a query", TEIRerankRequest, TEIRerankResponse, _rerank, "texts"),
     "/predict": ("Classify a text or a pair", TEIPredictRequest, TEIPredictResponse, _predict, "inputs"),
