@@ -228,6 +228,19 @@ def test_teis_default_paths_answer_as_its_model_types_route(server, tei_server, 
                     assert (top.label, top.score) == pytest.approx((want.json()[0]["label"], want.json()[0]["score"]))
                     two = httpx.post(f"{one}/", json={**request, "parameters": {"top_k": 2}}).json()
                     assert two == want.json()[:2]  # huggingface_hub's parameters: top_k honoured
+    # A tagger first: POST / answers the Inference API's token-classification body, as huggingface_hub reads it
+    tagger = kiln.load(task_artifacts[TaskName.TOKEN_CLASSIFICATION])
+    with process.serve_in_thread(create_app(ServeConfig(models={"t": task_artifacts[TaskName.TOKEN_CLASSIFICATION]}))
+                                 ) as tags:
+        client = InferenceClient(base_url=tags)
+        for strategy, key in (("simple", "entity_group"), ("none", "entity")):
+            got = client.token_classification(TEXTS[1], aggregation_strategy=strategy, ignore_labels=["O", "B-LOC"])
+            want = tagger.predict([TEXTS[1]], aggregation=strategy, ignore_labels=["O", "B-LOC"])[0]
+            assert want and [(getattr(e, key), e.word, e.start, e.end) for e in got] == \
+                [(w.label, w.word, w.start, w.end) for w in want], strategy
+            np.testing.assert_allclose([e.score for e in got], [w.score for w in want], atol=1e-5)
+        refused = httpx.post(f"{tags}/", json={"inputs": TEXTS[1], "parameters": {"stride": 8}})
+        assert refused.status_code == 422 and "stride" in refused.json()["error"]
 
 
 def test_v2_errors_have_the_protocols_shape(task_artifacts):
