@@ -165,6 +165,20 @@ def test_teis_left_truncation_on_every_route(artifacts, task, path, body):
         np.testing.assert_allclose(sorted(p["score"] for p in served), sorted(p.score for p in offline), atol=1e-5)
 
 
+def test_teis_raw_scores_are_the_logits_the_probabilities_come_from(artifacts):
+    """/predict with raw_scores: each label's logit, the same labels in the same order, and softmax of them gives
+    the probabilities /predict answers without it (the model's own function for this single-label model)."""
+    text = builtin_sentences()[3]
+    with client(artifacts, models={"c": artifacts[TaskName.TEXT_CLASSIFICATION]}, protocols=("tei",)) as c:
+        raw = c.post("/predict", json={"inputs": text, "raw_scores": True}).json()
+        probabilities = c.post("/predict", json={"inputs": text}).json()
+    assert [p["label"] for p in raw] == [p["label"] for p in probabilities]
+    logits = np.array([p["score"] for p in raw])
+    np.testing.assert_allclose(np.exp(logits) / np.exp(logits).sum(), [p["score"] for p in probabilities], atol=1e-6)
+    offline = kiln.load(artifacts[TaskName.TEXT_CLASSIFICATION]).predict([text], top_k=None, raw_scores=True)[0]
+    np.testing.assert_allclose(logits, [s.score for s in offline], atol=1e-5)
+
+
 def test_classify_and_answer_routes(artifacts):
     models = {"cls": artifacts[TaskName.TEXT_CLASSIFICATION], "qa": artifacts[TaskName.QUESTION_ANSWERING]}
     with client(artifacts, models=models) as c:

@@ -37,6 +37,7 @@ class ClassifyOptions:
     truncate: bool = True
     chunking: Chunking | None = None  # long texts as windows; their logits combined by max or mean
     truncation_side: TruncationSide = TruncationSide.RIGHT  # which end an over-long input loses (TEI's direction)
+    raw_scores: bool = False  # each label's logit instead of its probability (TEI's raw_scores)
 
 
 CHUNK_MODES = ("max", "mean")
@@ -73,13 +74,16 @@ class TextClassification(TaskSpec):
 
 
     def options(self, top_k: int | None = 1, truncate: bool = True, chunking: Any = None,
-                truncation_side: str | TruncationSide = TruncationSide.RIGHT) -> ClassifyOptions:
-        """``truncation_side``: which end of an over-long input is cut (a pair: its longer text, at that end)."""
+                truncation_side: str | TruncationSide = TruncationSide.RIGHT,
+                raw_scores: bool = False) -> ClassifyOptions:
+        """``truncation_side``: which end of an over-long input is cut (a pair: its longer text, at that end);
+        ``raw_scores``: each label's logit, ranked the same, instead of its probability (softmax, or sigmoid for a
+        multi-label model)."""
         side = parse_choice(TruncationSide, truncation_side, "truncation_side")
         if top_k is not None and top_k < 1:
             raise UsageError(f"top_k must be at least 1, or None for every label (got {top_k})")
         return ClassifyOptions(top_k=top_k, truncate=truncate, chunking=as_chunking(chunking, CHUNK_MODES),
-                               truncation_side=side)
+                               truncation_side=side, raw_scores=raw_scores)
 
     def check_inputs(self, inputs: Sequence[Any]) -> list[Any]:
         return [as_text_input(item, i) for i, item in enumerate(inputs)]
@@ -103,7 +107,7 @@ class TextClassification(TaskSpec):
             combine = COMBINE[options.chunking.mode]
             reduced = [combine(np.stack(windows), axis=0) for windows in by_owner(prepared, reduced)]
         for logits in reduced:
-            scores = score_function(self.config, logits.shape[-1])(logits)
+            scores = logits if options.raw_scores else score_function(self.config, logits.shape[-1])(logits)
             order = np.argsort(-scores, kind="stable")[: options.top_k]
             results.append([LabelScore(id2label.get(int(i), f"LABEL_{i}"), float(scores[i])) for i in order])
         return results

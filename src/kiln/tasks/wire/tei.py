@@ -7,7 +7,7 @@ task module adds its route to ``routes`` with ``protocol=WireProtocol.TEI``; kil
 --protocols tei (on a path both declare TEI's body is served; kiln's own is under /kiln/).
 
 What kiln does not do is refused by the schema, not ignored: token ids and prompts for sparse embeddings (SPLADE
-models define none), raw classification logits. /embed takes the model's named prompts
+models define none). /predict's raw_scores gives each label's logit. /embed takes the model's named prompts
 (config_sentence_transformers.json) and token ids; every route takes either truncation direction as TEI does (a
 causal reranker refuses Left with a 422: its score is read at its prompt's closing tokens).
 """
@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, RootModel, model_validator
+from pydantic import BaseModel, ConfigDict, Field, RootModel, model_validator
 
 from kiln.choices import WireProtocol
 from kiln.tasks.wire.http import (
@@ -179,8 +179,7 @@ class PredictParameters(BaseModel):
 class TEIPredictRequest(TEIRequest):
     inputs: NonBlank | Pair | Annotated[list[OneOrPair], Field(min_length=1)] = Field(
         description="A text, a pair of texts [a, b], or a batch of [text] and [a, b] items.")
-    raw_scores: Annotated[Literal[False], BeforeValidator(lambda v: v if isinstance(v, bool) else "not a boolean")] = \
-        Field(False, description="kiln answers the model's probabilities only.")
+    raw_scores: bool = Field(False, description="Each label's logit instead of its probability.")
     parameters: PredictParameters | None = Field(None, description="huggingface_hub's text-classification "
                                                  "parameters (kiln's extension of TEI's body).")
 
@@ -197,7 +196,8 @@ class TEIPredictRequest(TEIRequest):
         return [row[0] if len(row) == 1 else TextPair(row[0], row[1]) for row in rows]
 
     def options(self) -> dict[str, Any]:
-        return {"top_k": self.parameters.top_k if self.parameters is not None else None, **self.truncation()}
+        return {"top_k": self.parameters.top_k if self.parameters is not None else None,
+                "raw_scores": self.raw_scores, **self.truncation()}
 
 
 class Prediction(ResponseModel):
