@@ -205,3 +205,41 @@ def test_the_text_format_leaves_the_record_as_it_was_logged():
     line = kiln_log.TextFormatter().format(record)
     assert line.endswith("uvicorn.access 127.0.0.1:5 POST /embed -> 200")
     assert record.getMessage() == '127.0.0.1:5 - "POST /embed HTTP/1.1" 200' and not hasattr(record, "rid")
+
+
+def test_over_its_memory_budget_the_server_refuses_new_work_with_503(tiny_artifact):
+    """Fault injection: a --max-memory budget below what the process holds. New requests get 503 with the figures
+    and Retry-After, in each protocol's error shape, counted as rejections; under the budget they are answered."""
+    import subprocess
+    import sys
+
+    from kiln.serving.admission import Admission, memory_budget
+    from kiln.serving.metrics import Metrics
+    from kiln.system.memory import cgroup_memory_limit, resident_bytes
+
+    assert resident_bytes() > 50 * 1024**2  # this process: Python, numpy, ONNX Runtime
+    for budget, status in ((1024**2, 503), (1024**4, 200)):
+        app = create_app(ServeConfig(models={"m": tiny_artifact}, max_memory=budget))
+        with TestClient(app) as c:
+            answer = c.post("/kiln/embed", json={"inputs": "a text"})
+            tei = c.post("/embed", json={"inputs": "a text"})
+            scraped = c.get("/metrics").text
+        assert answer.status_code == tei.status_code == status, answer.text
+        if status == 503:
+            message = answer.json()["error"]["message"]
+            assert message.startswith("memory: the server holds ") and "over its --max-memory budget of 0.00 GiB" \
+                in message and answer.headers["retry-after"] == "1"
+            assert tei.json()["error_type"] == "Overloaded" and tei.json()["error"] == message
+            assert 'kiln_rejections_total{reason="memory"} 2.0' in scraped
+    # the budget is checked per request, against what the process holds then
+    held = iter([10, 30, 10])
+    admission = Admission(4, Metrics(), memory=20, resident=lambda: next(held))
+    assert [admission.enter(), admission.enter(), admission.enter()] == [True, False, True]
+    assert admission.inflight == 2
+    assert memory_budget("8GiB") == 8 * 1024**3 and memory_budget("512MB") == 512 * 1000**2
+    assert memory_budget("none") is None and memory_budget(None) is None
+    limit = cgroup_memory_limit()
+    assert memory_budget("auto") == (int(limit * 0.9) if limit is not None else None)
+    refused = subprocess.run([sys.executable, "-m", "kiln", "serve", str(tiny_artifact), "--max-memory", "lots"],
+                             capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2 and "--max-memory must be a size such as 8GiB" in refused.stderr, refused.stderr

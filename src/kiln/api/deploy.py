@@ -42,7 +42,8 @@ def _models(artifact: str | Path | None, model: Sequence[str] | Mapping[str, str
 def serve(artifact: str | Path | None = None, *, host: str = "127.0.0.1", port: int = 8000,
           model: Sequence[str] | Mapping[str, str | Path] = (), max_batch_tokens: int = 16384,
           max_batch_size: int | None = None, max_delay_ms: float = 5.0, batch_window: int | None = None,
-          max_concurrent: int = 512, api_key: str | None = None, threads: int | None = None,
+          max_concurrent: int = 512, max_memory: str | int | None = "auto", api_key: str | None = None,
+          threads: int | None = None,
           device: Device | str = Device.CPU, sessions: int | None = None, max_inputs_per_request: int = 64,
           access_log: bool = False, log_format: LogFormatName | str = LogFormatName.TEXT, restart_loops: bool = False,
           deterministic: bool = False, shadow_rate: float | None = None, shadow_max_share: float = 0.10,
@@ -67,7 +68,10 @@ def serve(artifact: str | Path | None = None, *, host: str = "127.0.0.1", port: 
     limits = BatchLimits(max_batch_tokens, max_batch_size, max_delay_ms / 1000,
                          **({"window_requests": batch_window} if batch_window is not None else {}))
     listed = protocols if isinstance(protocols, str) else ",".join(protocols)
-    config = ServeConfig(models=models, limits=limits, max_concurrent=max_concurrent, api_key=api_key,
+    from kiln.serving.admission import memory_budget
+
+    config = ServeConfig(models=models, limits=limits, max_concurrent=max_concurrent,
+                         max_memory=memory_budget(max_memory), api_key=api_key,
                          threads=threads, sessions=sessions, max_inputs_per_request=max_inputs_per_request,
                          restart_loops=restart_loops, otlp_endpoint=otlp_endpoint, deterministic=deterministic,
                          shadow=ShadowConfig(shadow_rate, shadow_max_share, parse_choice(ShadowPolicy, shadow_policy,

@@ -32,6 +32,10 @@ def serve(
         "batch is chosen (the batch always holds the oldest input; default: 32). A wider window pads less; a "
         "narrower one lets fewer later requests overtake an earlier one, which bounds tail latency.",
         show_default=False, min=1)] = None,
+    max_memory: Annotated[str, typer.Option(help="Resident memory past which new requests get 503 + Retry-After "
+                                            "(before the kernel's OOM killer acts): a size (8GiB, 512MB), auto (90% "
+                                            "of the container's cgroup memory limit; none without one) or none.")]
+    = "auto",
     max_concurrent: Annotated[int, typer.Option(help="In-flight requests before new ones get 429 + Retry-After.",
                                                 min=1)] = 512,
     api_key: Annotated[Optional[str], typer.Option(  # noqa: UP045
@@ -99,7 +103,8 @@ def serve(
 
     started = run_server(artifact, host=host, port=port, model=model or (), max_batch_tokens=max_batch_tokens,
                          max_batch_size=max_batch_size, max_delay_ms=max_delay_ms, batch_window=batch_window,
-                         max_concurrent=max_concurrent, api_key=api_key, threads=threads, device=device,
+                         max_concurrent=max_concurrent, max_memory=max_memory, api_key=api_key, threads=threads,
+                         device=device,
                          sessions=sessions, max_inputs_per_request=max_inputs_per_request, access_log=access_log,
                          log_format=log_format, restart_loops=restart_loops, deterministic=deterministic,
                          shadow_rate=shadow_rate, shadow_max_share=shadow_max_share,

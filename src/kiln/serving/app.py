@@ -67,6 +67,7 @@ class ServeConfig:
     models: dict[str, Path]  # name -> artifact directory
     limits: BatchLimits = BatchLimits()
     max_concurrent: int = 512
+    max_memory: int | None = None  # resident bytes past which new work gets 503 (--max-memory); None: no budget
     api_key: str | None = None
     max_body_bytes: int = 2 * 1024 * 1024
     threads: int | None = None  # per session; None: the artifact's serving default, else the runtime's
@@ -100,7 +101,7 @@ def create_app(config: ServeConfig, tracer_provider: Any = None) -> FastAPI:
     app = FastAPI(title="kiln", lifespan=_lifespan, description="Dynamic-batching inference for a kiln artifact.",
                   default_response_class=JSONBody, **_NATIVE_TELEMETRY_OFF)
     app.state.config, app.state.tasks, app.state.models, app.state.metrics = config, tasks, {}, Metrics()
-    app.state.admission = Admission(config.max_concurrent, app.state.metrics)  # HTTP's and gRPC's one budget
+    app.state.admission = Admission(config.max_concurrent, app.state.metrics, config.max_memory)  # HTTP's and gRPC's
     app.state.task_configs = configs
     # Which models can quantize to int8/uint8 (their artifact stores output calibration): the schema says so.
     app.state.calibrated = {name: m.build.output_calibration is not None for name, m in manifests.items()}

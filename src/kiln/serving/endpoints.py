@@ -41,8 +41,9 @@ class JSONBody(JSONResponse):
 
 
 # kiln's error kinds -> TEI's ErrorType (TEI's clients branch on it).
-TEI_ERROR_TYPES = {"overloaded": "Overloaded", "not_ready": "Unhealthy", "inference_failed": "Backend",
-                   "preprocessing_failed": "Tokenizer", "postprocessing_failed": "Backend"}
+TEI_ERROR_TYPES = {"overloaded": "Overloaded", "memory": "Overloaded", "not_ready": "Unhealthy",
+                   "inference_failed": "Backend", "preprocessing_failed": "Tokenizer",
+                   "postprocessing_failed": "Backend"}
 
 
 def error_content(protocol: WireProtocol, kind: str, message: str) -> dict[str, Any]:

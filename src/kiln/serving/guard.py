@@ -57,9 +57,10 @@ class Guard:
             await self._refuse(send, url_path, path, 413, "payload_too_large", f"request body of {length} bytes is "
                                f"over the {self.max_body_bytes}-byte limit", reason="payload_too_large")
             return
-        if not self.admission.enter():  # the budget HTTP shares with gRPC (kiln.serving.admission)
-            await self._refuse(send, url_path, path, 429, "overloaded", self.admission.refusal, reason="overloaded",
-                               extra=[(b"retry-after", b"1")])
+        if not self.admission.enter():  # the budgets HTTP shares with gRPC (kiln.serving.admission)
+            kind = "overloaded" if self.admission.status == 429 else "memory"
+            await self._refuse(send, url_path, path, self.admission.status, kind, self.admission.refusal,
+                               reason=kind, extra=[(b"retry-after", b"1")])
             return
         try:
             await self._admitted(scope, receive, send, path, url_path)

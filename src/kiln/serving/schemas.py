@@ -72,7 +72,8 @@ INFERENCE_ERRORS: dict[int | str, dict[str, Any]] = {
         (422, "The body does not match this schema; the message names the field."),
         (429, "Too many requests in flight; retry after the Retry-After seconds."),
         (500, "Inference failed; every request of the failed batch gets this answer."),
-        (503, "The model is still loading."),
+        (503, "The model is still loading, or the server is over its --max-memory budget (retry after the "
+              "Retry-After seconds)."),
     )
 }
 

@@ -114,3 +114,51 @@ def page_out(path: Path) -> int:
     for start, end, _ in mappings:
         madvise(start, end - start, _MADV_PAGEOUT)  # EINVAL on a kernel before 5.4: the pages simply stay
     return max(0, before - mapped_resident(path))
+
+
+_CGROUP_LIMITS = (Path("/sys/fs/cgroup/memory.max"), Path("/sys/fs/cgroup/memory/memory.limit_in_bytes"))
+
+
+def resident_bytes() -> int:
+    """This process's resident memory now (Linux's /proc/self/statm; 0 where there is none): what the kernel's OOM
+    killer weighs. Read in microseconds, so a server may ask per request."""
+    try:
+        resident = int(Path("/proc/self/statm").read_text().split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
+    return resident * _page_size()
+
+
+@lru_cache(maxsize=1)
+def _page_size() -> int:
+    import os
+
+    return os.sysconf("SC_PAGE_SIZE")
+
+
+def cgroup_memory_limit() -> int | None:
+    """The container's memory limit (cgroup v2's memory.max, v1's limit_in_bytes); None where none is set."""
+    for path in _CGROUP_LIMITS:
+        try:
+            raw = path.read_text().strip()
+        except OSError:
+            continue
+        if raw.isdigit() and int(raw) < 1 << 60:  # v1 writes a huge number for "no limit", v2 writes "max"
+            return int(raw)
+    return None
+
+
+_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 1000**2, "mb": 1000**2, "mib": 1024**2,
+          "g": 1000**3, "gb": 1000**3, "gib": 1024**3, "t": 1000**4, "tb": 1000**4, "tib": 1024**4}
+
+
+def parse_bytes(value: str, name: str) -> int:
+    """``"8GiB"``, ``"512MB"``, ``"2.5G"`` or a number of bytes, as bytes; a UsageError naming ``name`` otherwise."""
+    import re
+
+    from kiln.errors import UsageError
+
+    found = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*", value)
+    if not found or found.group(2).lower() not in _UNITS or float(found.group(1)) <= 0:
+        raise UsageError(f"{name} must be a size such as 8GiB, 512MB or a number of bytes (got {value!r})")
+    return int(float(found.group(1)) * _UNITS[found.group(2).lower()])

@@ -104,7 +104,8 @@ def servicer(app: Any) -> Any:
                     raise HTTPError(503, "not_ready", "the server is shutting down")
                 admitted = admission.enter()  # the budget gRPC shares with HTTP (kiln.serving.admission)
                 if not admitted:
-                    raise HTTPError(429, "overloaded", admission.refusal)
+                    raise HTTPError(admission.status, "overloaded" if admission.status == 429 else "memory",
+                                    admission.refusal)
                 if config.api_key is not None:
                     given = dict(context.invocation_metadata() or ()).get("authorization", "")
                     if not hmac.compare_digest(given.removeprefix("Bearer ").strip().encode(), config.api_key.encode()):
