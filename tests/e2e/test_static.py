@@ -81,7 +81,11 @@ def test_the_static_artifact_serves_what_sentence_transformers_computes(tiny_mod
     np.testing.assert_allclose(predictor.encode(texts), theirs, atol=1e-6)
     with process.serve_in_thread(create_app(ServeConfig(models={"s": out / "artifact"}))) as base:
         served = np.array(httpx.post(f"{base}/kiln/embed", json={"inputs": texts}).json()["embeddings"])
+        tokens = httpx.post(f"{base}/embed_all", json={"inputs": texts})  # a table has no token states: said so
     np.testing.assert_allclose(served, theirs, atol=1e-6)
+    assert tokens.status_code == 422 and "engine pools inside" in tokens.json()["error"], tokens.text
+    with pytest.raises(kiln.UsageError, match="engine pools inside"):
+        predictor.encode(texts, output_value="token_embeddings")
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
     run = subprocess.run([sys.executable, "-m", "kiln", "embed", str(out / "artifact"), str(corpus), "-o",

@@ -256,6 +256,8 @@ async def infer(served: Served, body: RequestBody, pool: CoalescingPool, metrics
     handler = served.predictor.handler
     try:
         options = handler.options(**body.options(), truncate=True)
+        if handler.token_outputs(options):
+            handler.check_token_engine(served.predictor.engine)
         start = time.perf_counter()
         # A small request's tokenization shares a pool turn with others' (kiln.serving.coalesce).
         prepared = await pool.run(count <= SMALL_REQUEST, served.predictor.prepare, items, options)

@@ -90,7 +90,10 @@ class TaskSpec:
         """``Predictor.predict``: pre-process, run length-sorted batches, post-process."""
         opts = self.options(**options)
         prepared = predictor.prepare(inputs, opts)
-        reduced = predictor.run_features(prepared.encodings, tokens=self.token_outputs(opts))
+        tokens = self.token_outputs(opts)
+        if tokens:
+            self.check_token_engine(predictor.engine)
+        reduced = predictor.run_features(prepared.encodings, tokens=tokens)
         return self.finalize(prepared, reduced, opts, predictor.encoder)
 
     def generate(self, predictor: Predictor, prompts: Any, **options: Any) -> Any:
@@ -132,6 +135,10 @@ class TaskSpec:
         """Whether a call with ``options`` asks for each input's per-token vectors instead of its reduced output
         (TEI's /embed_all, sentence-transformers' ``output_value="token_embeddings"``)."""
         return False
+
+    def check_token_engine(self, engine: Any) -> None:
+        """Refuse per-token vectors an engine cannot give (before its batch runs, where the error would fail every
+        request sharing it)."""
 
     def token_states(self, outputs: dict[str, np.ndarray], arrays: dict[str, np.ndarray]) -> list[np.ndarray]:
         """Each row's per-token vectors from one batch's raw outputs: only a task that answers them says how."""

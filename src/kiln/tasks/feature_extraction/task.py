@@ -145,6 +145,11 @@ class FeatureExtraction(TaskSpec):
     def token_outputs(self, options: EmbedOptions) -> bool:
         return options.tokens
 
+    def check_token_engine(self, engine: Any) -> None:
+        if "last_hidden_state" not in engine.output_names:
+            raise UsageError("per-token vectors: this artifact's engine pools inside (a static table has no token "
+                             "states); ask for pooled embeddings")
+
     def token_states(self, outputs: dict[str, np.ndarray], arrays: dict[str, np.ndarray]) -> list[np.ndarray]:
         if "last_hidden_state" not in outputs:
             raise UsageError("per-token vectors: this artifact's engine pools inside (a static table has no token "
