@@ -235,6 +235,8 @@ class OptimizeJob:
             self._prune(outcomes, kept)
             summary = self._summary(outcomes, best, reference_timing, attention)
             write_summaries(stage, summary)
+            if best is None:  # before the output calibration: minutes of the fp32 reference at a real model's size
+                raise NothingPassed(_nothing_passed(outcomes), summary)
             calibration = self._output_calibration(kept)
             stored = self._stored_vectors(best, calibration)
             manifest = self._manifest(summary, tokenizer).with_build(
@@ -244,8 +246,6 @@ class OptimizeJob:
                 unchecked_classes=unchecked_classes(cfg.for_classes, self.cpu))
             if stored:
                 write_stored_vectors(stage, stored, cfg.retrieval_tolerance)
-            if best is None:
-                raise NothingPassed(_nothing_passed(outcomes), summary)
             manifest = self._emulate(stage, manifest)
             write_best(stage, manifest, best.name)
             write_report(stage, BenchResults(summary.model, summary.task, summary.command, summary.environment,
