@@ -13,7 +13,12 @@ optimize --variants ...`` (its table: agreement, ms/seq, verdicts), then end to 
 warm-up): ``SentenceTransformer(dir).encode`` and ``kiln.load(best).encode``, with the cosine between them.
 
     python benchmarks/families.py [--families embeddinggemma-300m,qwen3-embedding-0.6b] [--texts 256] [--threads 2]
-        [--variants onnx-fp32,openvino-fp32,openvino-int8-static | --variants ""] [--work DIR] [--json out.json]
+        [--variants onnx-fp32,openvino-fp32,openvino-int8-static | --variants ""] [--st-backends] [--work DIR]
+        [--json out.json]
+
+``--st-backends`` also times sentence-transformers' own ``backend="openvino"`` (optimum-intel's export, OpenVINO's
+default precision) and ``backend="onnx"`` (optimum-onnx's export) on the same directory, each in the peers' venv
+benchmarks/peers.py makes (created on first use); a backend that cannot export the family is reported with its error.
 
 kiln optimize's gate dominates at these sizes: on a 2-core Xeon each variant's judging took ~7 minutes for
 nomic-embed's 137M parameters; ``--variants ""`` times kiln export's onnx-fp32 alone.
@@ -29,6 +34,10 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import numpy as np
 
 HERE = Path(__file__).resolve().parent
 
@@ -57,6 +66,9 @@ FAMILIES = {
 }
 TASKS = {"bge-m3": "hybrid-embedding"}  # the rest: feature-extraction
 DEFAULT_VARIANTS = "onnx-fp32,openvino-fp32,openvino-int8-static"
+# sentence-transformers' own backends: side -> (backend, the peers' venv it runs in), as benchmarks/peers.py makes
+# them (ST 6 with optimum-intel; ST 5 with optimum-onnx, which needs transformers < 4.58)
+ST_BACKENDS = {"st-openvino": ("openvino", ".peers-venv"), "st-onnx": ("onnx", ".st-onnx-venv")}
 
 
 def build(name: str, directory: Path) -> int:
@@ -96,6 +108,21 @@ def stage_encode(side: str, target: str, texts_file: Path, out: Path, threads: i
         torch.set_num_threads(threads)
         model = SentenceTransformer(target, device="cpu")
         encode = lambda: model.encode(texts, batch_size=32)  # noqa: E731
+    elif side in ST_BACKENDS:  # in the peers' venv: sentence-transformers and optimum, no kiln
+        import torch
+        from sentence_transformers import SentenceTransformer
+
+        torch.set_num_threads(threads)
+        if side == "st-openvino":
+            kwargs = {"ov_config": {"INFERENCE_NUM_THREADS": threads}}
+        else:
+            import onnxruntime as ort
+
+            options = ort.SessionOptions()
+            options.intra_op_num_threads = threads
+            kwargs = {"provider": "CPUExecutionProvider", "session_options": options}
+        model = SentenceTransformer(target, device="cpu", backend=ST_BACKENDS[side][0], model_kwargs=kwargs)
+        encode = lambda: model.encode(texts, batch_size=32)  # noqa: E731
     else:
         import kiln
 
@@ -111,15 +138,42 @@ def stage_encode(side: str, target: str, texts_file: Path, out: Path, threads: i
     print(json.dumps({"texts_per_s": len(texts) / best}))
 
 
-def _encode(side: str, target: Path, texts_file: Path, out: Path, threads: int) -> float:
-    run = subprocess.run([sys.executable, __file__, "--stage", side, str(target), str(texts_file), str(out),
+def _encode(side: str, target: Path, texts_file: Path, out: Path, threads: int, python: str = sys.executable) -> float:
+    run = subprocess.run([python, __file__, "--stage", side, str(target), str(texts_file), str(out),
                           "--threads", str(threads)], capture_output=True, text=True)
     if run.returncode != 0:
         raise SystemExit(f"{side} failed:\n{run.stderr[-3000:]}")
     return float(json.loads(run.stdout.strip().splitlines()[-1])["texts_per_s"])
 
 
-def measure(name: str, work: Path, count: int, threads: int, variants: str) -> dict:
+def st_backends(model: Path, work: Path, texts_file: Path, threads: int, reference: np.ndarray) -> dict:
+    """sentence-transformers' ONNX and OpenVINO backends on a copy of the model directory (their exports write beside
+    it): texts/s and cosine to sentence-transformers on PyTorch, or the error a backend stopped with."""
+    import shutil
+
+    import numpy as np
+
+    from peers import PEER_PACKAGES, ST_ONNX_PACKAGES, _ensure_venv  # benchmarks/ is this script's directory
+
+    found = {}
+    packages = {"st-openvino": PEER_PACKAGES, "st-onnx": ST_ONNX_PACKAGES}
+    for side, (_, venv) in ST_BACKENDS.items():
+        python = _ensure_venv(HERE / venv, packages[side])
+        copy = work / side
+        shutil.copytree(model, copy, dirs_exist_ok=True)
+        try:
+            per_s = _encode(side, copy, texts_file, work / f"{side}.npy", threads, str(python))
+        except SystemExit as err:
+            found[side] = {"error": str(err).strip().splitlines()[-1][:300]}
+            continue
+        got = np.load(work / f"{side}.npy").astype(np.float64)
+        cosine = (got * reference).sum(1) / (np.linalg.norm(got, axis=1) * np.linalg.norm(reference, axis=1))
+        found[side] = {"texts_per_s": round(per_s, 2), "cosine_min": round(float(cosine.min()), 5)}
+        shutil.rmtree(copy, ignore_errors=True)
+    return found
+
+
+def measure(name: str, work: Path, count: int, threads: int, variants: str, backends: bool = False) -> dict:
     import numpy as np
 
     from kiln.artifact.directory import Artifact
@@ -147,7 +201,8 @@ def measure(name: str, work: Path, count: int, threads: int, variants: str) -> d
     ours = _encode("kiln", chosen, texts_file, work / "kiln.npy", threads)
     a, b = np.load(work / "st.npy").astype(np.float64), np.load(work / "kiln.npy").astype(np.float64)
     cosine = (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
-    return {"family": name, "parameters_m": round(parameters / 1e6, 1), "export_s": round(export_s, 1),
+    extra = {"st_backends": st_backends(model, work, texts_file, threads, a)} if backends else {}
+    return {**extra, "family": name, "parameters_m": round(parameters / 1e6, 1), "export_s": round(export_s, 1),
             "export_peak_gib": round(export_gib, 2), "optimize_s": round(optimize_s, 1),
             "optimize_peak_gib": round(optimize_gib, 2), "best": report.get("best"),
             "variants": _verdicts(report), "st_torch_texts_per_s": round(st, 2),
@@ -171,6 +226,17 @@ def table(rows: list[dict]) -> str:
         lines.append(f"| {r['family']} | {r['parameters_m']} | {r['export_s']} / {r['export_peak_gib']} | "
                      f"{r['optimize_s']} | {r['best']} | {r['st_torch_texts_per_s']} | {r['kiln_texts_per_s']} | "
                      f"{r['speedup']}x | {r['cosine_mean']:.4f} / {r['cosine_min']:.4f} |")
+    backends = [r for r in rows if r.get("st_backends")]
+    if backends:
+        lines += ["", "| family | sentence-transformers backend | texts/s | cosine to ST PyTorch min | kiln / it |",
+                  "| --- | --- | --- | --- | --- |"]
+        for r in backends:
+            for side, got in r["st_backends"].items():
+                if "error" in got:
+                    lines.append(f"| {r['family']} | {side} | - | - | cannot export: {got['error']} |")
+                else:
+                    lines.append(f"| {r['family']} | {side} | {got['texts_per_s']} | {got['cosine_min']:.4f} | "
+                                 f"{r['kiln_texts_per_s'] / got['texts_per_s']:.2f}x |")
     return "\n".join(lines)
 
 
@@ -181,6 +247,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--variants", default=DEFAULT_VARIANTS,
                         help="kiln optimize's --variants; empty: no optimize, kiln export's onnx-fp32 is timed")
+    parser.add_argument("--st-backends", action="store_true",
+                        help="also time sentence-transformers' ONNX and OpenVINO backends on the same directory")
     parser.add_argument("--work", type=Path)
     parser.add_argument("--json", type=Path)
     parser.add_argument("--stage", help=argparse.SUPPRESS)
@@ -200,7 +268,7 @@ def main() -> None:
         for name in names:
             work = root / name.split(" ")[0]
             work.mkdir(parents=True, exist_ok=True)
-            rows.append(measure(name, work, args.texts, args.threads, args.variants))
+            rows.append(measure(name, work, args.texts, args.threads, args.variants, args.st_backends))
             print(json.dumps(rows[-1]), flush=True)
     print(table(rows))
     if args.json:
