@@ -122,3 +122,21 @@ def test_unknown_sentence_transformers_module(tiny_model, tmp_path):
 def test_roberta_max_length_accounts_for_position_offset(tiny_model):
     source = load_source(str(tiny_model("roberta")), TaskName.FEATURE_EXTRACTION)
     assert source.task_config.max_length == 128  # 130 positions minus RoBERTa's padding offset
+
+
+def test_a_checkpoint_stored_in_bf16_is_the_fp32_original(tiny_model, tmp_path):
+    """transformers 5 loads a checkpoint saved in bf16 (Qwen3-Embedding's, Jina v3's) as bf16; the original kiln judges
+    every variant against is fp32: the stored weights exactly, computed at full precision."""
+    import torch
+    import transformers
+
+    model = tmp_path / "bf16"
+    stored = transformers.AutoModel.from_pretrained(tiny_model("bert")).to(torch.bfloat16)
+    stored.save_pretrained(model)
+    for tokenizer_file in tiny_model("bert").glob("tokenizer*"):
+        shutil.copy(tokenizer_file, model / tokenizer_file.name)
+    assert json.loads((model / "config.json").read_text())["dtype"] == "bfloat16"
+    loaded = load_source(str(model), TaskName.FEATURE_EXTRACTION).model
+    assert {p.dtype for p in loaded.parameters()} == {torch.float32}
+    weights = dict(stored.named_parameters())
+    assert all(torch.equal(p, weights[n].float()) for n, p in loaded.named_parameters())

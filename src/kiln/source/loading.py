@@ -132,6 +132,7 @@ def load_source(model: str | None, task: str, *, allow_pickle: bool = False, ada
     check_task(str(config.get("model_type")), arch, spec.name)
     check_weights(model_dir, allow_pickle)
 
+    import torch
     import transformers
 
     transformers.utils.logging.disable_progress_bar()  # kiln reports its own progress
@@ -147,10 +148,13 @@ def load_source(model: str | None, task: str, *, allow_pickle: bool = False, ada
             with tempfile.TemporaryDirectory(prefix="kiln-adapter-") as native:
                 adapters.write_native(model_dir, read_json(model_dir / "config.json"), choice, Path(native))
                 hf_model, info = auto_class.from_pretrained(native, attn_implementation="eager",
-                                                            output_loading_info=True)
+                                                            output_loading_info=True, dtype=torch.float32)
         else:
+            # fp32 whatever the checkpoint stores: transformers 5 loads a bf16 checkpoint (Qwen3-Embedding's, Jina
+            # v3's) as bf16, which made the "fp32 original" every variant is judged against a bf16 one
             hf_model, info = auto_class.from_pretrained(
-                model_dir, attn_implementation="eager", output_loading_info=True, use_safetensors=not allow_pickle
+                model_dir, attn_implementation="eager", output_loading_info=True, use_safetensors=not allow_pickle,
+                dtype=torch.float32,
             )
         tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
     except (OSError, ValueError, KeyError) as err:
