@@ -41,10 +41,6 @@ class AdapterChoice:
     available: tuple[str, ...]
 
 
-def carries_adapters(config: Mapping[str, Any]) -> bool:
-    return bool(config.get(ADAPTERS_KEY))
-
-
 def choose(config: Mapping[str, Any], adapter: str | None) -> AdapterChoice:
     """The adapter ``adapter`` names among the checkpoint's, or none; a name it lacks is a UsageError naming them."""
     available = tuple(str(a) for a in config.get(ADAPTERS_KEY) or ())
