@@ -56,6 +56,8 @@ class Chunked:
 
 
 CHUNK_MODES = ("mean", "windows")
+POOLED_INSIDE = ("per-token vectors: this artifact's engine pools inside (a static table has no token states); ask "
+                 "for pooled embeddings")
 
 
 def _unit(vector: np.ndarray) -> np.ndarray:
@@ -147,13 +149,11 @@ class FeatureExtraction(TaskSpec):
 
     def check_token_engine(self, engine: Any) -> None:
         if "last_hidden_state" not in engine.output_names:
-            raise UsageError("per-token vectors: this artifact's engine pools inside (a static table has no token "
-                             "states); ask for pooled embeddings")
+            raise UsageError(POOLED_INSIDE)
 
     def token_states(self, outputs: dict[str, np.ndarray], arrays: dict[str, np.ndarray]) -> list[np.ndarray]:
         if "last_hidden_state" not in outputs:
-            raise UsageError("per-token vectors: this artifact's engine pools inside (a static table has no token "
-                             "states); ask for pooled embeddings")
+            raise UsageError(POOLED_INSIDE)
         states, real = outputs["last_hidden_state"], arrays["attention_mask"].astype(bool)
         return [states[row][real[row]].astype(np.float32) for row in range(len(states))]
 
