@@ -139,6 +139,41 @@ def test_under_load_that_never_idles_the_shadow_still_gets_its_minimum_share(int
         ShadowConfig(rate=0.5, min_share=0.5)
 
 
+def test_the_minimum_share_holds_under_load_after_an_idle_spell(int8_artifact, monkeypatch):
+    """min_share is held over the recent past (RECENT_S), not the server's life: a spell of idle engine, where the
+    reference ran freely, does not starve the load that follows of its share."""
+    import asyncio
+
+    from kiln.serving import shadow as shadow_module
+    from kiln.serving.metrics import Metrics
+    from kiln.serving.shadow import Shadow
+
+    monkeypatch.setattr(shadow_module, "RECENT_S", 1.0)
+    best = Artifact.open(int8_artifact / "best")
+    served = best.predictor().with_batch_size(1)
+    fp32 = best.predictor_of(best.reference_variant(), ServingPlan(EngineOptions(intra_op_threads=1), 1, 8))
+    encodings = served.prepare(list(builtin_sentences())).encodings
+    served_outputs = list(zip(encodings, served.run_features(encodings))) * 200
+
+    async def shadowed() -> tuple[int, int, float]:
+        idle = asyncio.Event()
+        config = ShadowConfig(rate=1.0, max_share=0.5, min_share=0.1, queue=len(served_outputs))
+        shadow = Shadow("m", fp32, cosine, config, Metrics(), 0.99, idle)
+        shadow.start()
+        shadow.offer(served_outputs)
+        idle.set()  # an idle spell: the reference runs up to max_share
+        await asyncio.sleep(2.0)
+        idle.clear()  # then load that never lets the engine idle
+        at_load, started = shadow.items, shadow.share()
+        await asyncio.sleep(3.0)
+        await shadow.close()
+        return at_load, shadow.items, started
+
+    at_load, after, lifetime_share = asyncio.run(shadowed())
+    assert lifetime_share > 0.2  # the idle spell's runs: over the whole life, far above min_share
+    assert after - at_load > 10 * shadow_module.BATCH, (at_load, after)  # many runs under load, not a straggler
+
+
 def test_each_task_is_shadowed_by_the_figure_its_gate_checks(tiny_model, tmp_path):
     """A classifier's live figure is the share of top labels kept, judged by its mean; token tagging, reranking
     have theirs (unit checks below)."""

@@ -49,6 +49,9 @@ from kiln.tasks.validation import length_bound
 
 log = get_logger("serve.shadow")
 BATCH = 8  # reference rows per shadow run: small, so a live request never waits long behind one
+# The span min_share is held over: the share since the server started would let an idle hour's runs (up to
+# max_share) starve the next hour of sustained load.
+RECENT_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -97,6 +100,7 @@ class Shadow(OwnedLoop):
         self._started = time.perf_counter()
         self._busy_s = 0.0
         self._last_run_s = 0.0  # the previous reference run's time: the next one is expected to cost as much
+        self._recent: deque[tuple[float, float]] = deque()  # (end, seconds) of the runs of the last RECENT_S
         self.items = 0
         self.below = False
 
@@ -119,6 +123,14 @@ class Shadow(OwnedLoop):
 
     def share(self) -> float:
         return self._busy_s / max(time.perf_counter() - self._started, 1e-9)
+
+    def recent_share(self) -> float:
+        """The share of the last RECENT_S seconds (of the time since start, before that much has passed) the
+        reference ran: what min_share is held over."""
+        now = time.perf_counter()
+        while self._recent and self._recent[0][0] < now - RECENT_S:
+            self._recent.popleft()
+        return sum(seconds for _, seconds in self._recent) / max(min(RECENT_S, now - self._started), 1e-9)
 
     async def close(self) -> None:
         self._closing = True
@@ -151,12 +163,14 @@ class Shadow(OwnedLoop):
                                                    [e for e, _ in taken])
             self._last_run_s = time.perf_counter() - start
             self._busy_s += self._last_run_s
+            self._recent.append((time.perf_counter(), self._last_run_s))
             self._record([self.agreement(s, r) for (_, s), r in zip(taken, reference)], [len(e.ids) for e, _ in taken])
 
     async def _turn(self) -> bool:
         """Whether the reference may run now: the engine idles, or the reference has had less than its guaranteed
-        ``min_share`` of wall time (which falls while it waits, so a loop that never idles still gets its share)."""
-        if self.idle.is_set() or self.share() < self.config.min_share:
+        ``min_share`` of the recent wall time (which falls while it waits, so a loop that never idles still gets its
+        share, whatever it ran while idle before)."""
+        if self.idle.is_set() or self.recent_share() < self.config.min_share:
             return True
         try:
             await asyncio.wait_for(self.idle.wait(), timeout=0.25)
