@@ -73,8 +73,9 @@ def serve(
         "within --shadow-max-share, and under load that never idles --shadow-min-share.", show_default=False)] = None,
     shadow_max_share: Annotated[float, typer.Option(help="Most of the wall time the shadow reference may run "
                                                     "(it waits past it).")] = 0.10,
-    shadow_min_share: Annotated[float, typer.Option(help="Wall time the shadow reference runs even when the engine "
-                                                    "never idles, so the live figure refreshes under sustained load "
+    shadow_min_share: Annotated[float, typer.Option(help="Share of the last minute's wall time the shadow reference "
+                                                    "runs even when the engine never idles, so the live figure "
+                                                    "refreshes under sustained load "
                                                     "(it then shares the CPU with live batches); 0: only when idle.",
                                                     min=0.0, max=1.0)] = 0.02,
     shadow_policy: Annotated[ShadowPolicy, typer.Option(help="log: log when the live agreement falls below the "
