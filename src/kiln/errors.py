@@ -74,6 +74,13 @@ def disk_full(err: BaseException) -> DiskFullError | None:
     )
 
 
+def stop_if_no_room(err: BaseException) -> None:
+    """Raise ``err``'s DiskFullError when it is one (``disk_full``): a loop that goes on past other failures stops on
+    this one, since every later write would fail alike."""
+    if (full := disk_full(err)) is not None:
+        raise full from err
+
+
 class MissingDependencyError(KilnError):
     """An optional dependency is not installed; the message names the pip extra."""
 

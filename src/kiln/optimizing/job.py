@@ -22,7 +22,7 @@ from kiln.artifact.staging import staged_directory
 from kiln.choices import Batching, CalibrationMethod, Scheduling, Target, parse_choice
 from kiln.engines import PROBED_ENGINES, EngineOptions, create_engine
 from kiln.engines.probe import EngineProbe
-from kiln.errors import KilnError, NativeCrashError, UsageError, disk_full
+from kiln.errors import KilnError, NativeCrashError, UsageError, stop_if_no_room
 from kiln.exporting.job import write_tokenizer
 from kiln.optimizing.context import BuildContext, BuiltVariant, DependencyFailed
 from kiln.optimizing.outcome import Outcome, RunSummary, write_stored_vectors, write_summaries
@@ -332,8 +332,7 @@ class OptimizeJob:
                 raise  # the user's input is wrong for every variant alike
             return self._failed(spec, err, start)
         except Exception as err:  # a pass (or its retry) that breaks is reported loudly, and the run goes on
-            if (full := disk_full(err)) is not None:
-                raise full from err  # every later write would fail alike: the run stops on the cause
+            stop_if_no_room(err)
             return self._failed(spec, err, start)
         status = Status.ACCEPTED if checked.verdict.accepted else Status.REJECTED
         outcome = Outcome(spec.name, status, checked.verdict.reason, record=checked.built.record(),
@@ -584,8 +583,7 @@ class OptimizeJob:
             try:
                 self.ctx.fp32_onnx()
             except Exception as err:  # as _reference_variant: said here, recorded as missing at the end
-                if (full := disk_full(err)) is not None:
-                    raise full from err
+                stop_if_no_room(err)
                 self.progress(f"onnx-fp32 export failed ({type(err).__name__}: {err}); the PyTorch weights are kept")
                 return
         for source in {id(s): s for s in (self.source, self.original)}.values():
@@ -660,8 +658,7 @@ class OptimizeJob:
         try:
             return self.ctx.fp32_onnx().record()
         except Exception as err:  # recorded as missing, said once: shadowing is then refused with this reason
-            if (full := disk_full(err)) is not None:
-                raise full from err
+            stop_if_no_room(err)
             self.progress(f"no fp32 reference kept for live agreement ({type(err).__name__}: {err})")
             return None
 

@@ -256,7 +256,8 @@ async def infer(served: Served, body: RequestBody, pool: CoalescingPool, metrics
     handler = served.predictor.handler
     try:
         options = handler.options(**body.options(), truncate=True)
-        if handler.token_outputs(options):
+        tokens = handler.token_outputs(options)
+        if tokens:
             handler.check_token_engine(served.predictor.engine)
         start = time.perf_counter()
         # A small request's tokenization shares a pool turn with others' (kiln.serving.coalesce).
@@ -275,7 +276,7 @@ async def infer(served: Served, body: RequestBody, pool: CoalescingPool, metrics
                         f"{served.artifact.task_config.max_length} tokens and truncate is false")
     batches: list[BatchTrace] = []
     try:
-        reduced = await served.scheduler.submit(prepared.encodings, batches, tokens=handler.token_outputs(options))
+        reduced = await served.scheduler.submit(prepared.encodings, batches, tokens=tokens)
     except LoopDied as err:
         raise HTTPError(500, "inference_failed", str(err)) from err
     except Exception as err:  # the batch this request was in failed (logged there); every request in it gets this

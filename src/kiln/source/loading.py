@@ -121,10 +121,10 @@ def load_source(model: str | None, task: str, *, allow_pickle: bool = False, ada
     model_dir, name = resolve_model_dir(model)
     if not (model_dir / "config.json").is_file():
         raise ModelLoadError(f"{model_dir} has no config.json; is it a Hugging Face model directory?")
-    config = read_json(model_dir / "config.json")
-    choice = adapters.choose(config, adapter)
+    config = stored = read_json(model_dir / "config.json")
+    choice = adapters.choose(stored, adapter)
     if choice.available:  # Jina's own layout: the native class's config stands in for the custom code's
-        config = adapters.native_config(config)
+        config = adapters.native_config(stored)
     custom = config.get("auto_map") or {}
     arch = arch_spec(str(config.get("model_type", "unknown")),
                      custom_code=str(custom.get("AutoModel") or next(iter(custom.values()), "")) or None)
@@ -146,7 +146,7 @@ def load_source(model: str | None, task: str, *, allow_pickle: bool = False, ada
             hf_model, info = load_pruned(model_dir, auto_name, attn_implementation="eager"), {}
         elif choice.available:
             with tempfile.TemporaryDirectory(prefix="kiln-adapter-") as native:
-                adapters.write_native(model_dir, read_json(model_dir / "config.json"), choice, Path(native))
+                adapters.write_native(model_dir, stored, choice, Path(native))
                 hf_model, info = auto_class.from_pretrained(native, attn_implementation="eager",
                                                             output_loading_info=True, dtype=torch.float32)
         else:

@@ -109,15 +109,14 @@ class FeatureExtraction(TaskSpec):
         ``tokens``: each input's per-token vectors (the encoder's last hidden state at every token of the input,
         special tokens included, padding left out: TEI's /embed_all, sentence-transformers' token embeddings)."""
         side = parse_choice(TruncationSide, truncation_side, "truncation_side")
+        precision = parse_precision(precision)
         if tokens:
             self._check_tokens(dimensions=dimensions is not None, chunking=chunking is not None,
-                               precision=parse_precision(precision) is not Precision.FLOAT32,
-                               normalize=bool(normalize))
+                               precision=precision is not Precision.FLOAT32, normalize=bool(normalize))
         size = self.config.dimension
         if dimensions is not None and (dimensions < 1 or (size is not None and dimensions > size)):
             raise UsageError(f"dimensions must be between 1 and the model's size {size} (got {dimensions})"
                              if size else f"dimensions must be at least 1 (got {dimensions})")
-        precision = parse_precision(precision)
         refuse_rejected(self.stored_vectors, dimensions or size, precision)
         normalize = self.config.normalize if normalize is None else normalize
         if precision.calibrated and normalize != self.config.normalize:

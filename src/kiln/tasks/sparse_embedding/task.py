@@ -71,7 +71,7 @@ class SparseEmbedding(TaskSpec):
         return SparseOptions(float(threshold), top_k, truncate, side)
 
     def prepare(self, inputs: Sequence[Any], encoder, options: SparseOptions) -> Prepared:
-        return one_per_input(inputs, encoder.encode(inputs, truncate=options.truncate, offsets=False,
+        return one_per_input(inputs, encoder.encode(inputs, truncate=options.truncate, offsets=self.needs_offsets,
                                                     side=options.truncation_side))
 
     def reduce(self, outputs: dict[str, np.ndarray], attention_mask: np.ndarray) -> list[np.ndarray]:
