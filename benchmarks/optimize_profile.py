@@ -1,11 +1,12 @@
-"""``kiln optimize --task text-generation`` on GPT-2 small's shape, profiled by stage: wall time and memory.
+"""``kiln optimize`` profiled by stage: wall time and memory, on GPT-2 small's shape or on the bundled MiniLM.
 
-The model is benchmarks/decoder_latency.py's (12 layers, 768 wide, 50,257-token vocabulary, random weights). The
-optimize run happens in this process with kiln's own progress messages; each message closes the stage the previous
+``--model gpt2-small`` (the default) is benchmarks/decoder_latency.py's decoder (12 layers, 768 wide, 50,257-token
+vocabulary, random weights) with ``--task text-generation``; ``--model minilm`` is what ``make demo`` runs (the bundled
+all-MiniLM-L6-v2, ``--task feature-extraction``). The optimize run happens in this process with kiln's own progress messages; each message closes the stage the previous
 one opened, and a sampler thread reads the resident memory (VmRSS) every 0.2 s, so each stage gets its seconds and
 its peak memory (and the process's peak so far, VmHWM, which no sampler misses), and the run its total and its peak.
 
-    python benchmarks/optimize_profile.py [--label after] [--output benchmarks/optimize_profile.json]
+    python benchmarks/optimize_profile.py [--model minilm] [--label after] [--json benchmarks/out/optimize_profile.json]
 
 The JSON keeps one entry per label, so a before and an after run sit side by side.
 """
@@ -68,6 +69,7 @@ class Stages:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", choices=("gpt2-small", "minilm"), default="gpt2-small")
     parser.add_argument("--label", default="run")
     parser.add_argument("--json", "--output", dest="output", type=Path, default=OUT / "optimize_profile.json")
     parser.add_argument("--threads", type=int, default=None)
@@ -81,10 +83,12 @@ def main() -> None:
     from kiln.system.cpu import cpu_info
 
     with tempfile.TemporaryDirectory() as scratch:
-        model = build_model(Path(scratch) / "gpt2-small")
+        if args.model == "minilm":  # model None: the bundled one, as `make demo` runs it
+            model, task = None, "feature-extraction"
+        else:
+            model, task = str(build_model(Path(scratch) / "gpt2-small")), "text-generation"
         stages = Stages()
-        config = OptimizeConfig(model=str(model), task="text-generation", output=Path(scratch) / "opt",
-                                threads=args.threads)
+        config = OptimizeConfig(model=model, task=task, output=Path(scratch) / "opt", threads=args.threads)
         summary = OptimizeJob(config, stages).run()
         profile = stages.close()
         variants = {o.name: {"status": o.status.value, "reason": o.reason,
@@ -94,14 +98,15 @@ def main() -> None:
         if args.keep is not None:
             import shutil
 
-            shutil.copytree(model, args.keep / "model", dirs_exist_ok=True)
+            if model is not None:
+                shutil.copytree(model, args.keep / "model", dirs_exist_ok=True)
             shutil.copytree(config.output, args.keep / "opt", dirs_exist_ok=True)
     previous = json.loads(args.output.read_text()) if args.output.is_file() else {}
-    previous[args.label] = {"command": "python " + " ".join(sys.argv), "kiln": kiln.__version__,
+    previous[f"{args.model}:{args.label}"] = {"command": "python " + " ".join(sys.argv), "kiln": kiln.__version__,
                             "cpu": cpu_info().to_dict(), **profile, "variants": variants, "best": best}
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(previous, indent=1) + "\n")
-    print(f"-> {args.output} [{args.label}]: {profile['seconds']} s, peak {profile['peak_rss_mib']} MiB")
+    print(f"-> {args.output} [{args.model}:{args.label}]: {profile['seconds']} s, peak {profile['peak_rss_mib']} MiB")
 
 
 if __name__ == "__main__":

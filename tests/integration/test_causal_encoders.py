@@ -62,12 +62,6 @@ def test_a_causal_embedder_pools_the_real_last_token_as_sentence_transformers_do
     assert not np.allclose(ours.encode(TEXTS[:1], prompt_name="query"), ours.encode(TEXTS[:1]), atol=1e-3)
 
 
-def test_a_causal_family_that_kiln_does_not_generate_with_is_refused_for_generation(tiny_model):
-    with pytest.raises(UnsupportedModelError, match=r"text-generation is not verified for 'qwen3': kiln's "
-                                                    r"generation .* GPT-2 and GPT-Neo only \(gpt2, gpt_neo\)"):
-        load_source(str(tiny_model("qwen3", TaskName.TEXT_GENERATION)), TaskName.TEXT_GENERATION)
-
-
 @pytest.fixture(scope="module")
 def reranker(tmp_path_factory):
     """A tiny Qwen3-Reranker and its ONNX export."""

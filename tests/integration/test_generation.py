@@ -1,6 +1,6 @@
-"""Decoders (GPT-2, GPT-Neo): the KV-cache step graph against transformers at every step, generation against
-``model.generate``, sampling and stops, continuous batching, kiln optimize, and a real server streaming to the
-openai client."""
+"""Decoders (GPT-2, GPT-Neo, Llama, Qwen3): the KV-cache step graph against transformers at every step, generation
+against ``model.generate``, sampling and stops, continuous batching, kiln optimize, and a real server streaming to
+the openai client."""
 
 from __future__ import annotations
 
@@ -33,7 +33,9 @@ from kiln.tasks.text_generation.task import TextGeneration
 from tests.e2e.test_serve_process import start_server
 from tests.waiting import concurrently, wait_until
 
-DECODERS = ("gpt2", "gpt_neo")
+# Llama (Llama 3's rotary scaling, untied head) and Qwen3 (q/k norms, tied head): grouped-query attention, 4 query
+# heads over 2 key/value heads, so the cache holds half the heads.
+DECODERS = ("gpt2", "gpt_neo", "llama", "qwen3")
 PROMPTS = ["Return the number of items in a container, and then", "The quick", "A"]
 
 
@@ -137,8 +139,9 @@ def test_every_cached_step_matches_transformers(arch, rows, tiny_model, decoder_
 @pytest.mark.parametrize("rows", [1, 3], ids=["batch-1", "left-padded-batch"])
 def test_the_fused_graph_updates_its_cache_in_place_and_matches_transformers(arch, rows, tiny_model, fused_graphs):
     """The fused step graph, prefilled with a left-padded batch and then stepped one token at a time: every real
-    position's logits equal transformers' full forward pass, through GPT-Neo's local window (8 here) and past the
-    buffer's first allocation, and every step writes into the same buffers it read (the cache is never copied)."""
+    position's logits equal transformers' full forward pass, through GPT-Neo's local window (8 here), past the
+    buffer's first allocation and, for Llama and Qwen3, with the rotation inside the attention op at each row's own
+    positions; every step writes into the same buffers it read (the cache is never copied)."""
     model, ids, mask, want = _left_padded_logits(tiny_model(arch, TaskName.TEXT_GENERATION), rows, repeat=3)
     engine = fused_graphs[arch]
     steps = stepper(engine, CacheShape.of(model.config))
@@ -554,6 +557,32 @@ def test_optimize_builds_validates_and_picks_a_decoder_variant(optimized_gpt2, t
     assert best.generate("The quick", max_new_tokens=4).finish_reason in ("length", "stop")
     with pytest.raises(UsageError, match="variants must be from: onnx-fp32, onnx-fused, onnx-int8-dynamic"):
         OptimizeConfig(model=None, task="text-generation", output=tmp_path / "x", variants=("torchscript",))
+
+
+def test_optimize_judges_a_llama_family_decoder_and_generates_as_transformers(tiny_model, tmp_path):
+    """`kiln optimize --task text-generation` on a Llama-shaped model (grouped-query attention, Llama 3's rotary
+    scaling): the traced export, kiln's fused graph and OpenVINO each agree with PyTorch on every next token, the
+    cache holds the 2 key/value heads (not the 4 query heads), and the chosen variant's greedy text is
+    transformers' ``generate``."""
+    from kiln.optimizing.job import OptimizeConfig, OptimizeJob
+
+    directory = tiny_model("llama", TaskName.TEXT_GENERATION)
+    summary = OptimizeJob(OptimizeConfig(model=str(directory), task="text-generation", output=tmp_path / "opt",
+                                         variants=("onnx-fp32", "onnx-fused", "openvino-fp32"))).run()
+    outcomes = {o.name: o for o in summary.outcomes}
+    for name in ("onnx-fp32", "onnx-fused", "openvino-fp32"):
+        assert outcomes[name].agreement.figures["next_token_agreement"] == 1.0, name
+        assert outcomes[name].metric["perplexity"] == pytest.approx(summary.reference_metric["perplexity"],
+                                                                    rel=1e-4), name
+    artifact = Artifact.open(tmp_path / "opt")
+    assert dict(artifact.manifest.task.cache) == {"layers": 2, "heads": 2, "head_size": 16}
+    model, tokenizer = _hf(directory)
+    enc = tokenizer(PROMPTS, return_tensors="pt", padding=True)
+    want = model.generate(**enc, max_new_tokens=16, do_sample=False, pad_token_id=tokenizer.eos_token_id)
+    for variant in ("onnx-fused", "openvino-fp32"):
+        got = kiln.load(tmp_path / "opt", variant).generate(PROMPTS, max_new_tokens=16)
+        for i, result in enumerate(got):
+            assert list(result.token_ids) == want[i, enc.input_ids.shape[1]:].tolist()[:len(result.token_ids)]
 
 
 def test_a_decoders_defaults_put_the_fused_graph_in_place_of_the_export(tiny_model):

@@ -64,7 +64,7 @@ def test_no_weights(tiny_model, tmp_path):
 
 
 @pytest.mark.parametrize(("model_type", "reason"), [
-    ("llama", "kiln's decoder support .KV-cache export, generation. is verified for GPT-2 and GPT-Neo only"),
+    ("mistral", "Mistral-7B-class embedders .E5-Mistral, SFR. are not built"),
     ("whisper", "kiln has no export and parity tests for it"),
 ])
 def test_unsupported_architecture_is_named(tmp_path, model_type, reason):

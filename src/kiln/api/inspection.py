@@ -45,9 +45,6 @@ def doctor(threads: int | None = None) -> Report:
     report = diagnose(threads)
     report.sections["models"] = {
         "encoders": ", ".join(sorted(n for n, a in SUPPORTED.items() if not a.decoder)),
-        "decoders": ", ".join(sorted(n for n, a in SUPPORTED.items() if a.decoder and not a.generation_refused)),
-        # causal families kiln embeds and reranks with but does not generate with, each with the reason
-        **{f"causal {n}": f"embeddings and reranking; no generation: {a.generation_refused}"
-           for n, a in sorted(SUPPORTED.items()) if a.generation_refused},
+        "decoders": ", ".join(sorted(n for n, a in SUPPORTED.items() if a.decoder)),
         **{f"refused {name}": reason for name, reason in sorted(REFUSED.items())}}
     return report

@@ -24,7 +24,9 @@ PAST_PREFIX = "past_key_values."  # + layer + ".key" or ".value": one input per 
 
 @dataclass(frozen=True)
 class CacheShape:
-    """What one sequence's KV cache looks like: per layer a key and a value of [heads, length, head size]."""
+    """What one sequence's KV cache looks like: per layer a key and a value of [heads, length, head size].
+    ``heads`` are the key/value heads: with grouped-query attention (Llama, Qwen3, Gemma 3) fewer than the query
+    heads, and the cache holds only those."""
 
     layers: int
     heads: int
@@ -32,8 +34,11 @@ class CacheShape:
 
     @classmethod
     def of(cls, config: Any) -> CacheShape:
-        heads = int(config.num_attention_heads)
-        return cls(int(config.num_hidden_layers), heads, int(config.hidden_size) // heads)
+        query_heads = int(config.num_attention_heads)
+        heads = int(getattr(config, "num_key_value_heads", None) or query_heads)
+        # Qwen3 and Gemma 3 set head_dim apart from hidden_size / heads (Qwen3-0.6B: 16 x 128 over 1,024).
+        head_size = int(getattr(config, "head_dim", None) or int(config.hidden_size) // query_heads)
+        return cls(int(config.num_hidden_layers), heads, head_size)
 
     def past_names(self) -> tuple[str, ...]:
         return tuple(f"{PAST_PREFIX}{i}.{kind}" for i in range(self.layers) for kind in ("key", "value"))

@@ -9,9 +9,12 @@ one buffer: bound to the same memory as input and output, the kernel writes only
 padding (the op's layout), so the graph takes each row's length (``seqlens_k``: total - 1) and the batch's longest
 (``total_sequence_length``) instead of an attention mask.
 
-The graph is written node by node from the PyTorch weights, per architecture (``BUILDERS``): the whole of GPT-2 or
-GPT-Neo is a few dozen lines of ONNX, and this avoids tracing transformers' attention, whose shape arithmetic was
-~570 nodes a step in the export. Each build is checked like any variant: against the original on held-out text.
+The graph is written node by node from the PyTorch weights, per architecture (``BUILDERS``): the whole of GPT-2,
+GPT-Neo or a Llama-family model is a few dozen lines of ONNX, and this avoids tracing transformers' attention, whose
+shape arithmetic was ~570 nodes a step in the export. Llama-family blocks (Llama, Qwen3) rotate queries and keys
+inside the attention op (``do_rotary``, from cos/sin tables kiln computes with the model's own rotary module, so
+Llama 3's frequency scaling is whatever transformers computes) and read grouped-query attention's key/value heads
+as they are. Each build is checked like any variant: against the original on held-out text.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from kiln.exporting.onnx import EXTERNAL_DATA_SUFFIX
 OPSET = 17
 MS_DOMAIN = "com.microsoft"
 # transformers' activation names -> (op, domain) over x + bias; FastGelu is gelu_new's tanh formula exactly.
+COS, SIN = "rotary.cos", "rotary.sin"  # the rotary tables, weights of the graph
 ACTIVATIONS: dict[str, tuple[str, str]] = {
     "gelu_new": ("FastGelu", MS_DOMAIN), "gelu_pytorch_tanh": ("FastGelu", MS_DOMAIN),
     "gelu_fast": ("FastGelu", MS_DOMAIN), "gelu": ("BiasGelu", MS_DOMAIN),
@@ -94,14 +98,29 @@ class _Graph:
                                                 self.weight(f"{name}.bias", _np(module.bias))],
                          f"{name}.out", axis=-1, epsilon=float(module.eps))
 
+    def rms_norm(self, x: str, name: str, module: Any) -> str:
+        """Llama's RMSNorm (ONNX Runtime's SimplifiedLayerNormalization: x / rms(x) * weight) over the last axis."""
+        return self.node("SimplifiedLayerNormalization", [x, self.weight(f"{name}.weight", _np(module.weight))],
+                         f"{name}.out", axis=-1, epsilon=float(module.variance_epsilon))
+
     def close(self) -> None:
         if self._data is not None:
             self._data.close()
 
 
 @dataclass(frozen=True)
+class _Cache:
+    """One layer's cache names and the attention op's head counts."""
+
+    past: tuple[str, str]
+    present: tuple[str, str]
+    heads: int  # query heads
+    kv_heads: int
+
+
+@dataclass(frozen=True)
 class _Layer:
-    """What one transformer block contributes, in GPT-2's order: q, k, v packed as one [in, 3 x hidden] projection."""
+    """A GPT-2-style block: q, k, v packed as one [in, 3 x hidden] projection, LayerNorm, a biased activation."""
 
     ln_1: Any
     qkv_weight: np.ndarray
@@ -115,16 +134,82 @@ class _Layer:
     proj_bias: np.ndarray
     scale: float  # attention's scale (GroupQueryAttention's ``scale``)
     window: int  # keys a query sees, its own included; -1: all (GroupQueryAttention's ``local_window_size``)
+    activation: str
+
+    def write(self, graph: _Graph, x: str, p: str, cache: _Cache) -> str:
+        h = graph.layer_norm(x, f"{p}.ln_1", self.ln_1)
+        qkv = graph.linear(h, f"{p}.attn.qkv", self.qkv_weight, self.qkv_bias)
+        attended = graph.node("GroupQueryAttention", [qkv, "", "", *cache.past, SEQLENS_K, TOTAL_LENGTH],
+                              [f"{p}.attn.context", *cache.present], domain=MS_DOMAIN, num_heads=cache.heads,
+                              kv_num_heads=cache.kv_heads, scale=self.scale, local_window_size=self.window)[0]
+        x = graph.node("Add", [x, graph.linear(attended, f"{p}.attn.out", self.out_weight, self.out_bias)],
+                       f"{p}.residual_1")
+        h = graph.layer_norm(x, f"{p}.ln_2", self.ln_2)
+        op, domain = ACTIVATIONS[self.activation]
+        h = graph.node(op, [graph.node("MatMul", [h, graph.weight(f"{p}.mlp.fc.weight", self.fc_weight)],
+                                       f"{p}.mlp.fc"), graph.weight(f"{p}.mlp.fc.bias", self.fc_bias)],
+                       f"{p}.mlp.act", domain=domain)
+        return graph.node("Add", [x, graph.linear(h, f"{p}.mlp.proj", self.proj_weight, self.proj_bias)],
+                          f"{p}.residual_2")
+
+
+@dataclass(frozen=True)
+class _LlamaLayer:
+    """A Llama-family block: RMSNorm, q/k/v packed as one projection, (Qwen3) RMSNorm of each query and key head,
+    rotary positions inside the attention op, a SwiGLU feed-forward with its gate and up projections packed."""
+
+    input_norm: Any
+    qkv_weight: np.ndarray  # [in, (heads + 2 x kv_heads) x head_size]
+    qkv_bias: np.ndarray | None  # Qwen2's
+    q_norm: Any  # Qwen3's per-head RMSNorm, or None
+    k_norm: Any
+    out_weight: np.ndarray
+    post_norm: Any
+    gate_up_weight: np.ndarray  # [in, 2 x intermediate]: the gate's columns, then the up projection's
+    down_weight: np.ndarray
+    scale: float
+    head_size: int
+
+    def write(self, graph: _Graph, x: str, p: str, cache: _Cache) -> str:
+        h = graph.rms_norm(x, f"{p}.input_norm", self.input_norm)
+        qkv = graph.linear(h, f"{p}.attn.qkv", self.qkv_weight, self.qkv_bias)
+        if self.q_norm is None:
+            q, k, v = qkv, "", ""  # packed: the op splits it
+        else:  # normalised per head before the rotation, as transformers' Qwen3 attention does
+            sizes = [cache.heads * self.head_size, cache.kv_heads * self.head_size, cache.kv_heads * self.head_size]
+            q, k, v = graph.node("Split", [qkv, graph.constant(f"{p}.attn.split", np.array(sizes, np.int64))],
+                                 [f"{p}.attn.q", f"{p}.attn.k", f"{p}.attn.v"], axis=-1)
+            q = self._per_head_norm(graph, q, f"{p}.attn.q_norm", self.q_norm, cache.heads)
+            k = self._per_head_norm(graph, k, f"{p}.attn.k_norm", self.k_norm, cache.kv_heads)
+        attended = graph.node("GroupQueryAttention", [q, k, v, *cache.past, SEQLENS_K, TOTAL_LENGTH, COS, SIN,
+                                                      POSITION_IDS],
+                              [f"{p}.attn.context", *cache.present], domain=MS_DOMAIN, num_heads=cache.heads,
+                              kv_num_heads=cache.kv_heads, scale=self.scale, do_rotary=1, rotary_interleaved=0)[0]
+        x = graph.node("Add", [x, graph.linear(attended, f"{p}.attn.out", self.out_weight, None)], f"{p}.residual_1")
+        h = graph.rms_norm(x, f"{p}.post_norm", self.post_norm)
+        gate_up = graph.linear(h, f"{p}.mlp.gate_up", self.gate_up_weight, None)
+        width = self.down_weight.shape[0]
+        gate, up = graph.node("Split", [gate_up, graph.constant(f"{p}.mlp.split", np.array([width, width], np.int64))],
+                              [f"{p}.mlp.gate", f"{p}.mlp.up"], axis=-1)
+        silu = graph.node("Mul", [gate, graph.node("Sigmoid", [gate], f"{p}.mlp.sigmoid")], f"{p}.mlp.silu")
+        h = graph.node("Mul", [silu, up], f"{p}.mlp.act")
+        return graph.node("Add", [x, graph.linear(h, f"{p}.mlp.down", self.down_weight, None)], f"{p}.residual_2")
+
+    def _per_head_norm(self, graph: _Graph, x: str, name: str, norm: Any, heads: int) -> str:
+        split = graph.constant(f"{name}.head_shape", np.array([0, 0, heads, self.head_size], np.int64))
+        normed = graph.rms_norm(graph.node("Reshape", [x, split], f"{name}.in"), name, norm)
+        flat = graph.constant(f"{name}.flat_shape", np.array([0, 0, heads * self.head_size], np.int64))
+        return graph.node("Reshape", [normed, flat], f"{name}.flat")
 
 
 @dataclass(frozen=True)
 class _Decoder:
-    wte: Any
-    wpe: Any
-    layers: Iterator[_Layer]  # made one at a time as the graph is written: a layer's copied weights are dropped
-    ln_f: Any
+    embed: Callable[[_Graph], str]  # writes the input embedding (tokens, and positions where learned)
+    layers: Iterator[Any]  # made one at a time as the graph is written: a layer's copied weights are dropped
+    final_norm: Callable[[_Graph, str], str]
     lm_head: np.ndarray  # [vocab, hidden]
-    activation: str
+    heads: int  # query heads
+    rotary: tuple[np.ndarray, np.ndarray] | None = None  # cos and sin tables [positions, head_size / 2]
 
 
 def _np(tensor: Any) -> np.ndarray:
@@ -144,9 +229,8 @@ def _gpt2(model: Any) -> _Decoder:
             yield _Layer(block.ln_1, _np(attention.c_attn.weight), _np(attention.c_attn.bias),
                          _np(attention.c_proj.weight), _np(attention.c_proj.bias), block.ln_2,
                          _np(mlp.c_fc.weight), _np(mlp.c_fc.bias), _np(mlp.c_proj.weight), _np(mlp.c_proj.bias),
-                         scale, -1)
-    return _Decoder(body.wte, body.wpe, layers(), body.ln_f, _np(model.get_output_embeddings().weight),
-                    config.activation_function)
+                         scale, -1, config.activation_function)
+    return _gpt_decoder(model, layers())
 
 
 def _gpt_neo(model: Any) -> _Decoder:
@@ -165,13 +249,62 @@ def _gpt_neo(model: Any) -> _Decoder:
             window = int(config.window_size) if kind == "local" else -1
             yield _Layer(block.ln_1, qkv, None, _np(attention.out_proj.weight).T, _np(attention.out_proj.bias),
                          block.ln_2, _np(mlp.c_fc.weight).T, _np(mlp.c_fc.bias), _np(mlp.c_proj.weight).T,
-                         _np(mlp.c_proj.bias), 1.0, window)
-    return _Decoder(body.wte, body.wpe, layers(), body.ln_f, _np(model.get_output_embeddings().weight),
-                    config.activation_function)
+                         _np(mlp.c_proj.bias), 1.0, window, config.activation_function)
+    return _gpt_decoder(model, layers())
 
 
-# transformers model_type -> the weights of its blocks in GPT-2's layout.
-BUILDERS: dict[str, Callable[[Any], _Decoder]] = {"gpt2": _gpt2, "gpt_neo": _gpt_neo}
+def _gpt_decoder(model: Any, layers: Iterator[_Layer]) -> _Decoder:
+    """GPT-2 and GPT-Neo: learned token and position tables, LayerNorm last."""
+    body = model.transformer
+
+    def embed(graph: _Graph) -> str:
+        tokens = graph.node("Gather", [graph.weight("wte", _np(body.wte.weight)), INPUT_IDS], "tokens")
+        where = graph.node("Gather", [graph.weight("wpe", _np(body.wpe.weight)), POSITION_IDS], "positions")
+        return graph.node("Add", [tokens, where], "embedded")
+
+    return _Decoder(embed, layers, lambda graph, x: graph.layer_norm(x, "ln_f", body.ln_f),
+                    _np(model.get_output_embeddings().weight), int(model.config.num_attention_heads))
+
+
+def _llama(model: Any) -> _Decoder:
+    """Llama and Qwen3 (Qwen2's q/k/v biases too): the blocks' weights, and rotary tables over every position."""
+    import torch
+
+    config, body = model.config, model.model
+    shape = CacheShape.of(config)
+
+    def layers() -> Iterator[_LlamaLayer]:
+        for block in body.layers:
+            attention, mlp = block.self_attn, block.mlp
+            projections = (attention.q_proj, attention.k_proj, attention.v_proj)
+            qkv = np.concatenate([_np(m.weight) for m in projections]).T  # nn.Linear keeps [out, in]
+            bias = np.concatenate([_np(m.bias) for m in projections]) if attention.q_proj.bias is not None else None
+            yield _LlamaLayer(block.input_layernorm, qkv, bias, getattr(attention, "q_norm", None),
+                              getattr(attention, "k_norm", None), _np(attention.o_proj.weight).T,
+                              block.post_attention_layernorm,
+                              np.concatenate([_np(mlp.gate_proj.weight), _np(mlp.up_proj.weight)]).T,
+                              _np(mlp.down_proj.weight).T, float(attention.scaling), shape.head_size)
+
+    # The model's own rotary module gives cos and sin (its scaling rules, e.g. Llama 3's, and attention_scaling
+    # applied); each repeats its first half (rotate_half's layout), which is what the op's tables hold.
+    with torch.no_grad():
+        where = torch.arange(int(config.max_position_embeddings))[None]
+        cos, sin = body.rotary_emb(torch.zeros(1, dtype=torch.float32), where)
+    half = shape.head_size // 2
+
+    def embed(graph: _Graph) -> str:
+        table = graph.weight("embed_tokens", _np(body.embed_tokens.weight))
+        return graph.node("Gather", [table, INPUT_IDS], "embedded")
+
+    return _Decoder(embed, layers(), lambda graph, x: graph.rms_norm(x, "norm", body.norm),
+                    _np(model.get_output_embeddings().weight), int(config.num_attention_heads),
+                    (_np(cos[0, :, :half]), _np(sin[0, :, :half])))
+
+
+LLAMA_FAMILY = ("llama", "qwen3")
+# transformers model_type -> its embedding, blocks and head, each able to write itself into the graph.
+BUILDERS: dict[str, Callable[[Any], _Decoder]] = {"gpt2": _gpt2, "gpt_neo": _gpt_neo,
+                                                   **dict.fromkeys(LLAMA_FAMILY, _llama)}
 
 
 def why_not(config: Any) -> str | None:
@@ -179,11 +312,17 @@ def why_not(config: Any) -> str | None:
     kind = config.model_type
     if kind not in BUILDERS:
         return f"kiln writes fused step graphs for {', '.join(sorted(BUILDERS))}, not {kind}"
-    activation = getattr(config, "activation_function", None)
-    if activation not in ACTIVATIONS:
-        return f"activation {activation!r} is not one of {', '.join(sorted(ACTIVATIONS))}"
+    if kind in LLAMA_FAMILY:
+        if config.hidden_act != "silu":
+            return f"activation {config.hidden_act!r}: kiln's Llama-family graph computes SwiGLU with silu"
+    else:
+        activation = getattr(config, "activation_function", None)
+        if activation not in ACTIVATIONS:
+            return f"activation {activation!r} is not one of {', '.join(sorted(ACTIVATIONS))}"
     if CacheShape.of(config).head_size % 8:
         return "GroupQueryAttention needs a head size that is a multiple of 8"
+    if kind in LLAMA_FAMILY and CacheShape.of(config).head_size % 16:
+        return "GroupQueryAttention rotates queries and keys only for head sizes that are multiples of 16"
     return None
 
 
@@ -206,31 +345,18 @@ def build_fused_decoder(model: Any, path: Path) -> list[Path]:
     path.parent.mkdir(parents=True, exist_ok=True)
     graph = _Graph(path)
     try:
-        tokens = graph.node("Gather", [graph.weight("wte", _np(decoder.wte.weight)), INPUT_IDS], "tokens")
-        where = graph.node("Gather", [graph.weight("wpe", _np(decoder.wpe.weight)), POSITION_IDS], "positions")
-        x = graph.node("Add", [tokens, where], "embedded")
-        op, domain = ACTIVATIONS[decoder.activation]
+        x = decoder.embed(graph)
+        if decoder.rotary is not None:
+            graph.weight(COS, decoder.rotary[0])
+            graph.weight(SIN, decoder.rotary[1])
         cache_dims = ["batch", shape.heads, "max_sequence", shape.head_size]
         cache_inputs, cache_outputs = [], []
         for i, (layer, past, present) in enumerate(zip(decoder.layers, _pairs(shape.past_names()),
                                                        _pairs(shape.present_names()))):
-            p = f"layers.{i}"
-            h = graph.layer_norm(x, f"{p}.ln_1", layer.ln_1)
-            qkv = graph.linear(h, f"{p}.attn.qkv", layer.qkv_weight, layer.qkv_bias)
-            attended = graph.node("GroupQueryAttention", [qkv, "", "", *past, SEQLENS_K, TOTAL_LENGTH],
-                                  [f"{p}.attn.context", *present], domain=MS_DOMAIN, num_heads=shape.heads,
-                                  kv_num_heads=shape.heads, scale=layer.scale, local_window_size=layer.window)[0]
-            x = graph.node("Add", [x, graph.linear(attended, f"{p}.attn.out", layer.out_weight, layer.out_bias)],
-                           f"{p}.residual_1")
-            h = graph.layer_norm(x, f"{p}.ln_2", layer.ln_2)
-            h = graph.node(op, [graph.node("MatMul", [h, graph.weight(f"{p}.mlp.fc.weight", layer.fc_weight)],
-                                           f"{p}.mlp.fc"), graph.weight(f"{p}.mlp.fc.bias", layer.fc_bias)],
-                           f"{p}.mlp.act", domain=domain)
-            x = graph.node("Add", [x, graph.linear(h, f"{p}.mlp.proj", layer.proj_weight, layer.proj_bias)],
-                           f"{p}.residual_2")
+            x = layer.write(graph, x, f"layers.{i}", _Cache(past, present, decoder.heads, shape.heads))
             cache_inputs += [helper.make_tensor_value_info(n, TensorProto.FLOAT, cache_dims) for n in past]
             cache_outputs += [helper.make_tensor_value_info(n, TensorProto.FLOAT, cache_dims) for n in present]
-        h = graph.layer_norm(x, "ln_f", decoder.ln_f)
+        h = decoder.final_norm(graph, x)
         # Only the positions asked for reach the head: a generation's prefill needs each row's last.
         at = graph.node("Unsqueeze", [LOGITS_AT, graph.constant("axis_2", np.array([2], np.int64))], "logits_at")
         h = graph.node("GatherND", [h, at], "logits_hidden", batch_dims=1)

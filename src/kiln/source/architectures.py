@@ -18,8 +18,6 @@ class ArchSpec:
     position_offset: int = 0
     # A causal (decoder-only) language model: it does the tasks whose spec says ``decoders``.
     decoder: bool = False
-    # Why a causal family does not generate with kiln (empty: it does); its encoder tasks still apply.
-    generation_refused: str = ""
     # A config.json key the family is supported only with set true, and why it is refused without it.
     requires: tuple[str, str] | None = None
     # Why kiln distill and prune refuse the family (empty: they do it).
@@ -46,14 +44,16 @@ SUPPORTED: dict[str, ArchSpec] = {
     # sides); kiln builds its masks (kiln.model.masks).
     "gemma3_text": ArchSpec(requires=("use_bidirectional_attention", "a causal Gemma 3 (the Gemma-3 language models) "
                                       "is not verified by kiln: its embedder, EmbeddingGemma, sets "
-                                      "use_bidirectional_attention, and kiln's generation is verified for GPT-2 and "
-                                      "GPT-Neo only"),
+                                      "use_bidirectional_attention, and kiln's generation is verified for GPT-2, "
+                                      "GPT-Neo, Llama and Qwen3"),
                             compress_refused="its per-layer attention types and q/k norms are not handled by kiln's "
                                              "layer selection or head slicing yet"),
-    # Qwen3 as Qwen3-Embedding and Qwen3-Reranker use it: a causal encoder (no KV cache), pooled or scored at each
-    # text's last real token.
-    "qwen3": ArchSpec(decoder=True, generation_refused="kiln's generation (KV-cache export, step graph) is verified "
-                                                       "for GPT-2 and GPT-Neo only"),
+    # Qwen3: a causal encoder (no KV cache) as Qwen3-Embedding and Qwen3-Reranker use it, pooled or scored at each
+    # text's last real token; and a generator (Qwen3-0.6B and up) with grouped-query attention's smaller cache.
+    "qwen3": ArchSpec(decoder=True),
+    # Llama-family generators (Llama 3.x, SmolLM2): rotary positions (Llama 3's frequency scaling included),
+    # grouped-query attention, RMSNorm, SwiGLU.
+    "llama": ArchSpec(decoder=True),
     "gpt2": ArchSpec(decoder=True),
     # Alternating global and local (windowed) attention, as in its transformers implementation.
     "gpt_neo": ArchSpec(decoder=True),
@@ -63,13 +63,11 @@ SUPPORTED: dict[str, ArchSpec] = {
 REFUSED: dict[str, str] = {
     "qwen2": "gte-Qwen2, the Qwen2 embedder people run, attends bidirectionally through its own code (auto_map, "
              "trust_remote_code), while transformers' Qwen2 is causal: kiln would compute other vectors than the "
-             "model's, so it refuses the family (its causal embedders are verified on Qwen3, its generation on GPT-2 "
-             "and GPT-Neo)",
+             "model's, so it refuses the family (its causal embedders and generation are verified on Qwen3)",
     "embedding_gemma2_text": "EmbeddingGemma 2 (transformers' multimodal embedding_gemma2, text part) is not built "
                              "yet; EmbeddingGemma (gemma3_text with bidirectional attention) is supported",
     "mistral": "Mistral-7B-class embedders (E5-Mistral, SFR) are not built: their fp32 weights alone are ~28 GB "
                "(7.1B parameters x 4 bytes), beyond the machines kiln verifies on",
-    "llama": "kiln's decoder support (KV-cache export, generation) is verified for GPT-2 and GPT-Neo only",
     "t5": "it is an encoder-decoder model; kiln exports encoder-only models",
     "bart": "it is an encoder-decoder model; kiln exports encoder-only models",
     "deberta": "DeBERTa v1's relative-position attention is not verified by kiln; use DeBERTa-v2/v3",
@@ -81,8 +79,8 @@ def check_task(model_type: str, arch: ArchSpec, task: str) -> None:
     """Refuse a task the family cannot do: generation needs a decoder; a decoder does only its tasks."""
     from kiln.tasks import TASKS
 
-    generating = sorted(n for n, a in SUPPORTED.items() if a.decoder and not a.generation_refused)
-    TASKS[task].check_architecture(model_type, arch.decoder, generating, generation_refused=arch.generation_refused)
+    generating = sorted(n for n, a in SUPPORTED.items() if a.decoder)
+    TASKS[task].check_architecture(model_type, arch.decoder, generating)
 
 
 def check_config(model_type: str, arch: ArchSpec, config: Mapping[str, Any]) -> None:

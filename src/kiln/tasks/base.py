@@ -59,11 +59,9 @@ class TaskSpec:
 
     # -- loading ------------------------------------------------------------------------------------------
     @classmethod
-    def check_architecture(cls, model_type: str, decoder: bool, decoder_families: Sequence[str], *,
-                           generation_refused: str = "") -> None:
+    def check_architecture(cls, model_type: str, decoder: bool, decoder_families: Sequence[str]) -> None:
         """Refuse a model family this task is not verified for (a decoder-only family where ``decoders`` is False).
-        ``decoder_families``: the decoder-only model types kiln generates with, for the message;
-        ``generation_refused``: why this causal family does not generate (empty: it does)."""
+        ``decoder_families``: the decoder-only model types kiln generates with, for the message."""
         if decoder and not cls.decoders:
             tasks = ", ".join(t.name for t in task_classes() if t.decoders)
             raise UnsupportedModelError(f"task {cls.name} is not verified for the decoder {model_type!r}; it "

@@ -27,14 +27,10 @@ class GenerativeTask(TaskSpec):
     decoders = True
 
     @classmethod
-    def check_architecture(cls, model_type: str, decoder: bool, decoder_families: Sequence[str], *,
-                           generation_refused: str = "") -> None:
+    def check_architecture(cls, model_type: str, decoder: bool, decoder_families: Sequence[str]) -> None:
         if not decoder:
             raise UnsupportedModelError(f"task {cls.name} needs a decoder-only language model "
                                         f"({', '.join(decoder_families)}); {model_type!r} is a bidirectional encoder")
-        if generation_refused:
-            raise UnsupportedModelError(f"task {cls.name} is not verified for {model_type!r}: {generation_refused} "
-                                        f"({', '.join(decoder_families)})")
 
     def predict(self, predictor: Predictor, inputs: Sequence[Any], **options: Any) -> list[Any]:
         return self.generate(predictor, inputs, **options)

@@ -109,10 +109,19 @@ ARCHITECTURES: dict[str, tuple[Family, type, dict]] = {
                 dict(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, window_size=8,
                      attention_types=[[["global", "local"], 1]], max_position_embeddings=MAX_POSITIONS)),
     # Qwen3 as Qwen3-Embedding and Qwen3-Reranker use it: a causal encoder (rotary positions, grouped-query
-    # attention with 4 query heads over 2 key/value heads, RMSNorm, SwiGLU).
+    # attention with 4 query heads over 2 key/value heads, RMSNorm, SwiGLU). Heads of 16: ONNX Runtime's attention op
+    # rotates only head sizes that are multiples of 16 (the fused step graph's generation).
     "qwen3": (QWEN_BPE, transformers.Qwen3Config,
-              dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+              dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
                    intermediate_size=64, max_position_embeddings=QWEN_BPE.max_length, tie_word_embeddings=True)),
+    # Llama 3.2's shape in miniature: grouped-query attention (4 query heads over 2 key/value heads), RMSNorm, SwiGLU,
+    # untied embeddings and Llama 3's rotary frequency scaling; GPT-2's byte-level BPE stands in for Llama 3's.
+    "llama": (GPT_BPE, transformers.LlamaConfig,
+              dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                   intermediate_size=64, max_position_embeddings=MAX_POSITIONS, tie_word_embeddings=False,
+                   rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
+                                    "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                    "original_max_position_embeddings": 32})),
     # EmbeddingGemma: Gemma 3's text model with bidirectional attention; sliding layers see 8 positions on either
     # side, so texts past 8 tokens exercise the window.
     "gemma3_text": (GEMMA_BPE, transformers.Gemma3TextConfig,
