@@ -1,12 +1,14 @@
-"""int8 fidelity of a decoder that has learned something: random weights (benchmarks/decoder_latency.py) make
-next-token agreement say little, and no GPT-2 checkpoint can be downloaded here, so a small GPT-2 is trained on
-text that ships with Python, then ``kiln optimize`` builds and gates its variants.
+"""int8 and int4 fidelity of a decoder that has learned something: random weights (benchmarks/decoder_latency.py)
+make next-token agreement say little, and no checkpoint can be downloaded here, so a small GPT-2 (``--arch gpt2``)
+or Llama-shaped model (``--arch llama``: grouped-query attention, RMSNorm, SwiGLU, rotary positions, tied
+embeddings as SmolLM's) is trained on text that ships with Python, then ``kiln optimize`` builds and gates its
+variants (int4 weights among a decoder's defaults).
 
 Training text: the calibration half of the Python reference manual (``kiln.data.corpus``) and the standard
 library's docstrings. kiln validates on the other, held-out half of the manual (agreement and perplexity), which
 training never sees. A byte-level BPE of 8,192 tokens is trained on the same text.
 
-    python benchmarks/decoder_fidelity.py [--minutes 12] [--layers 4] [--width 256]
+    python benchmarks/decoder_fidelity.py [--arch llama] [--minutes 12] [--layers 4] [--width 256]
 
 -> benchmarks/decoder_fidelity.json (training curve, held-out perplexity, kiln optimize's per-variant figures) and
 benchmarks/decoder_fidelity.summary.md (kiln optimize's summary).
@@ -62,7 +64,23 @@ def token_stream(tokenizer, texts: list[str]):
     return np.array(ids, dtype=np.int64)
 
 
-def train(directory: Path, minutes: float, layers: int, width: int, seed: int = 0) -> dict:
+def model_config(arch: str, layers: int, width: int, eos: int):
+    """The architecture's config at this size: GPT-2's, or Llama's with heads of 64 and half as many key/value
+    heads (grouped-query attention) and SwiGLU's 8/3 width rounded to 64."""
+    import transformers
+
+    heads = max(1, width // 64)
+    if arch == "llama":
+        return transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=width, num_hidden_layers=layers,
+                                        num_attention_heads=heads, num_key_value_heads=max(1, heads // 2),
+                                        head_dim=width // heads, intermediate_size=-(-8 * width // 3 // 64) * 64,
+                                        max_position_embeddings=WINDOW, tie_word_embeddings=True,
+                                        bos_token_id=eos, eos_token_id=eos)
+    return transformers.GPT2Config(vocab_size=VOCAB, n_positions=WINDOW, n_embd=width, n_layer=layers,
+                                   n_head=heads, bos_token_id=eos, eos_token_id=eos)
+
+
+def train(directory: Path, minutes: float, layers: int, width: int, seed: int = 0, arch: str = "gpt2") -> dict:
     import numpy as np
     import torch
     import transformers
@@ -71,10 +89,7 @@ def train(directory: Path, minutes: float, layers: int, width: int, seed: int = 
     texts = training_text()
     tokenizer = build_tokenizer(texts, directory)
     stream = token_stream(tokenizer, texts)
-    config = transformers.GPT2Config(vocab_size=VOCAB, n_positions=WINDOW, n_embd=width, n_layer=layers,
-                                     n_head=max(1, width // 64), bos_token_id=tokenizer.eos_token_id,
-                                     eos_token_id=tokenizer.eos_token_id)
-    model = transformers.GPT2LMHeadModel(config)
+    model = transformers.AutoModelForCausalLM.from_config(model_config(arch, layers, width, tokenizer.eos_token_id))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
     rng = np.random.default_rng(seed)
     batch, length = 16, 128
@@ -98,21 +113,22 @@ def train(directory: Path, minutes: float, layers: int, width: int, seed: int = 
         step += 1
     model.eval().save_pretrained(directory, safe_serialization=True)
     return {"steps": step, "tokens_seen": step * batch * length, "training_tokens": int(len(stream)),
-            "parameters": sum(p.numel() for p in model.parameters()), "layers": layers, "width": width,
+            "parameters": sum(p.numel() for p in model.parameters()), "arch": arch, "layers": layers, "width": width,
             "curve": curve, "final_train_loss": curve[-1]["loss"] if curve else None,
             "final_train_perplexity": round(math.exp(curve[-1]["loss"]), 1) if curve else None}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--arch", choices=("gpt2", "llama"), default="gpt2")
     parser.add_argument("--minutes", type=float, default=12)
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--width", type=int, default=256)
     parser.add_argument("--json", "--output", dest="output", type=Path, default=OUT / "decoder_fidelity.json")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as scratch:
-        model_dir = Path(scratch) / "gpt2-docs"
-        trained = train(model_dir, args.minutes, args.layers, args.width)
+        model_dir = Path(scratch) / f"{args.arch}-docs"
+        trained = train(model_dir, args.minutes, args.layers, args.width, arch=args.arch)
         opt = Path(scratch) / "opt"
         subprocess.run([sys.executable, "-m", "kiln", "optimize", str(model_dir), "--task", "text-generation",
                         "-o", str(opt)], check=True)

@@ -2,11 +2,12 @@
 
 ``--model gpt2-small`` (the default) is benchmarks/decoder_latency.py's decoder (12 layers, 768 wide, 50,257-token
 vocabulary, random weights) with ``--task text-generation``; ``--model minilm`` is what ``make demo`` runs (the bundled
-all-MiniLM-L6-v2, ``--task feature-extraction``). The optimize run happens in this process with kiln's own progress messages; each message closes the stage the previous
-one opened, and a sampler thread reads the resident memory (VmRSS) every 0.2 s, so each stage gets its seconds and
-its peak memory (and the process's peak so far, VmHWM, which no sampler misses), and the run its total and its peak.
+all-MiniLM-L6-v2, ``--task feature-extraction``). The optimize run happens in this process with kiln's own progress
+messages; each message closes the stage the previous one opened, and a sampler thread reads the resident memory
+(VmRSS) every 0.2 s, so each stage gets its seconds and its peak memory (and the process's peak so far, VmHWM, which
+no sampler misses), and the run its total and its peak.
 
-    python benchmarks/optimize_profile.py [--model minilm] [--label after] [--json benchmarks/out/optimize_profile.json]
+    python benchmarks/optimize_profile.py [--model minilm] [--label after] [--json out.json]
 
 The JSON keeps one entry per label, so a before and an after run sit side by side.
 """

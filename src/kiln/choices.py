@@ -126,10 +126,12 @@ class VariantName(Choice):
     ONNX_INT8_DYNAMIC = "onnx-int8-dynamic"
     ONNX_INT8_DYNAMIC_ROWS = "onnx-int8-dynamic-rows"  # each input run alone: batch-invariant dynamic int8
     ONNX_INT8_STATIC = "onnx-int8-static"
+    ONNX_INT4_WEIGHTS = "onnx-int4-weights"  # a decoder's fused graph with 4-bit weights (MatMulNBits)
     OPENVINO_FP32 = "openvino-fp32"
     OPENVINO_BF16 = "openvino-bf16"
     OPENVINO_INT8_STATIC = "openvino-int8-static"
     OPENVINO_INT8_WEIGHTS = "openvino-int8-weights"
+    OPENVINO_INT4_WEIGHTS = "openvino-int4-weights"  # a decoder's IR with NNCF's 4-bit weights
     ONNX_FP16 = "onnx-fp16"
     TORCHSCRIPT = "torchscript"
     TORCH_BF16 = "torch-bf16"

@@ -4,6 +4,7 @@ the openai client."""
 
 from __future__ import annotations
 
+import json
 import re
 import threading
 import time
@@ -90,6 +91,43 @@ def test_int8_keeps_exactly_the_fused_layers_it_is_told_to(fused_paths, tmp_path
     quantized = onnx.load(str(tmp_path / "q.onnx"), load_external_data=False).graph
     assert [n.name for n in quantized.node if n.op_type == "MatMul"] == [matmuls[0]]
     assert sum(n.op_type == "MatMulInteger" for n in quantized.node) == len(matmuls) - 1
+
+
+def test_int4_weights_are_4_bit_blocks_and_keep_the_layers_named(tiny_model, tmp_path):
+    """The fused graph with 4-bit weights (MatMulNBits, blocks of 32 input rows): every projection and the head in
+    4 bits but the layers kept, so keeping all of them gives the fp32 graph's logits, and keeping none moves them
+    (random weights: how far says nothing of a trained model). An encoder asking for int4 is refused by name."""
+    import onnx
+
+    from kiln.engines.onnxruntime import OnnxRuntimeEngine
+    from kiln.exporting.fused_decoder import WeightFormat, build_fused_decoder
+    from kiln.optimizing.job import OptimizeConfig
+
+    model, ids, mask, _ = _left_padded_logits(tiny_model("llama", TaskName.TEXT_GENERATION), 3)
+    shape = CacheShape.of(model.config)
+    build_fused_decoder(model, tmp_path / "fp32" / "model.onnx")
+    names = [n.name for n in onnx.load(str(tmp_path / "fp32" / "model.onnx"), load_external_data=False).graph.node
+             if n.op_type == "MatMul"]
+    assert len(names) == 2 * 4 + 1  # per layer q/k/v, out, gate/up, down; the head
+
+    def logits(directory, keep) -> np.ndarray:
+        if directory != "fp32":
+            build_fused_decoder(model, tmp_path / directory / "model.onnx", WeightFormat(bits=4, keep=keep))
+        graph = onnx.load(str(tmp_path / directory / "model.onnx"), load_external_data=False).graph
+        packed = sorted(n.name for n in graph.node if n.op_type == "MatMulNBits")
+        assert packed == sorted(set(names) - set(keep) if directory != "fp32" else []), directory
+        steps = stepper(OnnxRuntimeEngine(tmp_path / directory / "model.onnx"), shape)
+        out, _ = steps.step(ids, mask, positions(mask, ids.shape[1]), empty_past(shape, 3))
+        return out[mask.astype(bool)]
+
+    fp32 = logits("fp32", ())
+    np.testing.assert_allclose(logits("all-kept", frozenset(names)), fp32, atol=1e-5)
+    int4 = logits("int4", frozenset({names[0]}))
+    cosine = (int4 * fp32).sum(-1) / np.linalg.norm(int4, axis=-1) / np.linalg.norm(fp32, axis=-1)
+    assert 0.8 < cosine.min() and np.abs(int4 - fp32).max() > 1e-3
+    with pytest.raises(UsageError, match="onnx-int4-weights is refused for --task feature-extraction: weight-only "
+                                         "int4 is built for decoders"):
+        OptimizeConfig(model=None, task="feature-extraction", output=tmp_path / "x", variants=("onnx-int4-weights",))
 
 
 def _hf(directory) -> tuple[object, object]:
@@ -568,12 +606,21 @@ def test_optimize_judges_a_llama_family_decoder_and_generates_as_transformers(ti
 
     directory = tiny_model("llama", TaskName.TEXT_GENERATION)
     summary = OptimizeJob(OptimizeConfig(model=str(directory), task="text-generation", output=tmp_path / "opt",
-                                         variants=("onnx-fp32", "onnx-fused", "openvino-fp32"))).run()
+                                         variants=("onnx-fp32", "onnx-fused", "openvino-fp32", "onnx-int4-weights",
+                                                   "openvino-int4-weights"))).run()
     outcomes = {o.name: o for o in summary.outcomes}
     for name in ("onnx-fp32", "onnx-fused", "openvino-fp32"):
         assert outcomes[name].agreement.figures["next_token_agreement"] == 1.0, name
         assert outcomes[name].metric["perplexity"] == pytest.approx(summary.reference_metric["perplexity"],
                                                                     rel=1e-4), name
+    # 4-bit weights judged by the same gate, their layer search included (random weights: the verdict itself says
+    # nothing of a trained model's); what they cost is reported either way.
+    for name, step in (("onnx-int4-weights", "int4-weights"), ("openvino-int4-weights", "nncf-compress-weights")):
+        int4 = outcomes[name]
+        assert int4.status.value in ("accepted", "rejected"), (name, int4.reason)
+        assert int4.status.value == "accepted" or int4.sensitivity is not None, (name, int4.reason)
+        assert int4.status.value == "rejected" or "perplexity" in int4.metric, name
+        assert int4.record.recipe[-1]["pass"] == step and "int4" in json.dumps(int4.record.recipe), name
     artifact = Artifact.open(tmp_path / "opt")
     assert dict(artifact.manifest.task.cache) == {"layers": 2, "heads": 2, "head_size": 16}
     model, tokenizer = _hf(directory)
@@ -634,6 +681,87 @@ def test_openai_client_streams_completions_from_a_real_server(decoder_artifacts)
             assert response.headers["content-type"].startswith("text/event-stream")
             events = [line for line in response.iter_lines() if line.startswith("data: ")]
         assert len(events) == 10 and '"finish_reason":"length"' in events[-1]
+    finally:
+        proc.terminate()
+        assert proc.wait(timeout=60) == 0
+
+
+CHAT = [{"role": "system", "content": "You answer briefly."}, {"role": "user", "content": "Name a container."},
+        {"role": "assistant", "content": "A list."}, {"role": "user", "content": "  And another?  "}]
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_a_conversation_is_rendered_and_continued_as_transformers_does(arch, tiny_model, decoder_artifacts):
+    """A chat in the model's own template: kiln renders it without transformers exactly as apply_chat_template
+    does, tokenizes it without adding special tokens (Llama 3's tokenizer would open it with a second BOS, Qwen3's
+    end it with its EOS),
+    and its greedy reply is model.generate's on apply_chat_template's ids; pipeline answers as transformers'."""
+    from kiln.decoder.chat import render
+
+    model, tokenizer = _hf(tiny_model(arch, TaskName.TEXT_GENERATION))
+    predictor = kiln.load(decoder_artifacts[arch])
+    assert render(predictor.config.chat, CHAT) == tokenizer.apply_chat_template(CHAT, tokenize=False,
+                                                                                 add_generation_prompt=True)
+    ids = tokenizer.apply_chat_template(CHAT, add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    want = model.generate(**ids, max_new_tokens=12, do_sample=False, pad_token_id=tokenizer.eos_token_id)
+    got = predictor.generate(CHAT, max_new_tokens=12)
+    assert list(got.token_ids) == want[0, ids["input_ids"].shape[1]:].tolist()[:len(got.token_ids)]
+    assert got.prompt_tokens == ids["input_ids"].shape[1]
+    both = predictor.generate([CHAT, CHAT[:2]], max_new_tokens=12)  # two conversations, one batch
+    assert both[0].token_ids == got.token_ids
+    answered = kiln.pipeline("text-generation", decoder_artifacts[arch])(CHAT, max_new_tokens=12)
+    assert answered == [{"generated_text": [*CHAT, {"role": "assistant", "content": got.text}]}]
+    with pytest.raises(UsageError, match="not both in one call"):
+        predictor.generate([CHAT, "a prompt"], max_new_tokens=4)
+
+
+def test_openai_chat_completions_from_a_real_server(tiny_model, decoder_artifacts):
+    """The openai client's chat.completions against kiln serve: the reply is the offline one, streamed or not, with
+    n samples and log-probabilities; without max_tokens it may run to the window. Refused by name: a model without
+    a chat template, a role its template refuses (its own message), max_tokens and max_completion_tokens that
+    differ."""
+    import openai
+
+    art = decoder_artifacts["llama"]
+    want = kiln.load(art).generate(CHAT, max_new_tokens=10)
+    proc, port = start_server(art)
+    try:
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0)
+        whole = client.chat.completions.create(model="art", messages=CHAT, max_tokens=10, temperature=0,
+                                               logprobs=True, top_logprobs=2)
+        assert whole.object == "chat.completion" and whole.choices[0].message.role == "assistant"
+        assert whole.choices[0].message.content == want.text
+        assert whole.choices[0].finish_reason == want.finish_reason
+        assert whole.usage.prompt_tokens == want.prompt_tokens and whole.usage.completion_tokens == 10
+        tokens = whole.choices[0].logprobs.content
+        assert len(tokens) == 10 and all(len(t.top_logprobs) == 2 for t in tokens)
+        # A token may hold part of a character: its bytes, joined, are the reply (cut mid-character, as decoded).
+        assert b"".join(bytes(t.bytes) for t in tokens).decode(errors="replace") == want.text
+        chunks = list(client.chat.completions.create(model="art", messages=CHAT, max_completion_tokens=10,
+                                                     temperature=0, stream=True))
+        assert chunks[0].choices[0].delta.role == "assistant"
+        assert "".join(c.choices[0].delta.content or "" for c in chunks) == want.text
+        assert chunks[-1].choices[0].finish_reason == want.finish_reason
+        sampled = client.chat.completions.create(model="art", messages=CHAT, max_tokens=6, temperature=1.0, n=3,
+                                                 seed=7)
+        assert [c.index for c in sampled.choices] == [0, 1, 2]
+        assert sampled.choices[0].message.content == kiln.load(art).generate(CHAT, max_new_tokens=6,
+                                                                             temperature=1.0, seed=7).text
+        to_window = client.chat.completions.create(model="art", messages=CHAT[:2], temperature=0)
+        assert to_window.usage.prompt_tokens + to_window.usage.completion_tokens <= 128
+        with pytest.raises(openai.UnprocessableEntityError, match="Only system, user and assistant roles"):
+            client.chat.completions.create(model="art", messages=[{"role": "developer", "content": "x"}],
+                                           max_tokens=4)
+        with pytest.raises(openai.UnprocessableEntityError, match="max_tokens and max_completion_tokens differ"):
+            client.chat.completions.create(model="art", messages=CHAT, max_tokens=4, max_completion_tokens=5)
+    finally:
+        proc.terminate()
+        assert proc.wait(timeout=60) == 0
+    proc, port = start_server(decoder_artifacts["gpt2"])  # GPT-2 has no chat template
+    try:
+        answer = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", timeout=30,
+                            json={"model": "art", "messages": CHAT, "max_tokens": 4})
+        assert answer.status_code == 422 and "has no chat template" in answer.text
     finally:
         proc.terminate()
         assert proc.wait(timeout=60) == 0

@@ -46,9 +46,12 @@ class Budget:
             raise UsageError(f"prompt {index} encodes to no tokens")
 
 
-def prompt_ids(predictor: Any, prompts: Sequence[str], max_new_tokens: int) -> list[list[int]]:
-    """Token ids of each prompt, refused (UsageError) when it and ``max_new_tokens`` would pass the window."""
-    prepared = predictor.prepare(prompts, predictor.handler.options(max_new_tokens=max_new_tokens, truncate=False))
+def prompt_ids(predictor: Any, prompts: Sequence[str], max_new_tokens: int, *,
+               special_tokens: bool = True) -> list[list[int]]:
+    """Token ids of each prompt, refused (UsageError) when it and ``max_new_tokens`` would pass the window.
+    ``special_tokens`` False: none added (rendered chat templates hold their own)."""
+    prepared = predictor.prepare(prompts, predictor.handler.options(max_new_tokens=max_new_tokens, truncate=False,
+                                                                    special_tokens=special_tokens))
     budget = Budget(predictor.encoder.max_length)
     for i, enc in enumerate(prepared.encodings):
         budget.check(len(enc.ids), max_new_tokens, i)

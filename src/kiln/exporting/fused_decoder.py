@@ -39,6 +39,21 @@ ACTIVATIONS: dict[str, tuple[str, str]] = {
 }
 
 
+@dataclass(frozen=True)
+class WeightFormat:
+    """How the graph stores its projection weights: fp32 MatMuls, or (``bits`` 4) ONNX Runtime's ``MatMulNBits``:
+    4-bit symmetric blocks of ``block_size`` input rows with an fp32 scale each, activations in fp32. ``keep``: the
+    MatMul nodes (by name, as a sensitivity ranking names them) left in fp32."""
+
+    bits: int = 32
+    block_size: int = 32
+    keep: frozenset[str] = frozenset()
+
+    def recipe(self) -> dict[str, Any]:
+        return {"pass": "int4-weights", "op": "MatMulNBits", "block_size": self.block_size, "symmetric": True,
+                "kept_fp32": sorted(self.keep)}
+
+
 @dataclass
 class _Graph:
     """Nodes as they are added, and weights written to the side file as they come (the graph keeps only where each
@@ -46,6 +61,7 @@ class _Graph:
     model's weights would pass protobuf's 2 GB limit."""
 
     path: Path  # the graph's file; its weights go to this name + EXTERNAL_DATA_SUFFIX
+    format: WeightFormat = WeightFormat()
     nodes: list = field(default_factory=list)
     initializers: list = field(default_factory=list)
     _data: Any = None
@@ -90,8 +106,27 @@ class _Graph:
 
     def linear(self, x: str, name: str, weight: np.ndarray, bias: np.ndarray | None) -> str:
         """x @ weight (+ bias); ``weight`` is [in, out]."""
-        y = self.node("MatMul", [x, self.weight(f"{name}.weight", weight)], f"{name}.matmul")
+        y = self.matmul(x, f"{name}.weight", weight, f"{name}.matmul")
         return y if bias is None else self.node("Add", [y, self.weight(f"{name}.bias", bias)], f"{name}.out")
+
+    def matmul(self, x: str, weight_name: str, weight: np.ndarray, output: str) -> str:
+        """x @ weight [in, out], in the graph's weight format (a layer ``keep`` names, or whose input size is not a
+        whole number of blocks, stays fp32)."""
+        fmt = self.format
+        if fmt.bits == 32 or output in fmt.keep or weight.shape[0] % fmt.block_size:
+            return self.node("MatMul", [x, self.weight(weight_name, weight)], output)
+        from onnxruntime.capi._pybind_state import quantize_matmul_4bits
+
+        k, n = weight.shape
+        blocks = k // fmt.block_size
+        packed = np.zeros((n, blocks, fmt.block_size // 2), np.uint8)
+        scales = np.zeros((n, blocks), np.float32)
+        zero_points = np.zeros((n, (blocks + 1) // 2), np.uint8)  # unused: symmetric
+        quantize_matmul_4bits(packed, np.ascontiguousarray(weight, np.float32), scales, zero_points,
+                              fmt.block_size, n, k, True)
+        return self.node("MatMulNBits", [x, self.weight(f"{weight_name}.q4", packed),
+                                         self.weight(f"{weight_name}.scales", scales.reshape(-1))],
+                         output, domain=MS_DOMAIN, K=k, N=n, bits=4, block_size=fmt.block_size)
 
     def layer_norm(self, x: str, name: str, module: Any) -> str:
         return self.node("LayerNormalization", [x, self.weight(f"{name}.weight", _np(module.weight)),
@@ -146,9 +181,8 @@ class _Layer:
                        f"{p}.residual_1")
         h = graph.layer_norm(x, f"{p}.ln_2", self.ln_2)
         op, domain = ACTIVATIONS[self.activation]
-        h = graph.node(op, [graph.node("MatMul", [h, graph.weight(f"{p}.mlp.fc.weight", self.fc_weight)],
-                                       f"{p}.mlp.fc"), graph.weight(f"{p}.mlp.fc.bias", self.fc_bias)],
-                       f"{p}.mlp.act", domain=domain)
+        h = graph.node(op, [graph.matmul(h, f"{p}.mlp.fc.weight", self.fc_weight, f"{p}.mlp.fc"),
+                            graph.weight(f"{p}.mlp.fc.bias", self.fc_bias)], f"{p}.mlp.act", domain=domain)
         return graph.node("Add", [x, graph.linear(h, f"{p}.mlp.proj", self.proj_weight, self.proj_bias)],
                           f"{p}.residual_2")
 
@@ -332,8 +366,9 @@ def fused_recipe(files: list[Path]) -> list[dict]:
              "external_data": len(files) > 1}]
 
 
-def build_fused_decoder(model: Any, path: Path) -> list[Path]:
-    """Write ``model``'s fused step graph to ``path`` and its weights to ``path``.data; returns both files."""
+def build_fused_decoder(model: Any, path: Path, weights: WeightFormat = WeightFormat()) -> list[Path]:
+    """Write ``model``'s fused step graph to ``path`` and its weights to ``path``.data (in ``weights``' format);
+    returns both files."""
     import onnx
     from onnx import TensorProto, helper
 
@@ -343,7 +378,7 @@ def build_fused_decoder(model: Any, path: Path) -> list[Path]:
     shape = CacheShape.of(model.config)
     decoder = BUILDERS[model.config.model_type](model)
     path.parent.mkdir(parents=True, exist_ok=True)
-    graph = _Graph(path)
+    graph = _Graph(path, weights)
     try:
         x = decoder.embed(graph)
         if decoder.rotary is not None:
@@ -361,7 +396,7 @@ def build_fused_decoder(model: Any, path: Path) -> list[Path]:
         at = graph.node("Unsqueeze", [LOGITS_AT, graph.constant("axis_2", np.array([2], np.int64))], "logits_at")
         h = graph.node("GatherND", [h, at], "logits_hidden", batch_dims=1)
         # A MatMul over [hidden, vocab], as the export has it: the int8 passes quantize it as one more layer.
-        graph.node("MatMul", [h, graph.weight("lm_head.weight", decoder.lm_head.T)], LOGITS)
+        graph.matmul(h, "lm_head.weight", decoder.lm_head.T, LOGITS)
         inputs = [helper.make_tensor_value_info(INPUT_IDS, TensorProto.INT64, ["batch", "sequence"]),
                   helper.make_tensor_value_info(POSITION_IDS, TensorProto.INT64, ["batch", "sequence"]),
                   helper.make_tensor_value_info(SEQLENS_K, TensorProto.INT32, ["batch"]),

@@ -116,7 +116,10 @@ class OptimizeConfig:
         object.__setattr__(self, "target", parse_choice(Target, self.target, "target"))
         object.__setattr__(self, "calibration_method",
                            parse_choice(CalibrationMethod, self.calibration_method, "calibration_method"))
-        allowed = task_spec(self.task).export.variants or tuple(VARIANTS)
+        allowed = task_spec(self.task).export.variants or tuple(v for v, s in VARIANTS.items() if not s.decoders_only)
+        for name in self.variants or ():
+            if name not in allowed and name in VARIANTS and VARIANTS[name].decoders_only:
+                raise UsageError(f"variants: {name} is refused for --task {self.task}: {VARIANTS[name].decoders_only}")
         unknown = [v for v in self.variants or () if v not in allowed]
         if unknown:
             raise UsageError(f"variants must be from: {', '.join(allowed)} for --task {self.task} "

@@ -54,6 +54,22 @@ def compress_weights_int8(src: Path, dst: Path, *, ignored: Sequence[str] = ()) 
     return {"pass": "nncf-compress-weights", "mode": "int8_asym", "ignored": list(ignored)}
 
 
+def compress_weights_int4(src: Path, dst: Path, *, group_size: int, ratio: float = 1.0,
+                          ignored: Sequence[str] = ()) -> dict[str, Any]:
+    """NNCF weight compression to 4 bits (symmetric, groups of ``group_size`` input channels): ``ratio`` of the
+    MatMul weights in int4, the rest, the embeddings and the head in int8 (NNCF's backup mode); activations stay
+    float. Data-free, as ``optimum-cli export openvino --weight-format int4`` without a dataset."""
+    ov, nncf = _openvino(), _nncf()
+    model = ov.Core().read_model(str(src))
+    scope = {"ignored_scope": nncf.IgnoredScope(names=list(ignored), validate=True)} if ignored else {}
+    with contextlib.redirect_stdout(io.StringIO()):
+        compressed = nncf.compress_weights(model, mode=nncf.CompressWeightsMode.INT4_SYM, group_size=group_size,
+                                           ratio=ratio, **scope)
+    ov.save_model(compressed, str(dst), compress_to_fp16=False)
+    return {"pass": "nncf-compress-weights", "mode": "int4_sym", "group_size": group_size, "ratio": ratio,
+            "ignored": list(ignored)}
+
+
 def quantize_int8(
     src: Path, dst: Path, batches: Sequence[dict[str, np.ndarray]], *, ignored: Sequence[str] = (),
     subset_size: int = 300, smooth_quant_alpha: float | None = None,

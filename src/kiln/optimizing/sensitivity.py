@@ -33,6 +33,7 @@ class Int8Mode(Choice):
     DYNAMIC = "dynamic"  # int8 weights (symmetric) and activations with each batch's own range
     STATIC = "static"  # int8 weights (symmetric) and activations with one range calibrated over every batch
     WEIGHTS = "weights"  # int8 weights only (asymmetric, as NNCF's INT8_ASYM); activations stay float
+    INT4_WEIGHTS = "int4-weights"  # 4-bit symmetric blocks of 32 input rows (MatMulNBits); activations stay float
 
 
 class RankedLayer(NamedTuple):
@@ -77,8 +78,24 @@ def _asymmetric(x: np.ndarray, low: np.ndarray | float, high: np.ndarray | float
     return (np.clip(np.round(x / scale) + zero, 0, 255) - zero) * scale
 
 
+INT4_BLOCK = 32  # input rows per 4-bit block (kiln.exporting.fused_decoder.WeightFormat's default)
+
+
+def _int4_blocks(w: np.ndarray) -> np.ndarray:
+    """``w`` [in, out] rounded to 4-bit symmetric blocks of INT4_BLOCK input rows per output column and back (rows
+    past the last whole block stay float, as the writer leaves such a layer)."""
+    if w.shape[0] % INT4_BLOCK:
+        return w
+    blocks = w.reshape(-1, INT4_BLOCK, w.shape[1])
+    scale = np.maximum(np.abs(blocks).max(axis=1, keepdims=True), 1e-12) / 7.0
+    return (np.clip(np.round(blocks / scale), -8, 7) * scale).reshape(w.shape)
+
+
 def _quantized_weight(w: np.ndarray, mode: Int8Mode) -> np.ndarray:
-    """``w`` [in, out] rounded to int8 per output channel and back: symmetric, or asymmetric for weight-only."""
+    """``w`` [in, out] rounded to int8 per output channel and back: symmetric, or asymmetric for weight-only; or to
+    4-bit blocks."""
+    if mode is Int8Mode.INT4_WEIGHTS:
+        return _int4_blocks(w)
     if mode is Int8Mode.WEIGHTS:
         return _asymmetric(w, w.min(axis=0), w.max(axis=0))
     scale = np.maximum(np.abs(w).max(axis=0), 1e-12) / 127.0
@@ -172,7 +189,7 @@ def rank_by_int8_error(layers: Iterable[tuple[str, np.ndarray, Sequence[Captured
 
 def _input_range(mode: Int8Mode, capture: Captured, calibrated: tuple[float, float]) -> tuple[float, float] | None:
     """The range ``mode`` quantizes this batch's activations over; None where they stay float."""
-    if mode is Int8Mode.WEIGHTS:
+    if mode in (Int8Mode.WEIGHTS, Int8Mode.INT4_WEIGHTS):
         return None
     return calibrated if mode is Int8Mode.STATIC else (capture.low, capture.high)
 

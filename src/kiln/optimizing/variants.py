@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from kiln.choices import Precision, Target, VariantName
+from kiln.decoder.graph import CacheShape
 from kiln.optimizing import onnx_passes, openvino_passes, torch_passes
 from kiln.optimizing.context import BuildContext, BuiltVariant
 from kiln.optimizing.sensitivity import Int8Mode, RankedLayer, rank_layers
@@ -40,6 +41,8 @@ class VariantSpec:
     # Whether its build reads the PyTorch model beyond the shared fp32 ONNX export (kiln optimize frees the model's
     # weights once no variant left to build does).
     needs_model: Callable[[BuildContext], bool] = lambda ctx: False
+    # Why no task but those that decode step by step may ask for it (empty: any task may).
+    decoders_only: str = ""
 
 
 def _onnx_file(ctx: BuildContext, name: str, recipe: list, path: Path) -> BuiltVariant:
@@ -104,6 +107,21 @@ def _fused(ctx: BuildContext, exclude: Sequence[str] = (), gelu: bool = False) -
     built = _onnx_file(ctx, path.parent.name, recipe, path)
     files = [f.relative_to(ctx.stage).as_posix() for f in sorted(path.parent.iterdir())]
     return dataclasses.replace(built, files=files)
+
+
+def _int4_weights(ctx: BuildContext, exclude: Sequence[str] = ()) -> BuiltVariant:
+    """kiln's fused step graph written with 4-bit weights (MatMulNBits), the layers ``exclude`` names in fp32."""
+    from kiln.exporting.fused_decoder import WeightFormat, build_fused_decoder, fused_recipe
+
+    path = ctx.variant_dir("onnx-int4-weights") / "model.onnx"
+    weights = WeightFormat(bits=4, keep=frozenset(exclude))
+    files = build_fused_decoder(ctx.source.model, path, weights)
+    built = _onnx_file(ctx, path.parent.name, [*fused_recipe(files), weights.recipe()], path)
+    return dataclasses.replace(built, files=[f.relative_to(ctx.stage).as_posix() for f in files])
+
+
+INT4_FOR_DECODERS = ("weight-only int4 is built for decoders (text-generation), whose steps read every weight per "
+                     "token; an encoder's batches are compute-bound")
 
 
 def _int8_source(ctx: BuildContext) -> tuple[Path, list[dict]]:
@@ -201,6 +219,25 @@ def _openvino_int8_weights(ctx: BuildContext, exclude: Sequence[str] = ()) -> Bu
     step = openvino_passes.compress_weights_int8(ctx.stage / ir.path, path, ignored=exclude)
     rel = path.relative_to(ctx.stage).as_posix()
     return BuiltVariant("openvino-int8-weights", "openvino", rel, _ov_files(rel), [*ir.recipe, step])
+
+
+def _openvino_int4_weights(ctx: BuildContext, exclude: Sequence[str] = ()) -> BuiltVariant:
+    ir = _openvino_fp32_ir(ctx)
+    path = ctx.variant_dir("openvino-int4-weights") / "model.xml"
+    step = openvino_passes.compress_weights_int4(ctx.stage / ir.path, path, group_size=_int4_group(ctx),
+                                                 ignored=exclude)
+    rel = path.relative_to(ctx.stage).as_posix()
+    return BuiltVariant("openvino-int4-weights", "openvino", rel, _ov_files(rel), [*ir.recipe, step])
+
+
+def _int4_group(ctx: BuildContext) -> int:
+    """NNCF's default group of 128 input channels, or the largest of 64 and 32 that divides every projection's
+    input size (a group may not straddle a row's end)."""
+    config = ctx.source.model.config
+    hidden = int(config.hidden_size)
+    ffn = getattr(config, "intermediate_size", None) or getattr(config, "n_inner", None) or 4 * hidden  # GPT-2's
+    sizes = {hidden, int(ffn), int(config.num_attention_heads) * CacheShape.of(config).head_size}
+    return next((g for g in (128, 64, 32) if all(n % g == 0 for n in sizes)), 32)
 
 
 def _weights_only_pays(ctx: BuildContext) -> str | None:
@@ -317,6 +354,10 @@ VARIANTS: dict[VariantName, VariantSpec] = {VariantName(spec.name): spec for spe
     VariantSpec("onnx-int8-static", _int8_static, CPU,
                 rank=_ranked_onnx(lambda ctx: ctx.stage / _fp32(ctx).path, Int8Mode.STATIC),
                 quantizes=lambda ctx: "onnx-fp32"),
+    VariantSpec("onnx-int4-weights", _int4_weights, CPU, _fusion_why_not, needs_model=_always,
+                decoders_only=INT4_FOR_DECODERS,
+                rank=_ranked_onnx(lambda ctx: _fused_path(ctx)[0], Int8Mode.INT4_WEIGHTS),
+                quantizes=lambda ctx: "onnx-fused"),
     VariantSpec("openvino-fp32", _openvino_fp32, CPU, _needs_openvino),
     VariantSpec("openvino-bf16", _openvino_bf16, CPU, _needs_openvino_bf16),
     VariantSpec("openvino-int8-static", _openvino_int8, CPU, _needs_openvino, not_by_default=_openvino_int8_kernels,
@@ -325,6 +366,9 @@ VARIANTS: dict[VariantName, VariantSpec] = {VariantName(spec.name): spec for spe
     VariantSpec("openvino-int8-weights", _openvino_int8_weights, CPU, _needs_openvino,
                 not_by_default=_weights_only_pays,
                 rank=_ranked_ir(Int8Mode.WEIGHTS), quantizes=lambda ctx: "openvino-fp32"),
+    VariantSpec("openvino-int4-weights", _openvino_int4_weights, CPU, _needs_openvino,
+                decoders_only=INT4_FOR_DECODERS,
+                rank=_ranked_ir(Int8Mode.INT4_WEIGHTS), quantizes=lambda ctx: "openvino-fp32"),
     VariantSpec("onnx-fp16", _fp16, frozenset({Target.CUDA}), needs_model=_fusing()),
     VariantSpec("torchscript", _torchscript, ALL, needs_model=_always),
     VariantSpec("torch-bf16", _torch_autocast(Precision.BF16), CPU, _needs_bf16, needs_model=_always),
@@ -337,7 +381,8 @@ def default_variants(target: str, task: str | None = None) -> list[str]:
     from kiln.tasks import task_spec
 
     allowed = task_spec(task).export.variants if task else None
-    return [name for name, spec in VARIANTS.items() if target in spec.targets and (allowed is None or name in allowed)]
+    return [name for name, spec in VARIANTS.items() if target in spec.targets
+            and (name in allowed if allowed is not None else not spec.decoders_only)]
 
 
 def remove_variant_files(ctx: BuildContext, name: str) -> None:

@@ -44,6 +44,23 @@ class PairPrompt:
 
 
 @dataclass(frozen=True)
+class ChatTemplate:
+    """A decoder's chat template (its tokenizer's Jinja ``chat_template``) and the special tokens' texts it reads
+    (``bos_token``, ``eos_token``, ...), carried so that serving renders chats without transformers
+    (kiln.decoder.chat)."""
+
+    template: str
+    tokens: Mapping[str, str] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"template": self.template, "tokens": dict(self.tokens)}
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> ChatTemplate:
+        return cls(str(raw["template"]), {str(k): str(v) for k, v in raw.get("tokens", {}).items()})
+
+
+@dataclass(frozen=True)
 class TaskConfig:
     task: str  # a name in kiln.tasks.TASKS
     max_length: int
@@ -69,6 +86,7 @@ class TaskConfig:
     # sentence-transformers Dense projections applied to every token state inside the graph (EmbeddingGemma): its
     # token states are not the encoder's, so no per-token vectors are answered
     projected: bool = False
+    chat: ChatTemplate | None = None  # a decoder's chat template (None: the model has none; chats are refused)
 
     def prompt_text(self, prompt_name: str | None = None, prompt: str | None = None) -> str:
         """The text put before each input, chosen as sentence-transformers chooses it: ``prompt`` itself, else the
@@ -97,7 +115,8 @@ class TaskConfig:
                 "late_interaction": dict(self.late_interaction), "prompts": dict(self.prompts),
                 "default_prompt_name": self.default_prompt_name,
                 "pair_prompt": self.pair_prompt.to_dict() if self.pair_prompt else None,
-                "similarity_fn_name": self.similarity_fn_name, "projected": self.projected}
+                "similarity_fn_name": self.similarity_fn_name, "projected": self.projected,
+                "chat": self.chat.to_dict() if self.chat else None}
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> TaskConfig:
@@ -119,4 +138,5 @@ class TaskConfig:
             pair_prompt=PairPrompt.from_dict(raw["pair_prompt"]) if raw.get("pair_prompt") else None,
             similarity_fn_name=raw.get("similarity_fn_name"),
             projected=bool(raw.get("projected", False)),
+            chat=ChatTemplate.from_dict(raw["chat"]) if raw.get("chat") else None,
         )

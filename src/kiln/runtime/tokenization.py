@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +16,16 @@ from kiln.choices import TruncationSide
 from kiln.errors import ArtifactError, UsageError
 
 TOKENIZER_FILE = "tokenizer.json"
+
+
+def _byte_alphabet() -> dict[str, int]:
+    """GPT-2's byte-level alphabet read backwards: the printable character each byte is written as -> the byte."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    shifted = [b for b in range(256) if b not in printable]
+    return {**{chr(b): b for b in printable}, **{chr(256 + i): b for i, b in enumerate(shifted)}}
+
+
+_BYTE_OF = _byte_alphabet()
 
 
 @dataclass(frozen=True)
@@ -96,6 +107,22 @@ class TextEncoder:
     def decode(self, ids: Sequence[int]) -> str:
         """Text of generated token ids, special tokens left out."""
         return self._plain.decode(list(ids), skip_special_tokens=True)
+
+    def token_bytes(self, token: int) -> bytes:
+        """The bytes one token stands for (OpenAI's logprobs ``bytes``): a byte-level BPE token may hold part of a
+        character, which its decoded text shows as U+FFFD, so its own bytes are read from its byte-level form; other
+        tokenizers' tokens as their decoded text. A special token (left out of decoded text) stands for none."""
+        text = self.decode([token])
+        piece = self._plain.id_to_token(token) if text and self._byte_level else None
+        if piece is not None and all(c in _BYTE_OF for c in piece):
+            return bytes(_BYTE_OF[c] for c in piece)
+        return text.encode()
+
+    @property
+    def _byte_level(self) -> bool:
+        if not hasattr(self, "_is_byte_level"):
+            self._is_byte_level = '"ByteLevel"' in json.dumps(json.loads(self._plain.to_str()).get("decoder"))
+        return self._is_byte_level
 
     def token_count(self, text: str) -> int:
         """Tokens ``text`` encodes to, special tokens included, without truncation."""

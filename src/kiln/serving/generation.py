@@ -1,4 +1,5 @@
-"""Serving a decoder: a step loop with continuous batching, and the /generate and /v1/completions endpoints.
+"""Serving a decoder: a step loop with continuous batching, and the /generate, /v1/completions and
+/v1/chat/completions endpoints.
 
 One asyncio task owns the running batch (``DecodeLoop``). Each round it either prefills the requests waiting for
 a slot (they join the batch and get their first token) or runs one decoding step for every running sequence; the
@@ -26,6 +27,7 @@ from fastapi.responses import StreamingResponse
 from kiln.choices import KILN_PREFIX
 from kiln.decoder.batch import DecodeBatch, Decoding, Emitted, new_sequence
 from kiln.decoder.beam import BeamSearch
+from kiln.decoder.chat import prompt_texts
 from kiln.decoder.generate import Generated, copies_of, from_hypothesis, generated_of, prompt_ids
 from kiln.decoder.logprobs import TokenLogprob
 from kiln.errors import UsageError
@@ -240,12 +242,18 @@ async def _start(app: FastAPI, served: Any, body: Any) -> tuple[list[Stream], li
                         f"{config.max_inputs_per_request} (--max-inputs-per-request)")
     predictor: Predictor = served.predictor
     try:
-        options = predictor.handler.options(**body.options())
+        texts, chat = prompt_texts(predictor.config.chat, prompts)  # a conversation in the model's chat template
+        asked = body.options()
+        new_tokens = asked["max_new_tokens"] or 1  # none asked (a chat): up to the window, known once tokenized
+        options = predictor.handler.options(**{**asked, "max_new_tokens": new_tokens, "special_tokens": not chat})
         if options.beams.active and body.stream:
             raise UsageError("stream: a beam search knows its answer only when it ends; set stream false, or "
                              "num_beams 1 to stream")
         ids = await asyncio.get_running_loop().run_in_executor(
-            app.state.pool, prompt_ids, predictor, prompts, options.stops.max_new_tokens)
+            app.state.pool, lambda: prompt_ids(predictor, texts, new_tokens, special_tokens=not chat))
+        if asked["max_new_tokens"] is None:
+            room = predictor.encoder.max_length - max(len(i) for i in ids)
+            options = replace(options, stops=replace(options.stops, max_new_tokens=room))
     except UsageError as err:
         raise HTTPError(422, "invalid_request", err.message) from err
     loop: DecodeLoop = served.scheduler
@@ -270,12 +278,20 @@ async def _generate(app: FastAPI, served: Any, body: Any) -> Any:
                       "total_tokens": prompt_tokens + generated}}
 
 
-async def _completions(app: FastAPI, served: Any, body: Any) -> Any:
-    streams, prompt_tokens, options = await _start(app, served, body)
-    decode = served.predictor.encoder.decode
-    head = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
-            "model": served.name}
-    if body.stream:
+def _chat_logprobs(chosen: Sequence[TokenLogprob], encoder: Any) -> dict[str, Any]:
+    """OpenAI's chat ``logprobs`` object for these tokens: per token its text, its own bytes (a byte-level token may
+    hold part of a character: the bytes of a reply's tokens join into its UTF-8) and the best alternatives."""
+    def entry(token: int, logprob: float) -> dict[str, Any]:
+        return {"token": encoder.decode([token]), "logprob": logprob, "bytes": list(encoder.token_bytes(token))}
+    return {"content": [{**entry(c.token, c.logprob), "top_logprobs": [entry(i, lp) for i, lp in c.top]}
+                        for c in chosen]}
+
+
+async def _openai(streams: list[Stream], prompt_tokens: list[int], stream: bool, head: dict[str, Any],
+                  choice: Any, piece: Any) -> Any:
+    """An OpenAI completions answer (text or chat): ``choice(index, Generated)`` shapes a whole choice,
+    ``piece(index, Emitted, first)`` one streamed chunk's choice (``first``: that choice's first chunk)."""
+    if stream:
         async def events() -> AsyncIterator[bytes]:
             queue: asyncio.Queue = asyncio.Queue()
 
@@ -288,16 +304,15 @@ async def _completions(app: FastAPI, served: Any, body: Any) -> Any:
 
             pumps = [asyncio.ensure_future(pump(i, s)) for i, s in enumerate(streams)]
             try:
-                done = 0
+                done, started = 0, set()
                 while done < len(streams):
                     index, e = await queue.get()
                     if isinstance(e, Exception):
                         yield _sse({"error": {"type": "inference_failed", "message": str(e)}})
                         return
                     done += e.finished
-                    logprobs = None if e.logprob is None else _logprobs([e.logprob], decode)
-                    yield _sse({**head, "choices": [{"text": e.text, "index": index, "logprobs": logprobs,
-                                                     "finish_reason": e.sequence.text.finish_reason}]})
+                    yield _sse({**head, "choices": [piece(index, e, index not in started)]})
+                    started.add(index)
                 yield _sse(b"[DONE]")
             finally:
                 for p in pumps:
@@ -308,12 +323,10 @@ async def _completions(app: FastAPI, served: Any, body: Any) -> Any:
     choices: list[dict[str, Any]] = []
     completion = 0
     try:
-        for stream in streams:  # OpenAI's order: prompt by prompt, each prompt's n choices together
-            for found in await outcome(stream):
-                logprobs = None if found.logprobs is None else _logprobs(found.logprobs, decode)
+        for each in streams:  # OpenAI's order: prompt by prompt, each prompt's n choices together
+            for found in await outcome(each):
                 completion += len(found.token_ids)
-                choices.append({"text": found.text, "index": len(choices), "logprobs": logprobs,
-                                "finish_reason": found.finish_reason})
+                choices.append(choice(len(choices), found))
     finally:
         for s in streams:
             s.cancelled = True
@@ -322,11 +335,50 @@ async def _completions(app: FastAPI, served: Any, body: Any) -> Any:
             "usage": {"prompt_tokens": total, "completion_tokens": completion, "total_tokens": total + completion}}
 
 
-ANSWERS = {"/generate": _generate, "/v1/completions": _completions}
+async def _completions(app: FastAPI, served: Any, body: Any) -> Any:
+    streams, prompt_tokens, _ = await _start(app, served, body)
+    decode = served.predictor.encoder.decode
+    head = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
+            "model": served.name}
+
+    def choice(index: int, found: Generated) -> dict[str, Any]:
+        logprobs = None if found.logprobs is None else _logprobs(found.logprobs, decode)
+        return {"text": found.text, "index": index, "logprobs": logprobs, "finish_reason": found.finish_reason}
+
+    def piece(index: int, e: Emitted, first: bool) -> dict[str, Any]:
+        logprobs = None if e.logprob is None else _logprobs([e.logprob], decode)
+        return {"text": e.text, "index": index, "logprobs": logprobs, "finish_reason": e.sequence.text.finish_reason}
+
+    return await _openai(streams, prompt_tokens, body.stream, head, choice, piece)
+
+
+async def _chat_completions(app: FastAPI, served: Any, body: Any) -> Any:
+    streams, prompt_tokens, _ = await _start(app, served, body)
+    encoder = served.predictor.encoder
+    head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": served.name}
+
+    def choice(index: int, found: Generated) -> dict[str, Any]:
+        logprobs = None if found.logprobs is None else _chat_logprobs(found.logprobs, encoder)
+        return {"index": index, "message": {"role": "assistant", "content": found.text}, "logprobs": logprobs,
+                "finish_reason": found.finish_reason}
+
+    def piece(index: int, e: Emitted, first: bool) -> dict[str, Any]:
+        logprobs = None if e.logprob is None else _chat_logprobs([e.logprob], encoder)
+        delta = {"role": "assistant", "content": e.text} if first else {"content": e.text}
+        return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": e.sequence.text.finish_reason}
+
+    if body.stream:
+        head = {**head, "object": "chat.completion.chunk"}
+    else:
+        head = {**head, "object": "chat.completion"}
+    return await _openai(streams, prompt_tokens, body.stream, head, choice, piece)
+
+
+ANSWERS = {"/generate": _generate, "/v1/completions": _completions, "/v1/chat/completions": _chat_completions}
 
 STREAM_DOC = {200: {"content": {"text/event-stream": {"schema": {"type": "string"}}},
                     "description": "JSON, or with `stream: true` server-sent events (`data: {...}` per piece of "
-                                   "text; /v1/completions ends with `data: [DONE]`)."}}
+                                   "text; the OpenAI routes end with `data: [DONE]`)."}}
 
 
 def mount_route(app: FastAPI, route: Route) -> None:

@@ -38,11 +38,13 @@ class GenerativeTask(TaskSpec):
     def generate(self, predictor: Predictor, prompts: Any, **options: Any) -> Any:
         """Continuations of ``prompts``; up to ``predictor.batch_size`` decode together, a finished one's place
         goes to the next. One stepper holds the cache, so concurrent calls take turns (``predictor.generating``)."""
+        from kiln.decoder.chat import is_conversation, prompt_texts
         from kiln.decoder.generate import beam_generate, collect, draft_generate, prompt_ids, sample_many, stream
 
-        single = isinstance(prompts, str)
+        single = isinstance(prompts, str) or is_conversation(prompts)  # a conversation is one prompt
+        texts, chat = prompt_texts(self.config.chat, [prompts] if single else list(prompts))
         opts = self.options(**options)
-        ids = prompt_ids(predictor, [prompts] if single else prompts, opts.stops.max_new_tokens)
+        ids = prompt_ids(predictor, texts, opts.stops.max_new_tokens, special_tokens=not chat)
         steps, decode = predictor.engine.steps, predictor.encoder.decode
         with predictor.generating:
             if opts.draft is not None:

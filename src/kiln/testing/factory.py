@@ -41,6 +41,7 @@ class Family:
     type_ids: bool  # whether the tokenizer returns token_type_ids
     template: bool = True  # False: no special tokens around a text (GPT-2's tokenizer adds none)
     eos_only: bool = False  # the template ends each text with ``sep`` and opens none (Qwen3-Embedding's tokenizer)
+    bos_only: bool = False  # the template opens each text with ``cls`` and closes none (Llama 3's tokenizer)
     words: tuple[str, ...] = ()  # trained in often enough to be whole tokens (a reranker's "yes" and "no")
     max_length: int = MAX_POSITIONS  # the tokenizer's model_max_length
 
@@ -70,9 +71,29 @@ QWEN_BPE = Family("bpe", ("<|endoftext|>", "<|im_start|>", "<|im_end|>"), "<|end
                   "<|endoftext|>", "<|endoftext|>", "<|endoftext|>", "", False, eos_only=True, words=("yes", "no"),
                   max_length=512)  # a reranker's prompt template alone is ~150 of its 500-token vocabulary's tokens
 
+# Llama 3's byte-level BPE: <|begin_of_text|> opens every text (its tokenizer adds it), <|end_of_text|> ends
+# generation, no padding token; its chat template's headers and turn end are special tokens too.
+LLAMA3_BPE = Family("bpe", ("<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>",
+                            "<|eot_id|>"), "<|begin_of_text|>", "<|end_of_text|>", "<|end_of_text|>",
+                    "<|end_of_text|>", "<|end_of_text|>", "", False, bos_only=True)
+
 # Gemma's specials in their id order (pad 0, eos 1, bos 2, unk 3, mask 4); a text is <bos> ... <eos>.
 GEMMA_BPE = Family("bpe", ("<pad>", "<eos>", "<bos>", "<unk>", "<mask>"), "<bos>", "<eos>", "<pad>", "<unk>", "<mask>",
                    "<eos>", False)
+
+# Chat templates of the tiny generators, in the shapes of the real ones: Llama 3's headers (BOS first, each message
+# trimmed, an unknown role refused by the template itself) and Qwen's ChatML (with its special markers).
+LLAMA3_CHAT = (
+    "{{- bos_token }}{%- for message in messages %}"
+    "{%- if message['role'] not in ['system', 'user', 'assistant'] %}"
+    "{{- raise_exception('Only system, user and assistant roles are supported') }}{%- endif %}"
+    "{{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n' + message['content'] | trim"
+    " + '<|eot_id|>' }}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{%- endif %}")
+CHATML = (
+    "{%- for message in messages %}{{- '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>\n' }}"
+    "{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}{%- endif %}")
+CHAT_TEMPLATES = {"llama": LLAMA3_CHAT, "qwen3": CHATML}
 
 _SMALL = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64)
 ARCHITECTURES: dict[str, tuple[Family, type, dict]] = {
@@ -115,8 +136,8 @@ ARCHITECTURES: dict[str, tuple[Family, type, dict]] = {
               dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
                    intermediate_size=64, max_position_embeddings=QWEN_BPE.max_length, tie_word_embeddings=True)),
     # Llama 3.2's shape in miniature: grouped-query attention (4 query heads over 2 key/value heads), RMSNorm, SwiGLU,
-    # untied embeddings and Llama 3's rotary frequency scaling; GPT-2's byte-level BPE stands in for Llama 3's.
-    "llama": (GPT_BPE, transformers.LlamaConfig,
+    # untied embeddings and Llama 3's rotary frequency scaling; a byte-level BPE with Llama 3's special tokens.
+    "llama": (LLAMA3_BPE, transformers.LlamaConfig,
               dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
                    intermediate_size=64, max_position_embeddings=MAX_POSITIONS, tie_word_embeddings=False,
                    rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
@@ -138,7 +159,7 @@ ARCHITECTURES: dict[str, tuple[Family, type, dict]] = {
 # The bidirectional encoders distillation and pruning apply to (GPT-2, GPT-Neo and Qwen3 are causal; EmbeddingGemma's
 # Gemma 3 is not verified for them).
 ENCODERS = tuple(a for a, (family, _, _) in ARCHITECTURES.items()
-                 if family.template and not family.eos_only and a != "gemma3_text")
+                 if family.template and not family.eos_only and not family.bos_only and a != "gemma3_text")
 
 
 def _corpus(words: tuple[str, ...] = ()) -> list[str]:
@@ -168,6 +189,10 @@ def train_tokenizer(family: Family) -> Tokenizer:
     if not family.template:
         return tok
     cls, sep = family.cls, family.sep
+    if family.bos_only:
+        tok.post_processor = processors.TemplateProcessing(single=f"{cls} $A", pair=f"{cls} $A {cls}:1 $B:1",
+                                                           special_tokens=[(cls, tok.token_to_id(cls))])
+        return tok
     if family.eos_only:
         tok.post_processor = processors.TemplateProcessing(single=f"$A {sep}", pair=f"$A {sep} $B:1 {sep}:1",
                                                            special_tokens=[(sep, tok.token_to_id(sep))])
@@ -223,6 +248,10 @@ def build_tiny_model(arch: str, task: TaskName, directory: Path, seed: int = 0, 
         fast = transformers.PreTrainedTokenizerFast(
             tokenizer_object=tok, pad_token=family.pad, eos_token=family.sep, unk_token=family.unk,
             model_input_names=names, model_max_length=max_len)
+    elif family.bos_only:  # Llama 3's: opens texts with its BOS, ends generation with its EOS, no padding token
+        fast = transformers.PreTrainedTokenizerFast(
+            tokenizer_object=tok, bos_token=family.cls, eos_token=family.sep, unk_token=family.unk,
+            model_input_names=names, model_max_length=max_len)
     elif family.template:
         fast = transformers.PreTrainedTokenizerFast(
             tokenizer_object=tok, pad_token=family.pad, unk_token=family.unk, cls_token=family.cls,
@@ -242,7 +271,9 @@ def build_tiny_model(arch: str, task: TaskName, directory: Path, seed: int = 0, 
         special_ids = {"bos_token_id": eos, "eos_token_id": eos}
     elif family.eos_only:
         special_ids = {"eos_token_id": tok.token_to_id(family.sep)}
-    pad = tok.token_to_id(family.pad) if family.template else None
+    elif family.bos_only:
+        special_ids = {"bos_token_id": tok.token_to_id(family.cls), "eos_token_id": tok.token_to_id(family.sep)}
+    pad = tok.token_to_id(family.pad) if family.template and not family.bos_only else None
     config = config_class(**{"vocab_size": tok.get_vocab_size(), **kwargs}, pad_token_id=pad,
                           **special_ids,
                           **({"id2label": dict(enumerate(labels)), "label2id": {v: i for i, v in enumerate(labels)}}
@@ -255,6 +286,8 @@ def build_tiny_model(arch: str, task: TaskName, directory: Path, seed: int = 0, 
             if param.dim() > 1 and shape is None:
                 param.normal_(0, 0.2)
     model.save_pretrained(directory, safe_serialization=True)
+    if task == TaskName.TEXT_GENERATION and arch in CHAT_TEMPLATES:
+        fast.chat_template = CHAT_TEMPLATES[arch]
     fast.save_pretrained(directory)
     return directory
 

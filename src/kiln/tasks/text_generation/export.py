@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from kiln.data.texts import builtin_sentences, joined
+from kiln.decoder.chat import chat_template
 from kiln.decoder.graph import (
     CacheShape,
     dynamic_axes,
@@ -38,7 +39,8 @@ class TextGenerationExport(GenerativeExport):
     # that grows step by step are not what calibration on whole texts sees. onnx-fused is kiln's own step graph with
     # fused attention and the cache updated in place (kiln.exporting.fused_decoder); it replaces onnx-fp32 by default,
     # whose export stays as the artifact's reference and OpenVINO's source.
-    variants = ("onnx-fp32", "onnx-fused", "onnx-int8-dynamic", "openvino-fp32", "openvino-int8-weights")
+    variants = ("onnx-fp32", "onnx-fused", "onnx-int8-dynamic", "onnx-int4-weights", "openvino-fp32",
+                "openvino-int8-weights", "openvino-int4-weights")
     fusion = DECODER_FUSION
 
     @classmethod
@@ -48,7 +50,7 @@ class TextGenerationExport(GenerativeExport):
         if generation.is_file():
             eos = read_json(generation).get("eos_token_id", eos)
         eos_ids = tuple(int(e) for e in (eos if isinstance(eos, list) else [eos] if eos is not None else []))
-        return {"eos_ids": eos_ids, "cache": CacheShape.of(hf_config).to_dict()}
+        return {"eos_ids": eos_ids, "cache": CacheShape.of(hf_config).to_dict(), "chat": chat_template(tokenizer)}
 
     @classmethod
     def graph(cls, source: Any, example: tuple[Any, ...]) -> Graph:

@@ -1,4 +1,4 @@
-"""Text generation with a decoder-only model (GPT-2, GPT-Neo) and its KV cache.
+"""Text generation with a decoder-only model (GPT-2, GPT-Neo, Llama, Qwen3) and its KV cache.
 
 The exported graph is one decoding step (:mod:`kiln.decoder.graph`): token ids, mask, positions and the past
 keys/values in, logits and the grown keys/values out. Validation runs real text teacher-forced through that step
@@ -43,7 +43,8 @@ MAX_RETURN_SEQUENCES = 16  # continuations per prompt
 TIMING_NEW_TOKENS = 16
 TIMING_BATCH = 4
 OPTIONS = ("max_new_tokens", "temperature", "top_k", "top_p", "seed", "stop", "repetition_penalty", "num_beams",
-           "length_penalty", "early_stopping", "num_return_sequences", "logprobs", "draft", "draft_tokens")
+           "length_penalty", "early_stopping", "num_return_sequences", "logprobs", "draft", "draft_tokens",
+           "special_tokens")
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,7 @@ class GenerationOptions:
     logprobs: int | None = None  # None: none reported; n: each chosen token's log-probability and the n best
     draft: Any = None  # a draft decoder's Predictor: speculative greedy decoding (kiln.decoder.speculative)
     draft_tokens: int = 4  # tokens the draft proposes per target step
+    special_tokens: bool = True  # False: the prompts hold their own (a rendered chat template)
 
 
 class TextGeneration(GenerativeTask):
@@ -85,7 +87,8 @@ class TextGeneration(GenerativeTask):
                 top_p: float = 1.0, seed: int | None = None, stop: Sequence[str] = (), truncate: bool = True,
                 repetition_penalty: float = 1.0, num_beams: int = 1, length_penalty: float = 1.0,
                 early_stopping: bool | str = False, num_return_sequences: int = 1, logprobs: int | None = None,
-                draft: Any = None, draft_tokens: int = 4, **unknown: Any) -> GenerationOptions:
+                draft: Any = None, draft_tokens: int = 4, special_tokens: bool = True,
+                **unknown: Any) -> GenerationOptions:
         if unknown:
             raise UsageError(f"unknown generation option(s) {', '.join(sorted(unknown))}; use {', '.join(OPTIONS)}")
         if isinstance(stop, str):
@@ -120,11 +123,12 @@ class TextGeneration(GenerativeTask):
                 raise UsageError(f"a draft model speeds up greedy decoding and keeps its output; it does not combine "
                                  f"with {', '.join(refused)}")
         return GenerationOptions(sampling, Stops(max_new_tokens, frozenset(self.config.eos_ids), tuple(stop)),
-                                 truncate, beams, num_return_sequences, logprobs, draft, draft_tokens)
+                                 truncate, beams, num_return_sequences, logprobs, draft, draft_tokens, special_tokens)
 
     def prepare(self, inputs: Sequence[Any], encoder, options: Any) -> Prepared:
         """Prompts are never truncated (the window check refuses one too long); teacher-forced text is."""
-        return one_per_input(inputs, encoder.encode(inputs, truncate=options.truncate))
+        return one_per_input(inputs, encoder.encode(inputs, truncate=options.truncate,
+                                                     special_tokens=options.special_tokens))
 
     def run_batch(self, engine: Any, arrays: dict[str, np.ndarray]) -> list[Any]:
         """A KV-cache graph's teacher-forced logits are written straight into each row's real positions

@@ -1,5 +1,5 @@
-"""text-generation on the wire: POST /generate and the OpenAI-compatible POST /v1/completions (both answered by
-kiln.serving.generation), and kiln.pipeline's text-generation call."""
+"""text-generation on the wire: POST /generate and the OpenAI-compatible POST /v1/completions and
+/v1/chat/completions (answered by kiln.serving.generation), and kiln.pipeline's text-generation call."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from kiln.choices import WireProtocol
 from kiln.decoder.beam import MAX_BEAMS
+from kiln.decoder.chat import is_conversation
 from kiln.decoder.logprobs import MAX_LOGPROBS
 from kiln.errors import UsageError
 from kiln.tasks.text_generation.task import (
@@ -105,6 +106,68 @@ class CompletionRequest(_Body):
         return self.max_tokens
 
 
+class TextPart(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    type: Literal["text"] = Field(description="Only text parts: kiln's decoders read text.")
+    text: str
+
+
+class ChatMessage(BaseModel):
+    """One message of a conversation, as OpenAI's chat API sends it (text content only)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] = Field(description="The message's text, or its text parts (joined).")
+    name: str | None = Field(None, description="Passed to the chat template as the message's name.")
+
+    def as_dict(self) -> dict[str, str]:
+        content = self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+        return {"role": self.role, "content": content, **({"name": self.name} if self.name is not None else {})}
+
+
+class ChatCompletionRequest(_Body):
+    """OpenAI's /v1/chat/completions body (the fields kiln honours; others are refused, not ignored). The
+    conversation is rendered with the model's own chat template (as transformers' ``apply_chat_template`` renders
+    it, the assistant's turn opened) and continued."""
+
+    model: str = Field(description="The served model's name (any name when one model is served).")
+    messages: list[ChatMessage] = Field(min_length=1, max_length=1000, description="The conversation so far.")
+    max_tokens: int | None = Field(None, ge=1, le=1_000_000, description="At most this many tokens (older name of "
+                                   "max_completion_tokens); neither: up to the model's window.")
+    max_completion_tokens: int | None = Field(None, ge=1, le=1_000_000, description="At most this many tokens; "
+                                              "neither this nor max_tokens: up to the model's window.")
+    temperature: float = Field(1.0, ge=0, le=2, description="0: greedy; above 0: sampling at that temperature.")
+    n: int = Field(1, ge=1, le=MAX_RETURN_SEQUENCES, description="Choices: independent samples (seed + k for the "
+                   "k-th when seeded), or with num_beams the n best beams (n <= num_beams).")
+    logprobs: bool = Field(False, description="Each chosen token's log-probability under the model (raw logits, "
+                           "before penalty and temperature); not with num_beams > 1.")
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS, description="With logprobs: this many most likely "
+                                     "alternatives per token.")
+
+    def prompts(self) -> list[Any]:
+        return [[m.as_dict() for m in self.messages]]
+
+    def input_count(self) -> int:
+        return 1
+
+    def new_tokens(self) -> int | None:
+        if None not in (self.max_tokens, self.max_completion_tokens) and self.max_tokens != self.max_completion_tokens:
+            raise UsageError(f"max_tokens and max_completion_tokens differ ({self.max_tokens} and "
+                             f"{self.max_completion_tokens}); send one of them")
+        return self.max_completion_tokens or self.max_tokens
+
+    def options(self) -> dict[str, Any]:
+        if self.top_logprobs is not None and not self.logprobs:
+            raise UsageError("top_logprobs needs logprobs: true")
+        if self.n > 1 and self.num_beams == 1 and self.temperature == 0:
+            raise UsageError("n > 1 needs temperature > 0 (independent samples) or num_beams >= n (the n best "
+                             "beams): greedy decoding gives one continuation")
+        if self.n > self.num_beams > 1:
+            raise UsageError(f"n must be at most num_beams ({self.num_beams}) with beam search (got {self.n})")
+        logprobs = (self.top_logprobs or 0) if self.logprobs else None
+        return {**super().options(), "num_return_sequences": self.n, "logprobs": logprobs}
+
+
 class Usage(ResponseModel):
     prompt_tokens: int
     completion_tokens: int
@@ -144,6 +207,41 @@ class CompletionResponse(ResponseModel):
     usage: Usage | None = None
 
 
+class ChatTopLogprob(ResponseModel):
+    token: str
+    logprob: float
+    bytes: list[int]
+
+
+class ChatTokenLogprob(ChatTopLogprob):
+    top_logprobs: list[ChatTopLogprob]
+
+
+class ChatLogprobs(ResponseModel):
+    content: list[ChatTokenLogprob]
+
+
+class AssistantMessage(ResponseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class ChatChoice(ResponseModel):
+    index: int
+    message: AssistantMessage
+    logprobs: ChatLogprobs | None = None
+    finish_reason: Literal["length", "stop"] | None
+
+
+class ChatCompletionResponse(ResponseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage | None = None
+
+
 def _no_render(body: Any, model: str, prepared: Any, results: list[Any]) -> dict[str, Any]:
     raise NotImplementedError("generation routes are answered by kiln.serving.generation")
 
@@ -155,8 +253,9 @@ class TextGenerationPipeline:
     As in transformers: greedy unless ``do_sample=True`` (then ``temperature`` 1.0, ``top_k`` 50, ``top_p`` 1.0 unless
     given), ``return_full_text`` (default True) puts the prompt in front, ``stop_strings`` end the text. kiln adds
     ``seed`` (transformers draws from torch's global generator). Beam search (``num_beams``, ``length_penalty``,
-    ``early_stopping``) and ``num_return_sequences`` (one dict each, best first) as transformers'; chat templates
-    are not offered.
+    ``early_stopping``) and ``num_return_sequences`` (one dict each, best first) as transformers'. A conversation (a
+    list of ``{"role", "content"}`` messages) is rendered with the model's chat template and answered as
+    transformers answers it: the messages with the assistant's reply appended.
     """
 
     task = "text-generation"
@@ -176,13 +275,19 @@ class TextGenerationPipeline:
             options = {**self._SAMPLING_DEFAULTS, **options}
         else:
             options = {k: v for k, v in options.items() if k not in self._SAMPLING_DEFAULTS}
-        single = isinstance(text_inputs, str)
+        single = isinstance(text_inputs, str) or is_conversation(text_inputs)
         prompts = [text_inputs] if single else list(text_inputs)
-        if not all(isinstance(p, str) for p in prompts):
-            raise UsageError("text-generation takes a prompt string or a list of them (chat messages are not "
-                             "supported)")
+        if not all(isinstance(p, str) or is_conversation(p) for p in prompts):
+            raise UsageError("text-generation takes a prompt string, a conversation (a list of {role, content} "
+                             "messages) or a list of either")
         results = self.predictor.generate(prompts, **options)
-        shaped = [[{"generated_text": (p + r.text) if full else r.text} for r in (rs if isinstance(rs, list) else [rs])]
+
+        def answer(prompt: Any, text: str) -> Any:  # a conversation comes back with the assistant's reply added
+            if not isinstance(prompt, str):
+                return [*prompt, {"role": "assistant", "content": text}] if full else text
+            return prompt + text if full else text
+
+        shaped = [[{"generated_text": answer(p, r.text)} for r in (rs if isinstance(rs, list) else [rs])]
                   for p, rs in zip(prompts, results)]
         return shaped[0] if single else shaped
 
@@ -195,6 +300,10 @@ class TextGenerationWire(TaskWire):
         Route("/v1/completions", "OpenAI-compatible completions (optionally streamed)", CompletionRequest,
               CompletionResponse, _no_render, any_model_name=True, inputs_field="prompt", kind="generate",
               protocol=WireProtocol.OPENAI),
+        # One conversation per request: no field is a list of inputs (messages are one input's parts).
+        Route("/v1/chat/completions", "OpenAI-compatible chat completions in the model's chat template (optionally "
+              "streamed)", ChatCompletionRequest, ChatCompletionResponse, _no_render, any_model_name=True,
+              inputs_field="", kind="generate", protocol=WireProtocol.OPENAI),
     )
     pipeline = TextGenerationPipeline
 
