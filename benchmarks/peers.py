@@ -235,8 +235,12 @@ def stage_st_onnx(work: Path, threads: int) -> dict:
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     config = "avx512_vnni" if setup["vnni"] else "avx2"
-    name = f"onnx/model_qint8_{config}.onnx"
-    if not (peer_dir / name).exists():
+
+    def exported_int8() -> str | None:  # its name says the weights' type: qint8 (avx512_vnni), quint8 (avx2)
+        found = sorted(peer_dir.glob(f"onnx/model_q*int8_{config}.onnx"))
+        return found[0].relative_to(peer_dir).as_posix() if found else None
+
+    if exported_int8() is None:
         shutil.copytree(setup["model_dir"], peer_dir, ignore=shutil.ignore_patterns("README.md"), dirs_exist_ok=True)
         exported = SentenceTransformer(str(peer_dir), device="cpu", backend="onnx")  # exports with optimum-onnx
         exported.save_pretrained(str(peer_dir))  # onnx/model.onnx: the fp32 graph fastembed loads
@@ -245,6 +249,7 @@ def stage_st_onnx(work: Path, threads: int) -> dict:
         # tighter of that and model_max_length as its context and cut every text at 128 tokens (min cosine 0.77
         # against sentence-transformers, which reads 256). The model's own file, as published, goes back.
         shutil.copy(Path(setup["model_dir"]) / "tokenizer_config.json", peer_dir / "tokenizer_config.json")
+    name = exported_int8()
     st = SentenceTransformer(str(peer_dir), device="cpu", backend="onnx", model_kwargs={
         "file_name": name, "provider": "CPUExecutionProvider", "session_options": options})
     seconds = _time(lambda: st.encode(texts, batch_size=BATCH))
