@@ -65,6 +65,15 @@ class _Body(BaseModel):
     def input_count(self) -> int:
         return len(self.prompts())
 
+    def choices(self, n: int, logprobs: int | None) -> dict[str, Any]:
+        """The options of OpenAI's ``n`` choices per prompt and their log-probabilities, checked together."""
+        if n > 1 and self.num_beams == 1 and self.temperature == 0:
+            raise UsageError("n > 1 needs temperature > 0 (independent samples) or num_beams >= n (the n best "
+                             "beams): greedy decoding gives one continuation")
+        if n > self.num_beams > 1:
+            raise UsageError(f"n must be at most num_beams ({self.num_beams}) with beam search (got {n})")
+        return {"num_return_sequences": n, "logprobs": logprobs}
+
 
 class GenerateRequest(_Body):
     inputs: NonBlank = Field(description="The prompt.")
@@ -95,12 +104,7 @@ class CompletionRequest(_Body):
         return [self.prompt] if isinstance(self.prompt, str) else list(self.prompt)
 
     def options(self) -> dict[str, Any]:
-        if self.n > 1 and self.num_beams == 1 and self.temperature == 0:
-            raise UsageError("n > 1 needs temperature > 0 (independent samples) or num_beams >= n (the n best "
-                             "beams): greedy decoding gives one continuation")
-        if self.n > self.num_beams > 1:
-            raise UsageError(f"n must be at most num_beams ({self.num_beams}) with beam search (got {self.n})")
-        return {**super().options(), "num_return_sequences": self.n, "logprobs": self.logprobs}
+        return {**super().options(), **self.choices(self.n, self.logprobs)}
 
     def new_tokens(self) -> int:
         return self.max_tokens
@@ -159,13 +163,7 @@ class ChatCompletionRequest(_Body):
     def options(self) -> dict[str, Any]:
         if self.top_logprobs is not None and not self.logprobs:
             raise UsageError("top_logprobs needs logprobs: true")
-        if self.n > 1 and self.num_beams == 1 and self.temperature == 0:
-            raise UsageError("n > 1 needs temperature > 0 (independent samples) or num_beams >= n (the n best "
-                             "beams): greedy decoding gives one continuation")
-        if self.n > self.num_beams > 1:
-            raise UsageError(f"n must be at most num_beams ({self.num_beams}) with beam search (got {self.n})")
-        logprobs = (self.top_logprobs or 0) if self.logprobs else None
-        return {**super().options(), "num_return_sequences": self.n, "logprobs": logprobs}
+        return {**super().options(), **self.choices(self.n, (self.top_logprobs or 0) if self.logprobs else None)}
 
 
 class Usage(ResponseModel):
