@@ -120,8 +120,8 @@ def _int4_weights(ctx: BuildContext, exclude: Sequence[str] = ()) -> BuiltVarian
     return dataclasses.replace(built, files=[f.relative_to(ctx.stage).as_posix() for f in files])
 
 
-INT4_FOR_DECODERS = ("weight-only int4 is built for decoders (text-generation), whose steps read every weight per "
-                     "token; an encoder's batches are compute-bound")
+INT4_FOR_DECODERS = ("weight-only int4 is built for decoders, whose generation steps read every weight per token; "
+                     "an encoder's batches are compute-bound")
 
 
 def _int8_source(ctx: BuildContext) -> tuple[Path, list[dict]]:
