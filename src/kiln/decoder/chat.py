@@ -21,7 +21,6 @@ from kiln.records.task import ChatTemplate
 
 # The special tokens a template may read by name, as transformers passes them (its special_tokens_map).
 TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "pad_token", "sep_token", "cls_token", "mask_token")
-ROLES = ("system", "user", "assistant", "tool", "developer")
 
 
 def chat_template(tokenizer: Any) -> ChatTemplate | None:
@@ -62,8 +61,6 @@ def render(chat: ChatTemplate, messages: Sequence[Mapping[str, Any]], *, add_gen
     try:
         return _compiled(chat.template).render(messages=[dict(m) for m in messages],
                                                add_generation_prompt=add_generation_prompt, **chat.tokens)
-    except UsageError:
-        raise
     except Exception as err:  # Jinja's errors, and the template's own raise_exception, name what it refused
         raise UsageError(f"messages: the model's chat template refused them: {type(err).__name__}: {err}") from err
 

@@ -6,6 +6,7 @@ import itertools
 import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -118,11 +119,9 @@ class TextEncoder:
             return bytes(_BYTE_OF[c] for c in piece)
         return text.encode()
 
-    @property
+    @cached_property
     def _byte_level(self) -> bool:
-        if not hasattr(self, "_is_byte_level"):
-            self._is_byte_level = '"ByteLevel"' in json.dumps(json.loads(self._plain.to_str()).get("decoder"))
-        return self._is_byte_level
+        return '"ByteLevel"' in json.dumps(json.loads(self._plain.to_str()).get("decoder"))
 
     def token_count(self, text: str) -> int:
         """Tokens ``text`` encodes to, special tokens included, without truncation."""

@@ -355,7 +355,8 @@ async def _completions(app: FastAPI, served: Any, body: Any) -> Any:
 async def _chat_completions(app: FastAPI, served: Any, body: Any) -> Any:
     streams, prompt_tokens, _ = await _start(app, served, body)
     encoder = served.predictor.encoder
-    head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": served.name}
+    head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion.chunk" if body.stream else
+            "chat.completion", "created": int(time.time()), "model": served.name}
 
     def choice(index: int, found: Generated) -> dict[str, Any]:
         logprobs = None if found.logprobs is None else _chat_logprobs(found.logprobs, encoder)
@@ -367,10 +368,6 @@ async def _chat_completions(app: FastAPI, served: Any, body: Any) -> Any:
         delta = {"role": "assistant", "content": e.text} if first else {"content": e.text}
         return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": e.sequence.text.finish_reason}
 
-    if body.stream:
-        head = {**head, "object": "chat.completion.chunk"}
-    else:
-        head = {**head, "object": "chat.completion"}
     return await _openai(streams, prompt_tokens, body.stream, head, choice, piece)
 
 
