@@ -4,7 +4,6 @@ the same directory, with the window exercised; what kiln does not verify is refu
 
 from __future__ import annotations
 
-import json
 import shutil
 
 import numpy as np
@@ -70,14 +69,9 @@ def test_the_pytorch_variants_carry_the_projections(embedding_gemma, tmp_path):
     assert got.shape == want.shape and (got * want).sum(1).min() > 0.999  # both normalized
 
 
-def test_what_kiln_does_not_verify_of_gemma3_is_refused(embedding_gemma, tmp_path):
-    causal = tmp_path / "causal"
-    shutil.copytree(embedding_gemma[0], causal)
-    config = json.loads((causal / "config.json").read_text())
-    (causal / "config.json").write_text(json.dumps({**config, "use_bidirectional_attention": False}))
-    with pytest.raises(UnsupportedModelError, match="'gemma3_text' without use_bidirectional_attention: a causal "
-                                                    "Gemma 3"):
-        load_source(str(causal), TaskName.FEATURE_EXTRACTION)
+def test_what_kiln_does_not_verify_of_embedding_gemma_is_refused(embedding_gemma, tmp_path):
+    """Max pooling before the Dense projections is refused (a causal Gemma 3, without use_bidirectional_attention,
+    is a generator: tests/integration/test_generation.py)."""
     max_pooled = tmp_path / "max"
     shutil.copytree(embedding_gemma[0], max_pooled)
     write_sentence_transformers_files(max_pooled, pooling="max", dense=(64, 24))

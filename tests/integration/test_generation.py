@@ -1,6 +1,6 @@
-"""Decoders (GPT-2, GPT-Neo, Llama, Qwen3): the KV-cache step graph against transformers at every step, generation
-against ``model.generate``, sampling and stops, continuous batching, kiln optimize, and a real server streaming to
-the openai client."""
+"""Decoders (GPT-2, GPT-Neo, Llama, Qwen3, Gemma 3): the KV-cache step graph against transformers at every step,
+generation against ``model.generate``, sampling and stops, continuous batching, kiln optimize, and a real server
+streaming to the openai client."""
 
 from __future__ import annotations
 
@@ -34,9 +34,11 @@ from kiln.tasks.text_generation.task import TextGeneration
 from tests.e2e.test_serve_process import start_server
 from tests.waiting import concurrently, wait_until
 
-# Llama (Llama 3's rotary scaling, untied head) and Qwen3 (q/k norms, tied head): grouped-query attention, 4 query
-# heads over 2 key/value heads, so the cache holds half the heads.
-DECODERS = ("gpt2", "gpt_neo", "llama", "qwen3")
+# Llama (Llama 3's rotary scaling, untied head), Qwen3 (q/k norms, tied head) and Gemma 3 (sliding layers of an
+# 8-token window, q/k norms, GeGLU): grouped-query attention, 4 query heads over 2 key/value heads, so the cache holds
+# half the heads. kiln writes no fused step graph for Gemma 3 (its step graph is transformers' own, traced).
+DECODERS = ("gpt2", "gpt_neo", "llama", "qwen3", "gemma3")
+FUSED = ("gpt2", "gpt_neo", "llama", "qwen3")
 PROMPTS = ["Return the number of items in a container, and then", "The quick", "A"]
 
 
@@ -57,7 +59,7 @@ def fused_paths(tiny_model, tmp_path_factory) -> dict[str, object]:
     from kiln.exporting.fused_decoder import build_fused_decoder
 
     out = {}
-    for arch in DECODERS:
+    for arch in FUSED:
         model = transformers.AutoModelForCausalLM.from_pretrained(tiny_model(arch, TaskName.TEXT_GENERATION)).eval()
         path = tmp_path_factory.mktemp(f"{arch}-fused") / "model.onnx"
         files = build_fused_decoder(model, path)
@@ -173,7 +175,7 @@ def test_every_cached_step_matches_transformers(arch, rows, tiny_model, decoder_
     assert past.length == ids.shape[1]
 
 
-@pytest.mark.parametrize("arch", DECODERS)
+@pytest.mark.parametrize("arch", FUSED)
 @pytest.mark.parametrize("rows", [1, 3], ids=["batch-1", "left-padded-batch"])
 def test_the_fused_graph_updates_its_cache_in_place_and_matches_transformers(arch, rows, tiny_model, fused_graphs):
     """The fused step graph, prefilled with a left-padded batch and then stepped one token at a time: every real
@@ -690,7 +692,7 @@ CHAT = [{"role": "system", "content": "You answer briefly."}, {"role": "user", "
         {"role": "assistant", "content": "A list."}, {"role": "user", "content": "  And another?  "}]
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "gemma3"])
 def test_a_conversation_is_rendered_and_continued_as_transformers_does(arch, tiny_model, decoder_artifacts):
     """A chat in the model's own template: kiln renders it without transformers exactly as apply_chat_template
     does, tokenizes it without adding special tokens (Llama 3's tokenizer would open it with a second BOS, Qwen3's

@@ -84,6 +84,7 @@ def make_decoder_module(model: Any):
     from transformers import DynamicCache
 
     shape = CacheShape.of(model.config)
+    window = sliding_window(model.config)
 
     class DecoderModule(torch.nn.Module):
         def __init__(self) -> None:
@@ -95,8 +96,11 @@ def make_decoder_module(model: Any):
 
         def forward(self, input_ids, attention_mask, position_ids, *past):
             cache = DynamicCache(ddp_cache_data=[(past[2 * i], past[2 * i + 1]) for i in range(shape.layers)])
-            out = self.model(input_ids=input_ids, attention_mask=causal_mask(input_ids, attention_mask),
-                             position_ids=position_ids, past_key_values=cache, use_cache=True, return_dict=True)
+            mask = causal_mask(input_ids, attention_mask)
+            if window:  # per layer type, as the model takes them: its sliding layers see the last ``window`` slots
+                mask = {"full_attention": mask, "sliding_attention": causal_mask(input_ids, attention_mask, window)}
+            out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=position_ids,
+                             past_key_values=cache, use_cache=True, return_dict=True)
             present = []
             for layer in out.past_key_values.layers:
                 present += [layer.keys, layer.values]
@@ -105,14 +109,25 @@ def make_decoder_module(model: Any):
     return DecoderModule()
 
 
-def causal_mask(input_ids, attention_mask):
-    """[batch, 1, new, past + new] additive mask: a new token sees real tokens up to its own position."""
+def sliding_window(config: Any) -> int | None:
+    """The window of a model whose layers take a mask per type (Gemma 3: ``layer_types`` with sliding layers), or
+    None. GPT-Neo's local layers apply their window themselves; a model without sliding layers needs one mask."""
+    types = getattr(config, "layer_types", None) or ()
+    return int(config.sliding_window) if "sliding_attention" in types and config.model_type != "gpt_neo" else None
+
+
+def causal_mask(input_ids, attention_mask, window: int | None = None):
+    """[batch, 1, new, past + new] additive mask: a new token sees real tokens up to its own position (and, with a
+    ``window``, only the last ``window`` cache slots: transformers' sliding layers count slots, padding included)."""
     import torch
 
     total = torch.ones_like(attention_mask[0]).sum()
     new = torch.ones_like(input_ids[0]).sum()
     key_at = torch.ones_like(attention_mask[:1]).cumsum(-1) - 1  # [1, total]
     query_at = torch.ones_like(input_ids[:1]).cumsum(-1) - 1 + (total - new)  # [1, new]
-    allowed = (key_at[:, None, :] <= query_at[:, :, None])[:, None] & attention_mask[:, None, None, :].bool()
+    before = key_at[:, None, :] <= query_at[:, :, None]
+    if window:
+        before = before & (key_at[:, None, :] > query_at[:, :, None] - window)
+    allowed = before[:, None] & attention_mask[:, None, None, :].bool()
     zeros = torch.zeros(allowed.shape, dtype=torch.float32, device=input_ids.device)
     return zeros.masked_fill(~allowed, torch.finfo(torch.float32).min)

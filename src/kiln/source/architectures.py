@@ -4,7 +4,7 @@ their heads serve), and why others are refused."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from kiln.errors import UnsupportedModelError
@@ -18,8 +18,8 @@ class ArchSpec:
     position_offset: int = 0
     # A causal (decoder-only) language model: it does the tasks whose spec says ``decoders``.
     decoder: bool = False
-    # A config.json key the family is supported only with set true, and why it is refused without it.
-    requires: tuple[str, str] | None = None
+    # A config.json key that, set true, makes this decoder family a bidirectional encoder (EmbeddingGemma's Gemma 3).
+    bidirectional_key: str | None = None
     # Why kiln distill and prune refuse the family (empty: they do it).
     compress_refused: str = ""
 
@@ -40,12 +40,11 @@ SUPPORTED: dict[str, ArchSpec] = {
     "nomic_bert": ArchSpec(),
     "gte": ArchSpec(),
     "jina_embeddings_v3": ArchSpec(),
-    # EmbeddingGemma: Gemma 3's text model with bidirectional attention (sliding layers see a window on both
-    # sides); kiln builds its masks (kiln.model.masks).
-    "gemma3_text": ArchSpec(requires=("use_bidirectional_attention", "a causal Gemma 3 (the Gemma-3 language models) "
-                                      "is not verified by kiln: its embedder, EmbeddingGemma, sets "
-                                      "use_bidirectional_attention, and kiln's generation is verified for GPT-2, "
-                                      "GPT-Neo, Llama and Qwen3"),
+    # Gemma 3's text model: the Gemma-3 language models generate (grouped-query attention, q/k norms, alternating
+    # sliding-window and global layers with their own rotary bases; kiln's step graph masks the window); with
+    # use_bidirectional_attention it is EmbeddingGemma, an encoder (sliding layers see a window on both sides;
+    # kiln builds its masks, kiln.model.masks).
+    "gemma3_text": ArchSpec(decoder=True, bidirectional_key="use_bidirectional_attention",
                             compress_refused="its per-layer attention types and q/k norms are not handled by kiln's "
                                              "layer selection or head slicing yet"),
     # Qwen3: a causal encoder (no KV cache) as Qwen3-Embedding and Qwen3-Reranker use it, pooled or scored at each
@@ -83,11 +82,11 @@ def check_task(model_type: str, arch: ArchSpec, task: str) -> None:
     TASKS[task].check_architecture(model_type, arch.decoder, generating)
 
 
-def check_config(model_type: str, arch: ArchSpec, config: Mapping[str, Any]) -> None:
-    """Refuse a supported family's config that lacks what kiln verified it with (a causal Gemma 3)."""
-    if arch.requires is not None and not config.get(arch.requires[0]):
-        key, reason = arch.requires
-        raise UnsupportedModelError(f"architecture {model_type!r} without {key}: {reason}")
+def for_config(arch: ArchSpec, config: Mapping[str, Any]) -> ArchSpec:
+    """The family's spec for this config: a decoder family whose config makes it bidirectional is an encoder."""
+    if arch.bidirectional_key is not None and config.get(arch.bidirectional_key):
+        return replace(arch, decoder=False)
+    return arch
 
 
 def arch_spec(model_type: str, custom_code: str | None = None) -> ArchSpec:

@@ -15,7 +15,7 @@ from kiln.model.layout import CONFIG_KEY as PRUNED_KEY
 from kiln.records.artifact import SourceRecord
 from kiln.records.task import TaskConfig
 from kiln.source import adapters
-from kiln.source.architectures import arch_spec, check_config, check_task
+from kiln.source.architectures import arch_spec, check_task, for_config
 from kiln.system.hashing import directory_hash, list_files
 from kiln.tasks import TASKS, TaskSpec, task_spec
 from kiln.tasks.files import read_json
@@ -128,7 +128,7 @@ def load_source(model: str | None, task: str, *, allow_pickle: bool = False, ada
     custom = config.get("auto_map") or {}
     arch = arch_spec(str(config.get("model_type", "unknown")),
                      custom_code=str(custom.get("AutoModel") or next(iter(custom.values()), "")) or None)
-    check_config(str(config.get("model_type")), arch, config)
+    arch = for_config(arch, config)
     check_task(str(config.get("model_type")), arch, spec.name)
     check_weights(model_dir, allow_pickle)
 

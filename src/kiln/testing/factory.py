@@ -80,6 +80,10 @@ LLAMA3_BPE = Family("bpe", ("<|begin_of_text|>", "<|end_of_text|>", "<|start_hea
 # Gemma's specials in their id order (pad 0, eos 1, bos 2, unk 3, mask 4); a text is <bos> ... <eos>.
 GEMMA_BPE = Family("bpe", ("<pad>", "<eos>", "<bos>", "<unk>", "<mask>"), "<bos>", "<eos>", "<pad>", "<unk>", "<mask>",
                    "<eos>", False)
+# The Gemma-3 language models' tokenizer: Gemma's specials, <bos> opening every text and none closing it, and the
+# chat template's turn markers.
+GEMMA_CHAT_BPE = Family("bpe", ("<pad>", "<eos>", "<bos>", "<unk>", "<mask>", "<start_of_turn>", "<end_of_turn>"),
+                        "<bos>", "<eos>", "<pad>", "<unk>", "<mask>", "", False, bos_only=True)
 
 # Chat templates of the tiny generators, in the shapes of the real ones: Llama 3's headers (BOS first, each message
 # trimmed, an unknown role refused by the template itself) and Qwen's ChatML (with its special markers).
@@ -93,7 +97,12 @@ LLAMA3_CHAT = (
 CHATML = (
     "{%- for message in messages %}{{- '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>\n' }}"
     "{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}{%- endif %}")
-CHAT_TEMPLATES = {"llama": LLAMA3_CHAT, "qwen3": CHATML}
+GEMMA_CHAT = (  # Gemma 3's turns: the assistant is "model", each turn closed by <end_of_turn>
+    "{{- bos_token }}{%- for message in messages %}"
+    "{%- set role = 'model' if message['role'] == 'assistant' else message['role'] %}"
+    "{{- '<start_of_turn>' + role + '\n' + message['content'] | trim + '<end_of_turn>\n' }}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<start_of_turn>model\n' }}{%- endif %}")
+CHAT_TEMPLATES = {"llama": LLAMA3_CHAT, "qwen3": CHATML, "gemma3": GEMMA_CHAT}
 
 _SMALL = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64)
 ARCHITECTURES: dict[str, tuple[Family, type, dict]] = {
@@ -150,6 +159,12 @@ ARCHITECTURES: dict[str, tuple[Family, type, dict]] = {
                          intermediate_size=64, max_position_embeddings=MAX_POSITIONS, sliding_window=8,
                          layer_types=["sliding_attention", "sliding_attention", "full_attention"],
                          use_bidirectional_attention=True)),
+    # The Gemma-3 language models in miniature (causal): sliding layers see the last 8 positions, so prompts and
+    # continuations past 8 tokens exercise the window; q/k norms, grouped-query attention, GeGLU.
+    "gemma3": (GEMMA_CHAT_BPE, transformers.Gemma3TextConfig,
+               dict(hidden_size=32, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                    intermediate_size=64, max_position_embeddings=MAX_POSITIONS, sliding_window=8,
+                    layer_types=["sliding_attention", "sliding_attention", "full_attention"])),
     "deberta-v2": (SPM_UNIGRAM, transformers.DebertaV2Config,
                    dict(_SMALL, max_position_embeddings=MAX_POSITIONS, relative_attention=True, position_buckets=32,
                         pos_att_type=["p2c", "c2p"], type_vocab_size=0)),
