@@ -36,9 +36,8 @@ from tests.waiting import concurrently, wait_until
 
 # Llama (Llama 3's rotary scaling, untied head), Qwen3 (q/k norms, tied head) and Gemma 3 (sliding layers of an
 # 8-token window, q/k norms, GeGLU): grouped-query attention, 4 query heads over 2 key/value heads, so the cache holds
-# half the heads. kiln writes no fused step graph for Gemma 3 (its step graph is transformers' own, traced).
+# half the heads.
 DECODERS = ("gpt2", "gpt_neo", "llama", "qwen3", "gemma3")
-FUSED = ("gpt2", "gpt_neo", "llama", "qwen3")
 PROMPTS = ["Return the number of items in a container, and then", "The quick", "A"]
 
 
@@ -59,7 +58,7 @@ def fused_paths(tiny_model, tmp_path_factory) -> dict[str, object]:
     from kiln.exporting.fused_decoder import build_fused_decoder
 
     out = {}
-    for arch in FUSED:
+    for arch in DECODERS:
         model = transformers.AutoModelForCausalLM.from_pretrained(tiny_model(arch, TaskName.TEXT_GENERATION)).eval()
         path = tmp_path_factory.mktemp(f"{arch}-fused") / "model.onnx"
         files = build_fused_decoder(model, path)
@@ -175,13 +174,14 @@ def test_every_cached_step_matches_transformers(arch, rows, tiny_model, decoder_
     assert past.length == ids.shape[1]
 
 
-@pytest.mark.parametrize("arch", FUSED)
+@pytest.mark.parametrize("arch", DECODERS)
 @pytest.mark.parametrize("rows", [1, 3], ids=["batch-1", "left-padded-batch"])
 def test_the_fused_graph_updates_its_cache_in_place_and_matches_transformers(arch, rows, tiny_model, fused_graphs):
     """The fused step graph, prefilled with a left-padded batch and then stepped one token at a time: every real
     position's logits equal transformers' full forward pass, through GPT-Neo's local window (8 here), past the
     buffer's first allocation and, for Llama and Qwen3, with the rotation inside the attention op at each row's own
-    positions; every step writes into the same buffers it read (the cache is never copied)."""
+    positions (Gemma 3: each layer type with its own tables, sliding layers within their window); every step
+    writes into the same buffers it read (the cache is never copied)."""
     model, ids, mask, want = _left_padded_logits(tiny_model(arch, TaskName.TEXT_GENERATION), rows, repeat=3)
     engine = fused_graphs[arch]
     steps = stepper(engine, CacheShape.of(model.config))

@@ -118,7 +118,8 @@ def sliding_window(config: Any) -> int | None:
 
 def causal_mask(input_ids, attention_mask, window: int | None = None):
     """[batch, 1, new, past + new] additive mask: a new token sees real tokens up to its own position (and, with a
-    ``window``, only the last ``window`` cache slots: transformers' sliding layers count slots, padding included)."""
+    ``window``, only keys in the last ``window`` cache slots, its own included, as transformers' sliding layers;
+    kiln's padding is all on the left, so that is the row's last ``window`` tokens, as for the text alone)."""
     import torch
 
     total = torch.ones_like(attention_mask[0]).sum()

@@ -11,8 +11,8 @@ padding (the op's layout), so the graph takes each row's length (``seqlens_k``: 
 
 The graph is written node by node from the PyTorch weights, per architecture (``BUILDERS``): the whole of GPT-2,
 GPT-Neo or a Llama-family model is a few dozen lines of ONNX, and this avoids tracing transformers' attention, whose
-shape arithmetic was ~570 nodes a step in the export. Llama-family blocks (Llama, Qwen3) rotate queries and keys
-inside the attention op (``do_rotary``, from cos/sin tables kiln computes with the model's own rotary module, so
+shape arithmetic was ~570 nodes a step in the export. Llama-family blocks (Llama, Qwen3, Gemma 3) rotate queries and
+keys inside the attention op (``do_rotary``, from cos/sin tables kiln computes with the model's own rotary module, so
 Llama 3's frequency scaling is whatever transformers computes) and read grouped-query attention's key/value heads
 as they are. Each build is checked like any variant: against the original on held-out text.
 """
@@ -52,6 +52,20 @@ class WeightFormat:
     def recipe(self) -> dict[str, Any]:
         return {"pass": "int4-weights", "op": "MatMulNBits", "block_size": self.block_size, "symmetric": True,
                 "kept_fp32": sorted(self.keep)}
+
+
+@dataclass(frozen=True)
+class _Norm:
+    """An RMSNorm's scale and epsilon. Gemma's norms scale by 1 + weight (their weights are zero-centred): the
+    offset is added here once, so the graph's op is Llama's."""
+
+    weight: np.ndarray
+    eps: float
+
+    @classmethod
+    def of(cls, module: Any, offset: float = 0.0) -> _Norm:
+        eps = module.variance_epsilon if hasattr(module, "variance_epsilon") else module.eps
+        return cls(_np(module.weight) + np.float32(offset), float(eps))
 
 
 @dataclass
@@ -133,10 +147,10 @@ class _Graph:
                                                 self.weight(f"{name}.bias", _np(module.bias))],
                          f"{name}.out", axis=-1, epsilon=float(module.eps))
 
-    def rms_norm(self, x: str, name: str, module: Any) -> str:
-        """Llama's RMSNorm (ONNX Runtime's SimplifiedLayerNormalization: x / rms(x) * weight) over the last axis."""
-        return self.node("SimplifiedLayerNormalization", [x, self.weight(f"{name}.weight", _np(module.weight))],
-                         f"{name}.out", axis=-1, epsilon=float(module.variance_epsilon))
+    def rms_norm(self, x: str, name: str, norm: _Norm) -> str:
+        """RMSNorm (ONNX Runtime's SimplifiedLayerNormalization: x / rms(x) * weight) over the last axis."""
+        return self.node("SimplifiedLayerNormalization", [x, self.weight(f"{name}.weight", norm.weight)],
+                         f"{name}.out", axis=-1, epsilon=norm.eps)
 
     def close(self) -> None:
         if self._data is not None:
@@ -189,47 +203,63 @@ class _Layer:
 
 @dataclass(frozen=True)
 class _LlamaLayer:
-    """A Llama-family block: RMSNorm, q/k/v packed as one projection, (Qwen3) RMSNorm of each query and key head,
-    rotary positions inside the attention op, a SwiGLU feed-forward with its gate and up projections packed."""
+    """A Llama-family block: RMSNorm, q/k/v packed as one projection, (Qwen3, Gemma 3) RMSNorm of each query and key
+    head, rotary positions inside the attention op, a gated feed-forward (SwiGLU; Gemma's GeGLU) with its gate and
+    up projections packed. Gemma 3 adds a norm after attention and after the feed-forward (each before its residual
+    add), and its sliding layers attend to a window and rotate with their own tables."""
 
-    input_norm: Any
+    input_norm: _Norm
     qkv_weight: np.ndarray  # [in, (heads + 2 x kv_heads) x head_size]
     qkv_bias: np.ndarray | None  # Qwen2's
-    q_norm: Any  # Qwen3's per-head RMSNorm, or None
-    k_norm: Any
+    q_norm: _Norm | None  # Qwen3's and Gemma 3's per-head RMSNorm, or None
+    k_norm: _Norm | None
     out_weight: np.ndarray
-    post_norm: Any
+    post_norm: _Norm  # before the feed-forward (Llama's post_attention_layernorm, Gemma's pre_feedforward_layernorm)
     gate_up_weight: np.ndarray  # [in, 2 x intermediate]: the gate's columns, then the up projection's
     down_weight: np.ndarray
     scale: float
     head_size: int
+    activation: str = "silu"  # the gate's: silu, or gelu_pytorch_tanh (Gemma's)
+    attn_out_norm: _Norm | None = None  # Gemma's post_attention_layernorm
+    mlp_out_norm: _Norm | None = None  # Gemma's post_feedforward_layernorm
+    window: int = -1  # keys a query sees, its own included (GroupQueryAttention's local_window_size); -1: all
+    rotary: tuple[str, str] = (COS, SIN)  # the cos/sin tables this layer rotates with
 
     def write(self, graph: _Graph, x: str, p: str, cache: _Cache) -> str:
         h = graph.rms_norm(x, f"{p}.input_norm", self.input_norm)
         qkv = graph.linear(h, f"{p}.attn.qkv", self.qkv_weight, self.qkv_bias)
-        if self.q_norm is None:
+        if self.q_norm is None or self.k_norm is None:
             q, k, v = qkv, "", ""  # packed: the op splits it
-        else:  # normalised per head before the rotation, as transformers' Qwen3 attention does
+        else:  # normalised per head before the rotation, as transformers' Qwen3 and Gemma 3 attention do
             sizes = [cache.heads * self.head_size, cache.kv_heads * self.head_size, cache.kv_heads * self.head_size]
             q, k, v = graph.node("Split", [qkv, graph.constant(f"{p}.attn.split", np.array(sizes, np.int64))],
                                  [f"{p}.attn.q", f"{p}.attn.k", f"{p}.attn.v"], axis=-1)
             q = self._per_head_norm(graph, q, f"{p}.attn.q_norm", self.q_norm, cache.heads)
             k = self._per_head_norm(graph, k, f"{p}.attn.k_norm", self.k_norm, cache.kv_heads)
-        attended = graph.node("GroupQueryAttention", [q, k, v, *cache.past, SEQLENS_K, TOTAL_LENGTH, COS, SIN,
+        attended = graph.node("GroupQueryAttention", [q, k, v, *cache.past, SEQLENS_K, TOTAL_LENGTH, *self.rotary,
                                                       POSITION_IDS],
                               [f"{p}.attn.context", *cache.present], domain=MS_DOMAIN, num_heads=cache.heads,
-                              kv_num_heads=cache.kv_heads, scale=self.scale, do_rotary=1, rotary_interleaved=0)[0]
-        x = graph.node("Add", [x, graph.linear(attended, f"{p}.attn.out", self.out_weight, None)], f"{p}.residual_1")
+                              kv_num_heads=cache.kv_heads, scale=self.scale, do_rotary=1, rotary_interleaved=0,
+                              local_window_size=self.window)[0]
+        h = graph.linear(attended, f"{p}.attn.out", self.out_weight, None)
+        if self.attn_out_norm is not None:
+            h = graph.rms_norm(h, f"{p}.attn_out_norm", self.attn_out_norm)
+        x = graph.node("Add", [x, h], f"{p}.residual_1")
         h = graph.rms_norm(x, f"{p}.post_norm", self.post_norm)
         gate_up = graph.linear(h, f"{p}.mlp.gate_up", self.gate_up_weight, None)
         width = self.down_weight.shape[0]
         gate, up = graph.node("Split", [gate_up, graph.constant(f"{p}.mlp.split", np.array([width, width], np.int64))],
                               [f"{p}.mlp.gate", f"{p}.mlp.up"], axis=-1)
-        silu = graph.node("Mul", [gate, graph.node("Sigmoid", [gate], f"{p}.mlp.sigmoid")], f"{p}.mlp.silu")
-        h = graph.node("Mul", [silu, up], f"{p}.mlp.act")
-        return graph.node("Add", [x, graph.linear(h, f"{p}.mlp.down", self.down_weight, None)], f"{p}.residual_2")
+        if self.activation == "silu":
+            gated = graph.node("Mul", [gate, graph.node("Sigmoid", [gate], f"{p}.mlp.sigmoid")], f"{p}.mlp.silu")
+        else:  # gelu_pytorch_tanh: FastGelu is its tanh formula
+            gated = graph.node("FastGelu", [gate], f"{p}.mlp.gelu", domain=MS_DOMAIN)
+        h = graph.linear(graph.node("Mul", [gated, up], f"{p}.mlp.act"), f"{p}.mlp.down", self.down_weight, None)
+        if self.mlp_out_norm is not None:
+            h = graph.rms_norm(h, f"{p}.mlp_out_norm", self.mlp_out_norm)
+        return graph.node("Add", [x, h], f"{p}.residual_2")
 
-    def _per_head_norm(self, graph: _Graph, x: str, name: str, norm: Any, heads: int) -> str:
+    def _per_head_norm(self, graph: _Graph, x: str, name: str, norm: _Norm, heads: int) -> str:
         split = graph.constant(f"{name}.head_shape", np.array([0, 0, heads, self.head_size], np.int64))
         normed = graph.rms_norm(graph.node("Reshape", [x, split], f"{name}.in"), name, norm)
         flat = graph.constant(f"{name}.flat_shape", np.array([0, 0, heads * self.head_size], np.int64))
@@ -243,7 +273,8 @@ class _Decoder:
     final_norm: Callable[[_Graph, str], str]
     lm_head: np.ndarray  # [vocab, hidden]
     heads: int  # query heads
-    rotary: tuple[np.ndarray, np.ndarray] | None = None  # cos and sin tables [positions, head_size / 2]
+    rotary: dict[str, np.ndarray] = field(default_factory=dict)  # cos and sin tables [positions, head_size / 2]
+    logit_softcap: float | None = None  # Gemma's final_logit_softcapping: logits = cap * tanh(logits / cap)
 
 
 def _np(tensor: Any) -> np.ndarray:
@@ -302,43 +333,91 @@ def _gpt_decoder(model: Any, layers: Iterator[_Layer]) -> _Decoder:
 
 def _llama(model: Any) -> _Decoder:
     """Llama and Qwen3 (Qwen2's q/k/v biases too): the blocks' weights, and rotary tables over every position."""
-    import torch
-
     config, body = model.config, model.model
     shape = CacheShape.of(config)
 
     def layers() -> Iterator[_LlamaLayer]:
         for block in body.layers:
             attention, mlp = block.self_attn, block.mlp
-            projections = (attention.q_proj, attention.k_proj, attention.v_proj)
-            qkv = np.concatenate([_np(m.weight) for m in projections]).T  # nn.Linear keeps [out, in]
-            bias = np.concatenate([_np(m.bias) for m in projections]) if attention.q_proj.bias is not None else None
-            yield _LlamaLayer(block.input_layernorm, qkv, bias, getattr(attention, "q_norm", None),
-                              getattr(attention, "k_norm", None), _np(attention.o_proj.weight).T,
-                              block.post_attention_layernorm,
-                              np.concatenate([_np(mlp.gate_proj.weight), _np(mlp.up_proj.weight)]).T,
-                              _np(mlp.down_proj.weight).T, float(attention.scaling), shape.head_size)
-
-    # The model's own rotary module gives cos and sin (its scaling rules, e.g. Llama 3's, and attention_scaling
-    # applied); each repeats its first half (rotate_half's layout), which is what the op's tables hold.
-    with torch.no_grad():
-        where = torch.arange(int(config.max_position_embeddings))[None]
-        cos, sin = body.rotary_emb(torch.zeros(1, dtype=torch.float32), where)
-    half = shape.head_size // 2
+            q_norm, k_norm = getattr(attention, "q_norm", None), getattr(attention, "k_norm", None)
+            yield _LlamaLayer(_Norm.of(block.input_layernorm), *_qkv(attention),
+                              _Norm.of(q_norm) if q_norm is not None else None,
+                              _Norm.of(k_norm) if k_norm is not None else None, _np(attention.o_proj.weight).T,
+                              _Norm.of(block.post_attention_layernorm), *_gate_up_down(mlp),
+                              float(attention.scaling), shape.head_size)
 
     def embed(graph: _Graph) -> str:
         table = graph.weight("embed_tokens", _np(body.embed_tokens.weight))
         return graph.node("Gather", [table, INPUT_IDS], "embedded")
 
-    return _Decoder(embed, layers(), lambda graph, x: graph.rms_norm(x, "norm", body.norm),
-                    _np(model.get_output_embeddings().weight), int(config.num_attention_heads),
-                    (_np(cos[0, :, :half]), _np(sin[0, :, :half])))
+    cos, sin = _rotary_tables(body.rotary_emb, config, shape)
+    return _Decoder(embed, layers(), lambda graph, x: graph.rms_norm(x, "norm", _Norm.of(body.norm)),
+                    _np(model.get_output_embeddings().weight), int(config.num_attention_heads), {COS: cos, SIN: sin})
 
 
-LLAMA_FAMILY = ("llama", "qwen3")
+def _gemma3(model: Any) -> _Decoder:
+    """The Gemma-3 language models: embeddings scaled by sqrt(hidden), norms of 1 + weight (four a block), GeGLU,
+    sliding layers with a window and their own rotary base, and the logits soft-capped where the config says."""
+    config, body = model.config, model.model
+    shape = CacheShape.of(config)
+    tables = {kind: _rotary_tables(body.rotary_emb, config, shape, kind) for kind in sorted(set(config.layer_types))}
+    names = {kind: (f"{COS}.{kind}", f"{SIN}.{kind}") for kind in tables}
+
+    def layers() -> Iterator[_LlamaLayer]:
+        for kind, block in zip(config.layer_types, body.layers):
+            attention, mlp = block.self_attn, block.mlp
+            yield _LlamaLayer(_Norm.of(block.input_layernorm, 1.0), *_qkv(attention),
+                              _Norm.of(attention.q_norm, 1.0), _Norm.of(attention.k_norm, 1.0),
+                              _np(attention.o_proj.weight).T, _Norm.of(block.pre_feedforward_layernorm, 1.0),
+                              *_gate_up_down(mlp), float(attention.scaling), shape.head_size,
+                              activation=config.hidden_activation,
+                              attn_out_norm=_Norm.of(block.post_attention_layernorm, 1.0),
+                              mlp_out_norm=_Norm.of(block.post_feedforward_layernorm, 1.0),
+                              # a query sees the last sliding_window slots, its own included (transformers' mask)
+                              window=int(config.sliding_window) if kind == "sliding_attention" else -1,
+                              rotary=names[kind])
+
+    def embed(graph: _Graph) -> str:
+        tokens = graph.node("Gather", [graph.weight("embed_tokens", _np(body.embed_tokens.weight)), INPUT_IDS],
+                            "tokens")
+        scale = graph.constant("embed_scale", np.array(float(body.embed_tokens.scalar_embed_scale), np.float32))
+        return graph.node("Mul", [tokens, scale], "embedded")
+
+    rotary = {name: table for kind, pair in names.items() for name, table in zip(pair, tables[kind])}
+    return _Decoder(embed, layers(), lambda graph, x: graph.rms_norm(x, "norm", _Norm.of(body.norm, 1.0)),
+                    _np(model.get_output_embeddings().weight), int(config.num_attention_heads), rotary,
+                    config.final_logit_softcapping)
+
+
+def _qkv(attention: Any) -> tuple[np.ndarray, np.ndarray | None]:
+    """q, k and v packed as one [in, out] projection (nn.Linear keeps [out, in]), and their biases where set."""
+    projections = (attention.q_proj, attention.k_proj, attention.v_proj)
+    qkv = np.concatenate([_np(m.weight) for m in projections]).T
+    bias = np.concatenate([_np(m.bias) for m in projections]) if attention.q_proj.bias is not None else None
+    return qkv, bias
+
+
+def _gate_up_down(mlp: Any) -> tuple[np.ndarray, np.ndarray]:
+    return np.concatenate([_np(mlp.gate_proj.weight), _np(mlp.up_proj.weight)]).T, _np(mlp.down_proj.weight).T
+
+
+def _rotary_tables(rotary: Any, config: Any, shape: CacheShape, *kind: str) -> tuple[np.ndarray, np.ndarray]:
+    """cos and sin over every position from the model's own rotary module (its scaling rules, e.g. Llama 3's, and
+    attention_scaling applied; ``kind``: Gemma 3's layer type). Each repeats its first half (rotate_half's
+    layout); the op's tables hold that half."""
+    import torch
+
+    with torch.no_grad():
+        where = torch.arange(int(config.max_position_embeddings))[None]
+        cos, sin = rotary(torch.zeros(1, dtype=torch.float32), where, *kind)
+    half = shape.head_size // 2
+    return _np(cos[0, :, :half]), _np(sin[0, :, :half])
+
+
+LLAMA_FAMILY = ("llama", "qwen3", "gemma3_text")  # rotary inside the attention op
 # transformers model_type -> its embedding, blocks and head, each able to write itself into the graph.
-BUILDERS: dict[str, Callable[[Any], _Decoder]] = {"gpt2": _gpt2, "gpt_neo": _gpt_neo,
-                                                   **dict.fromkeys(LLAMA_FAMILY, _llama)}
+BUILDERS: dict[str, Callable[[Any], _Decoder]] = {"gpt2": _gpt2, "gpt_neo": _gpt_neo, "llama": _llama,
+                                                   "qwen3": _llama, "gemma3_text": _gemma3}
 
 
 def why_not(config: Any) -> str | None:
@@ -346,7 +425,14 @@ def why_not(config: Any) -> str | None:
     kind = config.model_type
     if kind not in BUILDERS:
         return f"kiln writes fused step graphs for {', '.join(sorted(BUILDERS))}, not {kind}"
-    if kind in LLAMA_FAMILY:
+    if kind == "gemma3_text":
+        if getattr(config, "use_bidirectional_attention", False):
+            return "a bidirectional Gemma 3 (EmbeddingGemma) is an encoder, not a generator"
+        if config.hidden_activation != "gelu_pytorch_tanh":
+            return f"activation {config.hidden_activation!r}: kiln's Gemma 3 graph computes GeGLU with tanh's gelu"
+        if config.attn_logit_softcapping is not None:
+            return "attention logit soft-capping is not written into kiln's fused graph"
+    elif kind in LLAMA_FAMILY:
         if config.hidden_act != "silu":
             return f"activation {config.hidden_act!r}: kiln's Llama-family graph computes SwiGLU with silu"
     else:
@@ -381,9 +467,8 @@ def build_fused_decoder(model: Any, path: Path, weights: WeightFormat = WeightFo
     graph = _Graph(path, weights)
     try:
         x = decoder.embed(graph)
-        if decoder.rotary is not None:
-            graph.weight(COS, decoder.rotary[0])
-            graph.weight(SIN, decoder.rotary[1])
+        for name, table in decoder.rotary.items():
+            graph.weight(name, table)
         cache_dims = ["batch", shape.heads, "max_sequence", shape.head_size]
         cache_inputs, cache_outputs = [], []
         for i, (layer, past, present) in enumerate(zip(decoder.layers, _pairs(shape.past_names()),
@@ -396,7 +481,13 @@ def build_fused_decoder(model: Any, path: Path, weights: WeightFormat = WeightFo
         at = graph.node("Unsqueeze", [LOGITS_AT, graph.constant("axis_2", np.array([2], np.int64))], "logits_at")
         h = graph.node("GatherND", [h, at], "logits_hidden", batch_dims=1)
         # A MatMul over [hidden, vocab], as the export has it: the int8 passes quantize it as one more layer.
-        graph.matmul(h, "lm_head.weight", decoder.lm_head.T, LOGITS)
+        if decoder.logit_softcap is None:
+            graph.matmul(h, "lm_head.weight", decoder.lm_head.T, LOGITS)
+        else:
+            cap = graph.constant("logit_softcap", np.array(decoder.logit_softcap, np.float32))
+            logits = graph.matmul(h, "lm_head.weight", decoder.lm_head.T, "logits.raw")
+            capped = graph.node("Tanh", [graph.node("Div", [logits, cap], "logits.scaled")], "logits.tanh")
+            graph.node("Mul", [capped, cap], LOGITS)
         inputs = [helper.make_tensor_value_info(INPUT_IDS, TensorProto.INT64, ["batch", "sequence"]),
                   helper.make_tensor_value_info(POSITION_IDS, TensorProto.INT64, ["batch", "sequence"]),
                   helper.make_tensor_value_info(SEQLENS_K, TensorProto.INT32, ["batch"]),

@@ -420,8 +420,8 @@ class OptimizeJob:
         best = min(timed, key=lambda o: o.timing.ms_per_sequence)
         if full.ms_per_sequence < best.timing.ms_per_sequence:
             return None
-        return (f"not searched: fully int8, it is no faster than {best.name}",
-                f"fully int8 {full.ms_per_sequence:.1f} ms a text, fastest accepted ({best.name}) "
+        return (f"not searched: fully quantized, it is no faster than {best.name}",
+                f"fully quantized {full.ms_per_sequence:.1f} ms a text, fastest accepted ({best.name}) "
                 f"{best.timing.ms_per_sequence:.1f}")
 
     def _alternatives(self, spec: VariantSpec, default: Checked) -> Checked:
@@ -509,7 +509,7 @@ class OptimizeJob:
         if float_timing is None:
             return SearchBound(None, rank())
         best = min(timed, key=lambda o: o.timing.ms_per_sequence)
-        said = (f"fully int8 {full.ms_per_sequence:.1f} ms a text, {source} {float_timing.ms_per_sequence:.1f}, "
+        said = (f"fully quantized {full.ms_per_sequence:.1f} ms a text, {source} {float_timing.ms_per_sequence:.1f}, "
                 f"fastest accepted ({best.name}) {best.timing.ms_per_sequence:.1f}")
         if slower := self._slower_than_best(full):  # no ranking either: nothing can pay
             return SearchBound(0, [], slower[0], said)
