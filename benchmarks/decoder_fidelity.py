@@ -8,7 +8,10 @@ Training text: the calibration half of the Python reference manual (``kiln.data.
 library's docstrings. kiln validates on the other, held-out half of the manual (agreement and perplexity), which
 training never sees. A byte-level BPE of 8,192 tokens is trained on the same text.
 
-    python benchmarks/decoder_fidelity.py [--arch llama] [--minutes 12] [--layers 4] [--width 256]
+    python benchmarks/decoder_fidelity.py [--arch llama] [--minutes 12] [--layers 4] [--width 256] [--keep DIR]
+
+``--keep DIR`` leaves the trained model (DIR/model) and kiln optimize's output (DIR/opt) for
+``benchmarks/decoder_peers.py DIR/model DIR/opt``.
 
 -> benchmarks/decoder_fidelity.json (training curve, held-out perplexity, kiln optimize's per-variant figures) and
 benchmarks/decoder_fidelity.summary.md (kiln optimize's summary).
@@ -125,11 +128,13 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--width", type=int, default=256)
     parser.add_argument("--json", "--output", dest="output", type=Path, default=OUT / "decoder_fidelity.json")
+    parser.add_argument("--keep", type=Path, help="keep the trained model and the optimize output here")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as scratch:
-        model_dir = Path(scratch) / f"{args.arch}-docs"
+        root = args.keep or Path(scratch)
+        model_dir = root / "model"
         trained = train(model_dir, args.minutes, args.layers, args.width, arch=args.arch)
-        opt = Path(scratch) / "opt"
+        opt = root / "opt"
         subprocess.run([sys.executable, "-m", "kiln", "optimize", str(model_dir), "--task", "text-generation",
                         "-o", str(opt)], check=True)
         results = json.loads((opt / "results.json").read_text())

@@ -1,18 +1,24 @@
-"""kiln's decoder variants against the tools a user would pick instead, on the same GPT-2-small-shaped weights.
+"""kiln's decoder variants against the tools a user would pick instead, on the same weights.
 
 Configurations (each in a fresh process; the peers in their own venv, ``--venv``, created on first use):
   * transformers ``generate``, PyTorch fp32, and bf16 where the CPU has it (kiln's venv);
-  * optimum-intel ``OVModelForCausalLM`` (stateful, int8 weights: ``load_in_8bit=True``);
-  * CTranslate2's ``Generator`` on its own int8 conversion;
-  * ONNX Runtime GenAI running kiln's own exported step graph (onnx-fp32 and onnx-int8-dynamic) with a
-    ``genai_config.json`` written here;
+  * GPT-2 and GPT-Neo: optimum-intel ``OVModelForCausalLM`` (int8 weights), CTranslate2 on its own int8 conversion,
+    ONNX Runtime GenAI running kiln's own exported step graph with a ``genai_config.json`` written here;
+  * Llama family (Llama, Qwen3): OpenVINO GenAI's ``LLMPipeline`` on optimum-cli's int4 and int8 weight exports,
+    ONNX Runtime GenAI on its own model builder's int4 and fp32 graphs, and llama.cpp (llama-cpp-python, built
+    here) on Q4_K_M and Q8_0 files from llama.cpp's own converter and quantizer;
   * kiln's variants from a ``kiln optimize`` output (``kiln.decoder.generate.stream`` on token ids).
 
-Per configuration, greedy decoding of prompts of 128 and 512 token ids at batch 1 and 4: time to first token
-(a 1-token call, median of 3) and per-token latency ((64-token call - first token) / 63). The tokens of every
-configuration are compared with transformers fp32's: equal precision must mean equal tokens (same weights).
+Per configuration, greedy decoding of prompts of ``--lengths`` tokens (128 and 512 by default) at batch 1 and 4:
+time to first token (a 1-token call, median of 3) and per-token latency ((64-token call - first token) / 63).
+llama-cpp-python's ``Llama`` decodes one sequence at a time: its batch-4 rows are four sequences in turn. Prompts
+are random token ids, or ``--prompts text``: held-out paragraphs of the Python manual, with 32 more such prompts
+generated (in fours, untimed) for a trained model's agreement. The tokens of every configuration are compared with
+transformers fp32's up to its first EOS (what a user sees): equal precision must mean equal tokens; lower precision
+costs the agreement it reports.
 
     python benchmarks/decoder_peers.py MODEL_DIR KILN_OPTIMIZE_OUT [--threads 2] [--rounds 5] [--json out.json]
+    python benchmarks/decoder_peers.py MODEL_DIR OUT --shape smollm2-135m --lengths 128,1024   # builds both first
 
 One pass of a configuration moved its per-token latency by up to 20% on a 2-core VM; ``--rounds N`` runs the
 configurations N times, alternated, and reports each cell's median with the passes beside it.
@@ -23,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -35,24 +42,59 @@ OUT = Path(__file__).resolve().parent / "out"  # results land here (gitignored),
 
 HERE = Path(__file__).resolve().parent
 NEW = 64
-SHAPES = [(1, 128), (4, 128), (1, 512), (4, 512)]
 PEER_PACKAGES = ["torch==2.13.0", "transformers==4.57.1", "optimum-intel[openvino,nncf]==2.2.0", "ctranslate2==4.8.5",
-                 "onnxruntime-genai==0.18.0"]
+                 "onnxruntime-genai==0.18.0", "openvino-genai==2026.4.1.0", "openvino-tokenizers==2026.4.1.0",
+                 "llama-cpp-python==0.3.36", "sentencepiece"]
+# ONNX Runtime GenAI's model builder imports transformers 5's classes; optimum-intel 2.2 needs transformers 4.
+GENAI_PACKAGES = ["torch==2.13.0", "transformers==5.23.0", "onnxruntime-genai==0.18.0", "onnx_ir", "onnx"]
+LLAMA_FAMILY = ("llama", "qwen3", "qwen2", "gemma3_text")
+AGREEMENT, AGREEMENT_PROMPTS = "agreement", 32  # --prompts text: held-out prompts judged, not timed
+# Real models' shapes with random weights (build_tiny_model's ``shape``): latency does not depend on the values.
+BUILD_SHAPES = {"smollm2-135m": ("llama", dict(vocab_size=49152, hidden_size=576, num_hidden_layers=30,
+                                               num_attention_heads=9, num_key_value_heads=3, head_dim=64,
+                                               intermediate_size=1536, max_position_embeddings=2048,
+                                               rope_theta=100000.0, tie_word_embeddings=True))}
+# kiln's variants built for the peers' precisions (a decoder's defaults add onnx-fp32/int8 and openvino-fp32).
+LLAMA_VARIANTS = "onnx-fused,onnx-int4-weights,openvino-int8-weights,openvino-int4-weights"
 
 
-def prompt_ids(batch: int, length: int) -> list[list[int]]:
+def prompts(kind: str, lengths: list[int], tokenizer_dir: str) -> dict[str, list[list[int]]]:
+    """Per shape ("BxN"), ``B`` prompts of ``N`` token ids: random ids, or (``kind="text"``) consecutive windows of
+    the Python manual's held-out paragraphs in the model's tokenizer, which a model trained on the calibration half
+    (benchmarks/decoder_fidelity.py) never saw. Written once by the orchestrator, read by every worker."""
     import numpy as np
 
-    rng = np.random.default_rng(length)
-    return rng.integers(100, 1000, (batch, length)).tolist()
+    stream: list[int] = []
+    if kind == "text":
+        import tokenizers
+
+        from kiln.data.corpus import paragraphs
+
+        tok = tokenizers.Tokenizer.from_file(str(Path(tokenizer_dir) / "tokenizer.json"))
+        stream = [i for text in paragraphs("held-out") for i in tok.encode(text).ids]
+    out = {}
+    for length in lengths:
+        for batch in (1, 4):
+            if stream:
+                out[f"{batch}x{length}"] = [stream[k * length:(k + 1) * length] for k in range(batch)]
+            else:
+                out[f"{batch}x{length}"] = np.random.default_rng(length).integers(100, 1000, (batch, length)).tolist()
+    if stream:  # the agreement set: AGREEMENT_PROMPTS further windows, generated in fours and not timed
+        length, start = lengths[0], 8 * lengths[0]
+        out[AGREEMENT] = [stream[start + k * length:start + (k + 1) * length] for k in range(AGREEMENT_PROMPTS)]
+    return out
 
 
 def measure(generate) -> dict:
-    """``generate(ids, new) -> list of token lists`` timed over SHAPES."""
+    """``generate(ids, new) -> list of token lists`` timed over the orchestrator's prompts (the agreement set's
+    tokens only kept)."""
+    shapes = json.loads(Path(os.environ["KILN_PEER_PROMPT_FILE"]).read_text())
+    agreement = shapes.pop(AGREEMENT, [])
     rows, tokens = [], {}
-    generate(prompt_ids(1, 8), 2)  # warm-up
-    for batch, length in SHAPES:
-        ids = prompt_ids(batch, length)
+    first = next(iter(shapes.values()))
+    generate([first[0][:8]], 2)  # warm-up
+    for shape, ids in shapes.items():
+        batch, length = len(ids), len(ids[0])
         firsts = []
         for _ in range(3):
             start = time.perf_counter()
@@ -64,8 +106,11 @@ def measure(generate) -> dict:
         first = statistics.median(firsts)
         rows.append({"batch": batch, "prompt": length, "first_token_ms": round(1000 * first, 1),
                      "per_token_ms": round(1000 * (whole - first) / (NEW - 1), 2)})
-        tokens[f"{batch}x{length}"] = [list(map(int, o))[:NEW] for o in out]
+        tokens[shape] = [list(map(int, o))[:NEW] for o in out]
         print(rows[-1], file=sys.stderr, flush=True)
+    if agreement:
+        tokens[AGREEMENT] = [list(map(int, o))[:NEW] for k in range(0, len(agreement), 4)
+                             for o in generate(agreement[k:k + 4], NEW)]
     return {"rows": rows, "tokens": tokens}
 
 
@@ -177,8 +222,10 @@ def genai_worker(variant_dir: str, model_dir: str, threads: int):
                                 "present_value_names": "present.%d.value"}}},
         "search": {"do_sample": False, "max_length": config.n_positions, "num_beams": 1, "min_length": 0,
                    "past_present_share_buffer": False}}))
-    model = og.Model(str(work))
+    return _genai_generate(og, og.Model(str(work)))
 
+
+def _genai_generate(og, model):
     def generate(ids, new):
         params = og.GeneratorParams(model)
         params.set_search_options(max_length=len(ids[0]) + new, min_length=len(ids[0]) + new, do_sample=False,
@@ -193,6 +240,104 @@ def genai_worker(variant_dir: str, model_dir: str, threads: int):
         return out
 
     return generate
+
+
+def ov_genai_worker(model_dir: str, weights: str, threads: int):
+    """OpenVINO GenAI's LLMPipeline on optimum-cli's export with ``--weight-format`` int4 or int8 (its defaults
+    for the rest: what a user of ``optimum-cli export openvino`` gets)."""
+    import numpy as np
+    import openvino as ov
+    import openvino_genai
+
+    out = Path(tempfile.mkdtemp(prefix=f"ov-{weights}-"))
+    cli = Path(sys.executable).parent / "optimum-cli"
+    # int4 in groups of 64 input channels: NNCF refuses its default 128 where a width is no multiple of it
+    # (SmolLM2-135M's 576; the trained model's 704), as kiln's openvino-int4-weights falls back to 64.
+    group = ["--group-size", "64"] if weights == "int4" else []
+    subprocess.run([str(cli), "export", "openvino", "-m", model_dir, "--task", "text-generation-with-past",
+                    "--weight-format", weights, *group, str(out)], check=True, stdout=sys.stderr)
+    pipe = openvino_genai.LLMPipeline(str(out), "CPU", INFERENCE_NUM_THREADS=threads)
+
+    def generate(ids, new):
+        config = openvino_genai.GenerationConfig(max_new_tokens=new, min_new_tokens=new, ignore_eos=True,
+                                                 do_sample=False)
+        x = np.array(ids, dtype=np.int64)
+        inputs = openvino_genai.TokenizedInputs(ov.Tensor(x), ov.Tensor(np.ones_like(x)))
+        return [list(t) for t in pipe.generate(inputs, config).tokens]
+
+    return generate
+
+
+def genai_builder_worker(model_dir: str, precision: str, threads: int):
+    """ONNX Runtime GenAI on the graph its own model builder makes from the checkpoint (``-p int4`` or ``fp32``
+    for the CPU): what a user of ORT GenAI runs, not kiln's graph."""
+    import onnxruntime_genai as og
+
+    out = Path(tempfile.mkdtemp(prefix=f"genai-{precision}-"))
+    subprocess.run([sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", model_dir, "-o", str(out),
+                    "-p", precision, "-e", "cpu", "-c", str(out / "cache")], check=True, stdout=sys.stderr)
+    config = json.loads((out / "genai_config.json").read_text())
+    config["model"]["decoder"]["session_options"]["intra_op_num_threads"] = threads
+    (out / "genai_config.json").write_text(json.dumps(config))
+    return _genai_generate(og, og.Model(str(out)))
+
+
+LLAMA_CPP_FTYPES = {"Q4_K_M": 15, "Q8_0": 7}  # llama.h's LLAMA_FTYPE_MOSTLY_*
+
+
+def llama_cpp_worker(model_dir: str, quant: str, threads: int):
+    """llama.cpp through llama-cpp-python: the checkpoint through llama.cpp's own converter (convert_hf_to_gguf.py,
+    from llama-cpp-python's source distribution) to f32, then its quantizer to ``quant``. A tokenizer the converter
+    does not know by hash is declared GPT-2's pre-tokenizer (the trained model's byte-level BPE is; token ids go in
+    and out here either way)."""
+    import llama_cpp
+
+    out = Path(tempfile.mkdtemp(prefix="gguf-"))
+    source = _llama_cpp_source()
+    f32, quantized = out / "model-f32.gguf", out / f"model-{quant}.gguf"
+    convert = (f"import sys; sys.path[:0] = [{str(source)!r}, {str(source / 'gguf-py')!r}]; "
+               "import convert_hf_to_gguf as c; c.TextModel.get_vocab_base_pre = lambda self, tokenizer: 'gpt-2'; "
+               f"sys.argv = ['convert', {model_dir!r}, '--outfile', {str(f32)!r}, '--outtype', 'f32']; c.main()")
+    subprocess.run([sys.executable, "-c", convert], check=True, stdout=sys.stderr)
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = LLAMA_CPP_FTYPES[quant]
+    params.nthread = threads
+    if llama_cpp.llama_model_quantize(str(f32).encode(), str(quantized).encode(), params) != 0:
+        raise RuntimeError(f"llama.cpp could not quantize to {quant}")
+    llm = llama_cpp.Llama(str(quantized), n_ctx=2048, n_batch=512, n_threads=threads, n_threads_batch=threads,
+                          verbose=False)
+
+    def generate(ids, new):
+        rows = []
+        for row in ids:  # one sequence at a time: the Llama class has no batched generation
+            llm.reset()
+            tokens = []
+            for token in llm.generate(row, top_k=1, top_p=1.0, temp=0.0, reset=True):
+                tokens.append(int(token))
+                if len(tokens) == new:
+                    break
+            rows.append(tokens)
+        return rows
+
+    return generate
+
+
+def _llama_cpp_source() -> Path:
+    """llama.cpp's converter and gguf-py, unpacked once from llama-cpp-python's source distribution beside the
+    venv (the wheel does not carry them)."""
+    import llama_cpp
+
+    target = Path(sys.prefix) / "llama.cpp-source"
+    if not (target / "convert_hf_to_gguf.py").is_file():
+        download = Path(tempfile.mkdtemp(prefix="sdist-"))
+        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:", "-d",
+                        str(download), f"llama-cpp-python=={llama_cpp.__version__}"], check=True)
+        import tarfile
+
+        with tarfile.open(next(download.glob("*.tar.gz"))) as archive:
+            archive.extractall(download, filter="data")
+        shutil.copytree(next(download.glob("*/vendor/llama.cpp")), target)
+    return target
 
 
 def kiln_worker(artifact: str, variant: str, threads: int):
@@ -218,6 +363,9 @@ def worker(args: list[str]) -> None:
     makers = {"transformers": lambda: transformers_worker(rest[0], rest[1], threads),
               "optimum": lambda: optimum_worker(rest[0], threads), "ct2": lambda: ct2_worker(rest[0], threads),
               "genai": lambda: genai_worker(rest[0], rest[1], threads),
+              "ov-genai": lambda: ov_genai_worker(rest[0], rest[1], threads),
+              "genai-builder": lambda: genai_builder_worker(rest[0], rest[1], threads),
+              "llama-cpp": lambda: llama_cpp_worker(rest[0], rest[1], threads),
               "kiln": lambda: kiln_worker(rest[0], rest[1], threads)}
     print(json.dumps(measure(makers[kind]())))
 
@@ -235,7 +383,9 @@ def served_streams(artifact: Path, model_dir: str, streams: int) -> dict:
     from kiln.serving import process
 
     tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
-    prompts = [tokenizer.decode(row) for row in prompt_ids(streams, 128)]
+    import numpy as np
+
+    texts = [tokenizer.decode(row) for row in np.random.default_rng(128).integers(100, 1000, (streams, 128))]
     proc, port = process.start_server([sys.executable, "-m", "kiln", "serve", str(artifact)])
 
     def one(prompt: str) -> tuple[float, int]:
@@ -250,10 +400,10 @@ def served_streams(artifact: Path, model_dir: str, streams: int) -> dict:
         return first or 0.0, chunks
 
     try:
-        one(prompts[0])  # warm-up
+        one(texts[0])  # warm-up
         begin = time.perf_counter()
         with concurrent.futures.ThreadPoolExecutor(streams) as pool:
-            done = list(pool.map(one, prompts))
+            done = list(pool.map(one, texts))
         wall = time.perf_counter() - begin
     finally:
         proc.terminate()
@@ -265,12 +415,12 @@ def served_streams(artifact: Path, model_dir: str, streams: int) -> dict:
 
 
 # -- the orchestrator -----------------------------------------------------------------------------------------
-def ensure_venv(venv: Path) -> Path:
+def ensure_venv(venv: Path, packages: list[str] = PEER_PACKAGES) -> Path:
     python = venv / "bin" / "python"
     if not python.exists():
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-        subprocess.run([str(python), "-m", "pip", "install", "-q", PEER_PACKAGES[0]], check=True)
-        subprocess.run([str(python), "-m", "pip", "install", "-q", *PEER_PACKAGES[1:]], check=True)
+        subprocess.run([str(python), "-m", "pip", "install", "-q", packages[0]], check=True)  # torch from disk
+        subprocess.run([str(python), "-m", "pip", "install", "-q", *packages[1:]], check=True)
     return python
 
 
@@ -287,26 +437,43 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1,
                         help="passes over the configurations, alternated (a fresh process each); cells are medians")
     parser.add_argument("--json", type=Path, default=OUT / "decoder_peers.json")
+    parser.add_argument("--shape", choices=sorted(BUILD_SHAPES),
+                        help="build MODEL (random weights of this real model's shape) and kiln optimize's OUT first")
+    parser.add_argument("--prompts", choices=("ids", "text"), default="ids",
+                        help="random token ids, or held-out manual text in the model's tokenizer (a trained model)")
+    parser.add_argument("--lengths", default="128,512", help="prompt lengths in tokens, each at batch 1 and 4")
     args = parser.parse_args()
     from kiln.system.cpu import cpu_info
 
+    if args.shape:
+        build(args.shape, args.model, args.artifact)
     peer = str(ensure_venv(args.venv))
     me = sys.executable
     model, art = str(args.model), str(args.artifact)
     manifest = json.loads((args.artifact / "manifest.json").read_text())
     variants = manifest["variants"]  # name -> record
-    configs = {"transformers-fp32": [me, "transformers", model, "float32"],
-               "optimum-intel-int8-weights": [peer, "optimum", model],
-               "ctranslate2-int8": [peer, "ct2", model]}
+    model_type = json.loads((args.model / "config.json").read_text())["model_type"]
+    configs = {"transformers-fp32": [me, "transformers", model, "float32"]}
     if cpu_info().has_bf16:
         configs["transformers-bf16"] = [me, "transformers", model, "bfloat16"]
+    if model_type in LLAMA_FAMILY:
+        genai = str(ensure_venv(args.venv.parent / ".genai-venv", GENAI_PACKAGES))
+        configs.update({"openvino-genai int4 (optimum-cli)": [peer, "ov-genai", model, "int4"],
+                        "openvino-genai int8 (optimum-cli)": [peer, "ov-genai", model, "int8"],
+                        "onnxruntime-genai int4 (its builder)": [genai, "genai-builder", model, "int4"],
+                        "onnxruntime-genai fp32 (its builder)": [genai, "genai-builder", model, "fp32"],
+                        "llama.cpp Q4_K_M": [peer, "llama-cpp", model, "Q4_K_M"],
+                        "llama.cpp Q8_0": [peer, "llama-cpp", model, "Q8_0"]})
+    else:
+        configs.update({"optimum-intel-int8-weights": [peer, "optimum", model],
+                        "ctranslate2-int8": [peer, "ct2", model]})
     # GenAI runs the exported step graph (mask in, cache concatenated), kept as the artifact's reference where a
     # decoder's defaults replaced onnx-fp32 by onnx-fused; the fused graph takes no attention mask, which GenAI wants.
     graphs = dict(variants)
     reference = manifest["build"].get("reference_variant")
     if reference and reference["name"] not in graphs:
         graphs[reference["name"]] = reference
-    for name in ("onnx-fp32", "onnx-int8-dynamic"):
+    for name in ("onnx-fp32", "onnx-int8-dynamic") if model_type not in LLAMA_FAMILY else ():
         if name in graphs:
             graph_dir = (args.artifact / graphs[name]["path"]).parent
             configs[f"onnxruntime-genai on kiln {name}"] = [peer, "genai", str(graph_dir), model]
@@ -316,15 +483,17 @@ def main() -> None:
     # --only reruns some configurations and keeps the others' results from the same file.
     results = json.loads(args.json.read_text())["results"] if args.only and args.json.is_file() else {}
     passes: dict[str, list[dict]] = {}
+    prompt_file = Path(tempfile.mkdtemp(prefix="prompts-")) / "prompts.json"
+    prompt_file.write_text(json.dumps(prompts(args.prompts, [int(n) for n in args.lengths.split(",")], model)))
     for round_ in range(args.rounds):  # configurations alternate, so a slow spell of the machine hits them all
         for name, (python, *argv) in configs.items():
             if name not in wanted or "error" in results.get(name, {}):
                 continue
             print(f"== {name} (round {round_ + 1} of {args.rounds})", flush=True)
-            env = {**os.environ, "KILN_PEER_THREADS": str(args.threads)}
+            env = {**os.environ, "KILN_PEER_THREADS": str(args.threads), "KILN_PEER_PROMPT_FILE": str(prompt_file)}
             done = subprocess.run([python, __file__, "--worker", *argv], capture_output=True, text=True, env=env)
             if done.returncode != 0:
-                results[name] = {"error": done.stderr.strip().splitlines()[-1] if done.stderr.strip() else "failed"}
+                results[name] = {"error": _error_of(done.stderr)}
                 print(f"   failed: {results[name]['error']}", flush=True)
                 continue
             passes.setdefault(name, []).append(json.loads(done.stdout.strip().splitlines()[-1]))
@@ -335,15 +504,17 @@ def main() -> None:
         print("== kiln serve, 8 and 32 streams", flush=True)
         results["kiln serve (best variant)"] = {"served": [served_streams(args.artifact, model, n) for n in (8, 32)]}
     reference = results.get("transformers-fp32", {}).get("tokens", {})
+    eos = _eos_ids(args.model)
     for result in results.values():
         if "tokens" in result and reference:
-            same = [a == b for shape in reference for a, b in zip(reference[shape], result["tokens"].get(shape, []))]
+            same = [_until_eos(a, eos) == b[:len(_until_eos(a, eos))]
+                    for shape in reference for a, b in zip(reference[shape], result["tokens"].get(shape, []))]
             result["identical_to_transformers_fp32"] = f"{sum(same)}/{len(same)} sequences"
-            result["token_agreement"] = _agreement(reference, result["tokens"])
+            result["token_agreement"] = _agreement(reference, result["tokens"], eos)
     before = json.loads(args.json.read_text()) if args.only and args.json.is_file() else {}
     previous = before.get("commands") or ([before["command"]] if "command" in before else [])
     out = {"commands": [*previous, "python " + " ".join(sys.argv)], "cpu": cpu_info().to_dict(), "new_tokens": NEW,
-           "threads": args.threads, "results": results}
+           "threads": args.threads, "prompts": args.prompts, "results": results}
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(out, indent=1) + "\n")
     for name, result in results.items():
@@ -352,6 +523,31 @@ def main() -> None:
         print(f"{name:42s} {rows or result.get('error') or result.get('served')} "
               f"{result.get('identical_to_transformers_fp32', '')}")
     print(f"-> {args.json}")
+
+
+def build(shape: str, model: Path, artifact: Path) -> None:
+    """A random-weight model of ``shape`` at ``model`` (its tokenizer told the model's context) and kiln
+    optimize's variants for the peers' precisions at ``artifact``; either is kept when already there."""
+    if not (model / "config.json").is_file():
+        from kiln.tasks import TaskName
+        from kiln.testing.factory import build_tiny_model
+
+        arch, values = BUILD_SHAPES[shape]
+        build_tiny_model(arch, TaskName.TEXT_GENERATION, model, shape=values)
+        config = json.loads((model / "tokenizer_config.json").read_text())
+        config["model_max_length"] = values["max_position_embeddings"]
+        (model / "tokenizer_config.json").write_text(json.dumps(config, indent=1))
+    if not (artifact / "manifest.json").is_file():
+        subprocess.run([sys.executable, "-m", "kiln", "optimize", str(model), "--task", "text-generation", "-o",
+                        str(artifact), "--variants", LLAMA_VARIANTS], check=True)
+
+
+def _error_of(stderr: str) -> str:
+    """A failed worker's reason: the last exception line of its stderr (a subprocess's own error, raised inside
+    the worker, comes before the CalledProcessError that reports it)."""
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    errors = [line for line in lines if re.match(r"^[\w.]+(Error|Exception)\b", line)]
+    return (errors[0] if errors else lines[-1] if lines else "failed")[:400]
 
 
 def _median_of(runs: list[dict]) -> dict:
@@ -365,12 +561,25 @@ def _median_of(runs: list[dict]) -> dict:
     return {"rows": rows, "tokens": runs[0]["tokens"], "rounds": [run["rows"] for run in runs]}
 
 
-def _agreement(reference: dict, tokens: dict) -> float:
-    """Share of positions whose token equals transformers fp32's, up to the first difference in each sequence
-    counted as the rest of it (a greedy decoding that diverges once continues from another text)."""
+def _eos_ids(model: Path) -> set[int]:
+    eos = json.loads((model / "config.json").read_text()).get("eos_token_id")
+    return set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+
+
+def _until_eos(tokens: list[int], eos: set[int]) -> list[int]:
+    """The tokens a user sees: up to the first EOS (every configuration generates past it, as told, but how each
+    one is told differs: GenAI's min_length forbids EOS, the others ignore it)."""
+    return next((tokens[:i] for i, t in enumerate(tokens) if t in eos), tokens)
+
+
+def _agreement(reference: dict, tokens: dict, eos: set[int]) -> float:
+    """Share of the reference's tokens (up to its first EOS) matched by the configuration's, up to the first
+    difference in each sequence counted as the rest of it (a greedy decoding that diverges once continues from
+    another text)."""
     kept = total = 0
     for shape, rows in reference.items():
         for a, b in zip(rows, tokens.get(shape, [])):
+            a = _until_eos(a, eos)
             first = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
             kept, total = kept + first, total + len(a)
     return round(kept / total, 4) if total else 0.0

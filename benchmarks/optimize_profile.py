@@ -1,7 +1,10 @@
-"""``kiln optimize`` profiled by stage: wall time and memory, on GPT-2 small's shape or on the bundled MiniLM.
+"""``kiln optimize`` profiled by stage: wall time and memory, on GPT-2 small's or Qwen3-0.6B's shape or on the
+bundled MiniLM.
 
 ``--model gpt2-small`` (the default) is benchmarks/decoder_latency.py's decoder (12 layers, 768 wide, 50,257-token
-vocabulary, random weights) with ``--task text-generation``; ``--model minilm`` is what ``make demo`` runs (the bundled
+vocabulary, random weights) with ``--task text-generation``; ``--model qwen3-0.6b`` is Qwen3-0.6B's shape (28 layers,
+1,024 wide, 16 query heads over 8 key/value heads of 128, 151,936-token vocabulary, tied; random weights) with
+``--task text-generation``; ``--model minilm`` is what ``make demo`` runs (the bundled
 all-MiniLM-L6-v2, ``--task feature-extraction``). The optimize run happens in this process with kiln's own progress
 messages; each message closes the stage the previous one opened, and a sampler thread reads the resident memory
 (VmRSS) every 0.2 s, so each stage gets its seconds and its peak memory (and the process's peak so far, VmHWM, which
@@ -26,6 +29,11 @@ OUT = Path(__file__).resolve().parent / "out"  # results land here (gitignored),
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # decoder_latency.py beside this script
+
+
+QWEN3_06B = dict(vocab_size=151936, hidden_size=1024, num_hidden_layers=28, num_attention_heads=16,
+                 num_key_value_heads=8, head_dim=128, intermediate_size=3072, max_position_embeddings=40960,
+                 rope_theta=1000000.0, tie_word_embeddings=True)  # Qwen3-0.6B's config.json
 
 
 def _status(field: str) -> int:
@@ -70,7 +78,7 @@ class Stages:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", choices=("gpt2-small", "minilm"), default="gpt2-small")
+    parser.add_argument("--model", choices=("gpt2-small", "qwen3-0.6b", "minilm"), default="gpt2-small")
     parser.add_argument("--label", default="run")
     parser.add_argument("--json", "--output", dest="output", type=Path, default=OUT / "optimize_profile.json")
     parser.add_argument("--threads", type=int, default=None)
@@ -86,6 +94,12 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as scratch:
         if args.model == "minilm":  # model None: the bundled one, as `make demo` runs it
             model, task = None, "feature-extraction"
+        elif args.model == "qwen3-0.6b":
+            from kiln.tasks import TaskName
+            from kiln.testing.factory import build_tiny_model
+
+            model, task = str(build_tiny_model("qwen3", TaskName.TEXT_GENERATION, Path(scratch) / "qwen3",
+                                               shape=QWEN3_06B)), "text-generation"
         else:
             model, task = str(build_model(Path(scratch) / "gpt2-small")), "text-generation"
         stages = Stages()

@@ -324,7 +324,7 @@ class OptimizeJob:
                     self.progress(f"{spec.name}: {checked.verdict.reason}; trying its alternative parameters")
                     checked = self._alternatives(spec, checked)
             if not checked.verdict.accepted and spec.rank is not None and search:
-                self.progress(f"{spec.name}: {checked.verdict.reason}; ranking layers by int8 sensitivity")
+                self.progress(f"{spec.name}: {checked.verdict.reason}; ranking layers by quantization sensitivity")
                 checked, sensitivity, timing = self._exclude(spec, checked)
         except DependencyFailed as err:  # said once, by the variant that failed; this one names it
             self.progress(f"{spec.name}: skipped ({err.name} failed)")
