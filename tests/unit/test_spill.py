@@ -79,3 +79,21 @@ def test_a_short_write_is_an_error_not_a_shorter_row(monkeypatch):
     monkeypatch.setattr(os, "pwrite", lambda fd, data, offset: len(data) - 4)
     with pytest.raises(OSError, match=r"row 1: short write to the spilled run"):
         disk.write(1, 0, rows[1][:2])
+
+
+def test_rows_collected_as_batches_come_go_to_disk_once_they_are_big_and_read_back_in_order():
+    """A PyTorch decoder's reference run: rows arrive batch by batch in length order; under the threshold they stay
+    in memory as they are, past it every row (those held so far and the rest as they come) is on disk, read back in
+    the inputs' order."""
+    from kiln.validation.spill import collected
+
+    rows = _rows()
+    arrival = [2, 0, 3, 1]  # sorted by length, as the predictor's batches come
+    small = collected(((i, rows[i]) for i in arrival), len(rows))
+    assert isinstance(small, tuple) and all(got is want for got, want in zip(small, rows))
+    big = collected(((i, rows[i]) for i in arrival), len(rows), threshold=rows[2].nbytes + rows[0].nbytes)
+    assert isinstance(big, DiskRows) and len(big) == 4
+    assert all(np.array_equal(got, want) for got, want in zip(big, rows))
+    assert collected(iter([(1, "b"), (0, "a")]), 2, threshold=0) == ("a", "b")  # not arrays: kept as they are
+    with pytest.raises(ValueError, match="order must name every row once"):
+        big.reorder([0, 0, 1, 2])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -158,14 +158,19 @@ class Predictor:
     def run_features(self, encodings: Sequence[Encoding], *, sort: bool = True, tokens: bool = False) -> list[Any]:
         """Reduced outputs per encoding, in the given order; batches are formed by length when ``sort``. ``tokens``:
         each encoding's per-token vectors instead (the task's ``token_states``)."""
+        reduced: list[Any] = [None] * len(encodings)
+        for i, value in self.iter_features(encodings, sort=sort, tokens=tokens):
+            reduced[i] = value
+        return reduced
+
+    def iter_features(self, encodings: Sequence[Encoding], *, sort: bool = True, tokens: bool = False
+                      ) -> Iterator[tuple[int, Any]]:
+        """``run_features``' values as each batch gives them: (index in ``encodings``, reduced output)."""
         order = np.argsort([len(e.ids) for e in encodings], kind="stable") if sort else np.arange(len(encodings))
         groups = [order[b : b + self.batch_size] for b in range(0, len(order), self.batch_size)]
         batches = [self.encoder.collate([encodings[i] for i in idx], multiple=self.pad_multiple) for idx in groups]
-        reduced: list[Any] = [None] * len(encodings)
         for idx, values in zip(groups, self._run(batches, tokens)):
-            for i, value in zip(idx, values):
-                reduced[i] = value
-        return reduced
+            yield from zip((int(i) for i in idx), values)
 
     def _run(self, batches: list[dict[str, np.ndarray]], tokens: bool = False) -> Iterable[list[Any]]:
         """Each batch's reduced values (``tokens``: per-token vectors), in order."""

@@ -45,6 +45,21 @@ class DiskRows(Sequence[np.ndarray]):
         rows._file.truncate(offset)
         return rows
 
+    def append(self, row: np.ndarray) -> None:
+        """``row`` as the next row, at the file's end."""
+        array = np.ascontiguousarray(row)
+        offset = self._index[-1][0] + _size(self._index[-1][2], self._index[-1][1]) if self._index else 0
+        data = memoryview(array).cast("B")
+        if os.pwrite(self._file.fileno(), data, offset) != len(data):
+            raise OSError(f"row {len(self._index)}: short write to the spilled run")
+        self._index.append((offset, array.dtype, array.shape))
+
+    def reorder(self, order: Sequence[int]) -> None:
+        """Row ``k`` becomes what row ``order[k]`` was (rows written as they came, read back in another order)."""
+        if sorted(order) != list(range(len(self._index))):
+            raise ValueError("order must name every row once")
+        self._index = [self._index[k] for k in order]
+
     def write(self, i: int, start: int, values: np.ndarray) -> None:
         """``values`` as row ``i``'s entries from ``start`` on along its first axis."""
         offset, dtype, shape = self._index[i]

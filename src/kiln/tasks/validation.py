@@ -65,6 +65,8 @@ class TaskValidation:
     # floor, 95% confidence, when all {count} are); None where the gate states nothing beyond its agreement inputs.
     promise: ClassVar[str | None] = None
     agreement_count: ClassVar[int] = 160  # agreement inputs by default
+    # The most inputs a batch of the PyTorch reference takes on the agreement set (None: the run's batch size).
+    reference_batch: ClassVar[int | None] = None
 
     @classmethod
     def promised(cls, tolerance: float) -> str | None:

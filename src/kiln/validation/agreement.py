@@ -9,17 +9,22 @@ from kiln.records.figures import Agreement, AgreementInputs, Run
 from kiln.runtime.features import Prepared
 from kiln.runtime.predictor import Predictor
 from kiln.tasks import task_spec
-from kiln.validation.spill import spilled
+from kiln.validation.spill import DiskRows, collected, spilled
 
 
 def run(predictor: Predictor, prepared: Prepared) -> Run:
-    """The predictor's reduced outputs and final results on already-prepared inputs."""
+    """The predictor's reduced outputs and final results on already-prepared inputs; big outputs (a PyTorch
+    decoder's logits) go to disk batch by batch as they come (kiln.validation.spill)."""
     options = predictor.handler.options()
-    reduced = predictor.run_features(prepared.encodings)
+    values = collected(predictor.iter_features(prepared.encodings), len(prepared.encodings))
+    reduced = values.lazy() if isinstance(values, DiskRows) else values
     return Run(tuple(reduced), tuple(predictor.handler.finalize(prepared, reduced, options, predictor.encoder)))
 
 
 def agreement_inputs(reference: Predictor, inputs: Sequence[Any]) -> AgreementInputs:
+    cap = task_spec(reference.config.task).validation.reference_batch
+    if cap is not None and reference.batch_size > cap:
+        reference = reference.with_batch_size(cap)
     prepared = reference.prepare(inputs)
     # Held for as long as variants are judged: a decoder's logits go to disk (kiln.validation.spill).
     return AgreementInputs(prepared, spilled(run(reference, prepared)), reference.config)
