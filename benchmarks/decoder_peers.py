@@ -294,9 +294,11 @@ def llama_cpp_worker(model_dir: str, quant: str, threads: int):
 
     out = Path(tempfile.mkdtemp(prefix="gguf-"))
     source = _llama_cpp_source()
+    model_dir = _for_transformers_4(model_dir)
     f32, quantized = out / "model-f32.gguf", out / f"model-{quant}.gguf"
     convert = (f"import sys; sys.path[:0] = [{str(source)!r}, {str(source / 'gguf-py')!r}]; "
-               "import convert_hf_to_gguf as c; c.TextModel.get_vocab_base_pre = lambda self, tokenizer: 'gpt-2'; "
+               "from conversion.base import TextModel; import convert_hf_to_gguf as c; "
+               "TextModel.get_vocab_base_pre = lambda self, tokenizer: 'gpt-2'; "
                f"sys.argv = ['convert', {model_dir!r}, '--outfile', {str(f32)!r}, '--outtype', 'f32']; c.main()")
     subprocess.run([sys.executable, "-c", convert], check=True, stdout=sys.stderr)
     params = llama_cpp.llama_model_quantize_default_params()
@@ -320,6 +322,20 @@ def llama_cpp_worker(model_dir: str, quant: str, threads: int):
         return rows
 
     return generate
+
+
+def _for_transformers_4(model_dir: str) -> str:
+    """The model directory as transformers 4 reads it (the converter loads its tokenizer): a tokenizer saved by
+    transformers 5 names its class TokenizersBackend, which transformers 4 calls PreTrainedTokenizerFast."""
+    config = json.loads((Path(model_dir) / "tokenizer_config.json").read_text())
+    if config.get("tokenizer_class") != "TokenizersBackend":
+        return model_dir
+    copy = Path(tempfile.mkdtemp(prefix="peer-model-"))
+    for item in Path(model_dir).iterdir():
+        if item.name != "tokenizer_config.json":
+            os.symlink(item, copy / item.name)
+    (copy / "tokenizer_config.json").write_text(json.dumps({**config, "tokenizer_class": "PreTrainedTokenizerFast"}))
+    return str(copy)
 
 
 def _llama_cpp_source() -> Path:
@@ -482,6 +498,7 @@ def main() -> None:
     wanted = set(args.only.split(",")) if args.only else set(configs)
     # --only reruns some configurations and keeps the others' results from the same file.
     results = json.loads(args.json.read_text())["results"] if args.only and args.json.is_file() else {}
+    results = {name: result for name, result in results.items() if name not in wanted}  # those are run again
     passes: dict[str, list[dict]] = {}
     prompt_file = Path(tempfile.mkdtemp(prefix="prompts-")) / "prompts.json"
     prompt_file.write_text(json.dumps(prompts(args.prompts, [int(n) for n in args.lengths.split(",")], model)))
