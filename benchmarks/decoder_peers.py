@@ -555,8 +555,11 @@ def build(shape: str, model: Path, artifact: Path) -> None:
         config["model_max_length"] = values["max_position_embeddings"]
         (model / "tokenizer_config.json").write_text(json.dumps(config, indent=1))
     if not (artifact / "manifest.json").is_file():
+        # Random weights: the gate's figures say nothing of quantization here (the trained model is where they are
+        # judged; random int4 kept 0.40 of next tokens), and its search would keep layers no trained model needs;
+        # a tolerance this loose keeps every variant for the timings.
         subprocess.run([sys.executable, "-m", "kiln", "optimize", str(model), "--task", "text-generation", "-o",
-                        str(artifact), "--variants", LLAMA_VARIANTS], check=True)
+                        str(artifact), "--variants", LLAMA_VARIANTS, "--tolerance", "0.95"], check=True)
 
 
 def _error_of(stderr: str) -> str:
