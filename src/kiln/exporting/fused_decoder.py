@@ -48,10 +48,11 @@ class WeightFormat:
     bits: int = 32
     block_size: int = 32
     keep: frozenset[str] = frozenset()
+    accuracy_level: int = 0  # MatMulNBits' compute type: 0 fp32 activations, 4 int8 (quantized per block)
 
     def recipe(self) -> dict[str, Any]:
         return {"pass": "int4-weights", "op": "MatMulNBits", "block_size": self.block_size, "symmetric": True,
-                "kept_fp32": sorted(self.keep)}
+                "accuracy_level": self.accuracy_level, "kept_fp32": sorted(self.keep)}
 
 
 @dataclass(frozen=True)
@@ -140,7 +141,8 @@ class _Graph:
                               fmt.block_size, n, k, True)
         return self.node("MatMulNBits", [x, self.weight(f"{weight_name}.q4", packed),
                                          self.weight(f"{weight_name}.scales", scales.reshape(-1))],
-                         output, domain=MS_DOMAIN, K=k, N=n, bits=4, block_size=fmt.block_size)
+                         output, domain=MS_DOMAIN, K=k, N=n, bits=4, block_size=fmt.block_size,
+                         accuracy_level=fmt.accuracy_level)
 
     def layer_norm(self, x: str, name: str, module: Any) -> str:
         return self.node("LayerNormalization", [x, self.weight(f"{name}.weight", _np(module.weight)),

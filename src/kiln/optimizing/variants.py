@@ -110,11 +110,17 @@ def _fused(ctx: BuildContext, exclude: Sequence[str] = (), gelu: bool = False) -
 
 
 def _int4_weights(ctx: BuildContext, exclude: Sequence[str] = ()) -> BuiltVariant:
-    """kiln's fused step graph written with 4-bit weights (MatMulNBits), the layers ``exclude`` names in fp32."""
+    """kiln's fused step graph written with 4-bit weights (MatMulNBits), the layers ``exclude`` names in fp32.
+    Activations are quantized to int8 per block for the product (accuracy level 4, ONNX Runtime GenAI's own CPU
+    int4): on SmolLM2-135M's shape 10.8 ms a token against 23.2 with fp32 activations and 32.3 for fp32 weights
+    (batch 1 after 128 tokens, 2-core AVX2 EPYC); on the Llama trained here the same gate figures (every MatMul
+    0.9440 against 0.9436; searched 0.9550 at perplexity 127.92 against 0.9566 at 127.90), at a cost: a row's
+    logits move by up to 1.7e-2 between batchings (next tokens agree at 0.9992), where fp32 activations moved
+    6e-6."""
     from kiln.exporting.fused_decoder import WeightFormat, build_fused_decoder, fused_recipe
 
     path = ctx.variant_dir("onnx-int4-weights") / "model.onnx"
-    weights = WeightFormat(bits=4, keep=frozenset(exclude))
+    weights = WeightFormat(bits=4, keep=frozenset(exclude), accuracy_level=4)
     files = build_fused_decoder(ctx.source.model, path, weights)
     built = _onnx_file(ctx, path.parent.name, [*fused_recipe(files), weights.recipe()], path)
     return dataclasses.replace(built, files=[f.relative_to(ctx.stage).as_posix() for f in files])
