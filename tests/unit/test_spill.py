@@ -97,3 +97,5 @@ def test_rows_collected_as_batches_come_go_to_disk_once_they_are_big_and_read_ba
     assert collected(iter([(1, "b"), (0, "a")]), 2, threshold=0) == ("a", "b")  # not arrays: kept as they are
     with pytest.raises(ValueError, match="order must name every row once"):
         big.reorder([0, 0, 1, 2])
+    big.append(rows[1])  # after a reorder a new row still goes past every other one
+    assert all(np.array_equal(got, want) for got, want in zip(big, [*rows, rows[1]]))

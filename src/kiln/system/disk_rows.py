@@ -34,6 +34,7 @@ class DiskRows(Sequence[np.ndarray]):
             self._index.append((offset, array.dtype, array.shape))
             offset += array.nbytes
         self._file.flush()
+        self._end = offset  # where the next appended row goes (rows may be reordered; the file only grows)
 
     @classmethod
     def empty(cls, shapes: Sequence[tuple[int, ...]], dtype: Any) -> DiskRows:
@@ -43,16 +44,17 @@ class DiskRows(Sequence[np.ndarray]):
             rows._index.append((offset, kind, tuple(shape)))
             offset += _size(shape, kind)
         rows._file.truncate(offset)
+        rows._end = offset
         return rows
 
     def append(self, row: np.ndarray) -> None:
         """``row`` as the next row, at the file's end."""
         array = np.ascontiguousarray(row)
-        offset = self._index[-1][0] + _size(self._index[-1][2], self._index[-1][1]) if self._index else 0
         data = memoryview(array).cast("B")
-        if os.pwrite(self._file.fileno(), data, offset) != len(data):
+        if os.pwrite(self._file.fileno(), data, self._end) != len(data):
             raise OSError(f"row {len(self._index)}: short write to the spilled run")
-        self._index.append((offset, array.dtype, array.shape))
+        self._index.append((self._end, array.dtype, array.shape))
+        self._end += array.nbytes
 
     def reorder(self, order: Sequence[int]) -> None:
         """Row ``k`` becomes what row ``order[k]`` was (rows written as they came, read back in another order)."""
