@@ -528,8 +528,9 @@ def main() -> None:
     eos = _eos_ids(args.model)
     for result in results.values():
         if "tokens" in result and reference:
-            same = [_until_eos(a, eos) == b[:len(_until_eos(a, eos))]
-                    for shape in reference for a, b in zip(reference[shape], result["tokens"].get(shape, []))]
+            seen = [(_until_eos(a, eos), b) for shape in reference
+                    for a, b in zip(reference[shape], result["tokens"].get(shape, []))]
+            same = [a == b[:len(a)] for a, b in seen]
             result["identical_to_transformers_fp32"] = f"{sum(same)}/{len(same)} sequences"
             result["token_agreement"] = _agreement(reference, result["tokens"], eos)
     before = json.loads(args.json.read_text()) if args.only and args.json.is_file() else {}

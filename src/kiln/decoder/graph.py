@@ -111,9 +111,9 @@ def make_decoder_module(model: Any):
 
 def sliding_window(config: Any) -> int | None:
     """The window of a model whose layers take a mask per type (Gemma 3: ``layer_types`` with sliding layers), or
-    None. GPT-Neo's local layers apply their window themselves; a model without sliding layers needs one mask."""
+    None: one mask for every layer (GPT-Neo's config has no ``layer_types``; its local layers window themselves)."""
     types = getattr(config, "layer_types", None) or ()
-    return int(config.sliding_window) if "sliding_attention" in types and config.model_type != "gpt_neo" else None
+    return int(config.sliding_window) if "sliding_attention" in types else None
 
 
 def causal_mask(input_ids, attention_mask, window: int | None = None):
