@@ -160,15 +160,22 @@ def _with_id_vocabulary(model_dir: str) -> str:
 
     config = transformers.AutoConfig.from_pretrained(model_dir)
     size, eos = config.vocab_size, f"<{config.eos_token_id}>"
-    copy = Path(tempfile.mkdtemp(prefix="peer-model-"))
-    for item in Path(model_dir).iterdir():
-        if not item.name.startswith("tokenizer") and item.name != "special_tokens_map.json":
-            os.symlink(item, copy / item.name)
+    copy = _linked_copy(model_dir, lambda name: name.startswith("tokenizer") or name == "special_tokens_map.json")
     vocab = {f"<{i}>": i for i in range(size)}
     tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="<0>")).save(str(copy / "tokenizer.json"))
     (copy / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "PreTrainedTokenizerFast",
                                                             "bos_token": eos, "eos_token": eos, "unk_token": "<0>"}))
     return str(copy)
+
+
+def _linked_copy(model_dir: str, replaced) -> Path:
+    """A scratch directory of links to ``model_dir``'s files, but those ``replaced(name)`` names (the caller writes
+    its own)."""
+    copy = Path(tempfile.mkdtemp(prefix="peer-model-"))
+    for item in Path(model_dir).iterdir():
+        if not replaced(item.name):
+            os.symlink(item, copy / item.name)
+    return copy
 
 
 def ct2_worker(model_dir: str, threads: int):
@@ -334,10 +341,7 @@ def _for_transformers_4(model_dir: str) -> str:
     config = json.loads((Path(model_dir) / "tokenizer_config.json").read_text())
     if config.get("tokenizer_class") != "TokenizersBackend":
         return model_dir
-    copy = Path(tempfile.mkdtemp(prefix="peer-model-"))
-    for item in Path(model_dir).iterdir():
-        if item.name != "tokenizer_config.json":
-            os.symlink(item, copy / item.name)
+    copy = _linked_copy(model_dir, lambda name: name == "tokenizer_config.json")
     (copy / "tokenizer_config.json").write_text(json.dumps({**config, "tokenizer_class": "PreTrainedTokenizerFast"}))
     return str(copy)
 

@@ -9,7 +9,7 @@ from kiln.records.figures import Agreement, AgreementInputs, Run
 from kiln.runtime.features import Prepared
 from kiln.runtime.predictor import Predictor
 from kiln.tasks import task_spec
-from kiln.validation.spill import DiskRows, collected, spilled
+from kiln.validation.spill import DiskRows, collected
 
 
 def run(predictor: Predictor, prepared: Prepared) -> Run:
@@ -26,8 +26,8 @@ def agreement_inputs(reference: Predictor, inputs: Sequence[Any]) -> AgreementIn
     if cap is not None and reference.batch_size > cap:
         reference = reference.with_batch_size(cap)
     prepared = reference.prepare(inputs)
-    # Held for as long as variants are judged: a decoder's logits go to disk (kiln.validation.spill).
-    return AgreementInputs(prepared, spilled(run(reference, prepared)), reference.config)
+    # Held for as long as variants are judged: run() has put a decoder's logits on disk as they came.
+    return AgreementInputs(prepared, run(reference, prepared), reference.config)
 
 
 def measure_agreement(data: AgreementInputs, candidate: Predictor) -> Agreement:
