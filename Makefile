@@ -13,11 +13,27 @@ install: $(STAMP)
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 
+# uv installs every venv (pip bootstraps it into .venv): with pip the seven peer venvs took 570 s of CPU (5:00 of wall
+# at 4 jobs on the 2-core EPYC, slowing the tests beside them). uv reads none of pip's configuration, so the machine's
+# find-links (where the CPU torch wheel lies on these machines) and its constraint file (which caps torch) are handed
+# over from pip's. kiln's venv gets bytecode (--compile-bytecode; uv writes no .pyc by default): with
+# PYTHONDONTWRITEBYTECODE=1, set on these machines, nothing writes it later, and every process compiled torch again on
+# import (torch + transformers: 6.8 s against 3.7). A peer's venv does not: a handful of processes import from each,
+# and compiling torch alone costs 25 s of CPU.
+UV_VERSION := 0.13.9
+UV := $(VENV)/bin/uv
+UV_FROM_PIP := $(shell $(PYTHON) -m pip config list 2>/dev/null | \
+	sed -n "s/^global\.find-links='\([^ ]*\)'$$/--find-links \1/p; s/^global\.constraint='\([^ ]*\)'$$/-c \1/p")
+UV_INSTALL = $(UV) pip install -q $(UV_FROM_PIP) --python
+
+$(UV): | $(PY)
+	$(PY) -m pip install -q --disable-pip-version-check uv==$(UV_VERSION)
+
 # torch first and pinned: any other version pulls gigabytes of CUDA wheels; with 2.13.0 present,
-# kiln's `torch>=2.4` is already satisfied and pip installs nothing more for it.
-$(STAMP): pyproject.toml constraints.txt | $(PY)
-	$(PY) -m pip install -q --disable-pip-version-check torch==2.13.0
-	$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[build,test,docs,openvino,serve,triton,grpc,embed,ray,otel]'
+# kiln's `torch>=2.4` is already satisfied and nothing more is installed for it.
+$(STAMP): pyproject.toml constraints.txt | $(PY) $(UV)
+	$(UV_INSTALL) $(PY) --compile-bytecode torch==2.13.0
+	$(UV_INSTALL) $(PY) --compile-bytecode -c constraints.txt -e '.[build,test,docs,openvino,serve,triton,grpc,embed,ray,otel]'
 	touch $(STAMP)
 
 demo: install
@@ -41,14 +57,14 @@ TRITON_STAMP := $(TRITON_VENV)/.kiln-triton
 PYTRITON := $(TRITON_VENV)/lib/python3.11/site-packages/pytriton/tritonserver
 triton-server: $(TRITON_STAMP)
 
-$(TRITON_STAMP): pyproject.toml
+$(TRITON_STAMP): pyproject.toml | $(UV)
 	@if [ "$$($(PYTHON) -c 'import sys; print(sys.version_info[:2] == (3, 11))')" != True ]; then \
 	  echo "make: the pytriton Python-backend stub needs Python 3.11; the Triton tests will be skipped"; \
 	else \
 	  $(PYTHON) -m venv $(TRITON_VENV) && \
-	  $(TRITON_VENV)/bin/pip install -q --disable-pip-version-check nvidia-pytriton==0.7.0 numpy==1.26.4 \
+	  $(UV_INSTALL) $(TRITON_VENV)/bin/python nvidia-pytriton==0.7.0 numpy==1.26.4 \
 	    tokenizers==0.23.3 pydantic==2.14.3 onnxruntime==1.32.0 openvino==2026.4.1 && \
-	  $(TRITON_VENV)/bin/pip install -q --disable-pip-version-check --no-deps -e . && \
+	  $(UV_INSTALL) $(TRITON_VENV)/bin/python --no-deps -e . && \
 	  cp $(PYTRITON)/python_backend_stubs/3.11/triton_python_backend_stub $(PYTRITON)/backends/python/ && \
 	  touch $(TRITON_STAMP); \
 	fi
@@ -59,13 +75,11 @@ SLIM_VENV ?= .venv-slim
 SLIM_STAMP := $(SLIM_VENV)/.kiln-slim
 slim: $(SLIM_STAMP)
 
-$(SLIM_STAMP): pyproject.toml constraints.txt
+$(SLIM_STAMP): pyproject.toml constraints.txt | $(UV)
 	$(PYTHON) -m venv $(SLIM_VENV)
-	$(SLIM_VENV)/bin/pip install -q --disable-pip-version-check -c constraints.txt -e '.[serve,embed]'
+	$(UV_INSTALL) $(SLIM_VENV)/bin/python -c constraints.txt -e '.[serve,embed]'
 	touch $(SLIM_STAMP)
 
-# Not pip's --no-compile, though it made torch's install 9 s against 34: with PYTHONDONTWRITEBYTECODE=1 (set on these
-# machines) no .pyc is written later either, so every process compiled torch again on import.
 # The peers' venvs install side by side (INSTALL_JOBS at once, each target's output kept together), and while they do,
 # the tiers that need only kiln's venv run: tests/unit and tests/integration (chromium, for the report's page, is
 # installed first). tests/e2e, which uses the peers' venvs, runs once they are in place. One after another the venvs
@@ -109,10 +123,10 @@ INFINITY_VENV ?= .venv-infinity
 INFINITY_STAMP := $(INFINITY_VENV)/.kiln-infinity
 infinity-server: $(INFINITY_STAMP)
 
-$(INFINITY_STAMP):
+$(INFINITY_STAMP): | $(UV)
 	$(PYTHON) -m venv $(INFINITY_VENV)
-	$(INFINITY_VENV)/bin/pip install -q --disable-pip-version-check torch==2.13.0
-	$(INFINITY_VENV)/bin/pip install -q --disable-pip-version-check 'infinity-emb[server,torch]==0.0.78' \
+	$(UV_INSTALL) $(INFINITY_VENV)/bin/python torch==2.13.0
+	$(UV_INSTALL) $(INFINITY_VENV)/bin/python 'infinity-emb[server,torch]==0.0.78' \
 	  'transformers==4.57.*' 'numpy<2' \
 	  || { echo "make: infinity-emb could not be installed; the Infinity audit test will be skipped"; exit 0; }
 	touch $(INFINITY_STAMP)
@@ -123,9 +137,9 @@ KSERVE_VENV ?= .venv-kserve
 KSERVE_STAMP := $(KSERVE_VENV)/.kiln-kserve
 kserve-client: $(KSERVE_STAMP)
 
-$(KSERVE_STAMP):
+$(KSERVE_STAMP): | $(UV)
 	$(PYTHON) -m venv $(KSERVE_VENV)
-	$(KSERVE_VENV)/bin/pip install -q --disable-pip-version-check 'kserve==0.21.0'
+	$(UV_INSTALL) $(KSERVE_VENV)/bin/python 'kserve==0.21.0'
 	touch $(KSERVE_STAMP)
 
 # The RAG frameworks' embedders people point at a TEI or OpenAI URL, as they ship, for
@@ -135,9 +149,9 @@ CLIENTS_VENV ?= .venv-clients
 CLIENTS_STAMP := $(CLIENTS_VENV)/.kiln-clients
 rag-clients: $(CLIENTS_STAMP)
 
-$(CLIENTS_STAMP):
+$(CLIENTS_STAMP): | $(UV)
 	$(PYTHON) -m venv $(CLIENTS_VENV)
-	$(CLIENTS_VENV)/bin/pip install -q --disable-pip-version-check \
+	$(UV_INSTALL) $(CLIENTS_VENV)/bin/python \
 	  'llama-index-embeddings-text-embeddings-inference==0.6.0' 'langchain-openai==1.7.4'
 	touch $(CLIENTS_STAMP)
 
@@ -153,13 +167,13 @@ PYLATE_VENV ?= .venv-pylate
 PYLATE_STAMP := $(PYLATE_VENV)/.kiln-pylate
 pylate: $(PYLATE_STAMP)
 
-$(PYLATE_STAMP):
+$(PYLATE_STAMP): | $(UV)
 	$(PYTHON) -m venv $(PYLATE_VENV)
-	$(PYLATE_VENV)/bin/pip install -q --disable-pip-version-check torch==2.13.0
-	$(PYLATE_VENV)/bin/pip install -q --disable-pip-version-check 'sentence-transformers==5.3.0' \
+	$(UV_INSTALL) $(PYLATE_VENV)/bin/python torch==2.13.0
+	$(UV_INSTALL) $(PYLATE_VENV)/bin/python 'sentence-transformers==5.3.0' \
 	  'transformers==5.3.0' datasets scipy 'ujson==5.12.0'
-	$(PYLATE_VENV)/bin/pip install -q --disable-pip-version-check --no-deps 'pylate==1.6.0'
-	$(PYLATE_VENV)/bin/pip install -q --disable-pip-version-check --no-deps 'FlagEmbedding==1.4.2' 'peft==0.21.2' \
+	$(UV_INSTALL) $(PYLATE_VENV)/bin/python --no-deps 'pylate==1.6.0'
+	$(UV_INSTALL) $(PYLATE_VENV)/bin/python --no-deps 'FlagEmbedding==1.4.2' 'peft==0.21.2' \
 	  'accelerate==1.15.0' psutil pyyaml
 	$(PYLATE_VENV)/bin/python -c "from pylate import models; from FlagEmbedding import BGEM3FlagModel"
 	touch $(PYLATE_STAMP)
@@ -171,9 +185,9 @@ COLBERT_VENV ?= .venv-colbert
 COLBERT_STAMP := $(COLBERT_VENV)/.kiln-colbert
 colbert-ai: $(COLBERT_STAMP)
 
-$(COLBERT_STAMP):
+$(COLBERT_STAMP): | $(UV)
 	$(PYTHON) -m venv $(COLBERT_VENV)
-	$(COLBERT_VENV)/bin/pip install -q --disable-pip-version-check torch==2.13.0
-	$(COLBERT_VENV)/bin/pip install -q --disable-pip-version-check 'transformers==4.57.1' 'colbert-ai==0.2.22'
+	$(UV_INSTALL) $(COLBERT_VENV)/bin/python torch==2.13.0
+	$(UV_INSTALL) $(COLBERT_VENV)/bin/python 'transformers==4.57.1' 'colbert-ai==0.2.22'
 	$(COLBERT_VENV)/bin/python -c "from colbert.modeling.checkpoint import Checkpoint"
 	touch $(COLBERT_STAMP)
