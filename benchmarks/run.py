@@ -49,14 +49,15 @@ class Part:
     results: str | None = None
 
 
-def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
-    def cell(value: Any) -> str:
-        if isinstance(value, float):
-            return f"{value:.4f}" if abs(value) < 2 else f"{value:.1f}"
-        return "" if value is None else str(value)
+def _cell(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4f}" if abs(value) < 2 else f"{value:.1f}"
+    return "" if value is None else str(value)
 
+
+def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
     lines = ["| " + " | ".join(header) + " |", "| " + " | ".join("---" for _ in header) + " |"]
-    return lines + ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
+    return lines + ["| " + " | ".join(_cell(v) for v in row) + " |" for row in rows]
 
 
 def render_generic(data: Any) -> list[str]:
@@ -101,12 +102,12 @@ def render_peers(data: dict[str, Any]) -> list[str]:
                          "floor.")
     variants = data["median"].get("kiln-variants")
     if variants:  # peers.py --variants: is kiln optimize's choice the fastest end to end?
-        lines += ["", "Every accepted variant end to end (`kiln.load(OUT, variant=NAME).predict`, its defaults):", ""]
-        lines += _table(["variant", "kiln optimize ms/seq", "end to end texts/s"],
-                        [[f"{n} (best/)" if n == variants["best"] else n, variants["optimize_ms_per_seq"].get(n), v]
-                         for n, v in sorted(variants["end_to_end_per_s"].items(), key=lambda kv: -kv[1])])
-        lines.append(f"\nkiln optimize's best/ end to end: {variants['best_vs_fastest']:.2f}x the fastest variant "
-                     f"({variants['fastest']}).")
+        each = [f"{n}{' (best/)' if n == variants['best'] else ''} {v:.1f} "
+                f"({_cell(variants['optimize_ms_per_seq'].get(n))})"
+                for n, v in sorted(variants["end_to_end_per_s"].items(), key=lambda kv: -kv[1])]
+        lines.append("\nEvery accepted variant end to end (`kiln.load(OUT, variant=NAME).predict`), texts/s "
+                     f"(kiln optimize's ms/seq): {', '.join(each)}; kiln optimize's best/ is "
+                     f"{variants['best_vs_fastest']:.2f}x the fastest ({variants['fastest']}).")
     return lines
 
 
