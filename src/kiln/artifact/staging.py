@@ -22,11 +22,7 @@ def staged_directory(target: Path, *, overwrite: bool) -> Iterator[Path]:
     The staging directory sits beside the target (same filesystem, so the final rename is atomic) and
     is named ``.<name>.*.partial`` so a crash never leaves something at ``target`` that later loads.
     """
-    target = target.expanduser().resolve()
-    if target.exists() and not overwrite:
-        raise ArtifactError(f"{target} already exists; pass --force to replace it")
-    if target.exists() and not target.is_dir():
-        raise ArtifactError(f"{target} exists and is a file; choose a directory path for -o")
+    target = check_target(target, overwrite=overwrite)
     target.parent.mkdir(parents=True, exist_ok=True)
     remove_abandoned(target)
     # The name is chosen before the directory exists and the directory is made inside the try: a signal turned
@@ -40,6 +36,18 @@ def staged_directory(target: Path, *, overwrite: bool) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+
+
+def check_target(target: Path, *, overwrite: bool) -> Path:
+    """``target`` resolved, or ArtifactError when it may not be written: it exists and ``overwrite`` is off, or it
+    is a file. Commands call it before their heavy imports too, so a wrong -o is refused in a second, not after
+    torch has loaded."""
+    target = target.expanduser().resolve()
+    if target.exists() and not overwrite:
+        raise ArtifactError(f"{target} already exists; pass --force to replace it")
+    if target.exists() and not target.is_dir():
+        raise ArtifactError(f"{target} exists and is a file; choose a directory path for -o")
+    return target
 
 
 def _host() -> str:

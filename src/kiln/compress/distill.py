@@ -16,16 +16,19 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from kiln.compress.continuations import NEW_TOKENS, check_count, teacher_continuations
+from kiln.compress.recipe import Epoch, Recipe
 from kiln.compress.student import build_student, depth, evenly_spaced, parse_keep_layers
-from kiln.compress.trainer import Distiller, Epoch, Features, Recipe
 from kiln.errors import UsageError
 from kiln.records import write_json
 from kiln.system.hashing import sha256_file
+
+if TYPE_CHECKING:
+    from kiln.compress.trainer import Features
 
 LINEAGE_FILE = "kiln-distill.json"  # kiln prune writes kiln-prune.json
 LINEAGE_SCHEMA = "kiln.compress/1"
@@ -149,7 +152,11 @@ class StudentMaker:
 
 
 def layer_student(config: DistillConfig) -> StudentMaker:
-    """kiln distill's student: K of the teacher's layers (--layers / --keep-layers)."""
+    """kiln distill's student: K of the teacher's layers (--layers / --keep-layers), which must be given (checked
+    here, before anything slow)."""
+    if (config.layers is None) == (config.keep_layers is None):
+        raise UsageError("give the student's layers: --layers K (evenly spaced) or --keep-layers 0,2,5")
+
     def make(source, features: Features, encoder, progress) -> Student:
         keep = _keep_layers(config, depth(source.model))
         return Student(build_student(source.model, keep), keep, {"layers": len(keep), "keep_layers": list(keep)})
@@ -165,13 +172,6 @@ def run_distill(config: DistillConfig, progress: Callable[[str, dict[str, Any]],
 def run_compression(config: DistillConfig, maker: StudentMaker,
                     progress: Callable[[str, dict[str, Any]], None] = lambda kind, data: None) -> DistillResult:
     """Data, teacher and held-out split; the maker's student; training against the teacher; the directory."""
-    from kiln.engines.base import EngineOptions
-    from kiln.engines.torch_eager import configure_torch_threads
-    from kiln.source.loading import load_source, parameter_count
-    from kiln.source.reference import reference_predictor
-    from kiln.tasks import task_spec
-    from kiln.validation.agreement import agreement_inputs
-
     begin = time.perf_counter()
     output = config.output.expanduser().resolve()
     if output.exists() and not config.overwrite and not config.resume:
@@ -179,6 +179,14 @@ def run_compression(config: DistillConfig, maker: StudentMaker,
     recipe = Recipe(keep=(), **config.recipe)  # checked before anything slow; the student's layers come below
     _check_continuations(config)
     inputs, labels, described = _data(config)
+    # torch and transformers only now, the arguments and data checked: a bad one is refused in a second.
+    from kiln.engines.base import EngineOptions
+    from kiln.engines.torch_eager import configure_torch_threads
+    from kiln.source.loading import load_source, parameter_count
+    from kiln.source.reference import reference_predictor
+    from kiln.tasks import task_spec
+    from kiln.validation.agreement import agreement_inputs
+
     source = load_source(config.teacher, config.task, allow_pickle=config.allow_pickle)
     maker.check(source)
     configure_torch_threads(EngineOptions(intra_op_threads=config.threads))
@@ -212,6 +220,8 @@ def run_compression(config: DistillConfig, maker: StudentMaker,
     progress("start", {"keep": made.keep, "train": len(train_inputs), "features": len(data), "held_out": len(held_idx),
                        "agreement_before": before, "student": made.lineage})
     checkpoints = checkpoint_dir(output)
+    from kiln.compress.trainer import Distiller  # torch: see the imports above
+
     distiller = Distiller(source.model, student, spec, source.task_config, train_encoder, source.input_names,
                           recipe, checkpoints, evaluate, progress)
     history = distiller.fit(data, fingerprint=fingerprint, resume=config.resume) if recipe.epochs else []
@@ -276,8 +286,6 @@ def _continued(config: DistillConfig, source, train: list[Any], held: list[Any],
 
 
 def _keep_layers(config: DistillConfig, teacher_depth: int) -> tuple[int, ...]:
-    if (config.layers is None) == (config.keep_layers is None):
-        raise UsageError("give the student's layers: --layers K (evenly spaced) or --keep-layers 0,2,5")
     if config.keep_layers is not None:
         return parse_keep_layers(config.keep_layers, teacher_depth)
     return evenly_spaced(teacher_depth, config.layers)  # type: ignore[arg-type]
@@ -286,6 +294,7 @@ def _keep_layers(config: DistillConfig, teacher_depth: int) -> tuple[int, ...]:
 def _training_features(source, spec, max_length: int, encoder, inputs: list[Any], labels: list[Any] | None):
     """(features cut at the recipe's max_length with their targets, the encoder that cut them); agreement is
     measured with ``encoder`` at the teacher's full length, as the student will serve."""
+    from kiln.compress.trainer import Features  # torch: see run_compression
     from kiln.runtime.tokenization import TextEncoder
 
     train_encoder = TextEncoder(encoder.tokenizer, max_length=min(max_length, encoder.max_length),

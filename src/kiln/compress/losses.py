@@ -10,22 +10,14 @@ output (every token of a sequence output, padding masked), mixed with cross-entr
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 from kiln.choices import Pooling
+from kiln.compress.recipe import LossWeights
 from kiln.records.task import TaskConfig
 from kiln.tasks.validation import NO_LABEL as IGNORE
-
-
-@dataclass(frozen=True)
-class LossWeights:
-    alpha: float = 0.5  # share of cross-entropy on labels (logit tasks, labelled data only)
-    temperature: float = 2.0
-    hidden: float = 1.0  # hidden-state matching (embedding tasks)
-    embedding: float = 1.0  # cosine between sentence embeddings (embedding tasks)
 
 
 def pool(hidden: torch.Tensor, mask: torch.Tensor, config: TaskConfig) -> torch.Tensor:

@@ -20,7 +20,8 @@ import numpy as np
 from kiln.choices import PruneScope, parse_choice
 from kiln.compress.distill import DistillConfig, DistillResult, Student, StudentMaker, run_compression
 from kiln.compress.importance import choose, measure
-from kiln.compress.trainer import Features, Recipe, model_inputs
+from kiln.compress.recipe import Recipe
+from kiln.compress.trainer import Features, model_inputs
 from kiln.errors import UsageError
 from kiln.model import layout as shapes
 

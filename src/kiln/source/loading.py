@@ -75,14 +75,25 @@ def resolve_model_dir(model: str | None) -> tuple[Path, str]:
     """Map the user's MODEL argument to a local directory and a display name."""
     if model is None:
         return bundled_model_dir(), DEFAULT_MODEL
+    local = check_model_arg(model)
+    if local is not None:
+        return local.resolve(), str(local)
+    return _download_from_hub(model), model
+
+
+def check_model_arg(model: str | None) -> Path | None:
+    """The local directory ``model`` names, None for the bundled model or a hub id, or ModelLoadError for a path
+    that is missing or a file. Nothing is downloaded or imported: commands call it before loading torch."""
+    if model is None:
+        return None
     path = Path(model).expanduser()
     if path.exists():
         if not path.is_dir():
             raise ModelLoadError(f"model path {path} is a file; pass the directory that holds config.json")
-        return path.resolve(), str(path)
+        return path
     if model.startswith((".", "/", "~")) or not _HUB_ID.match(model):
         raise ModelLoadError(f"model directory {model} does not exist")
-    return _download_from_hub(model), model
+    return None
 
 
 def _download_from_hub(repo_id: str) -> Path:
