@@ -82,14 +82,15 @@ $(SLIM_STAMP): pyproject.toml constraints.txt | $(UV)
 
 # The peers' venvs install side by side (INSTALL_JOBS at once, each target's output kept together), and while they do,
 # the tiers that need only kiln's venv run: tests/unit and tests/integration (chromium, for the report's page, is
-# installed first). tests/e2e, which uses the peers' venvs, runs once they are in place. One after another the venvs
-# took 12-13 minutes of CI (a fresh clone on the 2-core Xeon, 770 s), mostly unpacking and compiling wheels.
+# installed first). tests/e2e, which uses the peers' venvs, runs once they are in place. With uv the seven take 72 s
+# of wall at 4 jobs (130 s of CPU; a cold uv cache, the 2-core avx2 EPYC); with pip one after another they took 12-13
+# minutes of CI (the 2-core Xeon, 770 s).
 INSTALL_JOBS ?= 4
 # Each tier runs in PYTEST_WORKERS processes (pytest-xdist), a test file to a worker (a module's fixtures are built
-# once; the session's tiny models once per worker). One process left a core idle while another test waited on a
-# subprocess or a server: on the 2-core Xeon, tests/unit + tests/integration took 559 s in one process (user + sys
-# 732 s) and 485 s in two; tests/e2e 365 s in two against 567 s in one (the last fresh clone's CI).
-PYTEST_WORKERS ?= 2
+# once; the session's tiny models once per worker). Tests wait on subprocesses and servers, so more workers than cores
+# fill the gaps: on the 2-core avx2 EPYC, tests/unit + tests/integration took 852 s in two processes and 779 s in
+# three (194% of the 2 cores; `pytest -n N --dist loadfile tests/unit tests/integration`, nothing else running).
+PYTEST_WORKERS ?= 3
 PYTEST := $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile --durations=15
 PEER_VENVS := triton-server slim infinity-server kserve-client pylate colbert-ai rag-clients
 PEERS := browser $(PEER_VENVS)
