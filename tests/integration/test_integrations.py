@@ -88,3 +88,33 @@ def test_import_kiln_stays_free_of_torch_and_transformers():
             "sorted(m for m in sys.modules if m.startswith(('torch', 'transformers')))[:5]; "
             "assert callable(kiln.hf_model) and 'torch' in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_a_refused_command_is_refused_before_torch_loads(tmp_path):
+    """A missing model directory, an existing output and distill's missing data are refused before torch and
+    transformers are imported (~4 s of CPU a process): the same errors, a second after the command starts."""
+    taken = tmp_path / "taken"
+    taken.mkdir()
+    code = f"""
+import sys
+import kiln
+from kiln.errors import KilnError
+calls = [lambda: kiln.export("./no-such-model", output={str(tmp_path / 'o')!r}),
+         lambda: kiln.optimize({str(tmp_path)!r}, output={str(taken)!r}),
+         lambda: kiln.distill({str(tmp_path)!r}, output={str(tmp_path / 's')!r}, layers=1)]
+for call in calls:
+    try:
+        call()
+    except KilnError as err:
+        print(type(err).__name__, err)
+    else:
+        raise SystemExit("not refused")
+loaded = sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "transformers"))
+assert not loaded, loaded[:5]
+"""
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    lines = run.stdout.splitlines()
+    assert "model directory ./no-such-model does not exist" in lines[0]
+    assert f"{taken} already exists; pass --force" in lines[1]
+    assert "kiln distill needs data" in lines[2]
