@@ -119,7 +119,7 @@ def _refuse_early(model: str | Path | None, output: str | Path, overwrite: bool)
 
 def _recipe(epochs: int, batch_size: int, lr: float, max_length: int, seed: int, patience: int, alpha: float,
             temperature: float, hidden_weight: float) -> dict[str, Any]:
-    """The training recipe (kiln.compress.trainer.Recipe's fields) distill and prune share."""
+    """The training recipe (kiln.compress.recipe.Recipe's fields) distill and prune share."""
     from kiln.compress.recipe import LossWeights
 
     return {"epochs": epochs, "batch_size": batch_size, "lr": lr, "max_length": max_length, "seed": seed,
