@@ -16,16 +16,15 @@ $(PY):
 # uv installs every venv (pip bootstraps it into .venv): with pip the seven peer venvs took 570 s of CPU (5:00 of wall
 # at 4 jobs on the 2-core EPYC, slowing the tests beside them). uv reads none of pip's configuration, so the machine's
 # find-links (where the CPU torch wheel lies on these machines) and its constraint file (which caps torch) are handed
-# over from pip's. Every venv gets bytecode (--compile-bytecode; uv writes no .pyc by default): with
-# PYTHONDONTWRITEBYTECODE=1, set on these machines, nothing writes it later, and every process compiled what it imports
-# again (torch + transformers: 6.8 s against 3.7). Peer venvs without it made their tests slower than the compile
-# costs (a fresh-clone CI: colbert-ai's encode 136 s, PyLate's fixture 65, Infinity's start 69, against 65, 14 and 29
-# before; three workers there against two, so not a clean comparison).
+# over from pip's. kiln's venv gets bytecode (--compile-bytecode; uv writes no .pyc by default): with
+# PYTHONDONTWRITEBYTECODE=1, set on these machines, nothing writes it later, and every process compiled torch again on
+# import (torch + transformers: 6.8 s against 3.7). A peer's venv does not: a handful of processes import from each,
+# and compiling torch alone costs 25 s of CPU.
 UV_VERSION := 0.13.9
 UV := $(VENV)/bin/uv
 UV_FROM_PIP := $(shell $(PYTHON) -m pip config list 2>/dev/null | \
 	sed -n "s/^global\.find-links='\([^ ]*\)'$$/--find-links \1/p; s/^global\.constraint='\([^ ]*\)'$$/-c \1/p")
-UV_INSTALL = $(UV) pip install -q --compile-bytecode $(UV_FROM_PIP) --python
+UV_INSTALL = $(UV) pip install -q $(UV_FROM_PIP) --python
 
 $(UV): | $(PY)
 	$(PY) -m pip install -q --disable-pip-version-check uv==$(UV_VERSION)
@@ -33,8 +32,8 @@ $(UV): | $(PY)
 # torch first and pinned: any other version pulls gigabytes of CUDA wheels; with 2.13.0 present,
 # kiln's `torch>=2.4` is already satisfied and nothing more is installed for it.
 $(STAMP): pyproject.toml constraints.txt | $(PY) $(UV)
-	$(UV_INSTALL) $(PY) torch==2.13.0
-	$(UV_INSTALL) $(PY) -c constraints.txt -e '.[build,test,docs,openvino,serve,triton,grpc,embed,ray,otel]'
+	$(UV_INSTALL) $(PY) --compile-bytecode torch==2.13.0
+	$(UV_INSTALL) $(PY) --compile-bytecode -c constraints.txt -e '.[build,test,docs,openvino,serve,triton,grpc,embed,ray,otel]'
 	touch $(STAMP)
 
 demo: install
@@ -83,9 +82,9 @@ $(SLIM_STAMP): pyproject.toml constraints.txt | $(UV)
 
 # The peers' venvs install side by side (INSTALL_JOBS at once, each target's output kept together), and while they do,
 # the tiers that need only kiln's venv run: tests/unit and tests/integration (chromium, for the report's page, is
-# installed first). tests/e2e, which uses the peers' venvs, runs once they are in place. With uv (and bytecode) the
-# seven took 211 s of wall at 4 jobs (405 s of CPU, the 2-core avx2 EPYC), with pip 300 s (570 s of CPU); one after
-# another with pip they took 12-13 minutes of CI (the 2-core Xeon, 770 s).
+# installed first). tests/e2e, which uses the peers' venvs, runs once they are in place. With uv the seven take 72 s
+# of wall at 4 jobs (130 s of CPU; a cold uv cache, the 2-core avx2 EPYC); with pip one after another they took 12-13
+# minutes of CI (the 2-core Xeon, 770 s).
 INSTALL_JOBS ?= 4
 # Each tier runs in PYTEST_WORKERS processes (pytest-xdist), a test file to a worker (a module's fixtures are built
 # once; the session's tiny models once per worker). Tests wait on subprocesses and servers, so more workers than cores
