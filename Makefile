@@ -19,7 +19,8 @@ $(PY):
 # over from pip's. kiln's venv gets bytecode (--compile-bytecode; uv writes no .pyc by default): with
 # PYTHONDONTWRITEBYTECODE=1, set on these machines, nothing writes it later, and every process compiled torch again on
 # import (torch + transformers: 6.8 s against 3.7). A peer's venv does not: a handful of processes import from each,
-# and compiling torch alone costs 25 s of CPU.
+# and a fresh-clone CI with bytecode in every venv took 33:34 against 29:10 without (its tests/e2e 827 s against 824;
+# the compile, 275 s more CPU in the install phase, slowed the integration tier beside it: 1,090 s against 836).
 UV_VERSION := 0.13.9
 UV := $(VENV)/bin/uv
 UV_FROM_PIP := $(shell $(PYTHON) -m pip config list 2>/dev/null | \
