@@ -228,3 +228,28 @@ def test_searchable_int8_variants_are_judged_after_every_other_variant():
              "torch-int8-dynamic", "torchscript"]
     assert judging_order(asked) == ["onnx-fp32", "openvino-bf16", "torch-int8-dynamic", "torchscript",
                                     "onnx-int8-dynamic", "onnx-int8-dynamic-rows", "openvino-int8-static"]
+
+
+def test_a_decoder_is_judged_on_its_greedy_text_as_well_as_its_next_tokens():
+    """A variant keeping 96% of next tokens under teacher forcing can still change most of what a user reads:
+    greedy text differs for good after its first different token, so only the tokens before it count."""
+    from kiln.tasks.text_generation.validation import greedy_agreement
+
+    original = [(5, 6, 7, 8), (1, 2, 3, 4), (9, 9)]
+    figures = greedy_agreement(original, [(5, 6, 7, 8), (1, 2, 0, 4), (9, 9, 3)])
+    # 4 + 2 (the third token differs: the fourth, equal again, no longer counts) + 2 of 10 tokens
+    assert figures == {"greedy_agreement": 0.8, "greedy_identical": 1 / 3, "greedy_tokens": 10.0}
+    assert greedy_agreement(original, [(5, 6), (1, 2, 3, 4), (9, 9)])["greedy_agreement"] == 0.8  # stopped early
+
+    def decoder(next_tokens: float, greedy: float | None) -> Agreement:
+        figures = {"next_token_agreement": next_tokens, "mean_logit_cosine": 0.999}
+        if greedy is not None:
+            figures["greedy_agreement"] = greedy
+        return Agreement("next_token_agreement", next_tokens, figures, "agreement", ())
+
+    rejected = judge(TaskName.TEXT_GENERATION, decoder(0.96, 0.65), 0.05)
+    assert not rejected.accepted and rejected.reason == "greedy_agreement 0.6500 < 0.9000"
+    accepted = judge(TaskName.TEXT_GENERATION, decoder(0.96, 0.94), 0.05)
+    assert accepted.accepted and "greedy_agreement 0.9400 >= 0.9000" in accepted.reason
+    # Figures from where no continuations were made (kiln audit's, a student's before this gate) keep their floors
+    assert judge(TaskName.TEXT_GENERATION, decoder(0.96, None), 0.05).accepted

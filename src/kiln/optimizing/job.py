@@ -285,7 +285,10 @@ class OptimizeJob:
         cfg, encoder = self.config, self.reference.encoder
         eval_set = datasets.eval_set(cfg.task, cfg.eval_file)
         self.progress("running the PyTorch fp32 reference on the agreement set")
-        data = agreement_inputs(self.reference, self.spec.validation.agreement_inputs(encoder))
+        def generator() -> Predictor:  # the original as it generates, for a decoder's greedy continuations
+            return timing_predictor(self.original, batch_size=cfg.batch_size, threads=self.threads)
+
+        data = agreement_inputs(self.reference, self.spec.validation.agreement_inputs(encoder), generator)
         judge = self.spec.validation
         reference_metric = self._metric(self.reference, eval_set, lambda: judge.agreement(data, data.reference)) \
             if eval_set is not None else None

@@ -35,6 +35,16 @@ class Run:
 
 
 @dataclass(frozen=True)
+class Continuations:
+    """The original's greedy continuations of a few held-out prompts (a decoder's): what a user of a variant reads,
+    compared token for token where teacher-forced next tokens alone would not show it (one changed token changes
+    everything generated after it)."""
+
+    prompts: tuple[str, ...]
+    tokens: tuple[tuple[int, ...], ...]  # the original's greedy tokens of each prompt (to its first stop)
+
+
+@dataclass(frozen=True)
 class AgreementInputs:
     """The inputs every variant is compared on, prepared once, and the original's outputs on them."""
 
@@ -45,6 +55,7 @@ class AgreementInputs:
     # encodes the inputs itself, and only figures that need no shared space (similarity structure, neighbours)
     # can compare it with the original.
     own_space: bool = False
+    continuations: Continuations | None = None  # a decoder's, when its task validation asks for them
 
     def prepared_for(self, candidate: Any) -> Prepared:
         """The inputs as ``candidate`` (a Predictor) runs them: the original's tokens, or a student in its own

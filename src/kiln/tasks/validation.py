@@ -9,7 +9,7 @@ the predictor or the runtime that makes the results is passed in, so this part i
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -18,7 +18,7 @@ import numpy as np
 from kiln.data import corpus
 from kiln.data.texts import builtin_sentences, length_mix
 from kiln.errors import UsageError
-from kiln.records.figures import Agreement, AgreementInputs, EvalSet, Floor, Run, bucket_index
+from kiln.records.figures import Agreement, AgreementInputs, Continuations, EvalSet, Floor, Run, bucket_index
 from kiln.records.task import TaskConfig
 from kiln.scoring import cosine_bound
 from kiln.tasks.files import rows_csv, rows_jsonl
@@ -138,6 +138,19 @@ class TaskValidation:
     def agreement(cls, data: AgreementInputs, variant: Run) -> Agreement:
         """How closely ``variant`` reproduces the original's outputs on the agreement inputs."""
         raise NotImplementedError
+
+    @classmethod
+    def reference_continuations(cls, generator: Callable[[], Predictor]) -> Continuations | None:
+        """The original's greedy continuations of held-out prompts (``generator`` makes the original as it
+        generates), made once for :meth:`with_generation` to compare each variant's with; None for a task that does not
+        generate."""
+        return None
+
+    @classmethod
+    def with_generation(cls, agreement: Agreement, data: AgreementInputs, candidate: Predictor) -> Agreement:
+        """``agreement`` with the figures of ``candidate``'s own continuations of ``data.continuations`` added, in
+        the batching ``candidate`` runs; unchanged by default."""
+        return agreement
 
     @classmethod
     def floors(cls, agreement: Agreement, tolerance: float) -> list[Floor]:

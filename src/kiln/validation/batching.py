@@ -11,7 +11,6 @@ zero means the variant is batch-invariant, which ``kiln serve --deterministic`` 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 
@@ -27,26 +26,23 @@ from kiln.validation.spill import spilled
 
 
 def _plans(candidate: Predictor, sessions: Predictor | Callable[[], Predictor] | None, count: int
-           ) -> dict[Batching, Callable[[Prepared], list[Any]]]:
-    """How each batching runs the ``count`` prepared inputs, cheapest first (so a hopeless variant stops after one
-    batched pass), alone second: every later batching's drift is measured against it. ``sessions``: a predictor, or
-    what makes one (only when its batching is reached: a rejected variant never loads its extra sessions).
+           ) -> dict[Batching, Callable[[], tuple[Predictor, bool]]]:
+    """How each batching runs the ``count`` prepared inputs (the predictor, made only when its batching is
+    reached, and whether its batches are formed by length), cheapest first (so a hopeless variant stops after one
+    batched pass), alone second: every later batching's drift is measured against it. ``sessions``: a predictor,
+    or what makes one (a rejected variant never loads its extra sessions).
 
     Mixed batches are planned only when the inputs fill more than one batch: in one batch, arrival order is the
     sorted batch with its rows in another order, the same padded computation (a decoder's 32 agreement texts at
     batch 32 ran it twice: 10 s of each GPT-2 small check, benchmarks/optimize_profile.py)."""
-    plans: dict[Batching, Callable[[Prepared], list[Any]]] = {
-        Batching.SORTED: lambda p: candidate.run_features(p.encodings, sort=True),
-        Batching.ALONE: lambda p: candidate.with_batch_size(1).run_features(p.encodings),
+    plans: dict[Batching, Callable[[], tuple[Predictor, bool]]] = {
+        Batching.SORTED: lambda: (candidate, True),
+        Batching.ALONE: lambda: (candidate.with_batch_size(1), True),
     }
     if count > candidate.batch_size:
-        plans[Batching.MIXED] = lambda p: candidate.run_features(p.encodings, sort=False)
+        plans[Batching.MIXED] = lambda: (candidate, False)
     if sessions is not None:
-        def in_sessions(p: Prepared) -> list[Any]:
-            made = sessions if isinstance(sessions, Predictor) else sessions()
-            return made.run_features(p.encodings, sort=True)
-
-        plans[Batching.SESSIONS] = in_sessions
+        plans[Batching.SESSIONS] = lambda: (sessions if isinstance(sessions, Predictor) else sessions(), True)
     return plans
 
 
@@ -94,9 +90,11 @@ def measure_batchings(data: AgreementInputs, candidate: Predictor,
     sorted_run: Run | None = None  # kept until the alone run exists to measure its drift against
     plans = _plans(candidate, sessions, len(prepared.encodings))
     for batching, plan in plans.items():
-        reduced = plan(prepared)
+        runner, by_length = plan()
+        reduced = runner.run_features(prepared.encodings, sort=by_length)
         run = Run(tuple(reduced), tuple(handler.finalize(prepared, reduced, options, candidate.encoder)))
-        agreements[batching] = spec.validation.agreement(data, run)
+        # A decoder's own greedy continuations too, batched as this batching batches
+        agreements[batching] = spec.validation.with_generation(spec.validation.agreement(data, run), data, runner)
         if batching is Batching.SORTED:
             sorted_run = spilled(run)  # a decoder's logits wait on disk for the alone run
         elif batching is Batching.ALONE:
