@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 # by up to CONTINUATION_TOKENS tokens. Next-token agreement under teacher forcing misses what a user reads: on the
 # Llama trained by benchmarks/decoder_fidelity.py, openvino-int4-weights kept 0.952 of next tokens and 0.579 of the
 # original's greedy text (RESULTS.md, Decoders).
-CONTINUATION_PROMPTS, CONTINUATION_TOKENS = 8, 32
+CONTINUATION_PROMPTS, CONTINUATION_TOKENS = 16, 32
 
 
 def greedy_agreement(original: Sequence[Sequence[int]], variant: Sequence[Sequence[int]]) -> dict[str, float]:
@@ -144,7 +144,9 @@ class TextGenerationValidation(TaskValidation):
         floors = [Floor("next_token_agreement", agreement.figures["next_token_agreement"], 1.0 - tolerance),
                   Floor("mean_logit_cosine", agreement.figures["mean_logit_cosine"], 1.0 - tolerance / 2)]
         if "greedy_agreement" in agreement.figures:  # where the original's continuations were made (optimize's gate)
-            # 1 - 2t: one token changed halfway through one of the 8 continuations keeps 0.94 of their text.
+            # 1 - 2t: one token changed halfway through one of the 16 continuations keeps 0.97 of their text, one
+            # changed at the first token of two of them 0.88 (on the trained Llama of RESULTS.md: int8 weights
+            # 1.0, every int4 scheme 0.57-0.67, onnx-int8-dynamic 0.74)
             floors.append(Floor("greedy_agreement", agreement.figures["greedy_agreement"], 1.0 - 2 * tolerance,
                                 stated=True))
         return floors
