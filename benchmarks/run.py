@@ -238,6 +238,12 @@ def render_families(data: list[dict[str, Any]]) -> list[str]:
     return table(data).splitlines()
 
 
+def render_soak(data: dict[str, Any]) -> list[str]:
+    from soak import table  # benchmarks/ is the script's directory, so on its path
+
+    return table(data)
+
+
 def _script(name: str, *args: str) -> Callable[[argparse.Namespace, Path], list[str]]:
     def command(options: argparse.Namespace, out: Path) -> list[str]:
         filled = [a.format(artifact=options.artifact) for a in args]
@@ -266,6 +272,8 @@ PARTS = {p.name: p for p in (
     Part("serve-load", "`kiln serve` against offline, alternated",
          _script("serve_load.py", "{artifact}/best", "--paired", "--concurrency", "64", "--rounds", "6"), ARTIFACT, 3,
          render_serve_load),
+    Part("soak", "`kiln serve` for an hour of changing shapes: does its memory stay flat?",
+         _script("soak.py", "{artifact}/best", "--minutes", "60"), ARTIFACT, 61, render_soak),
     Part("triton-load", "Triton against `kiln serve`", _script("triton_load.py", "{artifact}/best"),
          ARTIFACT + " and `make triton-server`", 5, render_triton),
     Part("shadow", "What live agreement costs a loaded server", _script("shadow_cost.py", "{artifact}/best"), ARTIFACT,

@@ -640,8 +640,8 @@ def test_optimize_judges_a_llama_family_decoder_and_generates_as_transformers(ti
 
 
 def test_a_decoders_defaults_put_the_fused_graph_in_place_of_the_export(tiny_model):
-    """By default a decoder's onnx-fp32 gives way to onnx-fused (same weights, cache in place) and says so; where no
-    fused graph can be written it stays, and onnx-fused is skipped with the reason."""
+    """By default a decoder's onnx-fp32 and OpenVINO variants give way to onnx-fused (same weights, cache in place)
+    and say so; where no fused graph can be written they stay, and onnx-fused is skipped with the reason."""
     from types import SimpleNamespace
 
     from kiln.optimizing.variants import VARIANTS
@@ -650,17 +650,24 @@ def test_a_decoders_defaults_put_the_fused_graph_in_place_of_the_export(tiny_mod
 
     def ctx(task_fusion, **changes):
         changed = config.__class__(**{**config.to_dict(), **changes})
-        return SimpleNamespace(spec=SimpleNamespace(export=SimpleNamespace(fusion=task_fusion)),
+        export = SimpleNamespace(fusion=task_fusion, weight_only_int8_pays=task_fusion == "decoder")
+        return SimpleNamespace(spec=SimpleNamespace(export=export),
                                source=SimpleNamespace(model=SimpleNamespace(config=changed)))
 
     fp32, fused = VARIANTS["onnx-fp32"], VARIANTS["onnx-fused"]
+    openvino = [VARIANTS[n] for n in ("openvino-fp32", "openvino-int8-weights", "openvino-int4-weights")]
     assert "onnx-fused runs the same fp32 weights" in fp32.not_by_default(ctx("decoder"))
     assert fused.why_not(ctx("decoder")) is None
+    # OpenVINO's stateless step graphs decode slower than the fused graph: asked for by name only
+    for spec in openvino:
+        assert "decode faster than OpenVINO's stateless step graph" in spec.not_by_default(ctx("decoder")), spec.name
     assert fp32.not_by_default(ctx("bert")) is None  # an encoder's fused graph is another thing
+    assert openvino[0].not_by_default(ctx("bert")) is None
     for changes, reason in (({"activation_function": "silu"}, "activation 'silu' is not one of"),
                             ({"n_embd": 36, "n_head": 3}, "head size that is a multiple of 8")):
         assert reason in fused.why_not(ctx("decoder", **changes))
         assert fp32.not_by_default(ctx("decoder", **changes)) is None
+        assert all(spec.not_by_default(ctx("decoder", **changes)) is None for spec in openvino)
 
 
 def test_openai_client_streams_completions_from_a_real_server(decoder_artifacts):

@@ -150,6 +150,19 @@ def _fp32_superseded(ctx: BuildContext) -> str | None:
     return None
 
 
+def _openvino_decoder_superseded(ctx: BuildContext) -> str | None:
+    """A decoder's OpenVINO variants are left out of the defaults where onnx-fused can be built: each step hands
+    OpenVINO's stateless graph the whole cache and takes it back, and on SmolLM2-135M's shape (avx2,
+    benchmarks/RESULTS.md, Decoders) openvino-int8-weights took 44.0 ms a token at batch 1 after 128 tokens and
+    117.6 after 1,024 against onnx-fused's fp32 30.1 and 29.8, openvino-int4-weights 41.9 against onnx-int4-weights'
+    11.1, so none could be chosen; at ~3 minutes a variant they were an estimated 9 of the ~25 minutes of Qwen3-0.6B's
+    optimize."""
+    if ctx.spec.export.fusion == DECODER_FUSION and _fusion_why_not(ctx) is None:
+        return "onnx-fused and onnx-int4-weights decode faster than OpenVINO's stateless step graph; name it in " \
+               "--variants to build it"
+    return None
+
+
 def _int8_dynamic(ctx: BuildContext, exclude: Sequence[str] = (), name: str = "onnx-int8-dynamic") -> BuiltVariant:
     source, steps = _int8_source(ctx)
     path = ctx.variant_dir(name) / "model.onnx"
@@ -364,16 +377,16 @@ VARIANTS: dict[VariantName, VariantSpec] = {VariantName(spec.name): spec for spe
                 decoders_only=INT4_FOR_DECODERS,
                 rank=_ranked_onnx(lambda ctx: _fused_path(ctx)[0], Int8Mode.INT4_WEIGHTS),
                 quantizes=lambda ctx: "onnx-fused"),
-    VariantSpec("openvino-fp32", _openvino_fp32, CPU, _needs_openvino),
+    VariantSpec("openvino-fp32", _openvino_fp32, CPU, _needs_openvino, not_by_default=_openvino_decoder_superseded),
     VariantSpec("openvino-bf16", _openvino_bf16, CPU, _needs_openvino_bf16),
     VariantSpec("openvino-int8-static", _openvino_int8, CPU, _needs_openvino, not_by_default=_openvino_int8_kernels,
                 rank=_ranked_ir(Int8Mode.STATIC), quantizes=lambda ctx: "openvino-fp32",
                 alternatives=tuple({"smooth_quant_alpha": a} for a in (0.8, 0.7, 0.6, 0.5))),
     VariantSpec("openvino-int8-weights", _openvino_int8_weights, CPU, _needs_openvino,
-                not_by_default=_weights_only_pays,
+                not_by_default=lambda ctx: _weights_only_pays(ctx) or _openvino_decoder_superseded(ctx),
                 rank=_ranked_ir(Int8Mode.WEIGHTS), quantizes=lambda ctx: "openvino-fp32"),
     VariantSpec("openvino-int4-weights", _openvino_int4_weights, CPU, _needs_openvino,
-                decoders_only=INT4_FOR_DECODERS,
+                decoders_only=INT4_FOR_DECODERS, not_by_default=_openvino_decoder_superseded,
                 rank=_ranked_ir(Int8Mode.INT4_WEIGHTS), quantizes=lambda ctx: "openvino-fp32"),
     VariantSpec("onnx-fp16", _fp16, frozenset({Target.CUDA}), needs_model=_fusing()),
     VariantSpec("torchscript", _torchscript, ALL, needs_model=_always),
