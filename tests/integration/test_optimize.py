@@ -337,8 +337,8 @@ def test_openvino_int8_is_left_out_by_default_only_where_its_kernels_are_slow():
     vnni = CpuInfo("x", "x86_64", ("avx2", "avx512", "avx512-vnni"), 2, 2)
     assert "no fast int8 kernels" in spec.not_by_default(SimpleNamespace(cpu=avx2))
     assert spec.not_by_default(SimpleNamespace(cpu=vnni)) is None
-    assert all(VARIANTS[n].not_by_default(SimpleNamespace(cpu=avx2)) is None for n in ("onnx-int8-dynamic",
-                                                                                       "openvino-fp32"))
+    encoder = SimpleNamespace(cpu=avx2, spec=SimpleNamespace(export=SimpleNamespace(fusion="bert")))
+    assert all(VARIANTS[n].not_by_default(encoder) is None for n in ("onnx-int8-dynamic", "openvino-fp32"))
 
 
 def _optimize_with_engine(engine_class, tiny_model, tmp_path, monkeypatch) -> RunSummary:
