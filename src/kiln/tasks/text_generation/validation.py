@@ -20,6 +20,7 @@ from kiln.tasks.validation import TaskValidation
 
 if TYPE_CHECKING:
     from kiln.runtime.predictor import Predictor
+    from kiln.runtime.tokenization import TextEncoder
 
 # Greedy continuations the gate compares: CONTINUATION_PROMPTS held-out prompts of 16 to 64 tokens, each continued
 # by up to CONTINUATION_TOKENS tokens. Next-token agreement under teacher forcing misses what a user reads: on the
@@ -85,7 +86,7 @@ class TextGenerationValidation(TaskValidation):
         return length_mix(count, 16, min(128, encoder.max_length), seed=3, token_count=encoder.token_count)
 
     @classmethod
-    def continuation_prompts(cls, encoder) -> list[str]:
+    def continuation_prompts(cls, encoder: TextEncoder) -> list[str]:
         """Held-out prompts (another draw than the agreement texts') short enough that prompt and continuation fit
         the model's window."""
         longest = max(16, min(64, encoder.max_length - CONTINUATION_TOKENS))
