@@ -50,6 +50,30 @@ def test_a_request_is_a_span_with_a_child_per_stage(tiny_artifact):
     assert failed.attributes["http.response.status_code"] == 422 and failed.status.status_code != StatusCode.ERROR
 
 
+def test_a_wall_clock_stepped_while_serving_keeps_each_stage_inside_its_request(tiny_artifact, monkeypatch):
+    """Span times are wall-clock; the batcher's moments are perf_counter. A VM's clock corrected by 70 s after the
+    server started (seen in a CI run) once put every stage 70 s before its request: the two clocks are now tied
+    per request, not once per process."""
+    import time
+
+    import opentelemetry.sdk.trace as sdk_trace
+
+    provider, exporter = recording()
+    app = create_app(ServeConfig(models={"m": tiny_artifact}), tracer_provider=provider)
+    with TestClient(app) as c:
+        real = time.time_ns
+        stepped = lambda: real() + 70 * 10**9  # noqa: E731 - the clock as the corrected VM reads it
+        monkeypatch.setattr(time, "time_ns", stepped)
+        monkeypatch.setattr(sdk_trace, "time_ns", stepped)
+        assert c.post("/kiln/embed", json={"inputs": ["one text"]}).status_code == 200
+    spans = exporter.get_finished_spans()
+    (root,) = [s for s in spans if s.parent is None]
+    children = [s for s in spans if s.parent and s.parent.span_id == root.context.span_id]
+    assert {"tokenize", "queue", "batch", "engine", "postprocess"} <= {s.name for s in children}
+    for child in children:
+        assert root.start_time <= child.start_time <= child.end_time <= root.end_time, child.name
+
+
 def test_otlp_endpoint_without_the_extra_names_the_install(monkeypatch):
     import builtins
 

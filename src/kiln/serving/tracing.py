@@ -25,14 +25,6 @@ from typing import Any
 from kiln.errors import missing_dependency
 from kiln.serving.guard import ASGIApp, Receive, Scope, Send
 
-# perf_counter -> wall-clock nanoseconds (OpenTelemetry's span times), fixed once: perf_counter is monotonic.
-_OFFSET_NS = time.time_ns() - int(time.perf_counter() * 1e9)
-
-
-def _ns(perf: float) -> int:
-    return _OFFSET_NS + int(perf * 1e9)
-
-
 class RequestTrace:
     """The spans of one request (a root and its children)."""
 
@@ -41,12 +33,19 @@ class RequestTrace:
         from opentelemetry.trace import set_span_in_context
 
         self._context = set_span_in_context(root)
+        # perf_counter -> wall-clock nanoseconds (OpenTelemetry's span times), taken as the root starts: the wall
+        # clock may be stepped or slewed while a server runs (a VM's clock was corrected by 70 s between a test
+        # server's start and its request, and a stage then began 70 s before its request), perf_counter is not.
+        self._offset_ns = time.time_ns() - int(time.perf_counter() * 1e9)
+
+    def _ns(self, perf: float) -> int:
+        return self._offset_ns + int(perf * 1e9)
 
     def child(self, name: str, start: float, end: float, **attributes: Any) -> None:
         """A finished child span from ``start`` to ``end`` (perf_counter seconds)."""
-        span = self._tracer.start_span(name, context=self._context, start_time=_ns(start),
+        span = self._tracer.start_span(name, context=self._context, start_time=self._ns(start),
                                        attributes={f"kiln.{k}": v for k, v in attributes.items()})
-        span.end(end_time=_ns(end))
+        span.end(end_time=self._ns(end))
 
     def set(self, **attributes: Any) -> None:
         self.root.set_attributes({f"kiln.{k}": v for k, v in attributes.items()})
