@@ -25,6 +25,7 @@ from typing import Any
 from kiln.errors import missing_dependency
 from kiln.serving.guard import ASGIApp, Receive, Scope, Send
 
+
 class RequestTrace:
     """The spans of one request (a root and its children)."""
 
