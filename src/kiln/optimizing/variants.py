@@ -141,10 +141,15 @@ def _int8_source_name(ctx: BuildContext) -> str:
     return "onnx-fp32" if _fusion_why_not(ctx) else "onnx-fused"
 
 
+def _decoder_fuses(ctx: BuildContext) -> bool:
+    """Whether the model is a decoder whose onnx-fused step graph can be written."""
+    return ctx.spec.export.fusion == DECODER_FUSION and _fusion_why_not(ctx) is None
+
+
 def _fp32_superseded(ctx: BuildContext) -> str | None:
     """A decoder's onnx-fp32 is left out of the defaults where onnx-fused can be built: the same fp32 weights, with
     the cache updated in place. Its export is still made, as the artifact's reference and OpenVINO's source."""
-    if ctx.spec.export.fusion == DECODER_FUSION and _fusion_why_not(ctx) is None:
+    if _decoder_fuses(ctx):
         return "onnx-fused runs the same fp32 weights with the cache updated in place; the export is kept as the " \
                "reference"
     return None
@@ -157,7 +162,7 @@ def _openvino_decoder_superseded(ctx: BuildContext) -> str | None:
     117.6 after 1,024 against onnx-fused's fp32 30.1 and 29.8, openvino-int4-weights 41.9 against onnx-int4-weights'
     11.1, so none could be chosen; at ~3 minutes a variant they were an estimated 9 of the ~25 minutes of Qwen3-0.6B's
     optimize."""
-    if ctx.spec.export.fusion == DECODER_FUSION and _fusion_why_not(ctx) is None:
+    if _decoder_fuses(ctx):
         return "onnx-fused and onnx-int4-weights decode faster than OpenVINO's stateless step graph; name it in " \
                "--variants to build it"
     return None
