@@ -289,6 +289,29 @@ def test_openvino_sessions_are_streams_of_one_compiled_model(artifacts, tmp_path
     np.testing.assert_allclose(np.stack(got), np.stack(want), atol=1e-4)
 
 
+def test_single_thread_onnxruntime_sessions_share_one_loaded_model(artifacts):
+    """Single-thread ONNX Runtime sessions are views of one InferenceSession (the weights and the arena once) that
+    answer side by side as separate sessions do; sessions of several threads each load their own."""
+    from kiln.engines import open_sessions
+    from kiln.runtime.predictor import Predictor
+    from kiln.tasks import task_handler
+
+    art = Artifact.open(artifacts[ExportFormat.ONNX])
+    path = art.path / art.variant().path
+    shared = open_sessions("onnxruntime", path, EngineOptions(intra_op_threads=1), 3)
+    assert len(shared) == 3 and len({id(s.session) for s in shared}) == 1 and len(set(map(id, shared))) == 3
+    apart = open_sessions("onnxruntime", path, EngineOptions(intra_op_threads=2), 2)
+    assert len({id(s.session) for s in apart}) == 2
+    rows = open_sessions("onnxruntime", path, EngineOptions(intra_op_threads=1, rows_alone=True), 2)
+    assert len({id(s.engine.session) for s in rows}) == 1  # each view wrapped row by row
+    texts = [SHORT, *LONG] * 6
+    encoder = art.encoder()
+    want = Predictor(task_handler(art.task_config), encoder, apart[0], batch_size=2).predict(texts)
+    got = Predictor(task_handler(art.task_config), encoder, shared[0], batch_size=2,
+                    sessions=shared[1:]).predict(texts)
+    np.testing.assert_allclose(np.stack(got), np.stack(want), atol=1e-5)
+
+
 @pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="OpenVINO's throughput hint gives one stream on one core")
 def test_kiln_load_splits_the_cores_of_an_openvino_variant_and_runs_a_lone_batch_on_all(tiny_model, tmp_path,
                                                                                         monkeypatch):

@@ -60,11 +60,14 @@ def create_engine(name: str, path: Path, options: EngineOptions = EngineOptions(
     if name not in ENGINES:
         raise UsageError(f"engine must be one of: {', '.join(ENGINES)} (got {name!r})")
     engine = ENGINES[name](path, options)
-    if options.rows_alone:  # batch-invariant: each row of a batch on its own (kiln.engines.rows)
-        from kiln.engines.rows import RowByRow
+    return _rows_alone(engine) if options.rows_alone else engine
 
-        return RowByRow(engine)
-    return engine
+
+def _rows_alone(engine: Engine) -> Engine:
+    """``engine`` batch-invariant: each row of a batch run on its own (kiln.engines.rows)."""
+    from kiln.engines.rows import RowByRow
+
+    return RowByRow(engine)
 
 
 def _onnxruntime_device(device: str) -> None:
@@ -101,6 +104,9 @@ def check_device(engine: str, device: str) -> None:
 # Engines that run parallel requests on one compiled model (OpenVINO CPU streams): their sessions are infer
 # requests of one model compiled with a stream per session, so the weights are in memory once.
 STREAMING_ENGINES = ("openvino",)
+# Engines whose one loaded model takes calls from several threads at once, each computed on its caller's thread
+# when a session has one thread: single-thread sessions are views of one loaded model (weights and arena once).
+SHARED_SESSION_ENGINES = ("onnxruntime",)
 
 
 def open_sessions(name: str, path: Path, options: EngineOptions, count: int | None) -> list[Engine]:
@@ -122,6 +128,13 @@ def open_sessions(name: str, path: Path, options: EngineOptions, count: int | No
         threads = options.intra_op_threads * count if options.intra_op_threads else None
         engine = create_engine(name, path, replace(options, streams=count, intra_op_threads=threads))
         return engine.requests(count)  # type: ignore[attr-defined]
+    if name in SHARED_SESSION_ENGINES and count > 1 and options.intra_op_threads == 1 and options.device == "cpu":
+        # One session per core was one loaded model per core: MiniLM fp32, 16 single-thread sessions each running 4
+        # batches of 32 texts of up to 208 tokens, 6,261 MiB resident as 16 sessions (1,532 to load), 3,516 as views
+        # of one (125 to load), the same speed within noise (2-core EPYC, AVX2; `python benchmarks/serving_memory.py
+        # sessions OUT/best --sessions 16 --batches 4 --rounds 1`; 2 sessions, 32 batches: 915-929 MiB against 716-721).
+        views = ENGINES[name](path, replace(options, rows_alone=False)).views(count)  # type: ignore[attr-defined]
+        return [_rows_alone(view) if options.rows_alone else view for view in views]
     return [create_engine(name, path, options) for _ in range(count)]
 
 
