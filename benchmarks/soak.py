@@ -203,6 +203,16 @@ def slope(xs: list[float], ys: list[float]) -> float | None:
     return float(np.polyfit(np.asarray(xs, np.float64), np.asarray(ys, np.float64), 1)[0])
 
 
+def _median_p99(after: list[Sample], first: bool, minutes: float = 5.0) -> float | None:
+    """The median of the sampled p99s over the first (or last) ``minutes`` after the warm-up: one sample's p99 is
+    that of ~10 s of requests, which moves 2x from one sample to the next under mixed shapes."""
+    if not after:
+        return None
+    edge = after[0].minutes + minutes if first else after[-1].minutes - minutes
+    window = [s.p99_ms for s in after if s.p99_ms is not None and (s.minutes <= edge if first else s.minutes >= edge)]
+    return float(np.median(window)) if window else None
+
+
 def summarize(samples: list[Sample], counts: Counts, warmup_minutes: float, bound: float) -> dict:
     after = [s for s in samples if s.minutes >= warmup_minutes]
     per_hour = slope([s.minutes / 60 for s in after], [s.rss_mib for s in after])
@@ -220,8 +230,7 @@ def summarize(samples: list[Sample], counts: Counts, warmup_minutes: float, boun
         "rss_mib_max": max(s.rss_mib for s in samples), "fds": [min(s.fds for s in samples), samples[-1].fds],
         "threads": [min(s.threads for s in samples), samples[-1].threads],
         "metric_series": [min(series), max(series)] if series else None,
-        "p99_ms_first_last": [next((s.p99_ms for s in after if s.p99_ms), None),
-                              next((s.p99_ms for s in reversed(after) if s.p99_ms), None)],
+        "p99_ms_first_last": [_median_p99(after, first=True), _median_p99(after, first=False)],
     }
 
 
@@ -235,7 +244,8 @@ def table(data: dict) -> list[str]:
     served = s["statuses"].get("200", 0)
     others = ", ".join(f"{k}: {v}" for k, v in sorted(s["statuses"].items()) if k != "200")
     return ["| task | minutes (warm-up) | requests (200; others) | RSS MiB after warm-up / end / max | MiB per hour | "
-            "MiB per 10k requests | fds, threads (least / end) | metric series | p99 ms first / last | verdict |",
+            "MiB per 10k requests | fds, threads (least / end) | metric series | p99 ms first / last 5 min (median) "
+            "| verdict |",
             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
             f"| {data['task']} | {data['minutes']:g} ({data['warmup_minutes']:g}) | {s['requests']:,} ({served:,}; "
             f"{others or 'none'}) | {f(s['rss_mib_after_warmup'])} / {f(s['rss_mib_end'])} / {f(s['rss_mib_max'])} | "

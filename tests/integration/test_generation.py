@@ -5,7 +5,10 @@ streaming to the openai client."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
 import threading
 import time
 
@@ -427,6 +430,23 @@ def _openvino_steps(predictor, shape, artifact):
 
     graph = artifact / "onnx-fp32" / "model.onnx"  # OpenVINO reads the ONNX step graph itself
     return SharedSteps(OpenVinoEngine(graph), shape)
+
+
+def test_an_openvino_decoder_caps_onednns_primitive_cache_unless_the_user_set_it(decoder_artifacts):
+    """oneDNN's primitive cache grows with every new shape a decoder's step graph meets and nothing hands it back
+    (kiln.engines.openvino; benchmarks/serving_memory.py shapes): loading an OpenVINO decoder caps it before the
+    compile, and a user's own setting stands. Each case in a fresh process: oneDNN reads it once."""
+    from kiln.engines.openvino import DECODER_PRIMITIVE_CACHE
+
+    code = ("import os, sys; from pathlib import Path; from kiln.engines.openvino import OpenVinoEngine; "
+            "OpenVinoEngine(Path(sys.argv[1])); print(os.environ['ONEDNN_PRIMITIVE_CACHE_CAPACITY'])")
+    graph = str(decoder_artifacts["gpt2"] / "onnx-fp32" / "model.onnx")
+    env = {k: v for k, v in os.environ.items() if k != "ONEDNN_PRIMITIVE_CACHE_CAPACITY"}
+    for preset, want in ((None, DECODER_PRIMITIVE_CACHE), ("512", "512")):
+        run_env = env if preset is None else {**env, "ONEDNN_PRIMITIVE_CACHE_CAPACITY": preset}
+        out = subprocess.run([sys.executable, "-c", code, graph], env=run_env, capture_output=True, text=True,
+                             timeout=120, check=True)
+        assert out.stdout.strip().splitlines()[-1] == want
 
 
 STEPPER_KINDS = {
