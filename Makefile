@@ -92,7 +92,13 @@ INSTALL_JOBS ?= 4
 # fill the gaps: on the 2-core avx2 EPYC, tests/unit + tests/integration took 852 s in two processes and 779 s in
 # three (194% of the 2 cores; `pytest -n N --dist loadfile tests/unit tests/integration`, nothing else running).
 PYTEST_WORKERS ?= 3
-PYTEST := $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile --durations=15
+# Three workers and the servers they start keep more threads busy than there are cores, and a thread spinning between
+# runs (ONNX Runtime's, OpenMP's in torch) takes a core from one with work: 4 integration files took 260 s of wall
+# and 462 s of user CPU spinning, 178 s and 300 s with both sleeping (`pytest -n 3 --dist loadfile
+# tests/integration/test_{optimize,generation,tasks,bench}.py`, 2-core AMD EPYC). Every process the tests start
+# inherits the two settings.
+PYTEST := KILN_SPIN_WAIT=0 OMP_WAIT_POLICY=PASSIVE $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile \
+	--durations=15
 PEER_VENVS := triton-server slim infinity-server kserve-client pylate colbert-ai rag-clients
 PEERS := browser $(PEER_VENVS)
 

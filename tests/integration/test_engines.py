@@ -76,6 +76,28 @@ def test_onnxruntime_threads_and_provider(artifacts):
     assert engine.session.get_session_options().intra_op_num_threads == 1
 
 
+def test_kiln_spin_wait_sets_whether_onnxruntime_threads_spin_unless_the_caller_says(artifacts, monkeypatch):
+    """KILN_SPIN_WAIT=0: the sessions of kiln.load (and kiln serve's) sleep between runs; spin_wait= still wins."""
+    from kiln.engines.base import SPIN_WAIT_ENV
+    from kiln.engines.onnxruntime import session_options
+
+    def spins(options: EngineOptions) -> str:
+        try:
+            return session_options(options).get_session_config_entry("session.intra_op.allow_spinning")
+        except RuntimeError:  # no entry: ONNX Runtime's default, which spins
+            return "default"
+
+    monkeypatch.delenv(SPIN_WAIT_ENV, raising=False)
+    assert EngineOptions().spin_wait and spins(EngineOptions()) == "default"
+    monkeypatch.setenv(SPIN_WAIT_ENV, "0")
+    assert spins(EngineOptions()) == "0"
+    artifact = Artifact.open(artifacts[ExportFormat.ONNX])
+    assert not artifact.serving_plan().options.spin_wait and artifact.serving_plan(spin_wait=True).options.spin_wait
+    monkeypatch.setenv(SPIN_WAIT_ENV, "no")
+    with pytest.raises(UsageError, match="KILN_SPIN_WAIT must be 0 or 1 \\(got 'no'\\)"):
+        EngineOptions()
+
+
 def test_torchscript_handles_many_lengths(artifacts):
     """A frozen trace must stay correct across lengths it never saw (no shape baked in)."""
 

@@ -77,7 +77,7 @@ class Artifact:
 
     def serving_plan(self, variant: str | None = None, *, threads: int | None = None, sessions: int | None = None,
                      batch_size: int | None = None, pad_multiple: int | None = None,
-                     device: str = "cpu", spin_wait: bool = True, split_cores: bool = False) -> ServingPlan:
+                     device: str = "cpu", spin_wait: bool | None = None, split_cores: bool = False) -> ServingPlan:
         """How to run a variant: each setting from the caller, else from `kiln bench`'s serving default
         (serving.json), else kiln's default (all usable cores, 1 session, batches of 32, the engine's padding).
         A split plan's batches default to ``SPLIT_CORES_BATCH``.
@@ -92,7 +92,9 @@ class Artifact:
         if split_cores and threads is None and sessions is None and measured is None:
             solo_threads = split_cores_plan(self.variant(variant).engine, self.task_config.task, device)
         threads = threads if threads is not None else default.threads
-        options = replace(EngineOptions.for_variant(self.variant(variant), threads, device), spin_wait=spin_wait)
+        options = EngineOptions.for_variant(self.variant(variant), threads, device)
+        if spin_wait is not None:
+            options = replace(options, spin_wait=spin_wait)
         if solo_threads is None and sessions is None:
             sessions = default.sessions  # else None with a solo: the runtime picks the streams
         if batch_size is None:
@@ -254,14 +256,14 @@ def extract_variant(artifact: Artifact, variant: str | None, dest: Path, *, mode
 
 def load(path: str | Path, variant: str | None = None, *, threads: int | None = None,
          device: str = "cpu", batch_size: int | None = None, sessions: int | None = None,
-         pad_multiple: int | None = None, spin_wait: bool = True) -> Predictor:
+         pad_multiple: int | None = None, spin_wait: bool | None = None) -> Predictor:
     """Open and verify an artifact and return a ready predictor for one of its variants.
 
     ``threads``, ``sessions``, ``batch_size`` and ``pad_multiple`` default to the serving default ``kiln bench``
     measured and wrote into the artifact (serving.json), else to all usable cores, 1, 32 and the engine's own
     (an OpenVINO variant of a one-pass task: the cores split into streams, batches of ``SPLIT_CORES_BATCH``).
     ``spin_wait=False``: ONNX Runtime's threads sleep between runs instead of spinning (load a speculative
-    decoding's model and draft so: they take turns on the same cores).
+    decoding's model and draft so: they take turns on the same cores); None: spin unless KILN_SPIN_WAIT=0.
     """
     artifact = Artifact.open(path)
     return artifact.predictor(variant, artifact.serving_plan(

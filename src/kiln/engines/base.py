@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
@@ -35,6 +35,20 @@ class Engine(Protocol):
 
 
 THROUGHPUT_STREAMS = 0  # EngineOptions.streams: the runtime's throughput hint picks the number of streams
+# KILN_SPIN_WAIT=0 makes sleeping between runs the default for every ONNX Runtime session of the process (and of the
+# servers it starts), the way OMP_WAIT_POLICY=PASSIVE does for OpenMP: for boxes with more busy threads than cores,
+# where spinning threads take the cores from the ones with work. kiln's suite runs 3 workers on 2 cores; 4 of its
+# integration files took 260 s of wall and 462 s of user CPU with spinning, 178 s and 300 s with both set
+# (`pytest -n 3 --dist loadfile` on test_optimize, test_generation, test_tasks and test_bench, 2-core AMD EPYC).
+SPIN_WAIT_ENV = "KILN_SPIN_WAIT"
+
+
+def default_spin_wait() -> bool:
+    """Whether ONNX Runtime's threads spin between runs unless a caller says: KILN_SPIN_WAIT, else yes."""
+    value = os.environ.get(SPIN_WAIT_ENV, "1").strip()
+    if value not in ("0", "1"):
+        raise UsageError(f"{SPIN_WAIT_ENV} must be 0 or 1 (got {value!r})")
+    return value == "1"
 
 
 @dataclass(frozen=True)
@@ -51,7 +65,7 @@ class EngineOptions:
     # session (greedy decoding: 127 tokens/s spinning, 110 sleeping), but two sessions taking turns lose the cores
     # to each other's spinning (speculative decoding, model + draft: 125 tokens/s spinning, 168 sleeping;
     # `python benchmarks/speculative.py` with and without spinning, one sitting, 2-core AMD EPYC).
-    spin_wait: bool = True
+    spin_wait: bool = field(default_factory=default_spin_wait)
     # ONNX Runtime's CPU arena keeps the largest run's buffers for the session's life. Serving wants that (no
     # allocation per request); validation runs a few big batches per session and holds several sessions, where
     # the arenas were most of kiln optimize's peak on a decoder (GPT-2 small: benchmarks/optimize_profile.py).
