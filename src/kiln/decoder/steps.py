@@ -143,6 +143,7 @@ class _Buffers:
     def __init__(self, values: dict[str, Any], capacity: int) -> None:
         self.values, self.capacity, self.newest = values, capacity, 0
         self.cuts: list[tuple[int, int]] = []
+        self.binding: Any = None  # the IOBinding with these buffers bound as past and present, made on first use
 
 
 @dataclass
@@ -194,6 +195,7 @@ class BufferSteps:
         self._session = engine.session
         self._device = "cuda" if getattr(engine, "_on_gpu", False) else "cpu"
         self._pairs = tuple(zip(shape.past_names(), shape.present_names()))
+        self._vocab = next(o.shape[-1] for o in self._session.get_outputs() if o.name == LOGITS)
 
     def step(self, input_ids, attention_mask, position_ids, past, last=False):
         batch, new = input_ids.shape
@@ -211,7 +213,16 @@ class BufferSteps:
             ids, where = _packed(input_ids, real), _packed(position_ids, real)
         after = lengths + np.maximum(counts, 1)  # a padding token is written, and overwritten by the next
         buffers = self._buffers(past, own, held, lengths, int(after.max()))
-        binding = self._session.io_binding()
+        binding = buffers.binding
+        if binding is None:
+            # Bound once for all the steps made on them, and the logits written straight into an array of ours
+            # (get_outputs wrapped every present buffer too): SmolLM2-135M's shape, int4, 128-token prompt, 0.40 ms
+            # a token less at batch 1 (8.54 against 9.00, median of 20 paired rounds) and 0.88 at batch 4 (20.02
+            # against 20.94; 2-core AMD EPYC).
+            binding = buffers.binding = self._session.io_binding()
+            for past_name, present_name in self._pairs:
+                binding.bind_ortvalue_input(past_name, buffers.values[past_name])
+                binding.bind_ortvalue_output(present_name, buffers.values[past_name])
         for name, array in ((INPUT_IDS, ids), (POSITION_IDS, where)):
             binding.bind_cpu_input(name, np.ascontiguousarray(array, dtype=np.int64))
         binding.bind_cpu_input(SEQLENS_K, (after - 1).astype(np.int32))
@@ -220,12 +231,9 @@ class BufferSteps:
         # multiply-adds on GPT-2 small, and its [batch, new, vocab] output 103 MB at batch 4 x 128 tokens).
         wanted = np.maximum(counts - 1, 0)[:, None] if last else np.broadcast_to(np.arange(ids.shape[1]), ids.shape)
         binding.bind_cpu_input(LOGITS_AT, np.ascontiguousarray(wanted, dtype=np.int64))
-        binding.bind_output(LOGITS, "cpu")
-        for past_name, present_name in self._pairs:
-            binding.bind_ortvalue_input(past_name, buffers.values[past_name])
-            binding.bind_ortvalue_output(present_name, buffers.values[past_name])
+        logits = np.empty((batch, wanted.shape[1], self._vocab), np.float32)
+        binding.bind_output(LOGITS, "cpu", 0, np.float32, logits.shape, logits.ctypes.data)
         self._session.run_with_iobinding(binding)
-        logits = binding.get_outputs()[0].numpy()
         if ids is not input_ids and not last:  # back to the caller's columns; its padding columns get zeros
             spread = np.zeros((batch, new, logits.shape[-1]), np.float32)
             for row in range(batch):
