@@ -157,7 +157,70 @@ def test_a_misconfigured_reranker_is_outside_tolerance_with_every_cause_named(ti
 
 def test_a_task_audit_cannot_check_is_refused_by_name(tmp_path):
     run = audit_cli("http://127.0.0.1:9", "--task", TaskName.TOKEN_CLASSIFICATION.value, timeout=60)
-    assert run.returncode == 2 and "kiln audit checks embedding and reranker deployments" in run.stderr, run.stderr
+    assert run.returncode == 2 and "kiln audit checks embedding, reranker and generation deployments" in run.stderr, \
+        run.stderr
+    run = audit_cli("http://127.0.0.1:9", "--task", TaskName.TEXT_GENERATION.value, "--protocol", "tei", timeout=60)
+    assert run.returncode == 2 and "protocol tei: kiln audit asks a text-generation deployment through the " \
+        "completions API of: openai" in run.stderr, run.stderr
+
+
+def test_kiln_serve_generates_the_originals_greedy_text_and_another_model_does_not(tiny_model, tmp_path):
+    """A decoder behind kiln serve's OpenAI completions API: its greedy text is the original's token for token; the
+    same name serving a model of another seed keeps little of it and is outside tolerance, with the cause that
+    differs (none: same tokenizer, greedy) left unnamed."""
+    import kiln
+    from kiln.testing.factory import build_tiny_model
+
+    original = tiny_model("llama", TaskName.TEXT_GENERATION)
+    other = build_tiny_model("llama", TaskName.TEXT_GENERATION, tmp_path / "other", seed=7)
+    for name, served, within in (("same", original, True), ("other", other, False)):
+        artifact = kiln.export(str(served), task="text-generation", output=tmp_path / f"art-{name}").artifact.path
+        with process.serve_in_thread(create_app(ServeConfig(models={"g": artifact}))) as base:
+            result = run_audit(AuditConfig(Endpoint(base, "openai", "g"), str(original), count=8,
+                                           task=TaskName.TEXT_GENERATION.value, output=tmp_path / f"audit-{name}"))
+        assert result.within_tolerance is within, result.verdict()
+        assert result.agreement == "greedy agreement" and result.figures["greedy_tokens"] > 0
+        assert not any(f.differs for f in result.findings), result.findings
+        if within:
+            assert result.mean_agreement == 1.0 and result.figures["greedy_identical"] == 1.0, result.verdict()
+        else:
+            assert result.mean_agreement < result.floor, result.verdict()
+    report = json.loads((tmp_path / "audit-same" / "audit.json").read_text())
+    assert report["inputs"] == 8 and report["judged"] == "mean"
+
+
+def test_a_generation_server_that_samples_and_miscounts_prompts_has_both_named(tiny_model, tmp_path):
+    """A completions server that answers another text each call and counts one token more per prompt (a BOS the
+    original does not add); then one whose answer is not OpenAI's shape: one clear error."""
+    from fastapi import FastAPI
+
+    from kiln.auditing.generation import GreedyReference
+    from kiln.source.loading import load_source
+
+    original = str(tiny_model("llama", TaskName.TEXT_GENERATION))
+    counts = GreedyReference(load_source(original, TaskName.TEXT_GENERATION.value)).token_counts
+    app, calls = FastAPI(), []
+
+    @app.post("/v1/completions")
+    async def completions(body: dict):
+        calls.append(body)
+        if body["prompt"] == "shape":
+            return {"choices": []}
+        return {"choices": [{"text": f" sample {len(calls)}"}],
+                "usage": {"prompt_tokens": counts([body["prompt"]])[0] + 1}}
+
+    with process.serve_in_thread(app) as base:
+        result = run_audit(AuditConfig(Endpoint(base, "openai", "g"), original, count=8,
+                                       task=TaskName.TEXT_GENERATION.value, output=tmp_path / "audit"))
+        texts = tmp_path / "prompts.txt"
+        texts.write_text("shape\n" * 8)
+        with pytest.raises(AuditError, match="not an OpenAI completions answer"):
+            run_audit(AuditConfig(Endpoint(base, "openai", "g"), original, texts_file=texts,
+                                  task=TaskName.TEXT_GENERATION.value, output=tmp_path / "bad"))
+    assert {c["temperature"] for c in calls} == {0} and calls[0]["max_tokens"] == 24
+    assert not result.within_tolerance
+    assert {f.cause: f.differs for f in result.findings} == {"prompt tokens": True, "determinism": True}
+    assert "8 of 8 prompts counted differently by the server (up to +1 tokens" in result.findings[0].found
 
 
 def _bad_app(mode: str):

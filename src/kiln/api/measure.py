@@ -56,9 +56,10 @@ def audit(url: str, model: str | Path | None = None, *, task: str = DEFAULT_TASK
           texts: str | Path | None = None, count: int = 96, tolerance: float | None = None, timeout: float = 30.0,
           api_key: str | None = None, output: str | Path = "kiln-audit", allow_pickle: bool = False,
           adapter: str | None = None, progress: Progress = lambda _: None) -> AuditResult:
-    """``kiln audit``: send texts (or a reranker's queries) to the deployment at ``url`` over ``protocol``, score its
-    answers against ``model``'s fp32 PyTorch outputs by input length, and diagnose a gap by measurement (pooling,
-    normalisation, truncation, prefixes, batch drift). Writes audit.json, audit.md and audit.html to ``output``;
+    """``kiln audit``: send texts (a reranker's queries, a decoder's prompts) to the deployment at ``url`` over
+    ``protocol``, score its answers against ``model``'s fp32 PyTorch outputs by input length, and diagnose a gap by
+    measurement (pooling, normalisation, truncation, prefixes, batch drift; a decoder's greedy text kept, prompt
+    tokens, determinism). Writes audit.json, audit.md and audit.html to ``output``;
     ``result.within_tolerance`` says whether the deployment is within ``tolerance``. ``adapter``: the task LoRA
     adapter the deployment merged (kiln.source.adapters), for a model that carries several."""
     from kiln.auditing.job import AuditConfig, run_audit

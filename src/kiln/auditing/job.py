@@ -16,6 +16,7 @@ from typing import Any
 
 from kiln.auditing.protocols import Endpoint
 from kiln.auditing.result import AuditResult
+from kiln.choices import Scheduling
 from kiln.errors import KilnError, UsageError
 from kiln.records import write_json
 from kiln.tasks import DEFAULT_TASK, TASKS, task_spec
@@ -45,6 +46,10 @@ class AuditConfig:
         if self.count < 8:
             raise UsageError(f"count must be at least 8 (got {self.count})")
         audit_kind(self.task)  # refuse a task kiln audit cannot check, naming the ones it can
+        if task_spec(self.task).scheduling in AUDITS_BY_SCHEDULING:  # before the original is loaded and run
+            from kiln.auditing.protocols import require_completer
+
+            require_completer(self.endpoint.protocol)
 
 
 def _lines(config: AuditConfig) -> list[str]:
@@ -101,17 +106,41 @@ def _scores() -> AuditKind:
     return AuditKind(ranking.ScoreReference, _queries, ranking.diagnose, "queries")
 
 
-# Audit kind, by what the task spec says its results are (TaskSpec.embeds / .ranks): imported when used, since
-# each pulls torch in through its reference.
+def _prompts(config: AuditConfig, reference) -> list[str]:
+    from kiln.auditing.generation import builtin_prompts
+
+    if config.texts_file is not None:
+        return [line.strip() for line in _lines(config)]
+    return builtin_prompts(reference, min(config.count, GENERATION_PROMPTS))
+
+
+def _greedy() -> AuditKind:
+    from kiln.auditing import generation
+
+    return AuditKind(generation.GreedyReference, _prompts, generation.diagnose, "prompts")
+
+
+# Built-in prompts for a decoder: each is continued token by token in PyTorch before it is sent, so fewer than the
+# texts of an embedding audit.
+GENERATION_PROMPTS = 32
+
+# Audit kind, by what the task spec says its results are (TaskSpec.embeds / .ranks) or how it runs (a decoding
+# task's greedy text): imported when used, since each pulls torch in through its reference.
 AUDITS: dict[str, Callable[[], AuditKind]] = {"embeds": _vectors, "ranks": _scores}
+AUDITS_BY_SCHEDULING: dict[Scheduling, Callable[[], AuditKind]] = {Scheduling.DECODE: _greedy}
+
+
+def _can_audit(spec) -> bool:
+    return spec.scheduling in AUDITS_BY_SCHEDULING or any(getattr(spec, flag) for flag in AUDITS)
 
 
 def audit_kind(task: str) -> Callable[[], AuditKind]:
     spec = task_spec(task)
-    found = next((kind for flag, kind in AUDITS.items() if getattr(spec, flag)), None)
+    found = AUDITS_BY_SCHEDULING.get(spec.scheduling) or next(
+        (kind for flag, kind in AUDITS.items() if getattr(spec, flag)), None)
     if found is None:
-        can = ", ".join(name for name, s in TASKS.items() if any(getattr(s, flag) for flag in AUDITS))
-        raise UsageError(f"task {task}: kiln audit checks embedding and reranker deployments ({can})")
+        can = ", ".join(name for name, s in TASKS.items() if _can_audit(s))
+        raise UsageError(f"task {task}: kiln audit checks embedding, reranker and generation deployments ({can})")
     return found
 
 
@@ -131,13 +160,16 @@ def run_audit(config: AuditConfig, progress: Callable[[str], None] = lambda _: N
     return result
 
 
+COUNTED = {"cosine": "texts", "greedy agreement": "prompts"}  # what one bucket entry is, by agreement figure
+
+
 def write_audit(directory: Path, result: AuditResult) -> None:
     """audit.json, and audit.md / audit.html in the report's style (kiln.report.html), each written atomically."""
     from kiln.report.html import html_table, markdown_table, page, write_pages
 
     directory.mkdir(parents=True, exist_ok=True)
     write_json(directory / "audit.json", SCHEMA, result)
-    counted = "queries" if result.agreement != "cosine" else "texts"  # a tau is per query, a cosine per text
+    counted = COUNTED.get(result.agreement, "queries")  # a tau is per query, a cosine per text
     buckets = (["tokens", counted, f"mean {result.agreement}", f"min {result.agreement}"],
                [[b.tokens, str(b.count), f"{b.mean:.4f}", f"{b.min:.4f}"] for b in result.buckets])
     findings = (["cause", "vs the original", "measured"],

@@ -193,3 +193,37 @@ SCORERS: dict[Protocol, Callable[[Endpoint, str, Sequence[str]], np.ndarray]] = 
 
 def rerank(endpoint: Endpoint, query: str, texts: Sequence[str]) -> np.ndarray:
     return SCORERS[endpoint.protocol](endpoint, query, texts)
+
+
+def _openai_complete(endpoint: Endpoint, prompt: str, max_tokens: int) -> tuple[str, int | None]:
+    # OpenAI's completions API, as kiln serve, vLLM, TGI and llama.cpp's server speak it: greedy at temperature 0.
+    path = "/v1/completions" if not endpoint.url.endswith("/v1") else "/completions"
+    where = f"{endpoint.url}{path}"
+    body = _post(endpoint, path, {"model": endpoint.model or "default", "prompt": prompt, "max_tokens": max_tokens,
+                                  "temperature": 0})
+    try:
+        text = body["choices"][0]["text"]
+    except (KeyError, IndexError, TypeError) as err:
+        raise AuditError(f"{where}: not an OpenAI completions answer (no choices[0].text)") from err
+    if not isinstance(text, str):
+        raise AuditError(f"{where}: choices[0].text is {type(text).__name__}, not text")
+    usage = body.get("usage") if isinstance(body, dict) else None
+    prompt_tokens = usage.get("prompt_tokens") if isinstance(usage, dict) else None
+    return text, prompt_tokens if isinstance(prompt_tokens, int) else None
+
+
+# Protocol -> how to ask for a greedy completion of one prompt: (text, the prompt's tokens as the server counts them).
+COMPLETERS: dict[Protocol, Callable[[Endpoint, str, int], tuple[str, int | None]]] = {
+    Protocol.OPENAI: _openai_complete}
+
+
+def require_completer(protocol: Protocol) -> None:
+    """A UsageError unless kiln audit can ask for completions over ``protocol``."""
+    if protocol not in COMPLETERS:
+        raise UsageError(f"protocol {protocol.value}: kiln audit asks a text-generation deployment through the "
+                         f"completions API of: {', '.join(p.value for p in COMPLETERS)}")
+
+
+def complete(endpoint: Endpoint, prompt: str, max_tokens: int) -> tuple[str, int | None]:
+    require_completer(endpoint.protocol)
+    return COMPLETERS[endpoint.protocol](endpoint, prompt, max_tokens)

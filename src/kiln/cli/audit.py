@@ -1,4 +1,5 @@
-"""`kiln audit URL`: score a running embedding or reranker deployment against the original model (kiln/auditing)."""
+"""`kiln audit URL`: score a running embedding, reranker or decoder deployment against the original model
+(kiln/auditing)."""
 
 from __future__ import annotations
 
@@ -20,16 +21,17 @@ def audit(
     task: TaskOpt = DEFAULT_TASK_OPT,
     protocol: Annotated[WireProtocol, typer.Option(
         help="How to ask it: openai (/v1/embeddings; a reranker: Cohere-style /rerank as Infinity and vLLM serve "
-        "it), tei (text-embeddings-inference's /embed, /rerank), kiln (kiln serve's /embed, /rerank), v2 (KServe / "
-        "Triton /v2/models/NAME/infer with TEXT (and QUERY) tensors).")] = WireProtocol.OPENAI,
+        "it; a decoder: /v1/completions), tei (text-embeddings-inference's /embed, /rerank), kiln (kiln serve's "
+        "/embed, /rerank), v2 (KServe / Triton /v2/models/NAME/infer with TEXT (and QUERY) tensors).")
+    ] = WireProtocol.OPENAI,
     model_name: Annotated[Optional[str], typer.Option(  # noqa: UP045
         help="The model's name on the server (OpenAI's 'model', v2's NAME).", show_default=False)] = None,
     texts: Annotated[Optional[Path], typer.Option(  # noqa: UP045
         help="Your traffic, one text per line (at least 8); for a reranker, query<TAB>text lines (a query's lines "
         "together). Default: held-out documentation text of lengths up to past the model's maximum, so truncation "
         "shows.", show_default=False)] = None,
-    count: Annotated[int, typer.Option(help="Built-in texts to send (a reranker: that many pairs, 8 per query).",
-                                       min=8)] = 96,
+    count: Annotated[int, typer.Option(help="Built-in texts to send (a reranker: that many pairs, 8 per query; a "
+                                            "decoder: prompts, at most 32).", min=8)] = 96,
     tolerance: Annotated[Optional[float], typer.Option(  # noqa: UP045
         help="Largest drop allowed: embeddings, min cosine >= 1 - t and mean >= 1 - t/2 (default "
         f"{task_spec(DEFAULT_TASK).validation.default_tolerance:g}); rerankers, the task's own rule (--task's "
@@ -42,9 +44,10 @@ def audit(
     allow_pickle: PickleOpt = False,
     adapter: AdapterOpt = None,
 ) -> None:
-    """Send texts to a running embedding deployment (or queries to a reranker), score its answers against MODEL's
-    fp32 PyTorch outputs by input length, and diagnose a gap by measurement: pooling, normalisation, truncation,
-    prefixes, batch drift (rerankers: score activation, pair order, truncation, batch drift).
+    """Send texts to a running embedding deployment (or queries to a reranker, prompts to a decoder), score its
+    answers against MODEL's fp32 PyTorch outputs by input length, and diagnose a gap by measurement: pooling,
+    normalisation, truncation, prefixes, batch drift (rerankers: score activation, pair order, truncation, batch
+    drift; decoders: greedy text kept, prompt tokens, determinism).
 
     Exits 4 when the deployment is outside --tolerance, 3 when it cannot be asked (unreachable, timeout, not
     JSON, wrong shapes).
