@@ -130,16 +130,15 @@ AUDITS: dict[str, Callable[[], AuditKind]] = {"embeds": _vectors, "ranks": _scor
 AUDITS_BY_SCHEDULING: dict[Scheduling, Callable[[], AuditKind]] = {Scheduling.DECODE: _greedy}
 
 
-def _can_audit(spec) -> bool:
-    return spec.scheduling in AUDITS_BY_SCHEDULING or any(getattr(spec, flag) for flag in AUDITS)
+def _kind_of(spec) -> Callable[[], AuditKind] | None:
+    return AUDITS_BY_SCHEDULING.get(spec.scheduling) or next(
+        (kind for flag, kind in AUDITS.items() if getattr(spec, flag)), None)
 
 
 def audit_kind(task: str) -> Callable[[], AuditKind]:
-    spec = task_spec(task)
-    found = AUDITS_BY_SCHEDULING.get(spec.scheduling) or next(
-        (kind for flag, kind in AUDITS.items() if getattr(spec, flag)), None)
+    found = _kind_of(task_spec(task))
     if found is None:
-        can = ", ".join(name for name, s in TASKS.items() if _can_audit(s))
+        can = ", ".join(name for name, s in TASKS.items() if _kind_of(s) is not None)
         raise UsageError(f"task {task}: kiln audit checks embedding, reranker and generation deployments ({can})")
     return found
 
