@@ -160,7 +160,7 @@ def test_a_task_audit_cannot_check_is_refused_by_name(tmp_path):
     assert run.returncode == 2 and "kiln audit checks embedding, reranker and generation deployments" in run.stderr, \
         run.stderr
     run = audit_cli("http://127.0.0.1:9", "--task", TaskName.TEXT_GENERATION.value, "--protocol", "tei", timeout=60)
-    assert run.returncode == 2 and "protocol tei: kiln audit asks a text-generation deployment through the " \
+    assert run.returncode == 2 and "protocol tei: kiln audit asks a decoder's deployment through the " \
         "completions API of: openai" in run.stderr, run.stderr
 
 

@@ -1,4 +1,4 @@
-"""What `kiln audit` measures of a text-generation deployment against the original decoder: its greedy text.
+"""What `kiln audit` measures of a decoder's deployment against the original decoder: its greedy text.
 
 The audit sends prompts (from a few tokens to a few hundred) to the server's completions API at temperature 0 and
 compares each answer with the original's own greedy continuation in PyTorch fp32 (transformers' ``generate``): the

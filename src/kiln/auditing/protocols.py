@@ -220,7 +220,7 @@ COMPLETERS: dict[Protocol, Callable[[Endpoint, str, int], tuple[str, int | None]
 def require_completer(protocol: Protocol) -> None:
     """A UsageError unless kiln audit can ask for completions over ``protocol``."""
     if protocol not in COMPLETERS:
-        raise UsageError(f"protocol {protocol.value}: kiln audit asks a text-generation deployment through the "
+        raise UsageError(f"protocol {protocol.value}: kiln audit asks a decoder's deployment through the "
                          f"completions API of: {', '.join(p.value for p in COMPLETERS)}")
 
 
