@@ -48,21 +48,42 @@ def texts_of_lengths(targets: Sequence[int], *, seed: int = 0, token_count: Call
     words = " ".join(builtin_sentences() if source is None else source).split()
     high = max(targets, default=1)
     texts = []
+    per_word = 1.3  # tokens per word, learnt from each text's search to start the next one near its cut
     for target in targets:
         start = rng.randrange(len(words))
         stream = (words[start:] + words) * (1 + high // max(1, len(words)))
         if token_count is None:
             texts.append(" ".join(stream[: max(1, round(target / 1.3))]))
             continue
-        lo, hi = 1, min(len(stream), target)  # a word is at least one token
-        while lo < hi:  # the most words whose encoding stays within the target
-            mid = (lo + hi + 1) // 2
-            if token_count(" ".join(stream[:mid])) <= target:
-                lo = mid
-            else:
-                hi = mid - 1
-        texts.append(" ".join(stream[:lo]))
+        cut = _most_words_within(stream, target, token_count, guess=target / per_word)
+        texts.append(" ".join(stream[:cut]))
+        per_word = min(max(target / cut, 0.5), 8.0)
     return texts
+
+
+def _most_words_within(stream: Sequence[str], target: int, token_count: Callable[[str], int], guess: float) -> int:
+    """The most words of ``stream`` whose encoding stays within ``target`` tokens (1 if even one word is over).
+
+    A search that probes where the last probe's tokens per word say the cut is, and halves the interval whenever a
+    probe did not: the same answer as bisection (token counts grow with words), in 2-4 encodes where bisection took
+    8-9. Building texts this way took 3.8 of a tiny model's 10 s optimize (cProfile, 7,552 encodes)."""
+    lo, hi = 1, min(len(stream), target)  # a word is at least one token
+    probe = min(max(round(guess), lo), hi)
+    while lo < hi:
+        probe = min(max(probe, lo + 1), hi)
+        tokens = token_count(" ".join(stream[:probe]))
+        width = hi - lo
+        if tokens <= target:
+            lo = probe
+        else:
+            hi = probe - 1
+        if hi - lo > width // 2:  # the estimate cut off little: bisect next
+            probe = (lo + hi + 1) // 2
+        else:  # where this probe's tokens per word put the target
+            probe = probe + round((target - tokens) * probe / max(tokens, 1))
+            if tokens <= target and probe <= lo:
+                probe = lo + 1  # just under: the next word decides
+    return lo
 
 
 def builtin_pairs(count: int = 16, seed: int = 0) -> list[tuple[str, str]]:

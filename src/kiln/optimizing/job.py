@@ -206,10 +206,14 @@ class OptimizeJob:
 
     def _run(self) -> RunSummary:
         cfg = self.config
+        # The user's files first: a bad line in --eval or --calibration is one error before the model loads, not
+        # after (loading the tiny BERT cost 9 s of imports in a fresh process; a real model's weights, minutes).
+        eval_set = datasets.eval_set(cfg.task, cfg.eval_file)
+        user = datasets.read_inputs(cfg.calibration_file, cfg.task) if cfg.calibration_file else None
         self.source, self.reference = self._load()
         # Described while the weights are there (they may be freed before the manifest is written).
         self.described = (self.source.describe(), self.original.describe())
-        self.work = self._workload()
+        self.work = self._workload(eval_set, user)
         if cfg.reference is not None:
             self._judge_the_model_itself()
         # The model, its reference run and every import are loaded by now: set aside from the collections between
@@ -281,9 +285,9 @@ class OptimizeJob:
         if not verdict.accepted:
             self.own_loss = f"the model itself (PyTorch fp32) already fails against the reference ({verdict.reason})"
 
-    def _workload(self) -> Workload:
+    def _workload(self, eval_set: EvalSet | None, user: list[Any] | None) -> Workload:
+        """``eval_set``, ``user``: the labelled data and the user's calibration inputs, read before the model."""
         cfg, encoder = self.config, self.reference.encoder
-        eval_set = datasets.eval_set(cfg.task, cfg.eval_file)
         self.progress("running the PyTorch fp32 reference on the agreement set")
         def generator() -> Predictor:  # the original as it generates, for a decoder's greedy continuations
             return timing_predictor(self.original, batch_size=cfg.batch_size, threads=self.threads)
@@ -292,7 +296,6 @@ class OptimizeJob:
         judge = self.spec.validation
         reference_metric = self._metric(self.reference, eval_set, lambda: judge.agreement(data, data.reference)) \
             if eval_set is not None else None
-        user = datasets.read_inputs(cfg.calibration_file, cfg.task) if cfg.calibration_file else None
         calibration = user or self.spec.validation.calibration_inputs(encoder)
         source = f"{cfg.calibration_file} ({len(calibration)} inputs)" if user else datasets.builtin_calibration(
             len(calibration))
