@@ -34,17 +34,23 @@ def colbert(tiny_model) -> Path:
 
 
 @pytest.fixture(scope="module")
-def pylate(colbert, tmp_path_factory) -> dict[str, np.ndarray]:
-    """PyLate 1.6.0's vectors, kept ids and MaxSim scores for QUERIES x DOCUMENTS (run in its own venv)."""
+def pylate_runs(colbert, tmp_path_factory) -> dict[str, dict[str, np.ndarray]]:
+    """PyLate 1.6.0's vectors, kept ids and MaxSim scores for QUERIES x DOCUMENTS (run in its own venv), of the tiny
+    ColBERT ("tiny") and of the checkpoint PyLate 1.2.0 saved ("1.2"), in one process of its venv."""
     if not PYLATE.is_file():
         pytest.skip("no PyLate venv (run `make pylate`)")
     scratch = tmp_path_factory.mktemp("pylate")
     (scratch / "in.json").write_text(json.dumps({"queries": QUERIES, "documents": DOCUMENTS}))
     run = subprocess.run([str(PYLATE), str(Path(__file__).parents[1] / "peers" / "pylate_encode.py"), str(colbert),
-                          str(scratch / "in.json"), str(scratch / "out.npz")], capture_output=True, text=True,
-                         timeout=300)
+                          str(scratch / "in.json"), str(scratch / "tiny.npz"), str(PYLATE_1_2),
+                          str(scratch / "1.2.npz")], capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
-    return dict(np.load(scratch / "out.npz"))
+    return {name: dict(np.load(scratch / f"{name}.npz")) for name in ("tiny", "1.2")}
+
+
+@pytest.fixture(scope="module")
+def pylate(pylate_runs) -> dict[str, np.ndarray]:
+    return pylate_runs["tiny"]
 
 
 def test_kiln_encodes_and_scores_like_pylate(colbert, task_artifacts, pylate):
@@ -254,7 +260,7 @@ def test_kiln_embed_writes_each_documents_token_vectors(task_artifacts, tmp_path
 PYLATE_1_2 = Path(__file__).resolve().parents[1] / "data" / "pylate-1.2.0-colbert"
 
 
-def test_a_checkpoint_pylate_1_2_saved_optimizes_and_encodes_as_pylate(tmp_path):
+def test_a_checkpoint_pylate_1_2_saved_optimizes_and_encodes_as_pylate(request, tmp_path):
     """The reported failure: a ColBERT saved by PyLate 1.2.0 (sentence-transformers 4.0.2, transformers 4.48.2;
     tests/peers/pylate_save.py says how it was written) stopped kiln optimize at onnx-fp32 with "operands could not
     be broadcast together with shapes (4096,) (5120,)". Its tokenizer pads with [MASK], the query expansion token,
@@ -268,14 +274,7 @@ def test_a_checkpoint_pylate_1_2_saved_optimizes_and_encodes_as_pylate(tmp_path)
     assert outcome.batched.drift.max_abs_diff < 1e-4, outcome.batched.drift
     ours = kiln.load(tmp_path / "out" / "best")
     assert ours.encoder.pad_id == 0  # [PAD], not [MASK] (103)
-    if not PYLATE.is_file():
-        pytest.skip("no PyLate venv (run `make pylate`)")
-    (tmp_path / "in.json").write_text(json.dumps({"queries": QUERIES, "documents": DOCUMENTS}))
-    run = subprocess.run([str(PYLATE), str(Path(__file__).parents[1] / "peers" / "pylate_encode.py"),
-                          str(PYLATE_1_2), str(tmp_path / "in.json"), str(tmp_path / "out.npz")], capture_output=True,
-                         text=True, timeout=300)
-    assert run.returncode == 0, run.stderr[-2000:]
-    theirs = dict(np.load(tmp_path / "out.npz"))
+    theirs = request.getfixturevalue("pylate_runs")["1.2"]  # skips here without PyLate's venv
     for kind, texts, is_query in (("q", QUERIES, True), ("d", DOCUMENTS, False)):
         for i, mine in enumerate(ours.predict(texts, is_query=is_query)):
             np.testing.assert_allclose(mine, theirs[f"{kind}{i}"], atol=1e-4)

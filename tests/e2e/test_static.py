@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,24 +21,23 @@ def _distill(*args: str) -> subprocess.CompletedProcess:
                           timeout=300)
 
 
-def test_a_static_student_loads_in_sentence_transformers_and_agrees_with_kiln(tiny_model, tmp_path):
+def test_a_static_student_loads_in_sentence_transformers_and_agrees_with_kiln(tiny_model, static_run, tmp_path):
     from safetensors.numpy import load_file
     from sentence_transformers import SentenceTransformer
     from transformers import AutoTokenizer
 
     teacher = tiny_model("bert")
-    run = _distill(str(teacher), "--static", "--dims", "16", "-o", str(tmp_path / "static"))
-    assert run.returncode == 0, run.stderr
+    static, run = static_run
     assert "dimensions" in run.stdout and "of the variance" in run.stdout
     texts = list(builtin_sentences()[:8]) + ["", "x"]
-    theirs = SentenceTransformer(str(tmp_path / "static"), device="cpu").encode(texts)
-    ours = encode_static(tmp_path / "static", texts)
+    theirs = SentenceTransformer(str(static), device="cpu").encode(texts)
+    ours = encode_static(static, texts)
     assert theirs.shape == (len(texts), 16)
     np.testing.assert_allclose(ours[:-2], theirs[:-2], atol=1e-6)
-    table = load_file(str(tmp_path / "static" / "model.safetensors"))["embedding.weight"]
+    table = load_file(str(static / "model.safetensors"))["embedding.weight"]
     tokenizer = AutoTokenizer.from_pretrained(teacher)
     assert not table[tokenizer.all_special_ids].any()  # special tokens get no row: they carry no meaning alone
-    lineage = json.loads((tmp_path / "static" / LINEAGE_FILE).read_text())
+    lineage = json.loads((static / LINEAGE_FILE).read_text())
     assert lineage["recipe"]["dims"] == 16 and lineage["teacher"] and 0 < lineage["explained_variance"] <= 1
     again = _distill(str(teacher), "--static", "--dims", "16", "-o", str(tmp_path / "again"))
     assert again.returncode == 0 and np.array_equal(
@@ -63,7 +63,7 @@ def test_bad_static_options_are_one_clear_error(tiny_model, tmp_path):
     assert zero.returncode == 2 and "--dims" in zero.stderr
 
 
-def test_the_static_artifact_serves_what_sentence_transformers_computes(tiny_model, tmp_path):
+def test_the_static_artifact_serves_what_sentence_transformers_computes(static_dir, tmp_path):
     """The artifact kiln distill --static writes beside the model: kiln.load().encode(), kiln serve and kiln embed
     give sentence-transformers' vectors (a table lookup and a mean; no ONNX, no torch)."""
     import httpx
@@ -73,8 +73,7 @@ def test_the_static_artifact_serves_what_sentence_transformers_computes(tiny_mod
     from kiln.serving import process
     from kiln.serving.app import ServeConfig, create_app
 
-    out = tmp_path / "static"
-    assert _distill(str(tiny_model("bert")), "--static", "--dims", "16", "-o", str(out)).returncode == 0
+    out = static_dir
     texts = list(builtin_sentences()[:10])
     theirs = SentenceTransformer(str(out), device="cpu").encode(texts)
     predictor = kiln.load(out / "artifact")
@@ -98,11 +97,18 @@ def test_the_static_artifact_serves_what_sentence_transformers_computes(tiny_mod
 
 
 @pytest.fixture(scope="module")
-def static_dir(tiny_model, tmp_path_factory):
-    """A 16-dimension static student of the tiny BERT, distilled once for the judging tests."""
+def static_run(tiny_model, tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    """A 16-dimension static student of the tiny BERT, distilled once by the CLI for this module's tests (each
+    distil is a process importing torch and transformers): (its directory, the run). Read-only."""
     out = tmp_path_factory.mktemp("static") / "static"
-    assert _distill(str(tiny_model("bert")), "--static", "--dims", "16", "-o", str(out)).returncode == 0
-    return out
+    run = _distill(str(tiny_model("bert")), "--static", "--dims", "16", "-o", str(out))
+    assert run.returncode == 0, run.stderr
+    return out, run
+
+
+@pytest.fixture(scope="module")
+def static_dir(static_run) -> Path:
+    return static_run[0]
 
 
 def _optimize(*args: str) -> subprocess.CompletedProcess:

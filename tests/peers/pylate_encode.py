@@ -1,11 +1,13 @@
 """Run inside PyLate's own venv (make pylate): encode queries and documents with PyLate's ColBERT, score them.
 
-    python pylate_encode.py MODEL_DIR IN.json OUT.npz [--time]
+    python pylate_encode.py MODEL_DIR IN.json OUT.npz [MODEL_DIR OUT.npz ...] [--time]
 
 IN.json: {"queries": [...], "documents": [...]}. OUT.npz: per query q{i} its token vectors and q{i}_ids, per
 document d{i} and d{i}_ids, "scores" (queries x documents, PyLate's colbert_scores: MaxSim, each document alone) and
 "scores_padded" (the same over one padded batch of documents, as PyLate ranks them). With --time,
 prints {"documents_per_s": ...}: PyLate encoding the documents end to end on 2 threads, batches of 32, best of 3.
+More MODEL_DIR OUT.npz pairs encode the same IN.json with other models in the same process (each process spends
+seconds importing torch and sentence-transformers).
 """
 
 from __future__ import annotations
@@ -21,9 +23,25 @@ from pylate.scores import colbert_scores
 
 
 def main() -> None:
-    model_dir, given, out = sys.argv[1:4]
+    args = [a for a in sys.argv[1:] if a != "--time"]
+    model_dir, given, out = args[:3]
     data = json.loads(open(given, encoding="utf-8").read())
+    for more_dir, more_out in zip(args[3::2], args[4::2]):
+        np.savez(more_out, **encode(more_dir, data))
     model = models.ColBERT(model_name_or_path=model_dir, device="cpu")
+    np.savez(out, **encode(model_dir, data, model))
+    if "--time" in sys.argv[4:]:
+        torch.set_num_threads(2)
+        best = float("inf")
+        for _ in range(3):
+            start = time.perf_counter()
+            model.encode(data["documents"], is_query=False, batch_size=32)
+            best = min(best, time.perf_counter() - start)
+        print(json.dumps({"documents_per_s": len(data["documents"]) / best}))
+
+
+def encode(model_dir: str, data: dict, model=None) -> dict[str, np.ndarray]:
+    model = model or models.ColBERT(model_name_or_path=model_dir, device="cpu")
     arrays: dict[str, np.ndarray] = {}
     embedded = {}
     for kind, is_query in (("q", True), ("d", False)):
@@ -44,15 +62,7 @@ def main() -> None:
     arrays["scores_padded"] = colbert_scores(queries, pad(embedded["d"], batch_first=True),
                                              documents_mask=pad([torch.ones(len(d)) for d in embedded["d"]],
                                                                 batch_first=True)).numpy()
-    np.savez(out, **arrays)
-    if "--time" in sys.argv[4:]:
-        torch.set_num_threads(2)
-        best = float("inf")
-        for _ in range(3):
-            start = time.perf_counter()
-            model.encode(data["documents"], is_query=False, batch_size=32)
-            best = min(best, time.perf_counter() - start)
-        print(json.dumps({"documents_per_s": len(data["documents"]) / best}))
+    return arrays
 
 
 if __name__ == "__main__":
