@@ -117,6 +117,7 @@ def sentiment_model(max_length: int = 512) -> Path:
     torch.set_num_threads(2)
     tokenizer = transformers.AutoTokenizer.from_pretrained(bundled_model_dir())
     labels = {0: "negative", 1: "positive"}
+    torch.manual_seed(0)  # the new head's initial weights
     model = transformers.AutoModelForSequenceClassification.from_pretrained(
         bundled_model_dir(), num_labels=2, id2label=labels, label2id={v: k for k, v in labels.items()})
     data = sentiment_examples(640, seed=1)
@@ -138,6 +139,10 @@ def qa_model() -> Path:
         return target
     torch.set_num_threads(2)
     tokenizer = transformers.AutoTokenizer.from_pretrained(bundled_model_dir())
+    # The new head's initial weights, seeded: unseeded, this recipe reached reference F1 0.804 on
+    # tests/e2e/test_finetuned.py's rows in one fresh process (the test asks for > 0.8); seeded 0, 1 and 2, 0.858.
+    # (One epoch at 5e-4, half the CPU, ranged 0.62-0.86 over four processes: not kept.)
+    torch.manual_seed(0)
     model = transformers.AutoModelForQuestionAnswering.from_pretrained(bundled_model_dir())
     data = qa_examples(1000, seed=1)  # 1600 took 125 s of a fresh clone's suite; 1000 still learns the task
     batches = []
