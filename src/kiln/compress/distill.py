@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from kiln.compress.continuations import NEW_TOKENS, check_count, teacher_continuations
-from kiln.compress.recipe import Epoch, Recipe
+from kiln.compress.recipe import CHECKPOINT, Epoch, Recipe
 from kiln.compress.student import build_student, depth, evenly_spaced, parse_keep_layers
 from kiln.errors import UsageError
 from kiln.records import write_json
@@ -132,6 +132,8 @@ class StudentMaker:
     describe: dict[str, Any]
     make: Callable[[Any, Features, Any, Callable[[str, dict[str, Any]], None]], Student]
     decoders: bool = False  # whether it can make a decoder's student (keeping layers can; slicing heads cannot)
+    # the method's own arguments against the loaded teacher, before its texts are run (--layers past its depth)
+    fits: Callable[[Any], None] = lambda source: None
 
     def check(self, source: Any) -> None:
         from kiln.errors import UnsupportedModelError
@@ -149,6 +151,7 @@ class StudentMaker:
         if is_projected(source.model):
             raise UnsupportedModelError(f"kiln {self.method} writes its student as one transformers model; "
                                         f"{source.name} {CARRIES_PROJECTIONS}")
+        self.fits(source)
 
 
 def layer_student(config: DistillConfig) -> StudentMaker:
@@ -161,7 +164,11 @@ def layer_student(config: DistillConfig) -> StudentMaker:
         keep = _keep_layers(config, depth(source.model))
         return Student(build_student(source.model, keep), keep, {"layers": len(keep), "keep_layers": list(keep)})
 
-    return StudentMaker("distill", {"layers": config.layers, "keep_layers": config.keep_layers}, make, decoders=True)
+    def fits(source) -> None:
+        _keep_layers(config, depth(source.model))  # a UsageError naming the teacher's depth
+
+    return StudentMaker("distill", {"layers": config.layers, "keep_layers": config.keep_layers}, make, decoders=True,
+                        fits=fits)
 
 
 def run_distill(config: DistillConfig, progress: Callable[[str, dict[str, Any]], None] = lambda kind, data: None
@@ -178,6 +185,10 @@ def run_compression(config: DistillConfig, maker: StudentMaker,
         raise UsageError(f"{output} already exists; pass --force to replace it")
     recipe = Recipe(keep=(), **config.recipe)  # checked before anything slow; the student's layers come below
     _check_continuations(config)
+    if config.resume and not (checkpoint_dir(output) / CHECKPOINT).is_file():  # before the teacher loads (the
+        # tiny BERT's imports alone are 9 s; a real model's weights, minutes)
+        raise UsageError(f"resume: no checkpoint at {checkpoint_dir(output) / CHECKPOINT} (a run writes one after "
+                         "each epoch)")
     inputs, labels, described = _data(config)
     # torch and transformers only now, the arguments and data checked: a bad one is refused in a second.
     from kiln.engines.base import EngineOptions

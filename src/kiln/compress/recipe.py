@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 
 from kiln.errors import UsageError
 
+CHECKPOINT = "last.pt"  # a run's per-epoch checkpoint, in distill.checkpoint_dir (what --resume reads)
+
 
 @dataclass(frozen=True)
 class LossWeights:

@@ -21,13 +21,11 @@ import numpy as np
 import torch
 
 from kiln.compress.losses import IGNORE, hidden_states_loss, task_loss
-from kiln.compress.recipe import Epoch, Recipe
+from kiln.compress.recipe import CHECKPOINT, Epoch, Recipe
 from kiln.errors import UsageError
 from kiln.records.task import TaskConfig
 from kiln.runtime.features import Prepared
 from kiln.tasks.base import TaskSpec
-
-CHECKPOINT = "last.pt"
 
 
 @dataclass(frozen=True)
