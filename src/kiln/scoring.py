@@ -153,3 +153,13 @@ def maxsim(query: np.ndarray, documents: Sequence[np.ndarray]) -> np.ndarray:
     if not documents:
         return np.zeros(0, dtype=np.float32)
     return maxsim_stacked(query, *stacked(documents))
+
+
+def greedy_figures(kept: Sequence[int], lengths: Sequence[int], identical: Sequence[bool]) -> dict[str, float]:
+    """A decoder's greedy-text figures from, per prompt, how many of the original's ``lengths`` tokens were kept
+    before the first difference and whether the whole continuation was: the share of the original's tokens kept
+    (``greedy_agreement``, what the gate holds a decoder variant and a served decoder to), the share of prompts
+    continued identically, and how many tokens the original wrote."""
+    total = sum(lengths)
+    return {"greedy_agreement": sum(kept) / total if total else 1.0,
+            "greedy_identical": sum(identical) / max(len(lengths), 1), "greedy_tokens": float(total)}

@@ -116,14 +116,20 @@ def test_without_ray_installed_the_error_gives_the_install_hint(tiny_artifact, t
         run_embed(EmbedConfig(tiny_artifact, source, tmp_path / "out", ray="local"))
 
 
-def test_on_a_local_ray_cluster_the_output_equals_the_single_process_one(tiny_artifact, tmp_path):
+def test_on_a_local_ray_cluster_the_output_equals_the_single_process_one(tiny_artifact, task_artifacts, tmp_path):
+    """One local cluster (a Ray cluster's processes cost ~30 CPU-s to start on 2 cores) for both shapes of output:
+    a vector per text, and a multi-vector model's ragged token vectors through Ray Data, each in input order."""
     ray = pytest.importorskip("ray")
     source = write_corpus(tmp_path / "corpus.parquet", corpus_texts(300))
     run_embed(EmbedConfig(tiny_artifact, source, tmp_path / "single", id_field="doc", rows_per_part=128, window=32))
+    multi = task_artifacts[TaskName.MULTI_VECTOR]
+    documents = [joined(i, 1 + i % 7) for i in range(9)]  # 1 to 7 sentences: token vectors of many counts
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         summary = run_embed(EmbedConfig(tiny_artifact, source, tmp_path / "ray", id_field="doc", rows_per_part=128,
                                         window=32, ray="auto", threads=1))
+        run_embed(EmbedConfig(multi, write_corpus(tmp_path / "documents.jsonl", documents), tmp_path / "multi",
+                              rows_per_part=2, window=2, ray="auto", threads=1))
     finally:
         ray.shutdown()
     assert summary.parts == 3 and summary.rows_embedded == 300
@@ -131,3 +137,28 @@ def test_on_a_local_ray_cluster_the_output_equals_the_single_process_one(tiny_ar
     ids_single, single = vectors(tmp_path / "single")
     assert ids_ray == ids_single
     np.testing.assert_allclose(on_ray, single, atol=1e-6)
+    rows = read_output(tmp_path / "multi").column("vectors").to_pylist()
+    want = kiln.load(multi).predict(documents)
+    assert len(rows) == len(documents) and len({len(w) for w in want}) > 3
+    for got, expected in zip(rows, want):
+        np.testing.assert_allclose(np.array(got), expected, atol=1e-6)
+
+
+def test_ray_local_starts_a_cluster_of_this_processs_cores(monkeypatch):
+    """--ray local (ray="local") starts a cluster here, sized to the cores this process may use; any other value is
+    an address to connect to (the cluster tests above run on one the test starts, with ray="auto")."""
+    import os
+
+    from kiln.bulk import on_ray
+
+    calls = []
+
+    class FakeRay:
+        @staticmethod
+        def init(**kwargs):
+            calls.append(kwargs)
+
+    on_ray._connect(FakeRay, on_ray.LOCAL)
+    on_ray._connect(FakeRay, "ray://head:10001")
+    assert calls == [{"num_cpus": len(os.sched_getaffinity(0)), "include_dashboard": False, "log_to_driver": False},
+                     {"address": "ray://head:10001", "include_dashboard": False, "log_to_driver": False}]

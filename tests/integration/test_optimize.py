@@ -434,6 +434,50 @@ def test_serve_deterministic_serves_only_a_batch_invariant_variant(optimized, tm
     assert "--deterministic: no variant of" in refused.stderr and "max abs diff 2.5e-02" in refused.stderr
 
 
+def test_serve_variant_serves_the_named_accepted_variant(optimized, tmp_path):
+    """kiln serve --variant NAME serves that variant instead of the best (its answers are that variant's), and
+    refuses in one line (exit 2) a variant the artifact lacks, one kiln optimize did not accept, and --variant with
+    --deterministic."""
+    from fastapi.testclient import TestClient
+
+    import kiln
+    from kiln.serving.app import ServeConfig, create_app
+    from kiln.serving.inference import served_variant
+
+    out, summary = optimized
+    accepted = [o.name for o in summary.outcomes if o.status == "accepted" and o.name != summary.best]
+    assert accepted, "the tiny BERT's default run accepts more than its best"
+    other = accepted[0]
+    with TestClient(create_app(ServeConfig(models={"m": out}, variants={"m": other}))) as c:
+        info = c.get("/kiln/info").json()["models"][0]
+        served = c.post("/kiln/embed", json={"inputs": ["a variant by name", "and another"]}).json()["embeddings"]
+    assert info["variant"] == other
+    np.testing.assert_allclose(served, kiln.load(out, other).predict(["a variant by name", "and another"]),
+                               atol=1e-6)
+    # A variant the manifest records as rejected (as a tighter gate would have): refused with the gate's reason.
+    import shutil
+
+    from kiln.artifact.manifest import MANIFEST_NAME
+
+    strict = tmp_path / "strict"
+    shutil.copytree(out, strict)
+    body = json.loads((strict / MANIFEST_NAME).read_text())
+    body["variants"][other].update(status="rejected", reason="min_cosine 0.9871 < 0.9900")
+    (strict / MANIFEST_NAME).write_text(json.dumps(body))
+    with pytest.raises(UsageError, match=f"variant {other} of .* was rejected by kiln optimize: min_cosine 0.9871 < "
+                                         f"0.9900; the accepted ones: .*{summary.best}"):
+        served_variant(Artifact.open(strict), variant=other)
+    with pytest.raises(UsageError, match="variant names models not served: other"):
+        ServeConfig(models={"m": out}, variants={"other": other})
+    for args, message in ((["--variant", "onnx-nope"], "--variant must be one of: "),
+                          (["--variant", other, "--deterministic"], "--variant cannot be combined with deterministic"),
+                          (["--variant", "a=b=c", "--variant", "d"], "--variant must be VARIANT, or MODEL=VARIANT")):
+        refused = subprocess.run([sys.executable, "-m", "kiln", "serve", str(out), "--port", "1", *args],
+                                 capture_output=True, text=True, timeout=120)
+        assert refused.returncode == 2 and message in refused.stderr and "Traceback" not in refused.stderr, \
+            refused.stderr
+
+
 class BatchSizeSigned(BatchOrderSensitive):
     """Off the original by the same small amount alone and batched, but in opposite directions: within tolerance
     of the original in every batching, yet a text's answer moves by twice that between them."""

@@ -39,6 +39,27 @@ def _models(artifact: str | Path | None, model: Sequence[str] | Mapping[str, str
     return models
 
 
+def _variants(variant: str | Sequence[str] | Mapping[str, str] | None, models: Mapping[str, Path]) -> dict[str, str]:
+    """Served name -> the variant to serve, from ``variant``: one name (every model's), MODEL=VARIANT strings, or a
+    mapping."""
+    from kiln.errors import UsageError
+
+    if variant is None:
+        return {}
+    if isinstance(variant, Mapping):
+        return {str(name): str(v) for name, v in variant.items()}
+    items = [variant] if isinstance(variant, str) else list(variant)
+    if len(items) == 1 and "=" not in items[0]:
+        return dict.fromkeys(models, items[0])
+    chosen: dict[str, str] = {}
+    for item in items:
+        name, sep, chosen_variant = item.partition("=")
+        if not sep or not name or not chosen_variant:
+            raise UsageError(f"variant must be VARIANT, or MODEL=VARIANT for each of several models (got {item!r})")
+        chosen[name] = chosen_variant
+    return chosen
+
+
 def serve(artifact: str | Path | None = None, *, host: str = "127.0.0.1", port: int = 8000,
           model: Sequence[str] | Mapping[str, str | Path] = (), max_batch_tokens: int = 16384,
           max_batch_size: int | None = None, max_delay_ms: float = 5.0, batch_window: int | None = None,
@@ -49,11 +70,12 @@ def serve(artifact: str | Path | None = None, *, host: str = "127.0.0.1", port: 
           deterministic: bool = False, shadow_rate: float | None = None, shadow_max_share: float = 0.10,
           shadow_min_share: float = 0.02, shadow_policy: ShadowPolicy | str = ShadowPolicy.LOG,
           otlp_endpoint: str | None = None, protocols: str | Sequence[str] = "kiln,openai,v2,tei,cohere",
-          grpc_port: int | None = None) -> bool:
+          grpc_port: int | None = None, variant: str | Sequence[str] | Mapping[str, str] | None = None) -> bool:
     """``kiln serve``: serve ``artifact`` (or several: ``model={"name": path}`` or ``["name=path"]``) over HTTP with
-    dynamic batching, Prometheus metrics and backpressure until SIGTERM or SIGINT, then drain. Every served model's
-    engine is checked on ``device`` before the server starts (a UsageError names why not). Returns whether the
-    server started (False: uvicorn has logged why, e.g. the port is in use)."""
+    dynamic batching, Prometheus metrics and backpressure until SIGTERM or SIGINT, then drain. ``variant`` serves a
+    named accepted variant instead of the best (one name for every model, or ``["model=variant"]`` / a mapping).
+    Every served model's engine is checked on ``device`` before the server starts (a UsageError names why not).
+    Returns whether the server started (False: uvicorn has logged why, e.g. the port is in use)."""
     from kiln.artifact.directory import Artifact
     from kiln.choices import WireProtocol, parse_choice
     from kiln.engines import check_device
@@ -64,6 +86,7 @@ def serve(artifact: str | Path | None = None, *, host: str = "127.0.0.1", port: 
     from kiln.serving.shadow import ShadowConfig
 
     models = _models(artifact, model)
+    variants = _variants(variant, models)
     device = parse_choice(Device, device, "device")
     limits = BatchLimits(max_batch_tokens, max_batch_size, max_delay_ms / 1000,
                          **({"window_requests": batch_window} if batch_window is not None else {}))
@@ -78,10 +101,12 @@ def serve(artifact: str | Path | None = None, *, host: str = "127.0.0.1", port: 
                                                                                          "shadow_policy"),
                                              min_share=shadow_min_share)
                          if shadow_rate is not None else None,
-                         protocols=WireProtocol.parse_list(listed, "protocols"), grpc_port=grpc_port, device=device)
-    for path in models.values():  # a clear error before the server starts
+                         protocols=WireProtocol.parse_list(listed, "protocols"), grpc_port=grpc_port, device=device,
+                         variants=variants)
+    for name, path in models.items():  # a clear error before the server starts
         opened = Artifact.open(path)
-        check_device(opened.variant(served_variant(opened, deterministic=deterministic)).engine, device)
+        served = served_variant(opened, deterministic=deterministic, variant=variants.get(name))
+        check_device(opened.variant(served).engine, device)
     return run_server(create_app(config), host, port, access_log=access_log,
                       log_format=parse_choice(LogFormatName, log_format, "log_format").value)
 

@@ -20,6 +20,7 @@ import numpy as np
 
 from kiln.auditing.protocols import Endpoint, complete
 from kiln.auditing.result import AuditResult, Finding, buckets
+from kiln.scoring import greedy_figures
 
 NEW_TOKENS = 24  # a continuation's length: where int4 and int8 schemes part from the original (RESULTS.md, Decoders)
 LONGEST_PROMPT = 256  # built-in prompts reach this many tokens, or the model's window less NEW_TOKENS
@@ -79,10 +80,8 @@ def diagnose(endpoint: Endpoint, reference: GreedyReference, prompts: Sequence[s
     answers = [complete(endpoint, p, reference.new_tokens) for p in prompts]
     kept = [reference.kept(tokens, text) for tokens, (text, _) in zip(original, answers)]
     shares = np.array([k / len(t) if t else 1.0 for k, t in zip(kept, original)])
-    total = sum(len(t) for t in original)
-    figures = {"greedy_agreement": sum(kept) / total if total else 1.0,
-               "greedy_identical": float(np.mean([k == len(t) for k, t in zip(kept, original)])),
-               "greedy_tokens": float(total)}
+    # identical: every token of the original's continuation reproduced (a server may write past it to max_tokens)
+    figures = greedy_figures(kept, [len(t) for t in original], [k == len(t) for k, t in zip(kept, original)])
     lengths = reference.token_counts(prompts)
     findings = [_prompt_tokens(lengths, [n for _, n in answers]), _determinism(endpoint, prompts[0], answers[0][0],
                                                                               reference.new_tokens)]

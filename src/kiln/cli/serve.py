@@ -98,6 +98,9 @@ def serve(
     grpc_port: Annotated[Optional[int], typer.Option(  # noqa: UP045
         help="Also serve the v2 protocol over gRPC (inference.GRPCInferenceService) on this port, through the same "
         "batcher and limits. Needs pip install 'kiln[grpc]'.", min=1, max=65535, show_default=False)] = None,
+    variant: Annotated[Optional[list[str]], typer.Option(  # noqa: UP045
+        help="Serve this accepted variant of the artifact instead of its best (e.g. onnx-int8-dynamic; kiln info "
+        "lists them); with several --model, MODEL=VARIANT for each model it applies to.", show_default=False)] = None,
 ) -> None:
     """Serve an artifact over HTTP with dynamic batching, Prometheus metrics and backpressure (uvicorn)."""
     from kiln.api.deploy import serve as run_server
@@ -110,6 +113,7 @@ def serve(
                          log_format=log_format, restart_loops=restart_loops, deterministic=deterministic,
                          shadow_rate=shadow_rate, shadow_max_share=shadow_max_share,
                          shadow_min_share=shadow_min_share, shadow_policy=shadow_policy,
-                         otlp_endpoint=otlp_endpoint, protocols=protocols, grpc_port=grpc_port)
+                         otlp_endpoint=otlp_endpoint, protocols=protocols, grpc_port=grpc_port,
+                         variant=variant)
     if not started:
         raise typer.Exit(1)  # uvicorn has logged why (port in use, a model that failed to load)

@@ -10,8 +10,9 @@ import inspect
 import json
 import re
 import time
+from collections.abc import Mapping
 from contextlib import asynccontextmanager
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -77,6 +78,7 @@ class ServeConfig:
     restart_loops: bool = False  # a batcher/decode loop that dies is restarted (its queued requests still fail)
     otlp_endpoint: str | None = None  # OpenTelemetry collector (OTLP/HTTP) for request spans; needs kiln[otel]
     deterministic: bool = False  # serve only batch-invariant variants (kiln optimize measured their drift)
+    variants: Mapping[str, str] = field(default_factory=dict)  # model name -> the variant served (--variant)
     shadow: ShadowConfig | None = None  # live agreement against the fp32 reference (--shadow-rate)
     protocols: tuple[WireProtocol, ...] = PROTOCOLS  # the APIs served (--protocols)
     grpc_port: int | None = None  # the v2 gRPC service's port (--grpc-port); None: no gRPC
@@ -89,6 +91,9 @@ class ServeConfig:
             raise UsageError(f"protocols needs at least one of {', '.join(p.value for p in WireProtocol)}")
         if self.grpc_port is not None and WireProtocol.V2 not in self.protocols:
             raise UsageError("grpc_port serves the v2 protocol over gRPC: add v2 to --protocols")
+        if unknown := sorted(set(self.variants) - set(self.models)):
+            raise UsageError(f"variant names models not served: {', '.join(unknown)} (served: "
+                             f"{', '.join(self.models)})")
 
 
 def create_app(config: ServeConfig, tracer_provider: Any = None) -> FastAPI:
@@ -159,7 +164,8 @@ async def _lifespan(app: FastAPI):
     for name, path in config.models.items():
         state.models[name] = load_served(name, Path(path), config.limits, state.metrics, threads=config.threads,
                                          sessions=config.sessions, deterministic=config.deterministic,
-                                         shadow=config.shadow, device=config.device)
+                                         shadow=config.shadow, device=config.device,
+                                         variant=config.variants.get(name))
         state.models[name].set_ready(False, state.metrics)
     for served in state.models.values():
         served.start(state.metrics, restart=config.restart_loops)

@@ -100,9 +100,20 @@ class Served:
         return {**self.info, **({"shadow": self.shadow.summary()} if self.shadow else {})}
 
 
-def served_variant(artifact: Artifact, *, deterministic: bool = False) -> str:
-    """The variant to serve: the artifact's best, or with ``deterministic`` the fastest accepted variant whose
-    answers kiln optimize measured to be bit-identical whatever the batch (UsageError naming why there is none)."""
+def served_variant(artifact: Artifact, *, deterministic: bool = False, variant: str | None = None) -> str:
+    """The variant to serve: ``variant`` when named (an accepted one), else the artifact's best, or with
+    ``deterministic`` the fastest accepted variant whose answers kiln optimize measured to be bit-identical whatever
+    the batch (UsageError naming why there is none)."""
+    if variant is not None:
+        if deterministic:
+            raise UsageError("variant cannot be combined with deterministic (each chooses the variant served)")
+        record = artifact.variant(variant)  # a UsageError listing the artifact's variants
+        if record.status is not Status.ACCEPTED:
+            accepted = [n for n, r in artifact.manifest.variants.items() if r.status is Status.ACCEPTED]
+            raise UsageError(f"variant {variant} of {artifact.path} was {record.status.value} by kiln optimize"
+                             f"{': ' + record.reason if record.reason else ''}; the accepted ones: "
+                             f"{', '.join(accepted) or '(none)'}")
+        return variant
     best = artifact.variant_name()
     if not deterministic:
         return best
@@ -125,9 +136,10 @@ def served_variant(artifact: Artifact, *, deterministic: bool = False) -> str:
 
 def load_served(name: str, path: Path, limits: BatchLimits, metrics: Metrics, *, threads: int | None,
                 sessions: int | None, deterministic: bool = False, shadow: ShadowConfig | None = None,
-                device: str = "cpu") -> Served:
+                device: str = "cpu", variant: str | None = None) -> Served:
+    """``variant``: the one to serve (None: the best for this CPU, see served_variant)."""
     artifact = Artifact.open(path)
-    variant = served_variant(artifact, deterministic=deterministic)
+    variant = served_variant(artifact, deterministic=deterministic, variant=variant)
     record = artifact.variant(variant)
     threads, sessions, solo, why = server_sessions(artifact, variant, threads=threads, sessions=sessions,
                                                    device=device, deterministic=deterministic)

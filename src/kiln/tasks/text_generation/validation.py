@@ -14,6 +14,7 @@ from kiln.data import corpus
 from kiln.data.texts import length_mix
 from kiln.errors import UsageError
 from kiln.records.figures import Agreement, AgreementInputs, Continuations, EvalSet, Floor, Run
+from kiln.scoring import greedy_figures
 from kiln.system.memory import trim_heap
 from kiln.tasks.files import field
 from kiln.tasks.validation import TaskValidation
@@ -33,14 +34,10 @@ def greedy_agreement(original: Sequence[Sequence[int]], variant: Sequence[Sequen
     """The share of the original's greedy tokens a variant reproduces before its first different token (a
     continuation that differs once goes on from another text, so nothing after the difference counts), and the
     share of prompts continued identically."""
-    kept, identical = 0, 0
-    for ours, theirs in zip(original, variant):
-        same = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), min(len(ours), len(theirs)))
-        kept += same
-        identical += tuple(ours) == tuple(theirs)
-    total = sum(len(o) for o in original)
-    return {"greedy_agreement": kept / total if total else 1.0, "greedy_identical": identical / max(len(original), 1),
-            "greedy_tokens": float(total)}
+    kept = [next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), min(len(ours), len(theirs)))
+            for ours, theirs in zip(original, variant)]
+    return greedy_figures(kept, [len(o) for o in original],
+                          [tuple(ours) == tuple(theirs) for ours, theirs in zip(original, variant)])
 
 
 def _next_token_nll(logits: np.ndarray, ids: Sequence[int]) -> tuple[float, int]:
