@@ -9,7 +9,7 @@ of equal length per text, not one score per text).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -33,6 +33,9 @@ class Endpoint:
     model: str | None = None  # the model name the protocol needs (OpenAI, v2)
     timeout_s: float = 30.0
     headers: tuple[tuple[str, str], ...] = ()
+    # A route the server answered at its fallback path (a 404 first): later requests go there at once (Infinity
+    # serves /embeddings, not /v1/embeddings: every request of an audit took two round trips).
+    moved: dict[str, str] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         parts = urlsplit(self.url)
@@ -46,6 +49,8 @@ def _post(endpoint: Endpoint, path: str, body: Any, fallback: str | None = None)
     """POST ``body`` as JSON to ``path`` (or, when the server has no such route (404), to ``fallback``)."""
     import httpx
 
+    if path in endpoint.moved:
+        path, fallback = endpoint.moved[path], None
     url = f"{endpoint.url}{path}"
     try:
         response = httpx.post(url, json=body, timeout=endpoint.timeout_s, headers=dict(endpoint.headers))
@@ -56,7 +61,9 @@ def _post(endpoint: Endpoint, path: str, body: Any, fallback: str | None = None)
     except httpx.HTTPError as err:
         raise AuditError(f"{url}: {type(err).__name__}: {err}") from err
     if response.status_code == 404 and fallback is not None:
-        return _post(endpoint, fallback, body)
+        answer = _post(endpoint, fallback, body)
+        endpoint.moved[path] = fallback
+        return answer
     if response.status_code != 200:
         raise AuditError(f"{url} answered HTTP {response.status_code}: {response.text[:300]}")
     try:
