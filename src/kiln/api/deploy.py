@@ -22,15 +22,10 @@ def _models(artifact: str | Path | None, model: Sequence[str] | Mapping[str, str
     """Served name -> artifact directory, from ``model`` (NAME=ARTIFACT strings, or a mapping) and ``artifact``."""
     from kiln.errors import UsageError
 
-    models: dict[str, Path] = {}
     if isinstance(model, Mapping):
         models = {str(name): Path(path) for name, path in model.items()}
     else:
-        for item in model:
-            name, sep, path = item.partition("=")
-            if not sep or not name or not path:
-                raise UsageError(f"model must be NAME=ARTIFACT (got {item!r})")
-            models[name] = Path(path)
+        models = {name: Path(path) for name, path in _pairs(model, "model must be NAME=ARTIFACT").items()}
     if artifact is not None:
         artifact = Path(artifact)
         models.setdefault(artifact.name if artifact.name != "best" else artifact.resolve().parent.name, artifact)
@@ -42,8 +37,6 @@ def _models(artifact: str | Path | None, model: Sequence[str] | Mapping[str, str
 def _variants(variant: str | Sequence[str] | Mapping[str, str] | None, models: Mapping[str, Path]) -> dict[str, str]:
     """Served name -> the variant to serve, from ``variant``: one name (every model's), MODEL=VARIANT strings, or a
     mapping."""
-    from kiln.errors import UsageError
-
     if variant is None:
         return {}
     if isinstance(variant, Mapping):
@@ -51,13 +44,20 @@ def _variants(variant: str | Sequence[str] | Mapping[str, str] | None, models: M
     items = [variant] if isinstance(variant, str) else list(variant)
     if len(items) == 1 and "=" not in items[0]:
         return dict.fromkeys(models, items[0])
-    chosen: dict[str, str] = {}
+    return _pairs(items, "variant must be VARIANT, or MODEL=VARIANT for each of several models")
+
+
+def _pairs(items: Sequence[str], refusal: str) -> dict[str, str]:
+    """NAME=VALUE strings as {name: value}; one malformed is a UsageError: ``refusal`` (got the item)."""
+    from kiln.errors import UsageError
+
+    pairs: dict[str, str] = {}
     for item in items:
-        name, sep, chosen_variant = item.partition("=")
-        if not sep or not name or not chosen_variant:
-            raise UsageError(f"variant must be VARIANT, or MODEL=VARIANT for each of several models (got {item!r})")
-        chosen[name] = chosen_variant
-    return chosen
+        name, sep, value = item.partition("=")
+        if not sep or not name or not value:
+            raise UsageError(f"{refusal} (got {item!r})")
+        pairs[name] = value
+    return pairs
 
 
 def serve(artifact: str | Path | None = None, *, host: str = "127.0.0.1", port: int = 8000,
