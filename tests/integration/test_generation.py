@@ -25,7 +25,7 @@ from kiln.choices import Batching, ExportFormat
 from kiln.decoder.batch import DecodeBatch, new_sequence
 from kiln.decoder.graph import CacheShape, positions
 from kiln.decoder.sampling import Sampling, next_token
-from kiln.decoder.steps import ArraySteps, BoundSteps, BufferSteps, SharedSteps, cut, empty_past, stepper
+from kiln.decoder.steps import ArraySteps, BoundSteps, BucketSteps, BufferSteps, cut, empty_past, stepper
 from kiln.decoder.stopping import Detokenizer, Stops
 from kiln.errors import UnsupportedModelError, UsageError
 from kiln.exporting.job import ExportConfig, run_export
@@ -429,7 +429,7 @@ def _openvino_steps(predictor, shape, artifact):
     from kiln.engines.openvino import OpenVinoEngine
 
     graph = artifact / "onnx-fp32" / "model.onnx"  # OpenVINO reads the ONNX step graph itself
-    return SharedSteps(OpenVinoEngine(graph), shape)
+    return BucketSteps(OpenVinoEngine(graph), shape)
 
 
 def test_an_openvino_decoder_caps_onednns_primitive_cache_unless_the_user_set_it(decoder_artifacts):
@@ -452,7 +452,7 @@ def test_an_openvino_decoder_caps_onednns_primitive_cache_unless_the_user_set_it
 STEPPER_KINDS = {
     "numpy": lambda predictor, shape, _: ArraySteps(predictor.raw_engine, shape),
     "iobinding": lambda predictor, shape, _: BoundSteps(predictor.raw_engine, shape),
-    "openvino-shared": _openvino_steps,
+    "openvino-buckets": _openvino_steps,
     "fused-buffer": lambda predictor, shape, fused: BufferSteps(fused["gpt2"], shape),
 }
 
@@ -461,7 +461,7 @@ STEPPER_KINDS = {
 def test_sequences_join_and_leave_a_running_batch(kind, decoder_artifacts, fused_graphs):
     """A sequence that joins a running batch (its cache padded on the left to the batch's width) and one left
     alone after the others finished decode exactly as they do by themselves, on every way the cache is carried:
-    numpy, ONNX Runtime's OrtValues, OpenVINO's output memory shared between two requests in turn, and the fused
+    numpy, ONNX Runtime's OrtValues, OpenVINO's buffers fed in whole buckets of positions, and the fused
     graph's buffers (packed rows, brought out to the batch's layout and back at each join and leave)."""
     predictor = kiln.load(decoder_artifacts["gpt2"])
     shape = predictor.engine.shape
@@ -598,7 +598,7 @@ def test_optimize_builds_validates_and_picks_a_decoder_variant(optimized_gpt2, t
     assert [step["pass"] for step in int8.record.recipe] == ["fused-decoder", "ort-int8-dynamic"]
     assert int8.record.recipe[-1]["per_channel"]
     assert 0.5 < int8.agreement.figures["next_token_agreement"] <= 1.0
-    openvino = outcomes["openvino-fp32"]  # validated through SharedSteps: the cache shared between two requests
+    openvino = outcomes["openvino-fp32"]  # validated through BucketSteps: the cache in buffers of whole buckets
     assert openvino.agreement.figures["next_token_agreement"] == 1.0
     assert openvino.metric["perplexity"] == pytest.approx(summary.reference_metric["perplexity"], rel=1e-4)
     # The built-in perplexity comes from the agreement run's logits: the same figure a pass of its own gives.

@@ -48,6 +48,7 @@ def models(tmp_path_factory) -> dict[str, object]:
     other = build_tiny_model("gpt2", TaskName.TEXT_GENERATION, root / "other", seed=7)
     return {"target": _export(target, root / "target-art"), "student": _export(student.path, root / "student-art"),
             "other": _export(other, root / "other-art"), "student-art": root / "student-art",
+            "target-art": root / "target-art",
             "target-dir": target, "student-dir": student.path}
 
 
@@ -116,6 +117,59 @@ def test_fused_graphs_speculate_with_their_caches_cut_in_place(models, tmp_path)
                                  3)
         assert tuple(got) == tuple(want), prompt
     assert in_place and all(in_place)
+
+
+def test_openvino_steps_speculate_on_whole_buckets_with_their_caches_cut_in_place(models, tmp_path):
+    """Target and draft on OpenVINO (kiln.decoder.steps.BucketSteps): every past length and every prompt the graph is
+    fed is a whole bucket (few shapes, as the CPU plugin keeps memory per shape), each round's rejected guesses are
+    cut from the buffers in place, and the text is still the target's greedy decoding. A state older than a cut is
+    refused when stepped on again."""
+    import numpy as np
+
+    from kiln.decoder.steps import BucketSteps, stepper
+    from kiln.engines.openvino import OpenVinoEngine
+
+    graphs = {name: models[f"{name}-art"] / "onnx-fp32" / "model.onnx" for name in ("target", "student")}
+    steps = {name: stepper(OpenVinoEngine(graph), models[name].engine.shape) for name, graph in graphs.items()}
+    assert all(isinstance(s, BucketSteps) for s in steps.values())
+    fed, in_place = [], []
+    request, cut = steps["target"]._request, steps["target"].cut
+
+    class Recorded:  # the infer request, recording the lengths it is fed
+        def infer(self, feed, **kwargs):
+            fed.append((feed["input_ids"].shape[1], feed["attention_mask"].shape[1]))
+            return request.infer(feed, **kwargs)
+
+    def counted(past, length):
+        kept = cut(past, length)
+        in_place.append(kept.owner is not None and kept.owner.bank is past.owner.bank)
+        return kept
+    steps["target"]._request, steps["target"].cut = Recorded(), counted
+    target = models["target"]
+    for prompt in PROMPTS:
+        want = target.generate(prompt, max_new_tokens=30).token_ids
+        ids = target.encoder.encode([prompt], truncate=False)[0].ids
+        got = speculative_greedy(steps["target"], steps["student"], ids, 30, frozenset(target.handler.config.eos_ids),
+                                 3)
+        assert tuple(got) == tuple(want), prompt
+    assert in_place and all(in_place)
+    bucket = BucketSteps.BUCKET
+    assert fed and all(new in (1, bucket) and (total - new) % bucket == 0 for new, total in fed), fed
+
+    target_steps = steps["target"]
+    ids = np.array([target.encoder.encode([PROMPTS[0]], truncate=False)[0].ids])
+    width = ids.shape[1]
+    _, past = target_steps.step(ids, np.ones((1, width), np.int64), np.arange(width)[None], empty_past(target_steps))
+    _, later = target_steps.step(ids[:, :2], np.ones((1, width + 2), np.int64), np.arange(width, width + 2)[None], past)
+    target_steps.cut(later, 2)  # below ``past``'s length: its columns after 2 are written over from here on
+    with pytest.raises(RuntimeError, match="older than a cut"):
+        target_steps.step(ids[:, :1], np.ones((1, width + 1), np.int64), np.array([[width]]), past)
+
+
+def empty_past(steps):
+    from kiln.decoder.steps import empty_past as empty
+
+    return empty(steps.shape, 1)
 
 
 def test_acceptance_follows_how_well_the_draft_knows_the_target(models):

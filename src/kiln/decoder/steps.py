@@ -3,7 +3,7 @@
 A ``Past`` is the cache of a batch: per past input name, an array [batch, heads, length, head size]. Between steps
 of an unchanged batch it stays in the runtime's own values: ONNX Runtime's IOBinding hands each step's ``present``
 outputs (OrtValues) to the next step as inputs, so the cache is never copied into numpy and back (on a GPU it stays
-in device memory); OpenVINO's steps read the outputs in place and share them as the next step's inputs. Only when
+in device memory); OpenVINO's steps keep it in buffers of whole buckets of positions, fed shared. Only when
 sequences join or leave is the cache brought out as numpy to be cut or padded.
 """
 
@@ -97,42 +97,120 @@ class BoundSteps:
         return outputs[LOGITS].numpy(), Past(grown, past.length + input_ids.shape[1], _ort_numpy)
 
 
-class SharedSteps:
-    """OpenVINO: each step's ``present`` outputs are read as views of the infer request's own output memory and
-    shared, uncopied, as the next step's inputs. Per token on GPT-2 small (benchmarks/openvino_steps.py): 47.2 against
-    96.1 ms copying the cache out and back in as ArraySteps does (batch 4, 512-token prompt), 23.8 against 31.3 ms
-    (batch 1, 128).
+class _Bank:
+    """One batch's buffers for ``BucketSteps`` (per past name [batch, heads, capacity, head size]), the stamp of the
+    newest state made on them (only that one is stepped on in place) and (stamp, length) of each cut: after a cut,
+    what lay past its length is written over."""
 
-    A request's outputs stay valid until that request runs again, so two requests take turns: a step runs on the
-    request that did not run last (the last one's outputs may be the running batch's cache while newcomers are
-    prefilled for a join), unless that request's memory holds the step's own input cache. Logits are copied out:
-    callers keep them across steps. Token ids, mask and positions are copied in, so OpenVINO never holds arrays the
-    caller goes on using (a shared input may be written over).
+    def __init__(self, values: dict[str, np.ndarray]) -> None:
+        self.values, self.newest = values, 0
+        self.capacity = next(iter(values.values())).shape[2]
+        self.cuts: list[tuple[int, int]] = []
+
+
+@dataclass
+class _Held:
+    """Where a ``Past`` made by ``BucketSteps`` stands: its bank, holding its columns at positions 0..length-1."""
+
+    bank: _Bank
+    length: int
+    stamp: int
+
+    @property
+    def newest(self) -> bool:
+        return self.bank.newest == self.stamp
+
+    @property
+    def intact(self) -> bool:
+        """Whether every column is still in the bank: no later cut went below it."""
+        return all(self.length <= length for stamp, length in self.bank.cuts if stamp > self.stamp)
+
+    def view(self, buffer: np.ndarray) -> np.ndarray:
+        return buffer[:, :, : self.length]
+
+    @classmethod
+    def next_on(cls, bank: _Bank, length: int) -> _Held:
+        bank.newest += 1
+        return cls(bank, length, bank.newest)
+
+
+class BucketSteps:
+    """OpenVINO: the cache is fed in lengths that are whole buckets of ``BUCKET`` positions, so the step graph meets a
+    few shapes instead of one per past length. OpenVINO's CPU plugin keeps memory for each input shape it has run and
+    does not hand it back (0.62 MiB a new shape on SmolLM2-135M's int8 IR, `benchmarks/serving_memory.py shapes`):
+    a server stepping every past length at every batch size grew for as long as it ran.
+
+    The cache lives in buffers of ours: the caller's past columns at their own positions, then columns the mask hides
+    (a hidden column adds nothing to attention: its weight after the softmax is 0). A step feeds the whole buffer,
+    shared, uncopied, as the past; its ``present`` holds the buffer and then the new tokens, and only the new
+    tokens' columns are copied into the buffer, after the caller's. More than one new token (a prompt) is padded on
+    the right to a whole bucket too: causal attention keeps every real token from seeing the padding after it.
+    Buffers grow a bucket at a time (the cache copied once every BUCKET tokens). Logits are copied out: callers keep
+    them across steps. Token ids, mask and positions are built anew each step, so OpenVINO never holds arrays the
+    caller goes on using.
     """
+
+    BUCKET = 32
 
     def __init__(self, engine: Any, shape: CacheShape) -> None:
         self.engine, self.shape = engine, shape
         compiled = engine.compiled_model
-        self._requests = (compiled.create_infer_request(), compiled.create_infer_request())
-        self._last = 1
+        self._request = compiled.create_infer_request()
         self._types = engine.input_types
         self._outputs = {o.get_any_name(): o for o in compiled.outputs}
         self._pairs = tuple(zip(shape.past_names(), shape.present_names()))
 
+    def _bucket(self, length: int) -> int:
+        return -(-length // self.BUCKET) * self.BUCKET
+
     def step(self, input_ids, attention_mask, position_ids, past, last=False):
-        index = 1 - self._last
-        if past.owner is self._requests[index]:
-            index = self._last
-        self._last, request = index, self._requests[index]
-        feed = {name: np.array(array, dtype=self._types[name])
-                for name, array in ((INPUT_IDS, input_ids), (ATTENTION_MASK, attention_mask),
-                                    (POSITION_IDS, position_ids))}
-        feed.update({n: np.ascontiguousarray(v, dtype=np.float32) for n, v in past.values.items()})
-        result = request.infer(feed, share_inputs=True, share_outputs=True)
+        batch, new = input_ids.shape
+        length = past.length
+        held = past.owner if isinstance(past.owner, _Held) else None
+        if held is not None and not held.intact:  # stepping on after a cut, then from before it: refused, never stale
+            raise RuntimeError("a decoding state older than a cut of its cache was stepped on again")
+        bank = held.bank if held is not None and held.newest else self._bank(past.arrays(), length, length)
+        capacity = bank.capacity
+        padded = self._bucket(new) if new > 1 else 1
+        mask = np.zeros((batch, capacity + padded), self._types[ATTENTION_MASK])
+        mask[:, :length] = attention_mask[:, :length]
+        mask[:, capacity : capacity + new] = attention_mask[:, length:]
+        ids = np.zeros((batch, padded), self._types[INPUT_IDS])
+        ids[:, :new] = input_ids
+        where = np.zeros((batch, padded), self._types[POSITION_IDS])
+        where[:, :new] = position_ids
+        where[:, new:] = position_ids[:, -1:] + np.arange(1, padded - new + 1)  # padding after the last real token
+        feed = {INPUT_IDS: ids, ATTENTION_MASK: mask, POSITION_IDS: where, **bank.values}
+        result = self._request.infer(feed, share_inputs=True, share_outputs=True)
         self.engine.release_mapped_weights()
-        grown = {p: result[self._outputs[q]] for p, q in self._pairs}
-        logits = np.array(result[self._outputs[LOGITS]], dtype=np.float32)
-        return logits, Past(grown, past.length + input_ids.shape[1], owner=request)
+        logits = np.array(result[self._outputs[LOGITS]][:, :new], dtype=np.float32)
+        if length + new > capacity:  # a bucket or more further: new buffers; the old ones keep the older states
+            bank = self._bank(bank.values, length, length + new)
+        for past_name, present_name in self._pairs:
+            present = result[self._outputs[present_name]]
+            bank.values[past_name][:, :, length : length + new] = present[:, :, capacity : capacity + new]
+        grown = _Held.next_on(bank, length + new)
+        return logits, Past(dict(bank.values), grown.length, grown.view, owner=grown)
+
+    def _bank(self, arrays: dict[str, np.ndarray], length: int, needed: int) -> _Bank:
+        """New buffers with room for ``needed`` positions in whole buckets, holding ``arrays``' first ``length``."""
+        capacity = self._bucket(needed)
+        values = {}
+        for name in self.shape.past_names():
+            old = arrays[name]
+            values[name] = np.zeros((*old.shape[:2], capacity, old.shape[3]), np.float32)
+            values[name][:, :, :length] = old[:, :, :length]
+        return _Bank(values)
+
+    def cut(self, past: Past, length: int) -> Past:
+        """``past`` keeping its first ``length`` columns. The newest state is cut in place: its bank's columns after
+        ``length`` are masked from then on and written over by the next steps."""
+        held = past.owner
+        if not (isinstance(held, _Held) and held.newest) or length >= past.length:
+            return cut_arrays(past, length)
+        kept = _Held.next_on(held.bank, length)
+        held.bank.cuts.append((kept.stamp, length))
+        return Past(dict(held.bank.values), length, kept.view, owner=kept)
 
 
 class _Buffers:
@@ -317,7 +395,7 @@ def _ort_numpy(value: Any) -> np.ndarray:
 
 
 # Engine name -> how a decoding step runs on it; engines not listed exchange numpy arrays.
-STEPPERS: dict[str, Callable[[Any, CacheShape], Stepper]] = {"onnxruntime": BoundSteps, "openvino": SharedSteps}
+STEPPERS: dict[str, Callable[[Any, CacheShape], Stepper]] = {"onnxruntime": BoundSteps, "openvino": BucketSteps}
 
 
 def stepper(engine: Any, shape: CacheShape) -> Stepper:

@@ -97,10 +97,11 @@ class TeacherForced:
         ids = np.ascontiguousarray(inputs[INPUT_IDS], np.int64)
         mask = np.ascontiguousarray(inputs[ATTENTION_MASK], np.int64)
         first = max(1, int(mask.sum(axis=1).min()) // 2)
-        # A stepper of this call's own: its runtime memory (OpenVINO's two requests, each holding a batch's whole
-        # cache as outputs) goes when the call ends, not at the engine's. Each step allocates a cache one position
-        # longer and frees the last; glibc keeps the freed blocks, so where asked (``trim``) the heap is trimmed
-        # every few steps. On GPT-2 small (OpenVINO, 32 rows of 16-128 tokens, benchmarks/teacher_memory.py) the
+        # A stepper of this call's own: its runtime memory (OpenVINO's request holding a batch's whole cache as
+        # outputs, beside the buffers fed to it) goes when the call ends, not at the engine's. Each step allocates a
+        # cache one position longer (OpenVINO's, a bucket longer every 32 steps) and frees the last; glibc keeps the
+        # freed blocks, so where asked (``trim``) the heap is trimmed every few steps. On GPT-2 small (OpenVINO, 32
+        # rows of 16-128 tokens, benchmarks/teacher_memory.py, with the cache then as two requests' outputs) the
         # call's peak above the engine fell from 2.2-2.26 GB to 1.64-1.68, at 14.4-15.3 s against 12.5-13.2.
         steps = self.new_stepper()
         logits, past = steps.step(ids[:, :first], mask[:, :first], positions(mask[:, :first], first),
