@@ -9,9 +9,15 @@ Two parts, each run in fresh processes so one's memory never counts in the other
     at every past length in turn at batches 1 and 3 (a new shape each call), three passes over the same shapes,
     with oneDNN's primitive cache at its default (1,024) and at ``--cache-capacity`` (kiln's 64); resident memory
     with freed heap handed back after each pass, and its time.
+  * ``decode OUTPUT --variant NAME`` (an OpenVINO decoder variant of an optimize output): ``--rounds`` rounds of
+    generation as kiln serves it (``kiln.load(...).generate``: batches of 1-4 prompts of 8-400 tokens, 48 new
+    tokens each; every round new lengths), through kiln's steps (the cache in whole buckets of 32 positions) and
+    through steps fed one shape per past length (``ArraySteps``), each in a fresh process; resident memory after
+    each round, freed heap handed back.
 
     python benchmarks/serving_memory.py sessions kiln-out/best [--sessions 16] [--rounds 3]
     python benchmarks/serving_memory.py shapes kiln-out/openvino-int8-weights/model.xml [--steps 300]
+    python benchmarks/serving_memory.py decode kiln-out --variant openvino-int8-weights [--rounds 10]
 """
 
 from __future__ import annotations
@@ -92,6 +98,32 @@ def run_shapes(path: Path, steps: int) -> dict:
     return {"start_mib": start_mib, "passes": passes}
 
 
+def run_decode(path: Path, variant: str, layout: str, rounds: int) -> dict:
+    """One process's figures: ``rounds`` rounds of batched generation; ``layout`` "buckets" (kiln's steps) or
+    "lengths" (numpy steps: the graph fed the cache at every past length)."""
+    import kiln
+    from kiln.decoder import steps
+    from kiln.system.memory import trim_heap
+
+    if layout == "lengths":
+        steps.STEPPERS["openvino"] = steps.ArraySteps
+    predictor = kiln.load(path, variant)
+    rng = np.random.default_rng(0)
+    words = "the of and to in is for that with on as by this be are from".split()
+    predictor.generate(["a short warm-up"], max_new_tokens=2)
+    trim_heap()
+    start_mib, grown, seconds = resident_mib(), [], 0.0
+    for _ in range(rounds):
+        for batch in (1, 2, 3, 4):
+            prompts = [" ".join(rng.choice(words, int(rng.integers(8, 400)))) for _ in range(batch)]
+            start = time.perf_counter()
+            predictor.generate(prompts, max_new_tokens=48)
+            seconds += time.perf_counter() - start
+        trim_heap()
+        grown.append(round(resident_mib() - start_mib))
+    return {"layout": layout, "start_mib": start_mib, "grown_mib": grown, "seconds": seconds}
+
+
 def child(argv: list[str], env: dict[str, str] | None = None) -> dict:
     out = subprocess.run([sys.executable, __file__, "--child", *argv], check=True, capture_output=True, text=True,
                          env={**os.environ, **(env or {})})
@@ -100,13 +132,15 @@ def child(argv: list[str], env: dict[str, str] | None = None) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("part", choices=("sessions", "shapes"))
-    parser.add_argument("path", type=Path, help="sessions: an artifact or optimize output; shapes: an OpenVINO IR")
+    parser.add_argument("part", choices=("sessions", "shapes", "decode"))
+    parser.add_argument("path", type=Path, help="sessions, decode: an artifact or optimize output; shapes: an "
+                        "OpenVINO IR")
+    parser.add_argument("--variant", help="decode: the OpenVINO decoder variant (default: the output's best)")
     parser.add_argument("--sessions", type=int, default=2)
     parser.add_argument("--batches", type=int, default=32, help="per session")
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--longest", type=int, default=208)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=3, help="sessions: alternated pairs; decode: rounds")
     parser.add_argument("--steps", type=int, default=300, help="past lengths stepped through (2 shapes each)")
     parser.add_argument("--cache-capacity", type=int, default=64,
                         help="shapes: oneDNN's primitive cache capacity to compare with its default, 1024 "
@@ -116,8 +150,12 @@ def main() -> None:
     args = parser.parse_args()
 
     if args.child:
-        result = (run_sessions(args.path, args.layout, args.sessions, args.batches, args.batch, args.longest)
-                  if args.part == "sessions" else run_shapes(args.path, args.steps))
+        if args.part == "decode":
+            result = run_decode(args.path, args.variant, args.layout, args.rounds)
+        elif args.part == "sessions":
+            result = run_sessions(args.path, args.layout, args.sessions, args.batches, args.batch, args.longest)
+        else:
+            result = run_shapes(args.path, args.steps)
         print(json.dumps(result))
         return
     if args.part == "sessions":
@@ -136,6 +174,12 @@ def main() -> None:
                 print(f"{args.sessions} x 1-thread sessions, {layout:8s}: load +{r['load_mib']:.0f} MiB, resident "
                       f"{r['resident_mib']:.0f} MiB after {args.batches} batches of {args.batch} each, "
                       f"{r['seq_per_s']:.1f} seq/s", flush=True)
+    elif args.part == "decode":
+        variant = ["--variant", args.variant] if args.variant else []
+        for layout in ("lengths", "buckets"):
+            r = child(["decode", str(args.path), *variant, "--rounds", str(args.rounds), "--layout", layout])
+            print(f"{layout:8s}: from {r['start_mib']:.0f} MiB, grown after each round (MiB) {r['grown_mib']}, "
+                  f"{r['seconds']:.1f} s generating", flush=True)
     else:
         for capacity in (1024, args.cache_capacity):  # oneDNN's default, and kiln's for decoders
             env = {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": str(capacity)}
