@@ -190,18 +190,22 @@ def test_the_event_loop_stays_responsive_while_batches_form(predictor):
     interval, original = sys.getswitchinterval(), predictor.engine
     sys.setswitchinterval(0.0005)
     predictor.engine = Quick()  # releases the GIL like a runtime, answers in 2 ms
-    worst = {}
+    worst = {False: [], True: []}
     try:
-        for inline in (False, True):  # off the loop (kiln's way), and on it, measured in the same run
-            seen, batches = asyncio.run(lags(predictor, encodings, 2048, inline=inline, timeout_s=60))
-            assert batches >= 2048 // 64  # batches formed throughout the measurement
-            worst[inline] = seen[-3]  # the third worst: a one-off scheduler hiccup of a loaded machine aside
+        for _ in range(3):  # alternated rounds: off the loop (kiln's way), and on it
+            for inline in (False, True):
+                seen, batches = asyncio.run(lags(predictor, encodings, 2048, inline=inline, timeout_s=60))
+                assert batches >= 2048 // 64  # batches formed throughout the measurement
+                worst[inline].append(seen[-3])  # the third worst: a one-off scheduler hiccup aside
     finally:
         sys.setswitchinterval(interval)
         predictor.engine = original
-    # A ratio, not a time: under a loaded suite the off-loop lag once reached 12.6 ms against an absolute bound of 12.
-    assert worst[False] < 0.5 * worst[True], \
-        f"the event loop was late by {1000 * worst[False]:.1f} ms off the loop, {1000 * worst[True]:.1f} ms on it"
+    # A ratio of medians over alternated rounds, not a time: under a loaded suite the off-loop lag once reached 12.6 ms
+    # against an absolute bound of 12, and one round of each once read 24.9 ms off the loop against 42.1 on it (a
+    # fresh-clone CI beside two other workers).
+    off, on = sorted(worst[False])[1], sorted(worst[True])[1]
+    assert off < 0.5 * on, f"the event loop was late by {1000 * off:.1f} ms off the loop, {1000 * on:.1f} ms on it " \
+        f"(medians of 3 rounds)"
 
 
 # The loop-lag measurement: a 2 ms engine that releases the GIL like a runtime, and a 1 ms ticker on the loop.

@@ -449,6 +449,31 @@ def test_an_openvino_decoder_caps_onednns_primitive_cache_unless_the_user_set_it
         assert out.stdout.strip().splitlines()[-1] == want
 
 
+def test_an_openvino_decoder_computes_its_head_only_where_asked(decoder_artifacts):
+    """kiln.engines.openvino.logits_where_asked: the step graph takes the positions whose logits are wanted, and
+    those equal ONNX Runtime's at the same positions of the whole graph; a prompt on OpenVINO's steps returns only
+    its last token's row."""
+    from kiln.decoder.graph import LOGITS, LOGITS_AT
+    from kiln.engines.onnxruntime import OnnxRuntimeEngine
+    from kiln.engines.openvino import OpenVinoEngine
+
+    graph = decoder_artifacts["gpt2"] / "onnx-fp32" / "model.onnx"
+    engine, whole = OpenVinoEngine(graph), OnnxRuntimeEngine(graph)
+    assert LOGITS_AT in engine.input_names and LOGITS_AT not in whole.input_names
+    predictor = kiln.load(decoder_artifacts["gpt2"])
+    shape = predictor.engine.shape
+    ids = np.random.default_rng(0).integers(5, 100, (2, 7))
+    mask = np.ones_like(ids)
+    feed = {"input_ids": ids, "attention_mask": mask, "position_ids": positions(mask, 7), **shape.empty(2)}
+    want = whole.run(feed)[LOGITS]
+    some = engine.run({**feed, LOGITS_AT: np.array([[6], [3]])})[LOGITS]
+    assert some.shape == (2, 1, want.shape[-1])
+    np.testing.assert_allclose(some[:, 0], want[[0, 1], [6, 3]], atol=1e-4)
+    logits, _ = BucketSteps(engine, shape).step(ids, mask, positions(mask, 7), empty_past(shape, 2), last=True)
+    assert logits.shape == (2, 1, want.shape[-1])
+    np.testing.assert_allclose(logits[:, -1], want[:, -1], atol=1e-4)
+
+
 STEPPER_KINDS = {
     "numpy": lambda predictor, shape, _: ArraySteps(predictor.raw_engine, shape),
     "iobinding": lambda predictor, shape, _: BoundSteps(predictor.raw_engine, shape),

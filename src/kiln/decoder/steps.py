@@ -59,6 +59,8 @@ class ArraySteps:
 
     def step(self, input_ids, attention_mask, position_ids, past, last=False):
         feed = {INPUT_IDS: input_ids, ATTENTION_MASK: attention_mask, POSITION_IDS: position_ids, **past.arrays()}
+        if LOGITS_AT in self.engine.input_names:
+            feed[LOGITS_AT] = wanted_positions(*input_ids.shape, last)
         out = self.engine.run(feed)
         grown = {p: out[q] for p, q in self._pairs}
         return out[LOGITS], Past(grown, past.length + input_ids.shape[1])
@@ -159,6 +161,7 @@ class BucketSteps:
         self._types = engine.input_types
         self._outputs = {o.get_any_name(): o for o in compiled.outputs}
         self._pairs = tuple(zip(shape.past_names(), shape.present_names()))
+        self._some_logits = LOGITS_AT in engine.input_names  # kiln.engines.openvino.logits_where_asked
 
     def _bucket(self, length: int) -> int:
         return -(-length // self.BUCKET) * self.BUCKET
@@ -181,6 +184,8 @@ class BucketSteps:
         where[:, :new] = position_ids
         where[:, new:] = position_ids[:, -1:] + np.arange(1, padded - new + 1)  # padding after the last real token
         feed = {INPUT_IDS: ids, ATTENTION_MASK: mask, POSITION_IDS: where, **bank.values}
+        if self._some_logits:  # the real tokens' logits only (the last one's for a prefill), never the padding's
+            feed[LOGITS_AT] = wanted_positions(batch, new, last)
         result = self._request.infer(feed, share_inputs=True, share_outputs=True)
         self.engine.release_mapped_weights()
         logits = np.array(result[self._outputs[LOGITS]][:, :new], dtype=np.float32)
@@ -366,6 +371,12 @@ class BufferSteps:
                                      position_ids[:, column : column + 1], past)
             outputs.append(logits)
         return (outputs[-1] if last else np.concatenate(outputs, axis=1)), past
+
+
+def wanted_positions(batch: int, new: int, last: bool) -> np.ndarray:
+    """``LOGITS_AT`` for ``new`` tokens a row: every position, or (``last``) the last one."""
+    return (np.full((batch, 1), new - 1, np.int64) if last
+            else np.ascontiguousarray(np.broadcast_to(np.arange(new, dtype=np.int64), (batch, new))))
 
 
 def cut_arrays(past: Past, length: int) -> Past:

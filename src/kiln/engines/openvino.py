@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from kiln.choices import Precision
-from kiln.decoder.graph import INPUT_IDS, PAST_PREFIX
+from kiln.decoder.graph import INPUT_IDS, LOGITS, LOGITS_AT, PAST_PREFIX
 from kiln.engines.base import THROUGHPUT_STREAMS, EngineOptions, require_cpu, warmup_inputs
 from kiln.errors import ArtifactError, UsageError, missing_dependency
 from kiln.system.memory import page_out
@@ -87,6 +87,38 @@ def embedding_rows(model: Any, ids: str = INPUT_IDS) -> int | None:
     return None
 
 
+def logits_where_asked(model: Any) -> None:
+    """Give a decoder step graph the input ``LOGITS_AT`` ([batch, wanted] positions among the new tokens) and compute
+    the output head only there: a Gather of those positions' hidden states before the head's MatMul, as ONNX Runtime's
+    fused step graph has it (kiln.exporting.fused_decoder) and OpenVINO GenAI slices its models before the MatMul.
+    A prompt's step then computes one row of logits, not one a token: SmolLM2-135M's head is a fifth of a prefill's
+    multiply-adds, and its logits for 8 prompts of 600 tokens alone are 0.9 GB. A graph already taking the input, or
+    whose logits do not come from a MatMul over the hidden states, is left as it is."""
+    import openvino as ov
+    from openvino import opset13
+
+    if any(LOGITS_AT in i.get_names() for i in model.inputs):
+        return
+    logits = next((o for o in model.outputs if LOGITS in o.get_names()), None)
+    if logits is None:
+        return
+    node = logits.get_node().input_value(0).get_node()  # the Result's producer
+    while node.get_type_name() in ("Convert", "Multiply", "Divide", "Tanh", "Add"):  # a final scale or soft cap
+        node = node.input_value(0).get_node()
+    if node.get_type_name() != "MatMul":
+        return
+    hidden = [k for k in range(2) if node.input_value(k).get_partial_shape().rank.get_length() == 3
+              and node.input_value(k).get_partial_shape()[0].is_dynamic]  # [batch, new, hidden]; the weights static
+    if len(hidden) != 1:
+        return
+    positions = opset13.parameter([-1, -1], ov.Type.i64, name=LOGITS_AT)
+    positions.output(0).set_names({LOGITS_AT})
+    wanted = opset13.gather(node.input_value(hidden[0]), positions, axis=1, batch_dims=1)
+    node.input(hidden[0]).replace_source_output(wanted.output(0))
+    model.add_parameters([positions])
+    model.validate_nodes_and_infer_types()
+
+
 class OpenVinoEngine:
     name = "openvino"
     is_padded = True
@@ -120,6 +152,7 @@ class OpenVinoEngine:
                 # and kiln optimize's validation passed 24 GB with it (killed).
                 config["CPU_RUNTIME_CACHE_CAPACITY"] = 0
                 os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", DECODER_PRIMITIVE_CACHE)
+                logits_where_asked(model)
             self.compiled_model = core.compile_model(model, "CPU", config)
         except RuntimeError as err:
             raise ArtifactError(f"OpenVINO cannot load {path}: {err}") from err
