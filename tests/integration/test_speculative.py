@@ -109,14 +109,18 @@ def test_fused_graphs_speculate_with_their_caches_cut_in_place(models, tmp_path)
         in_place.append(kept.owner is not None and kept.owner.buffers is past.owner.buffers)
         return kept
     steps["target"].cut = counted
-    target = models["target"]
+    _speculates_as_the_target_alone(models["target"], steps)
+    assert in_place and all(in_place)
+
+
+def _speculates_as_the_target_alone(target, steps) -> None:
+    """Speculative greedy decoding on ``steps`` (target and student steppers) gives the target's own greedy text."""
     for prompt in PROMPTS:
         want = target.generate(prompt, max_new_tokens=30).token_ids
         ids = target.encoder.encode([prompt], truncate=False)[0].ids
         got = speculative_greedy(steps["target"], steps["student"], ids, 30, frozenset(target.handler.config.eos_ids),
                                  3)
         assert tuple(got) == tuple(want), prompt
-    assert in_place and all(in_place)
 
 
 def test_openvino_steps_speculate_on_whole_buckets_with_their_caches_cut_in_place(models, tmp_path):
@@ -145,18 +149,12 @@ def test_openvino_steps_speculate_on_whole_buckets_with_their_caches_cut_in_plac
         in_place.append(kept.owner is not None and kept.owner.bank is past.owner.bank)
         return kept
     steps["target"]._request, steps["target"].cut = Recorded(), counted
-    target = models["target"]
-    for prompt in PROMPTS:
-        want = target.generate(prompt, max_new_tokens=30).token_ids
-        ids = target.encoder.encode([prompt], truncate=False)[0].ids
-        got = speculative_greedy(steps["target"], steps["student"], ids, 30, frozenset(target.handler.config.eos_ids),
-                                 3)
-        assert tuple(got) == tuple(want), prompt
+    _speculates_as_the_target_alone(models["target"], steps)
     assert in_place and all(in_place)
     bucket = BucketSteps.BUCKET
     assert fed and all(new in (1, bucket) and (total - new) % bucket == 0 for new, total in fed), fed
 
-    target_steps = steps["target"]
+    target, target_steps = models["target"], steps["target"]
     ids = np.array([target.encoder.encode([PROMPTS[0]], truncate=False)[0].ids])
     width = ids.shape[1]
     _, past = target_steps.step(ids, np.ones((1, width), np.int64), np.arange(width)[None], empty_past(target_steps))
