@@ -12,6 +12,7 @@ from tokenizers import Encoding
 
 from kiln.engines.base import Engine
 from kiln.errors import UsageError
+from kiln.runtime.batch_plan import input_batches, length_batches
 from kiln.runtime.features import Prepared, TaskRuntime
 from kiln.runtime.tokenization import TextEncoder
 from kiln.system.memory import trim_heap
@@ -165,9 +166,11 @@ class Predictor:
 
     def iter_features(self, encodings: Sequence[Encoding], *, sort: bool = True, tokens: bool = False
                       ) -> Iterator[tuple[int, Any]]:
-        """``run_features``' values as each batch gives them: (index in ``encodings``, reduced output)."""
-        order = np.argsort([len(e.ids) for e in encodings], kind="stable") if sort else np.arange(len(encodings))
-        groups = [order[b : b + self.batch_size] for b in range(0, len(order), self.batch_size)]
+        """``run_features``' values as each batch gives them: (index in ``encodings``, reduced output); batches of
+        at most ``batch_size``."""
+        # sorted: by length, cut where padding costs more than another run (kiln.runtime.batch_plan)
+        groups = (length_batches([len(e.ids) for e in encodings], self.batch_size, self.pad_multiple) if sort
+                  else input_batches(len(encodings), self.batch_size))
         batches = [self.encoder.collate([encodings[i] for i in idx], multiple=self.pad_multiple) for idx in groups]
         for idx, values in zip(groups, self._run(batches, tokens)):
             yield from zip((int(i) for i in idx), values)

@@ -10,8 +10,8 @@ import numpy as np
 from tokenizers import Encoding
 
 from kiln.records.timing import LatencyStats, MixResult, Timing
+from kiln.runtime.batch_plan import padding_efficiency
 from kiln.runtime.predictor import Predictor
-from kiln.runtime.tokenization import padded_width
 
 
 def time_calls(call: Callable[[], Any], *, budget_s: float, min_runs: int = 5, max_runs: int = 200,
@@ -53,15 +53,6 @@ def synthetic_batch(encoder, batch_size: int, seq_len: int, seed: int = 0) -> di
     arrays = {"input_ids": input_ids, "attention_mask": np.ones_like(input_ids),
               "token_type_ids": np.zeros_like(input_ids)}
     return {n: arrays[n] for n in encoder.input_names}
-
-
-def padding_efficiency(lengths: Sequence[int], batch_size: int, sort: bool, multiple: int = 1) -> float:
-    order = sorted(lengths) if sort else list(lengths)
-    computed = 0
-    for i in range(0, len(order), batch_size):
-        chunk = order[i : i + batch_size]
-        computed += padded_width(max(chunk), multiple) * len(chunk)
-    return sum(lengths) / computed
 
 
 def best_seconds(predictor: Predictor, encodings: Sequence[Encoding], *, rounds: int, sort: bool = True) -> float:
