@@ -20,6 +20,7 @@ import numpy as np
 
 from kiln.auditing.protocols import Endpoint, complete
 from kiln.auditing.result import AuditResult, Finding, buckets
+from kiln.decoder.stopping import eos_ids
 from kiln.scoring import greedy_figures
 
 NEW_TOKENS = 24  # a continuation's length: where int4 and int8 schemes part from the original (RESULTS.md, Decoders)
@@ -48,7 +49,7 @@ class GreedyReference:
             out = self.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=self.new_tokens,
                                       do_sample=False, num_beams=1, pad_token_id=pad)
         tokens = out[0, ids.shape[1]:].tolist()
-        stops = set(eos if isinstance(eos, list) else [eos]) if eos is not None else set()
+        stops = set(eos_ids(eos))
         cut = next((i for i, t in enumerate(tokens) if t in stops), len(tokens))
         return tokens[:cut]
 

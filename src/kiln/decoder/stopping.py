@@ -10,6 +10,13 @@ from kiln.errors import UsageError
 REPLACEMENT = "\ufffd"  # what a byte-level tokenizer decodes half a UTF-8 character to
 
 
+def eos_ids(eos: int | Sequence[int] | None) -> tuple[int, ...]:
+    """A config's ``eos_token_id`` (one id, a list of them, or none) as the ids that end a sequence."""
+    if eos is None:
+        return ()
+    return tuple(int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos]))
+
+
 @dataclass(frozen=True)
 class Stops:
     max_new_tokens: int = 32

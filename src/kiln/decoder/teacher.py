@@ -22,7 +22,8 @@ from kiln.decoder.steps import Stepper, empty_past, stepper
 from kiln.system.disk_rows import DiskRows
 from kiln.system.memory import trim_heap
 
-TRIM_EVERY = 4  # steps between heap trims (benchmarks/teacher_memory.py: every 1-2 steps +1.54 GB, 8 +1.82)
+# steps between heap trims (`git show 533a23f:benchmarks/teacher_memory.py`: every 1-2 steps +1.54 GB, 8 +1.82)
+TRIM_EVERY = 4
 ALONE_CHUNK = 8  # tokens per cached step for a row run alone (kiln.decoder.speculative verifies up to 17)
 
 
@@ -101,8 +102,9 @@ class TeacherForced:
         # outputs, beside the buffers fed to it) goes when the call ends, not at the engine's. Each step allocates a
         # cache one position longer (OpenVINO's, a bucket longer every 32 steps) and frees the last; glibc keeps the
         # freed blocks, so where asked (``trim``) the heap is trimmed every few steps. On GPT-2 small (OpenVINO, 32
-        # rows of 16-128 tokens, benchmarks/teacher_memory.py, with the cache then as two requests' outputs) the
-        # call's peak above the engine fell from 2.2-2.26 GB to 1.64-1.68, at 14.4-15.3 s against 12.5-13.2.
+        # rows of 16-128 tokens, `git show 533a23f:benchmarks/teacher_memory.py`, with the cache then as two
+        # requests' outputs) the call's peak above the engine fell from 2.2-2.26 GB to 1.64-1.68, at 14.4-15.3 s
+        # against 12.5-13.2.
         steps = self.new_stepper()
         logits, past = steps.step(ids[:, :first], mask[:, :first], positions(mask[:, :first], first),
                                   empty_past(self.shape, ids.shape[0]))

@@ -1,12 +1,14 @@
-"""Which texts run together: length-sorted batches cut where padding would cost more than another run.
+"""Which inputs run together: sorted by length, cut into the contiguous groups of least total cost.
 
-A batch pads every row to its longest, and the engine computes the padding like real tokens. Cutting a sorted list
-into fixed runs of ``batch_size`` (sentence-transformers' way) pads a small or widely spread set heavily: 64 mixed
-texts of 10-200 tokens in two batches of 32 compute 1.42x their real tokens. Here the sorted list is cut where it
-costs least overall, counting a run as its padded tokens plus ``RUN_TOKENS`` for what a run costs beyond its
-tokens. On a 2-core AVX2 EPYC (onnx-fp32, ``python -m kiln export``): all-MiniLM-L6-v2 took 4.3 ms for one row of 8
-tokens and 0.15 ms a token in batches of 8 x 32, so a run costs ~20-30 tokens' worth; arctic-embed-m-v2.0's shape,
-2 ms a token, a run costs less than 3. 32 is the larger, so the plan errs towards fewer, fuller batches.
+A batch pads every row to its longest, and the engine computes the padding like real tokens; a run also costs
+something beyond its tokens. So a group costs ``run_tokens`` + its widest x its count, and a length-sorted list is
+cut where the sum over groups is least (dynamic programming over the cut points), within a count and a token cap.
+On a CPU the per-token cost barely falls past batch ~8, so one wide batch of mixed lengths (much of it padding) is
+slower than several batches of like lengths. The server's batcher cuts its look-ahead window so
+(kiln.serving.batcher), and ``predict`` / ``encode`` and the gate's sorted batching cut their inputs so, with
+``batch_size`` the most a batch holds. Cutting every ``batch_size`` inputs instead (sentence-transformers' way)
+computes 1.42 tokens per real one on 64 texts of 10-200 tokens in batches of 32 (``kiln.data.workloads.held_out_mix``,
+arctic-embed-m-v2.0's test tokenizer); this plan 1.06.
 """
 
 from __future__ import annotations
@@ -15,32 +17,44 @@ from collections.abc import Sequence
 
 from kiln.runtime.tokenization import padded_width
 
-RUN_TOKENS = 32
+# A run's fixed cost, in padded tokens (measured: 30-90 on CPU; OpenVINO int8 MiniLM on single-thread streams ~16;
+# onnx-fp32 on a 2-core AVX2 EPYC: MiniLM 4.3 ms for one row of 8 tokens and 0.15 ms a token in batches of 8 x 32,
+# ~20-30 tokens, arctic-embed-m-v2.0's shape under 3). Shape changes between calls cost besides
+# (benchmarks/experiments/engine_shapes at 91ffdaf, 2-core EPYC): one session cycling widths +-16 ran 1.9-2.7% slower
+# than on one shape, batch sizes 7-9 0.5-2.1%; two sessions on shuffled shapes 2.3% slower than on grouped ones.
+RUN_TOKENS = 64
+
+
+def least_cost_groups(widths: Sequence[int], max_count: int, *, run_tokens: int = RUN_TOKENS,
+                      max_tokens: int | None = None) -> list[tuple[int, int]]:
+    """Cut ascending ``widths`` into contiguous [start, end) groups of at most ``max_count`` that minimise the sum of
+    ``run_tokens`` + widest x count; a group's padded tokens stay within ``max_tokens`` unless it is one input."""
+    n = len(widths)
+    best = [0.0] + [float("inf")] * n  # best[j]: least cost of the first j inputs
+    cut = [0] * (n + 1)
+    for j in range(1, n + 1):
+        widest = widths[j - 1]
+        for i in range(j - 1, max(0, j - max_count) - 1, -1):
+            padded = widest * (j - i)
+            if max_tokens is not None and padded > max_tokens and i < j - 1:
+                break  # a single input always fits (the tokenizer truncated it to the model's maximum)
+            cost = best[i] + run_tokens + padded
+            if cost < best[j]:
+                best[j], cut[j] = cost, i
+    groups = []
+    j = n
+    while j > 0:
+        groups.append((cut[j], j))
+        j = cut[j]
+    return groups[::-1]
 
 
 def length_batches(lengths: Sequence[int], batch_size: int, multiple: int = 1) -> list[list[int]]:
-    """Indices into ``lengths``, shortest first, in batches of at most ``batch_size`` that minimise the padded
-    tokens computed (each row padded to its batch's longest, rounded up to ``multiple``) plus ``RUN_TOKENS`` a
-    batch. Ties keep the input order."""
+    """Indices into ``lengths``, shortest first, in the least-cost groups of at most ``batch_size`` (widths padded
+    to ``multiple`` as collation pads them). Equal lengths keep their input order."""
     order = sorted(range(len(lengths)), key=lambda i: lengths[i])
     widths = [padded_width(lengths[i], multiple) for i in order]
-    # cost[j]: the least cost of the first j sorted texts; cut[j]: where their last batch starts
-    cost = [0] * (len(order) + 1)
-    cut = [0] * (len(order) + 1)
-    for end in range(1, len(order) + 1):
-        width = widths[end - 1]  # sorted: a batch ending here is as wide as its last text
-        best, start_best = None, end - 1
-        for start in range(max(0, end - batch_size), end):
-            total = cost[start] + (end - start) * width + RUN_TOKENS
-            if best is None or total < best:
-                best, start_best = total, start
-        cost[end], cut[end] = best, start_best
-    batches: list[list[int]] = []
-    end = len(order)
-    while end:
-        batches.append(order[cut[end] : end])
-        end = cut[end]
-    return batches[::-1]
+    return [order[start:end] for start, end in least_cost_groups(widths, batch_size)]
 
 
 def input_batches(count: int, batch_size: int) -> list[list[int]]:

@@ -35,6 +35,7 @@ from tokenizers import Encoding
 
 from kiln.engines.base import Engine, warm_every_length
 from kiln.log import get_logger, request_id
+from kiln.runtime.batch_plan import RUN_TOKENS, least_cost_groups
 from kiln.runtime.predictor import Predictor
 from kiln.runtime.tokenization import padded_width
 from kiln.serving.sessions import Job, Sessions
@@ -60,13 +61,10 @@ class BatchLimits:
     # the tail with throughput (more padding), as a simulation of the batcher also finds
     # (serve_partition/closed_loop.py).
     window_requests: int = 32
-    # An engine call's fixed cost, in padded tokens (measured: 30-90 on CPU; OpenVINO int8 MiniLM on single-thread
-    # streams ~16). Shape changes between calls cost besides (benchmarks/experiments/engine_shapes at 91ffdaf, 2-core
-    # EPYC): one session cycling widths +-16 ran 1.9-2.7% slower than on one shape, batch sizes 7-9 0.5-2.1%; two
-    # sessions on shuffled shapes 2.3% slower than on grouped ones. Served (benchmarks/experiments/serve_variants at
-    # 91ffdaf, callN): 24 and 64 gave the same requests/s, 160 4% fewer (wider-spread batches pad more than the calls
-    # they save).
-    call_overhead_tokens: int = 64
+    # An engine call's fixed cost, in padded tokens (kiln.runtime.batch_plan has the measurements). Served
+    # (benchmarks/experiments/serve_variants at 91ffdaf, callN): 24 and 64 gave the same requests/s, 160 4% fewer
+    # (wider-spread batches pad more than the calls they save).
+    call_overhead_tokens: int = RUN_TOKENS
 
     @property
     def batch_cap(self) -> int:
@@ -76,24 +74,8 @@ class BatchLimits:
 
 def partition(lengths: Sequence[int], limits: BatchLimits) -> list[tuple[int, int]]:
     """Cut sorted ``lengths`` into contiguous [start, end) groups of least total cost (see the module doc)."""
-    n = len(lengths)
-    best = [0.0] + [float("inf")] * n  # best[j]: least cost of the first j features
-    cut = [0] * (n + 1)
-    for j in range(1, n + 1):
-        longest = lengths[j - 1]
-        for i in range(j - 1, max(0, j - limits.batch_cap) - 1, -1):
-            padded = longest * (j - i)
-            if padded > limits.max_batch_tokens and i < j - 1:
-                break  # a single feature always fits (the tokenizer truncated it to the model's maximum)
-            cost = best[i] + limits.call_overhead_tokens + padded
-            if cost < best[j]:
-                best[j], cut[j] = cost, i
-    groups = []
-    j = n
-    while j > 0:
-        groups.append((cut[j], j))
-        j = cut[j]
-    return groups[::-1]
+    return least_cost_groups(lengths, limits.batch_cap, run_tokens=limits.call_overhead_tokens,
+                             max_tokens=limits.max_batch_tokens)
 
 
 def next_group(widths: Sequence[int], limits: BatchLimits, anchor: int = 0) -> list[int]:

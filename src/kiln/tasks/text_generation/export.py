@@ -15,6 +15,7 @@ from kiln.decoder.graph import (
     make_decoder_module,
     positions,
 )
+from kiln.decoder.stopping import eos_ids
 from kiln.tasks.export import DECODER_FUSION, GenerativeExport
 from kiln.tasks.files import read_json
 
@@ -49,8 +50,7 @@ class TextGenerationExport(GenerativeExport):
         generation = model_dir / "generation_config.json"
         if generation.is_file():
             eos = read_json(generation).get("eos_token_id", eos)
-        eos_ids = tuple(int(e) for e in (eos if isinstance(eos, list) else [eos] if eos is not None else []))
-        return {"eos_ids": eos_ids, "cache": CacheShape.of(hf_config).to_dict(), "chat": chat_template(tokenizer)}
+        return {"eos_ids": eos_ids(eos), "cache": CacheShape.of(hf_config).to_dict(), "chat": chat_template(tokenizer)}
 
     @classmethod
     def graph(cls, source: Any, example: tuple[Any, ...]) -> Graph:
