@@ -110,3 +110,25 @@ def test_what_kiln_does_not_return_is_refused_by_name(pair):
         ours.encode(DOCUMENTS, output_value="token_embeddings", truncate_dim=8, normalize_embeddings=True)
     with pytest.raises(UsageError, match="similarity_pairwise: both need the same shape"):
         ours.similarity_pairwise(ours.encode(QUERIES), ours.encode(DOCUMENTS))
+
+
+def test_encode_cuts_sorted_texts_where_padding_costs_more_than_a_run(pair, monkeypatch):
+    """encode(batch_size=32) runs the least-cost plan of kiln.runtime.batch_plan, not every 32 texts: a mixed set
+    computes fewer tokens than sentence-transformers' fixed batches would, and answers the same as one text at a
+    time."""
+    from kiln.runtime.batch_plan import RUN_TOKENS, length_batches
+
+    _, theirs, ours = pair
+    texts = [s for s in builtin_sentences() if s][:40]
+    shapes: list[tuple[int, int]] = []
+    run = ours.engine.run
+    monkeypatch.setattr(ours.engine, "run", lambda inputs: shapes.append(inputs["input_ids"].shape) or run(inputs))
+    vectors = ours.encode(texts, batch_size=32)
+    lengths = [len(e.ids) for e in ours.encoder.encode(texts)]
+    planned = [(len(b), max(lengths[i] for i in b)) for b in length_batches(lengths, 32, ours.pad_multiple)]
+    assert shapes == planned and len(shapes) > 2  # a spread of lengths: cut finer than two batches of 32 and 8
+    fixed = sorted(lengths)
+    fixed_cost = sum(len(fixed[b : b + 32]) * max(fixed[b : b + 32]) + RUN_TOKENS for b in range(0, 40, 32))
+    assert sum(n * w + RUN_TOKENS for n, w in shapes) < fixed_cost
+    np.testing.assert_allclose(vectors, np.stack([ours.encode(t) for t in texts]), atol=1e-5)
+    np.testing.assert_allclose(vectors, theirs.encode(texts, batch_size=32), atol=1e-5)
