@@ -22,7 +22,8 @@ def test_padding_efficiency():
 
 
 def test_every_text_runs_once_shortest_first_within_the_batch_size():
-    lengths = [random.Random(3).randint(5, 200) for _ in range(300)]
+    rng = random.Random(3)
+    lengths = [rng.randint(5, 200) for _ in range(300)]
     batches = length_batches(lengths, 32)
     assert sorted(itertools.chain(*batches)) == list(range(300))
     assert all(1 <= len(b) <= 32 for b in batches)
@@ -54,3 +55,18 @@ def test_the_plan_costs_no_more_than_fixed_sorted_runs_and_is_least_on_small_set
                     for k in range(len(order)) for cuts in itertools.combinations(range(1, len(order)), k)
                     if all(b - a <= size for a, b in zip((0, *cuts), (*cuts, len(order)))))
         assert plan == least
+
+
+def test_an_engine_whose_runs_are_dear_keeps_the_fewest_batches():
+    """A teacher-forced decoder steps once per position in each run: the plan keeps ceil(n / batch_size) batches,
+    still cut where they pad least."""
+    from kiln.decoder.teacher import TeacherForced
+
+    spread = [200, 10, 200, 10, 10, 200, 10, 200]
+    assert length_batches(spread, 8, run_tokens=TeacherForced.run_tokens) == [[1, 3, 4, 6, 0, 2, 5, 7]]
+    rng = random.Random(5)
+    lengths = [rng.randint(5, 200) for _ in range(100)]
+    dear = length_batches(lengths, 32, run_tokens=TeacherForced.run_tokens)
+    assert len(dear) == 4 and len(length_batches(lengths, 32)) > 4
+    order = sorted(range(100), key=lambda i: lengths[i])
+    assert _cost(lengths, dear) <= _cost(lengths, [order[i : i + 32] for i in range(0, 100, 32)])  # pads no more

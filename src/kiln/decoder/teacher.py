@@ -34,6 +34,10 @@ class TeacherForced:
     output_names = (LOGITS,)
     is_padded = True
     pad_multiple = 1
+    # A run is a prefill and then one step per position up to its longest row, each step with a call's fixed cost:
+    # more, narrower batches would step more often in all. So the length plan (kiln.runtime.batch_plan) counts a run
+    # as dear as this and keeps the fewest batches, cut where they pad least.
+    run_tokens = 1 << 30
 
     def __init__(self, engine: Any, shape: CacheShape, *, trim: bool = False) -> None:
         """``trim`` (validation, whose engines hold no memory between calls): hand freed heap memory back every few

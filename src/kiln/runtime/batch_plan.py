@@ -49,12 +49,14 @@ def least_cost_groups(widths: Sequence[int], max_count: int, *, run_tokens: int 
     return groups[::-1]
 
 
-def length_batches(lengths: Sequence[int], batch_size: int, multiple: int = 1) -> list[list[int]]:
+def length_batches(lengths: Sequence[int], batch_size: int, multiple: int = 1,
+                   run_tokens: int = RUN_TOKENS) -> list[list[int]]:
     """Indices into ``lengths``, shortest first, in the least-cost groups of at most ``batch_size`` (widths padded
-    to ``multiple`` as collation pads them). Equal lengths keep their input order."""
+    to ``multiple`` as collation pads them; ``run_tokens``: the engine's cost of a run). Equal lengths keep their
+    input order."""
     order = sorted(range(len(lengths)), key=lambda i: lengths[i])
     widths = [padded_width(lengths[i], multiple) for i in order]
-    return [order[start:end] for start, end in least_cost_groups(widths, batch_size)]
+    return [order[start:end] for start, end in least_cost_groups(widths, batch_size, run_tokens=run_tokens)]
 
 
 def input_batches(count: int, batch_size: int) -> list[list[int]]:
@@ -62,9 +64,11 @@ def input_batches(count: int, batch_size: int) -> list[list[int]]:
     return [list(range(b, min(b + batch_size, count))) for b in range(0, count, batch_size)]
 
 
-def padding_efficiency(lengths: Sequence[int], batch_size: int, sort: bool, multiple: int = 1) -> float:
+def padding_efficiency(lengths: Sequence[int], batch_size: int, sort: bool, multiple: int = 1,
+                       run_tokens: int = RUN_TOKENS) -> float:
     """Real tokens over computed tokens when ``lengths`` run as the predictor batches them: the length plan, or
     (``sort=False``) input order in runs of ``batch_size``."""
-    batches = length_batches(lengths, batch_size, multiple) if sort else input_batches(len(lengths), batch_size)
+    batches = (length_batches(lengths, batch_size, multiple, run_tokens) if sort
+               else input_batches(len(lengths), batch_size))
     computed = sum(padded_width(max(lengths[i] for i in batch), multiple) * len(batch) for batch in batches)
     return sum(lengths) / computed if computed else 1.0

@@ -12,7 +12,7 @@ from tokenizers import Encoding
 
 from kiln.engines.base import Engine
 from kiln.errors import UsageError
-from kiln.runtime.batch_plan import input_batches, length_batches
+from kiln.runtime.batch_plan import RUN_TOKENS, input_batches, length_batches
 from kiln.runtime.features import Prepared, TaskRuntime
 from kiln.runtime.tokenization import TextEncoder
 from kiln.system.memory import trim_heap
@@ -62,6 +62,12 @@ class Predictor:
     def pad_multiple(self) -> int:
         """Batches are padded to a multiple of this many tokens."""
         return self._pad_multiple or getattr(self.engine, "pad_multiple", 1)
+
+    @property
+    def run_tokens(self) -> int:
+        """What one engine run costs beyond its padded tokens, in tokens (the engine's own, else the length
+        plan's default): how finely sorted inputs are cut into batches."""
+        return getattr(self.engine, "run_tokens", RUN_TOKENS)
 
     def predict(self, inputs: Sequence[Any], **options: Any) -> list[Any]:
         """One result per input, in input order (see the task modules for result types; a decoder generates)."""
@@ -169,8 +175,8 @@ class Predictor:
         """``run_features``' values as each batch gives them: (index in ``encodings``, reduced output); batches of
         at most ``batch_size``."""
         # sorted: by length, cut where padding costs more than another run (kiln.runtime.batch_plan)
-        groups = (length_batches([len(e.ids) for e in encodings], self.batch_size, self.pad_multiple) if sort
-                  else input_batches(len(encodings), self.batch_size))
+        groups = (length_batches([len(e.ids) for e in encodings], self.batch_size, self.pad_multiple, self.run_tokens)
+                  if sort else input_batches(len(encodings), self.batch_size))
         batches = [self.encoder.collate([encodings[i] for i in idx], multiple=self.pad_multiple) for idx in groups]
         for idx, values in zip(groups, self._run(batches, tokens)):
             yield from zip((int(i) for i in idx), values)

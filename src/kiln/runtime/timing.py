@@ -94,7 +94,7 @@ def length_mix_throughput(predictor: Predictor, encodings: Sequence[Encoding], r
                for sort in (True, False)}
     multiple = predictor.pad_multiple
     return MixResult(len(encodings), results[True], results[False],
-                     padding_efficiency(lengths, predictor.batch_size, True, multiple),
+                     padding_efficiency(lengths, predictor.batch_size, True, multiple, predictor.run_tokens),
                      padding_efficiency(lengths, predictor.batch_size, False, multiple), predictor.batch_size)
 
 
