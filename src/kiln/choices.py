@@ -200,7 +200,9 @@ def parse_choice(enum: type[E], value: str | E, flag: str) -> E:
 class Batching(Choice):
     """How a served variant's inputs may be grouped."""
 
-    SORTED = "sorted"  # length-sorted batches at the batch size, padded to the engine's multiple (offline path)
+    # length-sorted batches of up to the batch size (kiln.runtime.batch_plan), padded to the engine's multiple
+    # (offline path)
+    SORTED = "sorted"
     MIXED = "mixed"  # arrival order: mixed lengths in one batch, padded to the longest (a busy server)
     ALONE = "alone"  # batch of one, no padding (an idle server)
     # Sorted batches spread over two engine sessions of one thread each, run side by side: the plan kiln bench

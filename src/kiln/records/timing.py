@@ -61,7 +61,7 @@ def describe_timing(sequences: int, batch_size: int, new_tokens: int) -> str:
     if new_tokens:
         return (f"{sequences} prompts each continued by {new_tokens} greedy tokens, {batch_size} decoding together "
                 "(continuous batching, as generate() and kiln serve run it)")
-    return f"{sequences} sequences, length-sorted batches of {batch_size}"
+    return f"{sequences} sequences, length-sorted batches of up to {batch_size}, cut where they pad least"
 
 
 @dataclass(frozen=True)
