@@ -99,15 +99,38 @@ class BoundSteps:
         return outputs[LOGITS].numpy(), Past(grown, past.length + input_ids.shape[1], _ort_numpy)
 
 
-class _Bank:
-    """One batch's buffers for ``BucketSteps`` (per past name [batch, heads, capacity, head size]), the stamp of the
-    newest state made on them (only that one is stepped on in place) and (stamp, length) of each cut: after a cut,
-    what lay past its length is written over."""
+class _Stamps:
+    """What a batch's cache buffers know of the states made on them: the stamp of the newest (only that one is
+    stepped on in place) and (stamp, length) of each state cut short in place: past its length, what any older
+    state held may since have been written over."""
+
+    def __init__(self) -> None:
+        self.newest = 0
+        self.cuts: list[tuple[int, int]] = []
+
+    def stamp(self) -> int:
+        """A stamp for a new state, now the newest."""
+        self.newest += 1
+        return self.newest
+
+    def cut(self, length: int) -> int:
+        """The stamp of the newest state cut to ``length`` in place, the cut recorded."""
+        stamp = self.stamp()
+        self.cuts.append((stamp, length))
+        return stamp
+
+    def intact(self, stamp: int, longest: int) -> bool:
+        """Whether a state of ``stamp`` still holds its ``longest`` columns: no later cut went below them."""
+        return all(longest <= length for after, length in self.cuts if after > stamp)
+
+
+class _Bank(_Stamps):
+    """One batch's buffers for ``BucketSteps`` (per past name [batch, heads, capacity, head size])."""
 
     def __init__(self, values: dict[str, np.ndarray]) -> None:
-        self.values, self.newest = values, 0
+        super().__init__()
+        self.values = values
         self.capacity = next(iter(values.values())).shape[2]
-        self.cuts: list[tuple[int, int]] = []
 
 
 @dataclass
@@ -125,15 +148,14 @@ class _Held:
     @property
     def intact(self) -> bool:
         """Whether every column is still in the bank: no later cut went below it."""
-        return all(self.length <= length for stamp, length in self.bank.cuts if stamp > self.stamp)
+        return self.bank.intact(self.stamp, self.length)
 
     def view(self, buffer: np.ndarray) -> np.ndarray:
         return buffer[:, :, : self.length]
 
     @classmethod
     def next_on(cls, bank: _Bank, length: int) -> _Held:
-        bank.newest += 1
-        return cls(bank, length, bank.newest)
+        return cls(bank, length, bank.stamp())
 
 
 class BucketSteps:
@@ -213,19 +235,17 @@ class BucketSteps:
         held = past.owner
         if not (isinstance(held, _Held) and held.newest) or length >= past.length:
             return cut_arrays(past, length)
-        kept = _Held.next_on(held.bank, length)
-        held.bank.cuts.append((kept.stamp, length))
+        kept = _Held(held.bank, length, held.bank.cut(length))
         return Past(dict(held.bank.values), length, kept.view, owner=kept)
 
 
-class _Buffers:
-    """One batch's cache buffers (per past name an OrtValue [batch, heads, capacity, head size]) and which ``Past``
-    made on them is the newest: only that one may be stepped on in place. ``cuts``: (stamp, length) of each state
-    cut short in place; past its length, what any older state held may since have been written over."""
+class _Buffers(_Stamps):
+    """One batch's cache buffers for ``BufferSteps`` (per past name an OrtValue [batch, heads, capacity, head
+    size])."""
 
     def __init__(self, values: dict[str, Any], capacity: int) -> None:
-        self.values, self.capacity, self.newest = values, capacity, 0
-        self.cuts: list[tuple[int, int]] = []
+        super().__init__()
+        self.values, self.capacity = values, capacity
         self.binding: Any = None  # the IOBinding with these buffers bound as past and present, made on first use
 
 
@@ -246,8 +266,7 @@ class _Rows:
     @property
     def intact(self) -> bool:
         """Whether every row's tokens are still in the buffers: no later cut went below them."""
-        longest = int(self.lengths.max(initial=0))
-        return all(longest <= length for stamp, length in self.buffers.cuts if stamp > self.stamp)
+        return self.buffers.intact(self.stamp, int(self.lengths.max(initial=0)))
 
     def expand(self, value: Any) -> np.ndarray:
         """A buffer as the caller's layout: each row's tokens at its own columns, zeros where it had padding."""
@@ -322,8 +341,7 @@ class BufferSteps:
             for row in range(batch):
                 spread[row, real[row]] = logits[row, : counts[row]]
             logits = spread
-        buffers.newest += 1
-        state = _Rows(buffers, lengths + counts, np.asarray(attention_mask) != 0, buffers.newest)
+        state = _Rows(buffers, lengths + counts, np.asarray(attention_mask) != 0, buffers.stamp())
         return logits, Past(dict(buffers.values), past.length + new, state.expand, owner=state)
 
     def _buffers(self, past: Past, own: _Rows | None, held: np.ndarray | None, lengths: np.ndarray,
@@ -358,9 +376,8 @@ class BufferSteps:
         own = past.owner
         if not (isinstance(own, _Rows) and own.newest and own.columns.all()) or length >= past.length:
             return cut_arrays(past, length)
-        own.buffers.newest += 1
-        own.buffers.cuts.append((own.buffers.newest, length))
-        state = _Rows(own.buffers, np.minimum(own.lengths, length), own.columns[:, :length], own.buffers.newest)
+        stamp = own.buffers.cut(length)
+        state = _Rows(own.buffers, np.minimum(own.lengths, length), own.columns[:, :length], stamp)
         return Past(past.values, length, state.expand, owner=state)
 
     def _column_by_column(self, input_ids, attention_mask, position_ids, past, last):
